@@ -132,7 +132,9 @@ absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixD> in,
 // The Muon momentum step fused with the Nesterov blend, torch's convention:
 //   momentum.lerp_(grad, 1 - mu)                 (M <- mu M + (1 - mu) G)
 //   update = nesterov ? grad.lerp(momentum, mu) : momentum
-// using torch's two-sided lerp formula so results match it bit for bit.
+// using torch's two-sided lerp formula (weights rounded to float, as torch
+// does), so results match torch to the last bit or within one rounding where
+// torch's vectorized path fuses the multiply-add.
 // All three spans must have the same size; `update` may alias `grad`.
 absl::Status MomentumUpdate(absl::Span<const float> grad,
                             absl::Span<float> momentum,

@@ -1,0 +1,73 @@
+// MomentumUpdate and LrScale against independent formulas.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace dmuon::kernels {
+namespace {
+
+TEST(Momentum, MatchesReferenceOverSteps) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  for (bool nesterov : {true, false}) {
+    for (double mu : {0.95, 0.9, 0.5, 0.0}) {
+      const size_t n = 257;
+      std::vector<float> m(n, 0.0f), u(n);
+      std::vector<double> ref_m(n, 0.0);
+      for (int step = 0; step < 10; ++step) {
+        std::vector<float> g(n);
+        for (float& x : g) x = d(rng);
+        ASSERT_TRUE(MomentumUpdate(g, absl::MakeSpan(m), absl::MakeSpan(u), mu,
+                                   nesterov)
+                        .ok());
+        for (size_t i = 0; i < n; ++i) {
+          ref_m[i] = mu * ref_m[i] + (1 - mu) * g[i];
+          const double ref_u =
+              nesterov ? (1 - mu) * g[i] + mu * ref_m[i] : ref_m[i];
+          ASSERT_NEAR(m[i], ref_m[i], 1e-5 * (1 + std::abs(ref_m[i])));
+          ASSERT_NEAR(u[i], ref_u, 1e-5 * (1 + std::abs(ref_u)));
+        }
+      }
+    }
+  }
+}
+
+TEST(Momentum, UpdateMayAliasGrad) {
+  std::vector<float> g = {1, 2, 3}, m = {0, 0, 0};
+  ASSERT_TRUE(
+      MomentumUpdate(g, absl::MakeSpan(m), absl::MakeSpan(g), 0.5, false).ok());
+  EXPECT_FLOAT_EQ(g[2], 1.5f);
+  EXPECT_FLOAT_EQ(m[2], 1.5f);
+}
+
+TEST(Momentum, RejectsBadArguments) {
+  std::vector<float> g(4), m(3), u(4);
+  EXPECT_EQ(
+      MomentumUpdate(g, absl::MakeSpan(m), absl::MakeSpan(u), 0.9, true).code(),
+      absl::StatusCode::kInvalidArgument);
+  std::vector<float> m4(4);
+  EXPECT_EQ(MomentumUpdate(g, absl::MakeSpan(m4), absl::MakeSpan(u), 1.0, true)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MomentumUpdate(g, absl::MakeSpan(m4), absl::MakeSpan(u),
+                           std::nan(""), true)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LrScale, TorchFormulas) {
+  EXPECT_DOUBLE_EQ(LrScale(LrAdjust::kOriginal, {4096, 1024}), 2.0);
+  EXPECT_DOUBLE_EQ(LrScale(LrAdjust::kOriginal, {1024, 4096}), 1.0);
+  EXPECT_DOUBLE_EQ(LrScale(LrAdjust::kMatchRmsAdamW, {1024, 4096}), 0.2 * 64);
+  EXPECT_DOUBLE_EQ(LrScale(LrAdjust::kMatchRmsAdamW, {4096, 1024}), 0.2 * 64);
+  EXPECT_TRUE(ParseLrAdjust("match_rms_adamw").ok());
+  EXPECT_FALSE(ParseLrAdjust("sqrt").ok());
+}
+
+}  // namespace
+}  // namespace dmuon::kernels

@@ -1,0 +1,219 @@
+// CPU Newton–Schulz: fp32 (the product path) and fp64 (the test oracle), one
+// templated implementation over kernels/blas_ops.h.
+
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/blas_ops.h"
+#include "kernels/cost_model.h"
+#include "kernels/kernels.h"
+
+namespace dmuon::kernels {
+namespace {
+
+template <typename T>
+absl::Status CheckMatrix(const MatrixRef<T>& m, std::string_view what) {
+  if (m.shape.rows <= 0 || m.shape.cols <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), " shape ",
+                                                   ShapeString(m.shape),
+                                                   " has an empty dimension"));
+  }
+  if (m.data.size() < static_cast<size_t>(m.shape.elements())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), " buffer holds ", m.data.size(), " elements, shape ",
+        ShapeString(m.shape), " needs ", m.shape.elements()));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CheckFinite(const T* x, Shape s, std::string_view what) {
+  const int64_t n = s.elements();
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(what), " has a non-finite value (", x[i],
+                       ") at element (", i / s.cols, ",", i % s.cols,
+                       ") of shape ", ShapeString(s)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The m x n iterate (m <= n) from `in`: transposed if tall, scaled by
+// 1 / max(||in||_F * safety, eps). The norm accumulates in double.
+template <typename T>
+void Normalize(const T* in, Shape s, const NsOptions& o, T* x) {
+  double sum = 0;
+  for (int64_t i = 0; i < s.elements(); ++i)
+    sum += double(in[i]) * double(in[i]);
+  const T div =
+      static_cast<T>(std::max(std::sqrt(sum) * o.schedule.norm_safety, o.eps));
+  if (s.rows <= s.cols) {
+    for (int64_t i = 0; i < s.elements(); ++i) x[i] = in[i] / div;
+  } else {  // x is cols x rows
+    for (int64_t i = 0; i < s.rows; ++i)
+      for (int64_t j = 0; j < s.cols; ++j)
+        x[j * s.rows + i] = in[i * s.cols + j] / div;
+  }
+}
+
+template <typename T>
+void WriteBack(const T* x, Shape s, T* out) {
+  if (s.rows <= s.cols) {
+    std::copy(x, x + s.elements(), out);
+  } else {
+    for (int64_t i = 0; i < s.rows; ++i)
+      for (int64_t j = 0; j < s.cols; ++j)
+        out[i * s.cols + j] = x[j * s.rows + i];
+  }
+}
+
+// Direct: per step A = X X^T, B = b A + c A A, X <- a X + B X.
+template <typename T>
+void Direct(const NsOptions& o, int64_t m, int64_t n, std::vector<T>& x) {
+  std::vector<T> y(m * n), a(m * m), b(m * m);
+  for (const StepCoefficients& k : o.schedule.steps) {
+    blas::SymRankK<T>(x.data(), m, n, T(1), T(0), a.data());
+    b = a;
+    blas::SymRankK<T>(a.data(), m, m, T(k.c), T(k.b), b.data());
+    y = x;
+    blas::Gemm<T>(b.data(), x.data(), m, n, T(1), T(k.a), y.data());
+    std::swap(x, y);
+  }
+}
+
+// Gram (Dao-AILab gram-newton-schulz): R = X X^T, Q = I; per step
+// Z = b R + c R^2, P = Z + a I, Q <- Q P, R <- P^2 R (all polynomials of R,
+// so they commute and every product is symmetric); X <- Q X at a restart and
+// at the end.
+template <typename T>
+void Gram(const NsOptions& o, int64_t m, int64_t n, std::vector<T>& x) {
+  const int steps = static_cast<int>(o.schedule.steps.size());
+  const int restart = o.gram_restart_after;
+  std::vector<T> r(m * m), z(m * m), q(m * m), t(m * m), p2(m * m), y(m * n);
+  bool have_q = false;  // false: Q is the identity
+  auto apply_q = [&] {
+    blas::Gemm<T>(q.data(), x.data(), m, n, T(1), T(0), y.data());
+    std::swap(x, y);
+    have_q = false;
+  };
+  blas::SymRankK<T>(x.data(), m, n, T(1), T(0), r.data());
+  for (int k = 0; k < steps; ++k) {
+    const StepCoefficients& c = o.schedule.steps[k];
+    if (restart > 0 && k == restart && have_q) {
+      apply_q();
+      blas::SymRankK<T>(x.data(), m, n, T(1), T(0), r.data());
+    }
+    z = r;
+    blas::SymRankK<T>(r.data(), m, m, T(c.c), T(c.b), z.data());
+    for (int64_t i = 0; i < m; ++i) z[i * m + i] += T(c.a);  // z is now P
+    if (!have_q) {
+      q = z;
+      have_q = true;
+    } else {
+      blas::SymProduct<T>(q.data(), z.data(), m, T(0), t.data());
+      std::swap(q, t);
+    }
+    const bool need_r = k + 1 < steps && !(restart > 0 && k + 1 == restart);
+    if (need_r) {
+      blas::SymRankK<T>(z.data(), m, m, T(1), T(0), p2.data());
+      blas::SymProduct<T>(p2.data(), r.data(), m, T(0), t.data());
+      std::swap(r, t);
+    }
+  }
+  if (have_q) apply_q();
+}
+
+template <typename T>
+absl::Status RunOne(const MatrixRef<const T>& in, const MatrixRef<T>& out,
+                    const NsOptions& o, Method method) {
+  const Shape s = in.shape;
+  const int64_t m = s.m(), n = s.n();
+  std::vector<T> x(m * n);
+  Normalize(in.data.data(), s, o, x.data());
+  if (method == Method::kGram) {
+    Gram(o, m, n, x);
+  } else {
+    Direct(o, m, n, x);
+  }
+  // Finite input and a normalized start cannot produce this; checked anyway
+  // so that a NaN never leaves the library.
+  if (absl::Status st = CheckFinite(x.data(), Shape{m, n}, "result");
+      !st.ok()) {
+    return absl::InternalError(st.message());
+  }
+  WriteBack(x.data(), s, out.data.data());
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status BatchImpl(absl::Span<const MatrixRef<const T>> in,
+                       absl::Span<const MatrixRef<T>> out, const NsOptions& o) {
+  if (absl::Status st = ValidateOptions(o); !st.ok()) return st;
+  if (in.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch has ", in.size(), " inputs but ", out.size(), " outputs"));
+  }
+  if (in.empty()) return absl::OkStatus();
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string tag = in.size() == 1 ? "" : absl::StrCat(" ", i);
+    if (auto st = CheckMatrix(in[i], "input" + tag); !st.ok()) return st;
+    if (auto st = CheckMatrix(out[i], "output" + tag); !st.ok()) return st;
+    if (in[i].shape != in[0].shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch input ", i, " has shape ", ShapeString(in[i].shape),
+          ", input 0 has ", ShapeString(in[0].shape)));
+    }
+    if (out[i].shape != in[i].shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("output", tag, " shape ", ShapeString(out[i].shape),
+                       " differs from input shape ", ShapeString(in[i].shape)));
+    }
+    if (auto st = CheckFinite(in[i].data.data(), in[i].shape, "input" + tag);
+        !st.ok()) {
+      return st;
+    }
+  }
+  Method method = o.method;
+  if (method == Method::kAuto) {
+    method = CheapestMethod(in[0].shape, o);
+  }
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (auto st = RunOne<T>(in[i], out[i], o, method); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Orthogonalize(ConstMatrixF in, MatrixF out, const NsOptions& o) {
+  return BatchImpl<float>({in}, {out}, o);
+}
+absl::Status Orthogonalize(ConstMatrixD in, MatrixD out, const NsOptions& o) {
+  return BatchImpl<double>({in}, {out}, o);
+}
+absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixF> in,
+                                absl::Span<const MatrixF> out,
+                                const NsOptions& o) {
+  return BatchImpl<float>(in, out, o);
+}
+absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixD> in,
+                                absl::Span<const MatrixD> out,
+                                const NsOptions& o) {
+  return BatchImpl<double>(in, out, o);
+}
+
+}  // namespace dmuon::kernels
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace dmuon::kernels {
+
+void SetCpuThreads(int threads) {
+  openblas_set_num_threads(threads > 0 ? threads : 0);
+}
+
+}  // namespace dmuon::kernels
