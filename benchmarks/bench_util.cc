@@ -1,0 +1,126 @@
+#include "benchmarks/bench_util.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+extern "C" char* openblas_get_config(void);
+extern "C" int openblas_get_num_threads(void);
+
+namespace dmuon::bench {
+
+absl::StatusOr<std::vector<double>> Time(
+    const std::function<absl::Status()>& fn, int reps) {
+  if (absl::Status st = fn(); !st.ok()) return st;
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (absl::Status st = fn(); !st.ok()) return st;
+    t.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count());
+  }
+  std::sort(t.begin(), t.end());
+  return t;
+}
+
+double Median(const std::vector<double>& s) {
+  if (s.empty()) return 0;
+  const size_t n = s.size();
+  return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+absl::StatusOr<std::vector<kernels::Shape>> ParseShapes(
+    const std::string& list) {
+  std::vector<kernels::Shape> shapes;
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> rc = absl::StrSplit(item, 'x');
+    kernels::Shape s;
+    if (rc.size() != 2 || !absl::SimpleAtoi(rc[0], &s.rows) ||
+        !absl::SimpleAtoi(rc[1], &s.cols) || s.rows <= 0 || s.cols <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shapes: '", item, "' is not ROWSxCOLS"));
+    }
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
+void PrintTable(const std::vector<Row>& rows) {
+  std::printf("%-12s %5s %-14s %12s %10s %10s %7s %9s\n", "shape", "batch",
+              "method", "median_s", "GFLOP/s", "peak", "ratio", "error");
+  for (const Row& r : rows) {
+    std::printf("%-12s %5lld %-14s %12.6f %10.1f %10.1f %7.3f %9.2e\n",
+                r.shape.c_str(), static_cast<long long>(r.batch),
+                r.method.c_str(), r.seconds, r.gflops, r.peak_gflops, r.ratio,
+                r.error);
+  }
+  std::fflush(stdout);
+}
+
+absl::Status WriteJson(const std::string& path, const std::string& name,
+                       const nlohmann::json& machine,
+                       const std::string& command,
+                       const std::vector<Row>& rows) {
+  if (path.empty()) return absl::OkStatus();
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  nlohmann::json j;
+  j["benchmark"] = name;
+  j["date"] = date;
+  j["machine"] = machine;
+  j["command"] = command;
+  j["rows"] = nlohmann::json::array();
+  for (const Row& r : rows) {
+    nlohmann::json o = {{"shape", r.shape},   {"batch", r.batch},
+                        {"method", r.method}, {"seconds", r.seconds},
+                        {"gflops", r.gflops}, {"peak_gflops", r.peak_gflops},
+                        {"ratio", r.ratio},   {"samples", r.samples}};
+    if (r.error >= 0) o["error"] = r.error;
+    j["rows"].push_back(o);
+  }
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json CpuMachine() {
+  nlohmann::json m;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      m["cpu"] = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  m["cores"] = std::thread::hardware_concurrency();
+  m["blas"] = openblas_get_config();
+  m["blas_threads"] = openblas_get_num_threads();
+  for (const char* var : {"OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS"}) {
+    if (const char* v = std::getenv(var)) m["env"][var] = v;
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  m["host"] = host;
+  return m;
+}
+
+}  // namespace dmuon::bench

@@ -1,0 +1,58 @@
+// Shared by the benchmark programs: medians, result rows, the printed table
+// and the JSON file (benchmarks/results/*.json), so every benchmark reports
+// in the same conventions.
+
+#ifndef DMUON_BENCHMARKS_BENCH_UTIL_H_
+#define DMUON_BENCHMARKS_BENCH_UTIL_H_
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/kernels.h"
+
+namespace dmuon::bench {
+
+// One timed configuration. `gflops` counts the dense-equivalent flops of the
+// direct method (cost_model.h) so methods compare on one scale; `ratio` is
+// gflops / peak_gflops, the peak measured in the same run.
+struct Row {
+  std::string shape;  // "RxC"
+  int64_t batch = 1;
+  std::string method;
+  double seconds = 0;  // median
+  double gflops = 0;
+  double peak_gflops = 0;
+  double ratio = 0;
+  double error = -1;  // relative error vs a reference, when measured
+  std::vector<double> samples;
+};
+
+// Runs `fn` once to warm up, then `reps` times; returns the sorted samples.
+absl::StatusOr<std::vector<double>> Time(
+    const std::function<absl::Status()>& fn, int reps);
+double Median(const std::vector<double>& sorted);
+
+// "1024x4096" -> {1024, 4096}.
+absl::StatusOr<std::vector<kernels::Shape>> ParseShapes(
+    const std::string& list);
+
+// Prints the table to stdout.
+void PrintTable(const std::vector<Row>& rows);
+
+// {"benchmark": name, "date": ..., "machine": machine, "command": ...,
+//  "rows": [...]} written atomically to `path` (skipped when empty).
+absl::Status WriteJson(const std::string& path, const std::string& name,
+                       const nlohmann::json& machine,
+                       const std::string& command,
+                       const std::vector<Row>& rows);
+
+// CPU model, core count, OpenBLAS build, relevant environment.
+nlohmann::json CpuMachine();
+
+}  // namespace dmuon::bench
+
+#endif  // DMUON_BENCHMARKS_BENCH_UTIL_H_
