@@ -1,0 +1,83 @@
+// The CPU executor: momentum and the Newton–Schulz batch through
+// kernels/kernels.h (OpenBLAS, fp32).
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/executor.h"
+
+namespace dmuon::server {
+namespace {
+
+class CpuExecutor : public Executor {
+ public:
+  CpuExecutor(int index, int threads) : index_(index) {
+    kernels::SetCpuThreads(threads);
+  }
+  std::string device() const override { return absl::StrCat("cpu:", index_); }
+
+  absl::Status Compute(absl::Span<const ComputeTask> batch) override {
+    if (batch.empty()) return absl::OkStatus();
+    const kernels::Shape shape = batch[0].shape;
+    const int64_t n = shape.elements();
+    // Momentum into scratch first so that a failure leaves state untouched.
+    std::vector<std::vector<float>> mom(batch.size()), u(batch.size());
+    std::vector<kernels::ConstMatrixF> ins;
+    std::vector<kernels::MatrixF> outs;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const ComputeTask& t = batch[i];
+      mom[i].assign(t.momentum, t.momentum + n);
+      u[i].resize(n);
+      absl::Status st = kernels::MomentumUpdate(
+          absl::MakeConstSpan(t.grad, n), absl::MakeSpan(mom[i]),
+          absl::MakeSpan(u[i]), t.muon->momentum, t.muon->nesterov);
+      if (!st.ok()) return st;
+      ins.push_back({shape, u[i]});
+      outs.push_back({shape, absl::MakeSpan(t.update, n)});
+    }
+    if (absl::Status st =
+            kernels::OrthogonalizeBatch(ins, outs, batch[0].muon->ns);
+        !st.ok()) {
+      return st;
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const ComputeTask& t = batch[i];
+      const float s = static_cast<float>(t.lr_scale);
+      if (s != 1.0f) {
+        for (int64_t k = 0; k < n; ++k) t.update[k] *= s;
+      }
+      std::copy(mom[i].begin(), mom[i].end(), t.momentum);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int index_;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> NewCpuExecutor(int index, int threads) {
+  return std::make_unique<CpuExecutor>(index, threads);
+}
+
+bool SameBatchKey(const ComputeTask& a, const ComputeTask& b) {
+  if (a.shape != b.shape || a.muon == nullptr || b.muon == nullptr)
+    return false;
+  if (a.muon == b.muon) return true;
+  const kernels::NsOptions& x = a.muon->ns;
+  const kernels::NsOptions& y = b.muon->ns;
+  if (x.method != y.method || x.eps != y.eps ||
+      x.gram_restart_after != y.gram_restart_after ||
+      x.schedule.norm_safety != y.schedule.norm_safety ||
+      x.schedule.steps.size() != y.schedule.steps.size()) {
+    return false;
+  }
+  for (size_t k = 0; k < x.schedule.steps.size(); ++k) {
+    const auto &p = x.schedule.steps[k], &q = y.schedule.steps[k];
+    if (p.a != q.a || p.b != q.b || p.c != q.c) return false;
+  }
+  return true;
+}
+
+}  // namespace dmuon::server

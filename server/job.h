@@ -1,0 +1,82 @@
+// Internal to the service: the state of a job and of its sessions.
+// Everything mutable is guarded by Job::mu.
+
+#ifndef DMUON_SERVER_JOB_H_
+#define DMUON_SERVER_JOB_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "proto/dmuon.pb.h"
+#include "server/planner.h"
+#include "server/service.h"
+#include "server/table.h"
+#include "transport/transport.h"
+
+namespace dmuon::server {
+
+struct Session {
+  std::string id;
+  std::weak_ptr<Job> job;
+  int rank = 0;
+  v1::Transport transport = v1::TRANSPORT_INLINE;
+  std::unique_ptr<transport::Region> region;
+  transport::Layout layout;
+  std::vector<RowRange> rows;  // by parameter
+  std::chrono::steady_clock::time_point opened =
+      std::chrono::steady_clock::now();
+
+  // Guarded by the job's mu.
+  int64_t step = 1;                // the step in progress or next
+  std::vector<uint8_t> declared;   // by parameter, this step
+  std::vector<uint64_t> received;  // inline gradient bytes, this step
+  int delivered = 0;               // updates delivered this step
+  bool step_started = false;
+  std::chrono::steady_clock::time_point step_t0;
+  std::shared_ptr<StepSink> sink;
+  bool closed = false;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+};
+
+struct ParamState {
+  std::vector<float> momentum;   // whole matrix, fp32
+  std::vector<float> work;       // gathered gradient, then the update
+  std::vector<uint8_t> arrived;  // by rank, this step
+  int arrived_count = 0;
+  bool running = false;
+};
+
+struct Job {
+  std::string id;
+  int world_size = 1;
+  Table table;
+  Plan plan;
+
+  std::mutex mu;
+  std::vector<std::shared_ptr<Session>> ranks;  // null until that rank opens
+  std::vector<ParamState> params;
+  int64_t completed_steps = 0;
+  int params_done = 0;  // parameters finished in the step in progress
+  bool broken = false;  // a rank left mid-step: the job can no longer step
+
+  int open_ranks() const {
+    int n = 0;
+    for (const auto& s : ranks) n += s != nullptr;
+    return n;
+  }
+  bool mid_step() const {
+    if (params_done > 0) return true;
+    for (const auto& p : params)
+      if (p.arrived_count > 0 || p.running) return true;
+    return false;
+  }
+};
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_JOB_H_

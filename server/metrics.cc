@@ -1,0 +1,160 @@
+#include "server/metrics.h"
+
+#include <mutex>
+
+#include "prometheus/text_serializer.h"
+
+namespace dmuon::server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+class ExecutorCollectable : public prometheus::Collectable {
+ public:
+  void Set(std::function<std::vector<ExecutorStats>()> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    source_ = std::move(f);
+  }
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<ExecutorStats> stats;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (source_) stats = source_();
+    }
+    auto family = [](const char* name, const char* help,
+                     prometheus::MetricType type) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = type;
+      return f;
+    };
+    auto busy = family("dmuon_executor_busy_seconds_total",
+                       "Seconds each executor spent computing",
+                       prometheus::MetricType::Counter);
+    auto depth =
+        family("dmuon_executor_queue_depth", "Matrices waiting per executor",
+               prometheus::MetricType::Gauge);
+    auto matrices =
+        family("dmuon_executor_matrices_total", "Matrices orthogonalized",
+               prometheus::MetricType::Counter);
+    auto flops = family("dmuon_executor_flops_total",
+                        "Floating-point operations executed",
+                        prometheus::MetricType::Counter);
+    for (const ExecutorStats& s : stats) {
+      prometheus::ClientMetric m;
+      m.label = {{"device", s.device}};
+      m.counter.value = s.busy_seconds;
+      busy.metric.push_back(m);
+      m.counter.value = static_cast<double>(s.matrices);
+      matrices.metric.push_back(m);
+      m.counter.value = s.flops;
+      flops.metric.push_back(m);
+      prometheus::ClientMetric g;
+      g.label = m.label;
+      g.gauge.value = s.queue_depth;
+      depth.metric.push_back(g);
+    }
+    return {busy, depth, matrices, flops};
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::function<std::vector<ExecutorStats>()> source_;
+};
+
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+          0.25,   0.5,   1,      2.5,   5,    10,    30};
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      executors_(std::make_shared<ExecutorCollectable>()),
+      sessions_(BuildGauge()
+                    .Name("dmuon_sessions")
+                    .Help("Open sessions")
+                    .Register(*registry_)
+                    .Add({})),
+      jobs_(BuildGauge()
+                .Name("dmuon_jobs")
+                .Help("Jobs with state in memory")
+                .Register(*registry_)
+                .Add({})),
+      bytes_received_(BuildCounter()
+                          .Name("dmuon_bytes_received_total")
+                          .Help("Gradient bytes received (inline and shm)")
+                          .Register(*registry_)
+                          .Add({})),
+      bytes_sent_(BuildCounter()
+                      .Name("dmuon_bytes_sent_total")
+                      .Help("Update bytes delivered (inline and shm)")
+                      .Register(*registry_)
+                      .Add({})),
+      steps_(BuildCounter()
+                 .Name("dmuon_steps_total")
+                 .Help("Session steps completed")
+                 .Register(*registry_)
+                 .Add({})),
+      step_latency_(
+          BuildHistogram()
+              .Name("dmuon_step_latency_seconds")
+              .Help("First gradient of a step to its last update, per session")
+              .Register(*registry_)
+              .Add({}, LatencyBuckets())),
+      nonfinite_(
+          BuildCounter()
+              .Name("dmuon_nonfinite_gradients_total")
+              .Help("Gradients with NaN/Inf (skipped or failed by policy)")
+              .Register(*registry_)
+              .Add({})),
+      errors_(BuildCounter()
+                  .Name("dmuon_errors_total")
+                  .Help("Failed calls by gRPC code")
+                  .Register(*registry_)),
+      snapshots_(BuildCounter()
+                     .Name("dmuon_snapshots_total")
+                     .Help("State snapshots written")
+                     .Register(*registry_)
+                     .Add({})),
+      snapshot_seconds_(BuildHistogram()
+                            .Name("dmuon_snapshot_seconds")
+                            .Help("Time to write one job's snapshot")
+                            .Register(*registry_)
+                            .Add({}, LatencyBuckets())) {}
+
+void Metrics::StepCompleted(double seconds) {
+  steps_.Increment();
+  step_latency_.Observe(seconds);
+}
+
+void Metrics::Error(const std::string& code) {
+  errors_.Add({{"code", code}}).Increment();
+}
+
+void Metrics::Snapshot(double seconds) {
+  snapshots_.Increment();
+  snapshot_seconds_.Observe(seconds);
+}
+
+void Metrics::SetExecutorSource(
+    std::function<std::vector<ExecutorStats>()> stats) {
+  static_cast<ExecutorCollectable*>(executors_.get())->Set(std::move(stats));
+}
+
+std::vector<std::weak_ptr<prometheus::Collectable>> Metrics::collectables()
+    const {
+  return {registry_, executors_};
+}
+
+std::string Metrics::Render() const {
+  std::vector<prometheus::MetricFamily> all = registry_->Collect();
+  for (auto& f : executors_->Collect()) all.push_back(f);
+  return prometheus::TextSerializer().Serialize(all);
+}
+
+}  // namespace dmuon::server

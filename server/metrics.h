@@ -1,0 +1,63 @@
+// Prometheus metrics of dmuond (prometheus-cpp). Names are prefixed dmuon_
+// and carry their unit. Executor metrics are read from the scheduler at
+// scrape time (a Collectable), so the hot path never touches them.
+
+#ifndef DMUON_SERVER_METRICS_H_
+#define DMUON_SERVER_METRICS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/scheduler.h"
+
+namespace dmuon::server {
+
+class Metrics {
+ public:
+  Metrics();
+
+  void SetSessions(int n) { sessions_.Set(n); }
+  void SetJobs(int n) { jobs_.Set(n); }
+  void BytesReceived(uint64_t n) {
+    bytes_received_.Increment(static_cast<double>(n));
+  }
+  void BytesSent(uint64_t n) { bytes_sent_.Increment(static_cast<double>(n)); }
+  void StepCompleted(double seconds);
+  void NonFiniteGradient() { nonfinite_.Increment(); }
+  void Error(const std::string& code);
+  void Snapshot(double seconds);
+
+  // Serves executor metrics from `stats` at scrape time.
+  void SetExecutorSource(std::function<std::vector<ExecutorStats>()> stats);
+
+  // Everything to register with an Exposer.
+  std::vector<std::weak_ptr<prometheus::Collectable>> collectables() const;
+  // The text exposition format, as /metrics serves it (for tests, dmuonctl).
+  std::string Render() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> executors_;
+  prometheus::Gauge& sessions_;
+  prometheus::Gauge& jobs_;
+  prometheus::Counter& bytes_received_;
+  prometheus::Counter& bytes_sent_;
+  prometheus::Counter& steps_;
+  prometheus::Histogram& step_latency_;
+  prometheus::Counter& nonfinite_;
+  prometheus::Family<prometheus::Counter>& errors_;
+  prometheus::Counter& snapshots_;
+  prometheus::Histogram& snapshot_seconds_;
+};
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_METRICS_H_

@@ -1,0 +1,214 @@
+// Gathering gradients for a parameter's step and delivering its update.
+
+#include "server/param_work.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cost_model.h"
+#include "server/service.h"
+
+namespace dmuon::server {
+namespace {
+
+const float* GradientOf(const Session& s, int param) {
+  return reinterpret_cast<const float*>(s.region->bytes().data() +
+                                        s.layout.slots[param].gradient_offset);
+}
+float* UpdateOf(const Session& s, int param) {
+  return reinterpret_cast<float*>(s.region->bytes().data() +
+                                  s.layout.slots[param].update_offset);
+}
+
+}  // namespace
+
+ParamWork::ParamWork(OptimizerService* service, std::shared_ptr<Job> job,
+                     int param, int64_t step)
+    : service(service), job(std::move(job)), param(param), step(step) {}
+
+int32_t ParamWork::forward_order() const {
+  return job->table.params[param].forward_order;
+}
+kernels::Shape ParamWork::shape() const {
+  return job->table.params[param].shape;
+}
+const MuonParams* ParamWork::muon() const {
+  return &job->table.params[param].muon;
+}
+double ParamWork::flops() const {
+  const ParamInfo& p = job->table.params[param];
+  return kernels::EstimateCost(p.muon.ns.method, p.shape, p.muon.ns).flops;
+}
+
+absl::StatusOr<ComputeTask> ParamWork::Prepare() {
+  const ParamInfo& info = job->table.params[param];
+  std::vector<std::shared_ptr<Session>> ranks;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->broken) return absl::AbortedError("job broken");
+    ranks = job->ranks;
+  }
+  for (const auto& s : ranks) {
+    if (!s) return absl::AbortedError("a rank left mid-step");
+    if (auto st = s->region->Check(); !st.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("rank ", s->rank, ": ", st.message()));
+    }
+  }
+  ParamState& p = job->params[param];
+  const int64_t cols = info.shape.cols, n = info.shape.elements();
+  p.work.resize(n);
+  switch (info.sharding) {
+    case v1::SHARDING_ROWS:
+      for (const auto& s : ranks) {
+        const RowRange r = s->rows[param];
+        std::memcpy(p.work.data() + r.begin * cols, GradientOf(*s, param),
+                    (r.end - r.begin) * cols * sizeof(float));
+      }
+      break;
+    case v1::SHARDING_UNREDUCED: {
+      // The mean in rank order 0..W-1, so arrival order never changes a bit.
+      std::fill(p.work.begin(), p.work.end(), 0.0f);
+      for (const auto& s : ranks) {
+        const float* g = GradientOf(*s, param);
+        for (int64_t i = 0; i < n; ++i) p.work[i] += g[i];
+      }
+      const float inv = 1.0f / static_cast<float>(ranks.size());
+      for (float& x : p.work) x *= inv;
+      break;
+    }
+    default:  // replicated: rank 0's gradient
+      std::memcpy(p.work.data(), GradientOf(*ranks[0], param),
+                  n * sizeof(float));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(p.work[i])) {
+      nonfinite = true;
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of parameter '", info.name, "' at step ", step,
+                       " has a non-finite value (", p.work[i], ") at element (",
+                       i / cols, ",", i % cols, ")"));
+    }
+  }
+  ComputeTask t;
+  t.grad = p.work.data();
+  t.momentum = p.momentum.data();
+  t.update = p.work.data();
+  t.shape = info.shape;
+  t.muon = &info.muon;
+  t.lr_scale = info.lr_scale;
+  return t;
+}
+
+void ParamWork::Finish(absl::Status status) {
+  service->Deliver(job, param, step, status, nonfinite);
+}
+
+void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
+                               int64_t step, absl::Status status,
+                               bool nonfinite) {
+  const ParamInfo& info = job->table.params[param];
+  if (nonfinite && metrics_) metrics_->NonFiniteGradient();
+  std::string snapshot;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    ParamState& p = job->params[param];
+    p.running = false;
+    p.arrived_count = 0;
+    std::fill(p.arrived.begin(), p.arrived.end(), 0);
+    if (job->broken) return;
+    const bool skip = nonfinite && options_.skip_nonfinite;
+    if (!status.ok() && !skip) {
+      job->broken = true;
+      for (auto& s : job->ranks) {
+        if (!s || !s->sink) continue;
+        v1::StepResponse r;
+        auto* e = r.mutable_error();
+        e->set_step(step);
+        e->set_param_id(param);
+        e->set_name(info.name);
+        e->set_code(static_cast<int>(status.code()));
+        e->set_message(std::string(status.message()));
+        s->sink->Send(std::move(r));
+        s->sink->Abort(status);
+      }
+      CountError(status);
+      return;
+    }
+    const int64_t cols = info.shape.cols;
+    for (auto& s : job->ranks) {
+      if (!s) continue;
+      const RowRange r = s->rows[param];
+      const int64_t n = (r.end - r.begin) * cols;
+      float* out = UpdateOf(*s, param);
+      if (skip) {
+        std::fill(out, out + n, 0.0f);
+      } else {
+        std::memcpy(out, job->params[param].work.data() + r.begin * cols,
+                    n * sizeof(float));
+      }
+      s->bytes_out += n * sizeof(float);
+      if (metrics_) metrics_->BytesSent(n * sizeof(float));
+      if (!s->sink) continue;
+      if (skip) {
+        v1::StepResponse r;
+        auto* e = r.mutable_error();
+        e->set_step(step);
+        e->set_param_id(param);
+        e->set_name(info.name);
+        e->set_code(static_cast<int>(status.code()));
+        e->set_message(std::string(status.message()));
+        e->set_skipped(true);
+        s->sink->Send(std::move(r));
+      }
+      if (s->transport == v1::TRANSPORT_INLINE) {
+        const uint64_t bytes = n * sizeof(float);
+        const char* base = reinterpret_cast<const char*>(out);
+        for (const auto& c : transport::SplitChunks(
+                 bytes,
+                 transport::MaxChunkPayload(options_.max_message_bytes))) {
+          v1::StepResponse r;
+          auto* u = r.mutable_update();
+          u->set_step(step);
+          u->set_param_id(param);
+          u->set_offset(c.offset);
+          u->set_data(base + c.offset, c.bytes);
+          s->sink->Send(std::move(r));
+        }
+      }
+      v1::StepResponse ready;
+      ready.mutable_updates_ready()->set_step(step);
+      ready.mutable_updates_ready()->add_param_ids(param);
+      s->sink->Send(std::move(ready));
+      if (++s->delivered == static_cast<int>(job->params.size())) {
+        v1::StepResponse done;
+        done.mutable_step_complete()->set_step(step);
+        s->sink->Send(std::move(done));
+        RecordLatency(std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - s->step_t0)
+                          .count());
+        s->step = step + 1;
+        s->delivered = 0;
+        s->step_started = false;
+        std::fill(s->declared.begin(), s->declared.end(), 0);
+        std::fill(s->received.begin(), s->received.end(), 0);
+      }
+    }
+    if (++job->params_done == static_cast<int>(job->params.size())) {
+      job->params_done = 0;
+      job->completed_steps = step;
+      // Nothing of the next step can have started: every rank's step ends
+      // in this critical section, so the state copied here is consistent.
+      if (!options_.state_dir.empty() && options_.snapshot_every > 0 &&
+          job->completed_steps % options_.snapshot_every == 0) {
+        snapshot = SerializeJobLocked(*job);
+      }
+    }
+  }
+  if (!snapshot.empty()) {
+    if (auto st = WriteSnapshot(job->id, snapshot); !st.ok()) CountError(st);
+  }
+}
+
+}  // namespace dmuon::server

@@ -1,0 +1,36 @@
+// Internal: one parameter's step as scheduler Work: gathers the gradient
+// from the ranks' regions, and hands the result to the service to deliver.
+
+#ifndef DMUON_SERVER_PARAM_WORK_H_
+#define DMUON_SERVER_PARAM_WORK_H_
+
+#include <memory>
+
+#include "server/job.h"
+#include "server/scheduler.h"
+
+namespace dmuon::server {
+
+class OptimizerService;
+
+struct ParamWork : public Work {
+  ParamWork(OptimizerService* service, std::shared_ptr<Job> job, int param,
+            int64_t step);
+
+  int32_t forward_order() const override;
+  kernels::Shape shape() const override;
+  const MuonParams* muon() const override;
+  double flops() const override;
+  absl::StatusOr<ComputeTask> Prepare() override;
+  void Finish(absl::Status status) override;
+
+  OptimizerService* const service;
+  const std::shared_ptr<Job> job;
+  const int param;
+  const int64_t step;
+  bool nonfinite = false;
+};
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_PARAM_WORK_H_

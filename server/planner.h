@@ -1,0 +1,24 @@
+// Planner: assigns matrices to executors so the per-step makespan is small.
+// LPT (longest processing time first onto the least-loaded executor) over
+// per-matrix costs, ties broken by index so every process that plans the
+// same table gets the same assignment.
+
+#ifndef DMUON_SERVER_PLANNER_H_
+#define DMUON_SERVER_PLANNER_H_
+
+#include <vector>
+
+namespace dmuon::server {
+
+struct Plan {
+  std::vector<int> executor_of;        // by matrix index
+  std::vector<double> predicted_load;  // summed cost per executor
+  double makespan = 0;
+};
+
+// `costs[i]` > 0 (seconds or flops: any consistent unit); executors >= 1.
+Plan PlanLpt(const std::vector<double>& costs, int executors);
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_PLANNER_H_

@@ -1,0 +1,85 @@
+// Scheduler: one worker thread per executor, each with a ready queue ordered
+// by forward order (earliest first, then arrival), so the next forward's
+// first layers are served first. A worker takes the earliest ready matrix
+// and every other ready one in its queue with the same shape and
+// hyperparameters (up to max_batch) as one batched launch.
+//
+// Which executor a matrix goes to is the planner's decision (planner.h); the
+// scheduler only runs queues.
+
+#ifndef DMUON_SERVER_SCHEDULER_H_
+#define DMUON_SERVER_SCHEDULER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/executor.h"
+
+namespace dmuon::server {
+
+// One matrix ready to run. Prepare() gathers the gradient and returns the
+// task (an error, e.g. a non-finite gradient, skips the compute); Finish()
+// delivers the result or the error. Both run on the worker thread.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual int32_t forward_order() const = 0;
+  virtual kernels::Shape shape() const = 0;
+  virtual const MuonParams* muon() const = 0;
+  virtual double flops() const = 0;
+  virtual absl::StatusOr<ComputeTask> Prepare() = 0;
+  virtual void Finish(absl::Status status) = 0;
+};
+
+struct ExecutorStats {
+  std::string device;
+  double busy_seconds = 0;
+  int queue_depth = 0;
+  uint64_t matrices = 0;
+  uint64_t batches = 0;
+  double flops = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(std::vector<std::unique_ptr<Executor>> executors, int max_batch);
+  ~Scheduler();  // Shutdown()
+
+  int executors() const { return static_cast<int>(workers_.size()); }
+  // Queues `work` on executor `index` (taken modulo the executor count).
+  void Submit(int index, std::shared_ptr<Work> work);
+  std::vector<ExecutorStats> Stats() const;
+  // Runs what is queued, then stops the workers. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Queued {
+    int32_t order;
+    uint64_t seq;
+    std::shared_ptr<Work> work;
+  };
+  struct Worker {
+    std::unique_ptr<Executor> executor;
+    std::vector<Queued> queue;  // unsorted; scanned (queues are short)
+    ExecutorStats stats;
+    std::thread thread;
+  };
+  void Loop(Worker* w);
+
+  const int max_batch_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  uint64_t seq_ = 0;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_SCHEDULER_H_

@@ -1,0 +1,127 @@
+// The optimizer service: jobs, sessions, steps, state, status. No gRPC types:
+// every method returns absl::Status; the gRPC adapter (grpc_service.cc) is the
+// only place a Status becomes a grpc::Status. Unit-tested without sockets.
+//
+// A job is `world_size` ranks sharing a parameter table; each rank opens a
+// session. A parameter's step runs when every rank has declared its gradient
+// (rows gathered, replicated: rank 0's, unreduced: the mean in rank order),
+// on the executor the planner gave it; its update goes back to every rank.
+// A session's step is complete when all its parameters' updates are back.
+
+#ifndef DMUON_SERVER_SERVICE_H_
+#define DMUON_SERVER_SERVICE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/dmuon.pb.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+
+namespace dmuon::server {
+
+struct ServiceOptions {
+  std::string version = "0.1.0";
+  int max_sessions = 64;
+  uint64_t max_message_bytes = 64ull << 20;
+  // Non-finite gradient: true = skip that parameter's step (momentum
+  // untouched, update zeros, a ParameterError says so); false = fail the
+  // step (the job's streams end with INVALID_ARGUMENT).
+  bool skip_nonfinite = true;
+  std::string state_dir;  // empty: no snapshots
+  int snapshot_every =
+      0;  // completed steps between snapshots; 0: shutdown only
+  std::vector<std::string> devices;
+};
+
+// Where a session's Step responses go. The gRPC adapter queues them for a
+// writer thread; Send must not block on the network.
+class StepSink {
+ public:
+  virtual ~StepSink() = default;
+  virtual void Send(v1::StepResponse msg) = 0;
+  // Ends the stream with `status` after what was already sent.
+  virtual void Abort(absl::Status status) = 0;
+};
+
+struct Job;
+struct Session;
+
+class OptimizerService {
+ public:
+  OptimizerService(ServiceOptions options, std::unique_ptr<Scheduler> scheduler,
+                   Metrics* metrics);
+  ~OptimizerService();
+
+  absl::StatusOr<v1::OpenSessionResponse> OpenSession(
+      const v1::OpenSessionRequest& req);
+  // Binds the session's Step stream. One stream per session.
+  absl::Status Attach(const std::string& session_id,
+                      std::shared_ptr<StepSink> sink);
+  // A gradients_ready or gradient chunk from the session's stream. An error
+  // ends that stream; nothing of the message has been applied.
+  absl::Status OnStepRequest(const std::string& session_id,
+                             const v1::StepRequest& req);
+  // The stream ended (client closed it or died): the session is reclaimed.
+  void Detach(const std::string& session_id, const absl::Status& why);
+  absl::Status CloseSession(const std::string& session_id);
+
+  absl::StatusOr<std::vector<v1::StateChunk>> GetState(
+      const std::string& session_id);
+  absl::StatusOr<int64_t> SetState(const std::vector<v1::StateChunk>& chunks);
+
+  v1::StatusResponse Status() const;
+  // Refuses new sessions from now on; returns the sessions still open.
+  int Drain();
+  bool draining() const;
+  int open_sessions() const;
+  // Snapshots every job to --state-dir (no-op without one).
+  absl::Status SnapshotAll();
+  // Loads --state-dir snapshots so reconnecting jobs resume.
+  absl::Status LoadSnapshots();
+  // Counts an error by code (the adapter calls this for every failed RPC).
+  void CountError(const absl::Status& st) const;
+
+ private:
+  friend struct ParamWork;
+  std::shared_ptr<Session> FindSession(const std::string& id) const;
+  void CloseLocked(std::shared_ptr<Session> s, const absl::Status& why);
+  void Deliver(const std::shared_ptr<Job>& job, int param, int64_t step,
+               absl::Status status, bool nonfinite);
+  // Snapshot file contents of a job at a step boundary (caller holds job.mu).
+  std::string SerializeJobLocked(const Job& job) const;
+  // Atomically writes a snapshot (temp file, fsync, rename).
+  absl::Status WriteSnapshot(const std::string& job_id,
+                             const std::string& bytes);
+  absl::StatusOr<std::vector<v1::StateChunk>> StateChunksLocked(
+      const Job& job) const;
+  void RecordLatency(double seconds);
+
+  const ServiceOptions options_;
+  std::unique_ptr<Scheduler> scheduler_;
+  Metrics* const metrics_;
+  const std::chrono::steady_clock::time_point started_;
+
+  mutable std::mutex mu_;  // guards the maps below and draining_
+  bool draining_ = false;
+  std::map<std::string, std::shared_ptr<Session>> sessions_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_;
+  std::map<std::string, v1::StateChunk> snapshot_headers_;  // job id -> header
+  std::map<std::string, std::vector<std::vector<float>>> snapshot_momentum_;
+  mutable std::mutex latency_mu_;
+  std::vector<double> latencies_;  // ring of the last kLatencyWindow
+  size_t latency_next_ = 0;
+  uint64_t latency_count_ = 0;
+  mutable std::map<std::string, uint64_t> errors_;
+};
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_SERVICE_H_

@@ -1,0 +1,550 @@
+// The service logic without sockets: sessions driven directly, Step
+// responses caught by a fake sink, every update compared with an
+// independent fp64 Muon reference (momentum in double, NS from the SVD).
+
+#include "server/service.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <random>
+
+#include "kernels/testing/oracle.h"
+#include "transport/transport.h"
+
+namespace dmuon::server {
+namespace {
+
+class FakeSink : public StepSink {
+ public:
+  void Send(v1::StepResponse m) override {
+    std::lock_guard<std::mutex> l(mu_);
+    msgs_.push_back(std::move(m));
+    cv_.notify_all();
+  }
+  void Abort(absl::Status st) override {
+    std::lock_guard<std::mutex> l(mu_);
+    aborted_ = true;
+    abort_status_ = st;
+    cv_.notify_all();
+  }
+  // Waits for StepComplete(step) or an abort; returns everything received.
+  std::vector<v1::StepResponse> WaitStep(int64_t step) {
+    std::unique_lock<std::mutex> l(mu_);
+    std::vector<v1::StepResponse> out;
+    for (;;) {
+      while (!msgs_.empty()) {
+        out.push_back(msgs_.front());
+        msgs_.pop_front();
+        if (out.back().has_step_complete() &&
+            out.back().step_complete().step() == step)
+          return out;
+      }
+      if (aborted_) return out;
+      if (!cv_.wait_for(l, std::chrono::seconds(60),
+                        [&] { return !msgs_.empty() || aborted_; })) {
+        ADD_FAILURE() << "timed out waiting for step " << step;
+        return out;
+      }
+    }
+  }
+  bool WaitAbort(absl::Status* st) {
+    std::unique_lock<std::mutex> l(mu_);
+    bool ok =
+        cv_.wait_for(l, std::chrono::seconds(30), [&] { return aborted_; });
+    *st = abort_status_;
+    return ok;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::StepResponse> msgs_;
+  bool aborted_ = false;
+  absl::Status abort_status_;
+};
+
+struct Param {
+  std::string name;
+  int64_t rows, cols;
+  v1::Sharding sharding;
+};
+
+std::unique_ptr<OptimizerService> NewService(ServiceOptions o = {},
+                                             int executors = 2) {
+  std::vector<std::unique_ptr<Executor>> ex;
+  for (int i = 0; i < executors; ++i) ex.push_back(NewCpuExecutor(i, 1));
+  return std::make_unique<OptimizerService>(
+      o, std::make_unique<Scheduler>(std::move(ex), 4), nullptr);
+}
+
+v1::OpenSessionRequest Request(const std::string& job, int rank, int world,
+                               v1::Transport t,
+                               const std::vector<Param>& params) {
+  v1::OpenSessionRequest r;
+  r.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  r.set_job_id(job);
+  r.set_rank(rank);
+  r.set_world_size(world);
+  r.set_transport(t);
+  r.add_groups()->set_adjust_lr_fn("original");
+  int order = 0;
+  for (const Param& p : params) {
+    auto* s = r.add_parameters();
+    s->set_name(p.name);
+    s->add_shape(p.rows);
+    s->add_shape(p.cols);
+    s->set_sharding(p.sharding);
+    s->set_forward_order(order++);
+    if (p.sharding == v1::SHARDING_ROWS) {
+      const int64_t per = (p.rows + world - 1) / world;
+      s->set_row_begin(std::min(p.rows, rank * per));
+      s->set_row_end(std::min(p.rows, (rank + 1) * per));
+    }
+  }
+  return r;
+}
+
+// A rank as a client would drive it, on a real shm segment or inline.
+struct Rank {
+  v1::OpenSessionResponse open;
+  std::unique_ptr<transport::Region> shm;
+  std::shared_ptr<FakeSink> sink = std::make_shared<FakeSink>();
+  std::vector<std::string> inline_updates;  // by param
+
+  absl::Status Open(OptimizerService& svc, const v1::OpenSessionRequest& req) {
+    auto r = svc.OpenSession(req);
+    if (!r.ok()) return r.status();
+    open = *r;
+    if (open.transport() == v1::TRANSPORT_SHM) {
+      auto reg = transport::OpenShmRegion(open.shm_name(),
+                                          open.layout().total_bytes());
+      if (!reg.ok()) return reg.status();
+      shm = std::move(*reg);
+    }
+    inline_updates.resize(open.layout().slots_size());
+    return svc.Attach(open.session_id(), sink);
+  }
+  // Sends every gradient of `step`; grads[i] is this rank's view.
+  absl::Status Send(OptimizerService& svc, int64_t step,
+                    const std::vector<std::vector<float>>& grads) {
+    v1::StepRequest ready;
+    ready.mutable_gradients_ready()->set_step(step);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const auto& slot = open.layout().slots(i);
+      if (shm) {
+        std::memcpy(shm->bytes().data() + slot.gradient_offset(),
+                    grads[i].data(), slot.bytes());
+      } else {
+        v1::StepRequest c;
+        c.mutable_gradient()->set_step(step);
+        c.mutable_gradient()->set_param_id(i);
+        c.mutable_gradient()->set_data(grads[i].data(), slot.bytes());
+        if (auto st = svc.OnStepRequest(open.session_id(), c); !st.ok())
+          return st;
+      }
+      ready.mutable_gradients_ready()->add_param_ids(i);
+    }
+    return svc.OnStepRequest(open.session_id(), ready);
+  }
+  std::vector<float> Update(int param,
+                            const std::vector<v1::StepResponse>& msgs) {
+    const auto& slot = open.layout().slots(param);
+    std::vector<float> out(slot.bytes() / 4);
+    if (shm) {
+      std::memcpy(out.data(), shm->bytes().data() + slot.update_offset(),
+                  slot.bytes());
+    } else {
+      std::string bytes;
+      for (const auto& m : msgs)
+        if (m.has_update() && m.update().param_id() == param)
+          bytes += m.update().data();
+      EXPECT_EQ(bytes.size(), slot.bytes());
+      std::memcpy(out.data(), bytes.data(),
+                  std::min<size_t>(bytes.size(), slot.bytes()));
+    }
+    return out;
+  }
+};
+
+// fp64 Muon (DESIGN.md section 2) for one parameter.
+struct Reference {
+  std::vector<double> m;
+  std::vector<double> Step(const std::vector<double>& g, kernels::Shape s) {
+    const double mu = 0.95;
+    if (m.empty()) m.assign(g.size(), 0.0);
+    std::vector<double> u(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      m[i] = mu * m[i] + (1 - mu) * g[i];
+      u[i] = (1 - mu) * g[i] + mu * m[i];
+    }
+    auto o = kernels::testing::SvdOracle(u, s, kernels::NsOptions{});
+    const double scale = std::sqrt(std::max(1.0, double(s.rows) / s.cols));
+    for (double& x : o) x *= scale;
+    return o;
+  }
+};
+
+double RelErr(const std::vector<float>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i)
+    num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+  return std::isfinite(num) ? std::sqrt(num / den) : INFINITY;
+}
+
+// Runs `steps` steps of a `world`-rank job and checks every rank's update.
+void RunJob(v1::Transport t, int world, const std::vector<Param>& params,
+            int steps, uint64_t seed) {
+  auto svc = NewService();
+  std::vector<Rank> ranks(world);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(ranks[r].Open(*svc, Request("job", r, world, t, params)).ok());
+  }
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<Reference> ref(params.size());
+  for (int step = 1; step <= steps; ++step) {
+    // Whole-matrix gradients per rank; each rank sends its view.
+    std::vector<std::vector<std::vector<float>>> full(
+        world, std::vector<std::vector<float>>(params.size()));
+    std::vector<std::vector<double>> used(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Param& p = params[i];
+      std::vector<float> base(p.rows * p.cols);
+      for (float& x : base) x = d(rng);
+      used[i].assign(base.size(), 0.0);
+      for (int r = 0; r < world; ++r) {
+        full[r][i] = base;
+        if (p.sharding == v1::SHARDING_UNREDUCED)
+          for (float& x : full[r][i]) x = d(rng);  // each rank its own gradient
+      }
+      for (size_t k = 0; k < base.size(); ++k) {
+        if (p.sharding == v1::SHARDING_UNREDUCED) {
+          float sum = 0;
+          for (int r = 0; r < world; ++r) sum += full[r][i][k];
+          used[i][k] = sum / world;
+        } else {
+          used[i][k] = base[k];
+        }
+      }
+    }
+    std::vector<std::vector<double>> want(params.size());
+    for (size_t i = 0; i < params.size(); ++i)
+      want[i] = ref[i].Step(used[i], {params[i].rows, params[i].cols});
+    // Ranks send in reverse order: arrival order must not matter.
+    for (int r = world - 1; r >= 0; --r) {
+      std::vector<std::vector<float>> views(params.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto& slot = ranks[r].open.layout().slots(i);
+        const int64_t rows = slot.local_shape(0);
+        const int64_t begin =
+            params[i].sharding == v1::SHARDING_ROWS
+                ? std::min(params[i].rows,
+                           r * ((params[i].rows + world - 1) / world))
+                : 0;
+        views[i].assign(full[r][i].begin() + begin * params[i].cols,
+                        full[r][i].begin() + (begin + rows) * params[i].cols);
+      }
+      ASSERT_TRUE(ranks[r].Send(*svc, step, views).ok());
+    }
+    for (int r = 0; r < world; ++r) {
+      auto msgs = ranks[r].sink->WaitStep(step);
+      ASSERT_FALSE(msgs.empty());
+      ASSERT_TRUE(msgs.back().has_step_complete())
+          << "rank " << r << " step " << step;
+      for (size_t i = 0; i < params.size(); ++i) {
+        std::vector<float> got = ranks[r].Update(i, msgs);
+        const auto& slot = ranks[r].open.layout().slots(i);
+        const int64_t rows = slot.local_shape(0);
+        const int64_t begin =
+            params[i].sharding == v1::SHARDING_ROWS
+                ? std::min(params[i].rows,
+                           r * ((params[i].rows + world - 1) / world))
+                : 0;
+        std::vector<double> w(
+            want[i].begin() + begin * params[i].cols,
+            want[i].begin() + (begin + rows) * params[i].cols);
+        EXPECT_LT(RelErr(got, w), 1e-4)
+            << params[i].name << " rank " << r << " step " << step;
+      }
+    }
+  }
+  for (auto& r : ranks)
+    EXPECT_TRUE(svc->CloseSession(r.open.session_id()).ok());
+}
+
+const std::vector<Param> kMixed = {{"attn.w", 48, 48, v1::SHARDING_REPLICATED},
+                                   {"mlp.up", 96, 48, v1::SHARDING_ROWS},
+                                   {"mlp.down", 48, 96, v1::SHARDING_UNREDUCED},
+                                   {"attn.o", 48, 48, v1::SHARDING_REPLICATED}};
+
+TEST(Service, OneRankInline) {
+  RunJob(v1::TRANSPORT_INLINE, 1, kMixed, 3, std::random_device{}());
+}
+TEST(Service, ThreeRanksShmEveryShardingMode) {
+  RunJob(v1::TRANSPORT_SHM, 3, kMixed, 4, std::random_device{}());
+}
+TEST(Service, TwoRanksInline) {
+  RunJob(v1::TRANSPORT_INLINE, 2, kMixed, 2, std::random_device{}());
+}
+
+TEST(Service, TableMismatchNamesParameterAndBothValues) {
+  auto svc = NewService();
+  Rank a, b;
+  ASSERT_TRUE(a.Open(*svc, Request("j", 0, 2, v1::TRANSPORT_INLINE,
+                                   {{"layers.3.mlp.w1", 64, 112,
+                                     v1::SHARDING_REPLICATED}}))
+                  .ok());
+  absl::Status st = b.Open(
+      *svc, Request("j", 1, 2, v1::TRANSPORT_INLINE,
+                    {{"layers.3.mlp.w1", 64, 88, v1::SHARDING_REPLICATED}}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      st.message().find(
+          "'layers.3.mlp.w1' shape [64,88] does not match rank 0's [64,112]"),
+      std::string::npos)
+      << st;
+}
+
+TEST(Service, BadRequestsGetFittingCodes) {
+  ServiceOptions o;
+  o.max_sessions = 1;
+  auto svc = NewService(o);
+  auto req = Request("j", 0, 1, v1::TRANSPORT_INLINE,
+                     {{"w", 8, 8, v1::SHARDING_REPLICATED}});
+  auto bad = req;
+  bad.set_protocol_version(static_cast<v1::ProtocolVersion>(7));
+  EXPECT_EQ(svc->OpenSession(bad).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  bad = req;
+  bad.mutable_parameters(0)->set_shape(1, 0);
+  EXPECT_EQ(svc->OpenSession(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = req;
+  bad.set_transport(v1::TRANSPORT_NCCL);
+  EXPECT_EQ(svc->OpenSession(bad).status().code(),
+            absl::StatusCode::kUnimplemented);
+  bad = req;
+  bad.set_rank(3);
+  EXPECT_EQ(svc->OpenSession(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, req).ok());
+  auto again = Request("k", 0, 1, v1::TRANSPORT_INLINE,
+                       {{"w", 8, 8, v1::SHARDING_REPLICATED}});
+  EXPECT_EQ(svc->OpenSession(again).status().code(),
+            absl::StatusCode::kResourceExhausted);
+
+  // Unknown parameter id, out-of-order steps, double declaration.
+  v1::StepRequest m;
+  m.mutable_gradients_ready()->set_step(1);
+  m.mutable_gradients_ready()->add_param_ids(5);
+  absl::Status st = svc->OnStepRequest(r.open.session_id(), m);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("parameter id 5 does not exist"),
+            std::string::npos)
+      << st;
+  m.mutable_gradients_ready()->set_step(2);
+  m.mutable_gradients_ready()->set_param_ids(0, 0);
+  st = svc->OnStepRequest(r.open.session_id(), m);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("skips step 1"), std::string::npos) << st;
+  // Inline: ready before the bytes arrived.
+  m.mutable_gradients_ready()->set_step(1);
+  st = svc->OnStepRequest(r.open.session_id(), m);
+  EXPECT_NE(st.message().find("incomplete"), std::string::npos) << st;
+  // Oversized chunk.
+  v1::StepRequest c;
+  c.mutable_gradient()->set_step(1);
+  c.mutable_gradient()->set_param_id(0);
+  c.mutable_gradient()->set_data(std::string(8 * 8 * 4 + 4, '\0'));
+  EXPECT_EQ(svc->OnStepRequest(r.open.session_id(), c).code(),
+            absl::StatusCode::kOutOfRange);
+  // A full, correct step still works after all of that.
+  ASSERT_TRUE(r.Send(*svc, 1, {std::vector<float>(64, 1.0f)}).ok());
+  auto msgs = r.sink->WaitStep(1);
+  ASSERT_TRUE(!msgs.empty() && msgs.back().has_step_complete());
+  // Step 1 again is a repeat.
+  st = r.Send(*svc, 1, {std::vector<float>(64, 1.0f)});
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("already complete"), std::string::npos) << st;
+}
+
+TEST(Service, NonFiniteGradientSkippedStateUntouched) {
+  auto svc = NewService();
+  const std::vector<Param> ps = {{"w", 16, 24, v1::SHARDING_REPLICATED}};
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("j", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  std::vector<float> g1(16 * 24), g2(16 * 24);
+  for (float& x : g1) x = d(rng);
+  for (float& x : g2) x = d(rng);
+  ASSERT_TRUE(r.Send(*svc, 1, {g1}).ok());
+  r.sink->WaitStep(1);
+  auto bad = g2;
+  bad[30] = NAN;
+  ASSERT_TRUE(r.Send(*svc, 2, {bad}).ok());
+  auto msgs = r.sink->WaitStep(2);
+  bool reported = false;
+  for (const auto& m : msgs) {
+    if (m.has_error()) {
+      reported = m.error().skipped() && m.error().name() == "w" &&
+                 m.error().message().find("non-finite") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(reported);
+  for (float x : r.Update(0, msgs)) ASSERT_EQ(x, 0.0f);
+  // Step 3 must equal a run that never saw step 2.
+  ASSERT_TRUE(r.Send(*svc, 3, {g2}).ok());
+  msgs = r.sink->WaitStep(3);
+  Reference ref;
+  ref.Step(std::vector<double>(g1.begin(), g1.end()), {16, 24});
+  auto want = ref.Step(std::vector<double>(g2.begin(), g2.end()), {16, 24});
+  EXPECT_LT(RelErr(r.Update(0, msgs), want), 1e-4);
+}
+
+TEST(Service, RankLeavingMidStepAbortsItsJobOnly) {
+  auto svc = NewService();
+  const std::vector<Param> ps = {{"w", 8, 8, v1::SHARDING_UNREDUCED}};
+  Rank a, b, other;
+  ASSERT_TRUE(a.Open(*svc, Request("j", 0, 2, v1::TRANSPORT_SHM, ps)).ok());
+  ASSERT_TRUE(b.Open(*svc, Request("j", 1, 2, v1::TRANSPORT_SHM, ps)).ok());
+  ASSERT_TRUE(other.Open(*svc, Request("k", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+  ASSERT_TRUE(a.Send(*svc, 1, {std::vector<float>(64, 1.0f)}).ok());
+  svc->Detach(b.open.session_id(), absl::CancelledError("client died"));
+  absl::Status st;
+  ASSERT_TRUE(a.sink->WaitAbort(&st));
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
+  EXPECT_NE(st.message().find("rank 1 of job 'j' left mid-step"),
+            std::string::npos)
+      << st;
+  // The segment of the dead rank is gone; the other job keeps stepping.
+  EXPECT_EQ(transport::OpenShmRegion(b.open.shm_name(), 1).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(other.Send(*svc, 1, {std::vector<float>(64, 2.0f)}).ok());
+  auto msgs = other.sink->WaitStep(1);
+  EXPECT_TRUE(!msgs.empty() && msgs.back().has_step_complete());
+}
+
+TEST(Service, ShrunkSegmentIsDataLoss) {
+  auto svc = NewService();
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("j", 0, 1, v1::TRANSPORT_SHM,
+                                   {{"w", 32, 32, v1::SHARDING_REPLICATED}}))
+                  .ok());
+  // The client shrinks its segment (through its own descriptor).
+  int fd = -1;
+  for (int cand = 3; cand < 1024; ++cand) {
+    char path[64], link[256] = {0};
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", cand);
+    if (readlink(path, link, sizeof(link) - 1) > 0 &&
+        std::string(link).find(r.open.shm_name().substr(1)) !=
+            std::string::npos) {
+      fd = cand;
+    }
+  }
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 64), 0);
+  v1::StepRequest m;
+  m.mutable_gradients_ready()->set_step(1);
+  m.mutable_gradients_ready()->add_param_ids(0);
+  EXPECT_EQ(svc->OnStepRequest(r.open.session_id(), m).code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(Service, StateRoundTripContinuesLikeUninterrupted) {
+  const std::vector<Param> ps = {{"a", 24, 40, v1::SHARDING_REPLICATED},
+                                 {"b", 40, 24, v1::SHARDING_REPLICATED}};
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  std::vector<std::vector<std::vector<float>>> grads(4);
+  for (auto& step : grads) {
+    for (const auto& p : ps) {
+      step.emplace_back(p.rows * p.cols);
+      for (float& x : step.back()) x = d(rng);
+    }
+  }
+  auto run = [&](OptimizerService& svc, Rank& r, int from, int to) {
+    std::vector<std::vector<float>> last;
+    for (int s = from; s <= to; ++s) {
+      EXPECT_TRUE(r.Send(svc, s, grads[s - 1]).ok());
+      auto msgs = r.sink->WaitStep(s);
+      last = {r.Update(0, msgs), r.Update(1, msgs)};
+    }
+    return last;
+  };
+  auto svc1 = NewService();
+  Rank r1;
+  ASSERT_TRUE(
+      r1.Open(*svc1, Request("j", 0, 1, v1::TRANSPORT_INLINE, ps)).ok());
+  run(*svc1, r1, 1, 2);
+  auto state = svc1->GetState(r1.open.session_id());
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto straight = run(*svc1, r1, 3, 4);
+
+  auto svc2 = NewService();
+  Rank r2;
+  ASSERT_TRUE(r2.Open(*svc2, Request("j", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+  (*state)[0].set_session_id(r2.open.session_id());
+  auto set = svc2->SetState(*state);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(*set, 2);
+  auto resumed = run(*svc2, r2, 3, 4);
+  EXPECT_EQ(resumed, straight);  // bit for bit
+
+  // A state whose table differs is refused, naming the parameter.
+  auto other = *state;
+  other[0].mutable_header()->mutable_parameters(1)->set_shape(0, 41);
+  EXPECT_EQ(svc2->SetState(other).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Service, SnapshotResumesAfterRestart) {
+  char tmpl[] = "/tmp/dmuon-state-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ServiceOptions o;
+  o.state_dir = tmpl;
+  o.snapshot_every = 1;
+  const std::vector<Param> ps = {{"w", 20, 30, v1::SHARDING_REPLICATED}};
+  std::vector<std::vector<float>> g(3, std::vector<float>(600));
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  for (auto& v : g)
+    for (float& x : v) x = d(rng);
+  std::vector<float> straight;
+  {
+    auto svc = NewService(o);
+    Rank r;
+    ASSERT_TRUE(
+        r.Open(*svc, Request("snap", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+    for (int s = 1; s <= 2; ++s) {
+      ASSERT_TRUE(r.Send(*svc, s, {g[s - 1]}).ok());
+      r.sink->WaitStep(s);
+    }
+  }  // the daemon goes away after step 2 (snapshot written at each step)
+  {
+    auto ref = NewService();
+    Rank r;
+    ASSERT_TRUE(r.Open(*ref, Request("x", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+    for (int s = 1; s <= 3; ++s) {
+      ASSERT_TRUE(r.Send(*ref, s, {g[s - 1]}).ok());
+      auto msgs = r.sink->WaitStep(s);
+      straight = r.Update(0, msgs);
+    }
+  }
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("snap", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+  EXPECT_EQ(r.open.next_step(), 3);
+  ASSERT_TRUE(r.Send(*svc, 3, {g[2]}).ok());
+  auto msgs = r.sink->WaitStep(3);
+  EXPECT_EQ(r.Update(0, msgs), straight);
+}
+
+}  // namespace
+}  // namespace dmuon::server

@@ -1,0 +1,319 @@
+// Momentum state in and out: GetState/SetState streams and --state-dir
+// snapshots.
+//
+// Snapshot file (one per job, <state-dir>/job-<hex(job id)>.dmst):
+//   "DMUONST1" | u64 header length | StateHeader | per parameter, its fp32
+//   momentum (row-major) | u32 CRC-32 (zlib) of everything before it.
+// Written to a temporary file, fsynced, renamed over the old one, and the
+// directory fsynced: a crash leaves the old or the new file, never a torn one.
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "server/job.h"
+#include "server/service.h"
+
+namespace dmuon::server {
+namespace {
+
+constexpr char kMagic[] = "DMUONST1";
+
+std::string HexOf(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out.push_back(hex[c >> 4]);
+    out.push_back(hex[c & 15]);
+  }
+  return out;
+}
+
+v1::StateHeader HeaderOf(const Job& job) {
+  v1::StateHeader h;
+  h.set_job_id(job.id);
+  h.set_completed_steps(job.completed_steps);
+  for (const auto& p : job.table.params) *h.add_parameters() = ToSpec(p);
+  for (const auto& g : job.table.groups) *h.add_groups() = g;
+  return h;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::StateChunksLocked(
+    const Job& job) const {
+  if (job.mid_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id, "' is in the middle of step ", job.completed_steps + 1,
+        "; read or write state between steps"));
+  }
+  std::vector<v1::StateChunk> out;
+  v1::StateChunk head;
+  *head.mutable_header() = HeaderOf(job);
+  out.push_back(std::move(head));
+  const uint64_t max_chunk =
+      transport::MaxChunkPayload(options_.max_message_bytes);
+  for (size_t i = 0; i < job.params.size(); ++i) {
+    const auto& m = job.params[i].momentum;
+    const uint64_t bytes = m.size() * sizeof(float);
+    const char* base = reinterpret_cast<const char*>(m.data());
+    for (const auto& c : transport::SplitChunks(bytes, max_chunk)) {
+      v1::StateChunk ch;
+      auto* mc = ch.mutable_momentum();
+      mc->set_param_id(static_cast<int>(i));
+      mc->set_name(job.table.params[i].name);
+      mc->set_offset(c.offset);
+      mc->set_total_bytes(bytes);
+      mc->set_data(base + c.offset, c.bytes);
+      out.push_back(std::move(ch));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::GetState(
+    const std::string& session_id) {
+  auto s = FindSession(session_id);
+  if (!s) return absl::NotFoundError("no open session with this session_id");
+  auto job = s->job.lock();
+  if (!job) return absl::AbortedError("the session's job is gone");
+  std::lock_guard<std::mutex> lock(job->mu);
+  return StateChunksLocked(*job);
+}
+
+absl::StatusOr<int64_t> OptimizerService::SetState(
+    const std::vector<v1::StateChunk>& chunks) {
+  if (chunks.empty() || !chunks[0].has_header()) {
+    return absl::InvalidArgumentError(
+        "SetState: the first message must carry the header");
+  }
+  auto s = FindSession(chunks[0].session_id());
+  if (!s)
+    return absl::NotFoundError(
+        "SetState: no open session with this session_id");
+  auto job = s->job.lock();
+  if (!job) return absl::AbortedError("the session's job is gone");
+  const v1::StateHeader& h = chunks[0].header();
+  std::lock_guard<std::mutex> lock(job->mu);
+  if (job->mid_step() || job->broken) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job->id,
+        "' is in the middle of a step; restore state before the first step"));
+  }
+  const auto& params = job->table.params;
+  if (h.parameters_size() != static_cast<int>(params.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state has ", h.parameters_size(),
+                     " parameters; the job's table has ", params.size()));
+  }
+  for (int i = 0; i < h.parameters_size(); ++i) {
+    const auto& sp = h.parameters(i);
+    if (sp.name() != params[i].name || sp.shape_size() != 2 ||
+        sp.shape(0) != params[i].shape.rows ||
+        sp.shape(1) != params[i].shape.cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state parameter ", i, " '", sp.name(),
+                       "' does not match the table's '", params[i].name, "' ",
+                       kernels::ShapeString(params[i].shape)));
+    }
+  }
+  if (h.completed_steps() < 0)
+    return absl::InvalidArgumentError("completed_steps is negative");
+  // Assemble into scratch: nothing changes unless every byte is accounted for.
+  std::vector<std::vector<float>> mom(params.size());
+  std::vector<uint64_t> got(params.size(), 0);
+  for (size_t i = 0; i < params.size(); ++i)
+    mom[i].assign(params[i].shape.elements(), 0.0f);
+  for (size_t k = 1; k < chunks.size(); ++k) {
+    if (!chunks[k].has_momentum())
+      return absl::InvalidArgumentError("SetState: a second header");
+    const v1::MomentumChunk& c = chunks[k].momentum();
+    if (c.param_id() < 0 || c.param_id() >= static_cast<int>(params.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("momentum chunk for parameter id ", c.param_id(),
+                       " which does not exist"));
+    }
+    const uint64_t bytes = mom[c.param_id()].size() * sizeof(float);
+    if (c.offset() != got[c.param_id()] ||
+        c.offset() + c.data().size() > bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "momentum chunk of '", params[c.param_id()].name, "' at offset ",
+          c.offset(), " (", c.data().size(), " bytes) does not continue the ",
+          bytes, "-byte tensor"));
+    }
+    std::memcpy(reinterpret_cast<char*>(mom[c.param_id()].data()) + c.offset(),
+                c.data().data(), c.data().size());
+    got[c.param_id()] += c.data().size();
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (got[i] != mom[i].size() * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "momentum of '", params[i].name, "' is incomplete: ", got[i], " of ",
+          mom[i].size() * sizeof(float), " bytes"));
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    job->params[i].momentum = std::move(mom[i]);
+  job->completed_steps = h.completed_steps();
+  for (auto& r : job->ranks)
+    if (r) r->step = job->completed_steps + 1;
+  return job->completed_steps;
+}
+
+std::string OptimizerService::SerializeJobLocked(const Job& job) const {
+  const std::string header = HeaderOf(job).SerializeAsString();
+  std::string out(kMagic, 8);
+  const uint64_t len = header.size();
+  out.append(reinterpret_cast<const char*>(&len), sizeof(len));
+  out += header;
+  for (const auto& p : job.params) {
+    out.append(reinterpret_cast<const char*>(p.momentum.data()),
+               p.momentum.size() * sizeof(float));
+  }
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(out.data()), out.size()));
+  out.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
+  return out;
+}
+
+absl::Status OptimizerService::WriteSnapshot(const std::string& job_id,
+                                             const std::string& bytes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string path =
+      absl::StrCat(options_.state_dir, "/job-", HexOf(job_id), ".dmst");
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("snapshot: cannot create ", tmp, ": ", strerror(errno)));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) {
+      ::close(fd);
+      return absl::UnavailableError(
+          absl::StrCat("snapshot: writing ", tmp, ": ", strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("snapshot: cannot commit ", path, ": ", strerror(errno)));
+  }
+  int dir = ::open(options_.state_dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+  if (metrics_) {
+    metrics_->Snapshot(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerService::SnapshotAll() {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, j] : jobs_) jobs.push_back(j);
+  }
+  absl::Status first;
+  for (auto& j : jobs) {
+    std::string bytes;
+    {
+      std::lock_guard<std::mutex> lock(j->mu);
+      if (j->broken || j->mid_step()) continue;  // only consistent states
+      bytes = SerializeJobLocked(*j);
+    }
+    if (auto st = WriteSnapshot(j->id, bytes); !st.ok() && first.ok())
+      first = st;
+  }
+  return first;
+}
+
+absl::Status OptimizerService::LoadSnapshots() {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  DIR* d = ::opendir(options_.state_dir.c_str());
+  if (!d) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state-dir ", options_.state_dir, ": ", strerror(errno)));
+  }
+  std::vector<std::string> files;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n.size() > 5 && n.rfind("job-", 0) == 0 &&
+        n.substr(n.size() - 5) == ".dmst")
+      files.push_back(n);
+  }
+  ::closedir(d);
+  absl::Status first;
+  auto bad = [&](const std::string& f, const std::string& why) {
+    if (first.ok())
+      first = absl::DataLossError(
+          absl::StrCat("snapshot ", f, ": ", why, "; ignored"));
+  };
+  for (const std::string& f : files) {
+    std::ifstream in(absl::StrCat(options_.state_dir, "/", f),
+                     std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string data = ss.str();
+    if (data.size() < 8 + 8 + 4 || data.compare(0, 8, kMagic, 8) != 0) {
+      bad(f, "not a dmuon snapshot");
+      continue;
+    }
+    uint32_t crc;
+    std::memcpy(&crc, data.data() + data.size() - 4, 4);
+    if (crc != static_cast<uint32_t>(
+                   crc32(0L, reinterpret_cast<const Bytef*>(data.data()),
+                         data.size() - 4))) {
+      bad(f, "checksum mismatch");
+      continue;
+    }
+    uint64_t len;
+    std::memcpy(&len, data.data() + 8, 8);
+    v1::StateChunk head;
+    if (16 + len > data.size() - 4 ||
+        !head.mutable_header()->ParseFromArray(data.data() + 16, len)) {
+      bad(f, "unreadable header");
+      continue;
+    }
+    const v1::StateHeader& h = head.header();
+    size_t off = 16 + len;
+    std::vector<std::vector<float>> mom;
+    bool ok = true;
+    for (const auto& p : h.parameters()) {
+      const uint64_t n = p.shape_size() == 2 ? p.shape(0) * p.shape(1) : 0;
+      if (off + n * 4 > data.size() - 4) {
+        ok = false;
+        break;
+      }
+      mom.emplace_back(n);
+      std::memcpy(mom.back().data(), data.data() + off, n * 4);
+      off += n * 4;
+    }
+    if (!ok || off != data.size() - 4) {
+      bad(f, "truncated momentum");
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_headers_[h.job_id()] = head;
+    snapshot_momentum_[h.job_id()] = std::move(mom);
+  }
+  return first;
+}
+
+}  // namespace dmuon::server

@@ -1,0 +1,67 @@
+// The parameter table of a job, validated and in the daemon's own types.
+//
+// Built from an OpenSessionRequest; every rank of a job must register the
+// same table (same names, whole-matrix shapes, dtypes, sharding modes,
+// forward order and hyperparameters; only the row range of a row-sharded
+// parameter differs per rank). CompareTables names the first difference.
+
+#ifndef DMUON_SERVER_TABLE_H_
+#define DMUON_SERVER_TABLE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/kernels.h"
+#include "proto/dmuon.pb.h"
+
+namespace dmuon::server {
+
+struct MuonParams {
+  double momentum = 0.95;
+  bool nesterov = true;
+  kernels::NsOptions ns;  // schedule, eps, method
+  kernels::LrAdjust adjust = kernels::LrAdjust::kOriginal;
+};
+
+struct ParamInfo {
+  std::string name;
+  kernels::Shape shape;  // whole matrix
+  v1::DType dtype = v1::DTYPE_F32;
+  v1::Sharding sharding = v1::SHARDING_REPLICATED;
+  int32_t forward_order = 0;
+  int32_t group = 0;
+  MuonParams muon;
+  double lr_scale = 1.0;
+};
+
+struct RowRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+struct Table {
+  std::vector<ParamInfo> params;
+  std::vector<v1::HyperparameterGroup> groups;  // as sent (for GetState)
+};
+
+// Validates the request's table. Errors are INVALID_ARGUMENT naming the
+// parameter (or group) and the field; an unsupported dtype is UNIMPLEMENTED.
+// `rows` receives this rank's row range per parameter (the whole matrix
+// unless SHARDING_ROWS).
+absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
+                                 std::vector<RowRange>* rows);
+
+// OK when `theirs` (rank `their_rank`) matches `ours` (rank `our_rank`);
+// otherwise INVALID_ARGUMENT naming the parameter and both values, e.g.
+// "parameter 'w1' shape [4096,11008] does not match rank 0's [4096,14336]".
+absl::Status CompareTables(const Table& ours, int our_rank, const Table& theirs,
+                           int their_rank);
+
+// The proto form of a table entry (for GetState and snapshots).
+v1::ParameterSpec ToSpec(const ParamInfo& p);
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_TABLE_H_
