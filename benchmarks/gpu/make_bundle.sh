@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the CUDA configuration here and packs what the GPU machine needs to
+# run it: binaries, plus every shared library they load that is neither part
+# of the base system (glibc, libstdc++) nor CUDA's (cuBLAS/cuBLASLt come from
+# the GPU machine's own toolkit or torch wheels: they are far too large to
+# carry). Usage: make_bundle.sh OUT_DIR
+set -euo pipefail
+out=${1:?usage: make_bundle.sh OUT_DIR}
+cd "$(dirname "$0")/../.."
+targets=(
+  //kernels/cuda:cuda_kernels_test
+  //kernels/cuda:ns_tool
+  //benchmarks:kernels_bench_cuda
+)
+bazel build --config=cuda "${targets[@]}" >&2
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+for t in "${targets[@]}"; do
+  path=bazel-bin/${t#//}
+  path=${path/://}
+  cp -L "$path" "$out/bin/"
+done
+cp benchmarks/gpu/run.sh benchmarks/gpu/compare_torch.py "$out/"
+# Libraries resolved by the loader here; keep the ones the GPU image lacks.
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas|libcublasLt|libnccl|libcudart)'
+for b in "$out"/bin/*; do
+  ldd "$b" | awk '/=>/ {print $1, $3}' | while read -r name file; do
+    [[ $name =~ $skip ]] && continue
+    [[ -f $out/lib/$name ]] || cp -L "$file" "$out/lib/$name"
+  done
+done
+strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
+du -sh "$out" >&2

@@ -1,0 +1,216 @@
+// ./dmuon bench kernels on a GPU (built with --config=cuda): in one run on
+// one device, times the cuBLASLt bf16 GEMM (the peak), direct NS with
+// triangle-only and with dense products, Gram NS (fp16), and batched vs
+// one-by-one, each rate against that run's peak. Without a device it says so
+// and exits 0 (there is nothing to measure).
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "benchmarks/bench_util.h"
+#include "kernels/cost_model.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/kernels.h"
+
+ABSL_FLAG(std::string, shapes, "4096x4096,1024x4096,4096x14336,8192x28672",
+          "comma-separated ROWSxCOLS shapes");
+ABSL_FLAG(int, reps, 5, "timed repetitions per row (after one warm-up)");
+ABSL_FLAG(int, inner, 5, "calls per timed repetition");
+ABSL_FLAG(int, batch, 8, "batch of the batched vs one-by-one rows");
+ABSL_FLAG(int, batch_max_edge, 4096, "largest min(rows, cols) batched");
+ABSL_FLAG(
+    int, check_max_edge, 4096,
+    "largest min(rows, cols) whose error vs the CPU fp32 path is measured");
+ABSL_FLAG(std::string, out, "", "JSON results path (empty: none)");
+
+namespace dmuon::bench {
+namespace {
+
+namespace cu = kernels::cuda;
+using kernels::Method;
+using kernels::Shape;
+
+struct Buffers {
+  cu::Context* ctx;
+  std::vector<void*> ptrs;
+  ~Buffers() {
+    for (void* p : ptrs) (void)ctx->Free(p);
+  }
+  absl::StatusOr<void*> Get(size_t bytes) {
+    auto p = ctx->Allocate(bytes);
+    if (p.ok()) ptrs.push_back(*p);
+    return p;
+  }
+};
+
+absl::Status Run(cu::Context& ctx, std::vector<Row>& rows) {
+  auto shapes = ParseShapes(absl::GetFlag(FLAGS_shapes));
+  if (!shapes.ok()) return shapes.status();
+  const int reps = absl::GetFlag(FLAGS_reps),
+            inner = absl::GetFlag(FLAGS_inner);
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  for (Shape s : *shapes) {
+    const int64_t m = s.m(), n = s.n(), e = s.elements();
+    const int64_t batch = m <= absl::GetFlag(FLAGS_batch_max_edge)
+                              ? absl::GetFlag(FLAGS_batch)
+                              : 1;
+    Buffers buf{&ctx, {}};
+    std::vector<float> host(e * batch);
+    for (float& v : host) v = d(rng);
+    const size_t bytes = e * batch * 2;
+    auto in = buf.Get(bytes), out = buf.Get(bytes), ga = buf.Get(m * m * 2),
+         gc = buf.Get(m * n * 2);
+    for (auto* p : {&in, &out, &ga, &gc})
+      if (!p->ok()) return p->status();
+    if (auto st = ctx.Upload(host.data(), e * batch, *in, cu::DType::kBF16);
+        !st.ok())
+      return st;
+    if (auto st = ctx.Upload(host.data(), m * m, *ga, cu::DType::kBF16);
+        !st.ok())
+      return st;
+    auto timed = [&](const std::function<absl::Status()>& fn)
+        -> absl::StatusOr<std::vector<double>> {
+      return Time(
+          [&]() -> absl::Status {
+            for (int i = 0; i < inner; ++i)
+              if (auto st = fn(); !st.ok()) return st;
+            return ctx.Synchronize();
+          },
+          reps);
+    };
+    // Peak: the dominant product (m x m)(m x n) in bf16 as one dense GEMM.
+    auto g = timed(
+        [&] { return ctx.Gemm(*ga, *in, *gc, cu::DType::kBF16, m, n, m, 1); });
+    if (!g.ok()) return g.status();
+    for (double& t : *g) t /= inner;
+    const double peak = 2.0 * m * m * n / Median(*g) / 1e9;
+    const std::string name = absl::StrCat(s.rows, "x", s.cols);
+    rows.push_back({name, 1, "gemm-bf16", Median(*g), peak, peak, 1.0, -1, *g});
+
+    std::vector<double> ref;
+    if (m <= absl::GetFlag(FLAGS_check_max_edge)) {
+      std::vector<float> r(e);
+      auto st = kernels::Orthogonalize(
+          kernels::ConstMatrixF{s, absl::MakeConstSpan(host.data(), e)},
+          kernels::MatrixF{s, absl::MakeSpan(r)});
+      if (!st.ok()) return st;
+      ref.assign(r.begin(), r.end());
+    }
+    kernels::NsOptions base;
+    const double dense = kernels::EstimateCost(Method::kDirect, s, base, 1.0)
+                             .dense_equivalent_flops;
+    struct Variant {
+      std::string name;
+      Method method;
+      cu::DType compute;
+      bool symmetric;
+      int64_t batch;
+      bool one_by_one;
+    };
+    std::vector<Variant> variants = {
+        {"direct-bf16", Method::kDirect, cu::DType::kBF16, true, 1, false},
+        {"direct-bf16-dense", Method::kDirect, cu::DType::kBF16, false, 1,
+         false},
+        {"gram-fp16", Method::kGram, cu::DType::kF16, true, 1, false},
+        {"gram-bf16", Method::kGram, cu::DType::kBF16, true, 1, false},
+    };
+    if (batch > 1) {
+      variants.push_back({"direct-batched", Method::kDirect, cu::DType::kBF16,
+                          true, batch, false});
+      variants.push_back({"direct-1by1", Method::kDirect, cu::DType::kBF16,
+                          true, batch, true});
+    }
+    for (const Variant& v : variants) {
+      cu::CudaNsOptions o;
+      o.ns.method = v.method;
+      o.compute = v.compute;
+      o.symmetric = v.symmetric;
+      auto call = [&]() -> absl::Status {
+        if (!v.one_by_one) {
+          return ctx.Orthogonalize({*in, cu::DType::kBF16, s, v.batch, bytes},
+                                   {*out, cu::DType::kBF16, s, v.batch, bytes},
+                                   o);
+        }
+        for (int64_t i = 0; i < v.batch; ++i) {
+          char* pi = static_cast<char*>(*in) + i * e * 2;
+          char* po = static_cast<char*>(*out) + i * e * 2;
+          auto st =
+              ctx.Orthogonalize({pi, cu::DType::kBF16, s, 1, size_t(e * 2)},
+                                {po, cu::DType::kBF16, s, 1, size_t(e * 2)}, o);
+          if (!st.ok()) return st;
+        }
+        return absl::OkStatus();
+      };
+      auto t = timed(call);
+      if (!t.ok()) return t.status();
+      for (double& x : *t) x /= inner;
+      double err = -1;
+      if (!ref.empty()) {
+        std::vector<float> got(e);
+        if (auto st = ctx.Download(*out, cu::DType::kBF16, e, got.data());
+            !st.ok())
+          return st;
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < e; ++i) {
+          num += (got[i] - ref[i]) * (got[i] - ref[i]);
+          den += ref[i] * ref[i];
+        }
+        err = std::sqrt(num / den);
+      }
+      const double gf = v.batch * dense / Median(*t) / 1e9;
+      rows.push_back(
+          {name, v.batch, v.name, Median(*t), gf, peak, gf / peak, err, *t});
+      PrintTable({rows.back()});
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace dmuon::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "CUDA Newton-Schulz kernels vs the same run's GEMM peak");
+  absl::ParseCommandLine(argc, argv);
+  namespace cu = dmuon::kernels::cuda;
+  auto count = cu::DeviceCount();
+  if (!count.ok() || *count == 0) {
+    std::printf("kernels_bench_cuda: no CUDA device (%s); nothing measured\n",
+                count.ok() ? "0 devices" : count.status().ToString().c_str());
+    return 0;
+  }
+  auto ctx = cu::Context::Create(0);
+  if (!ctx.ok()) {
+    std::fprintf(stderr, "kernels_bench_cuda: %s\n",
+                 ctx.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<dmuon::bench::Row> rows;
+  absl::Status st = dmuon::bench::Run(**ctx, rows);
+  std::printf("\nsummary (median of %d runs of %d calls)\n",
+              absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_inner));
+  dmuon::bench::PrintTable(rows);
+  nlohmann::json machine = {{"gpu", (*ctx)->DeviceDescription()},
+                            {"host", dmuon::bench::CpuMachine()}};
+  const std::string command =
+      absl::StrCat("kernels_bench_cuda --shapes=", absl::GetFlag(FLAGS_shapes),
+                   " --reps=", absl::GetFlag(FLAGS_reps),
+                   " --inner=", absl::GetFlag(FLAGS_inner));
+  auto wst = dmuon::bench::WriteJson(absl::GetFlag(FLAGS_out), "kernels-gpu",
+                                     machine, command, rows);
+  if (!st.ok() || !wst.ok()) {
+    std::fprintf(stderr, "kernels_bench_cuda: %s %s\n", st.ToString().c_str(),
+                 wst.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,372 @@
+// The CUDA kernels against the CPU implementation (kernels/kernels.h), which
+// is their oracle. Every test skips, saying why, when no CUDA device exists.
+
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace dmuon::kernels::cuda {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                          \
+  do {                                                              \
+    auto n = DeviceCount();                                         \
+    if (!n.ok() || *n == 0) {                                       \
+      GTEST_SKIP() << "no CUDA device: "                            \
+                   << (n.ok() ? std::string("0 devices")            \
+                              : std::string(n.status().message())); \
+    }                                                               \
+  } while (0)
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double RelError(const float* got, const float* want, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+bool AllFinite(const std::vector<float>& v) {
+  for (float x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+class CudaKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    auto ctx = Context::Create(0);
+    ASSERT_TRUE(ctx.ok()) << ctx.status();
+    ctx_ = *std::move(ctx);
+  }
+  void TearDown() override {
+    for (void* p : owned_) EXPECT_TRUE(ctx_->Free(p).ok());
+  }
+
+  void* Alloc(size_t bytes) {
+    auto p = ctx_->Allocate(bytes);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return nullptr;
+    owned_.push_back(*p);
+    return *p;
+  }
+
+  // What the device holds after uploading `host` as `dtype` (rounded).
+  std::vector<float> RoundTrip(const std::vector<float>& host, DType dtype) {
+    void* d = Alloc(host.size() * DTypeBytes(dtype));
+    EXPECT_TRUE(ctx_->Upload(host.data(), host.size(), d, dtype).ok());
+    std::vector<float> back(host.size());
+    EXPECT_TRUE(ctx_->Download(d, dtype, host.size(), back.data()).ok());
+    return back;
+  }
+
+  // NS of `batch` matrices of `shape` on the device; in/out in `io`.
+  absl::StatusOr<std::vector<float>> Gpu(const std::vector<float>& host,
+                                         Shape shape, int64_t batch, DType io,
+                                         const CudaNsOptions& o) {
+    const size_t bytes = host.size() * DTypeBytes(io);
+    void* in = Alloc(bytes);
+    void* out = Alloc(bytes);
+    if (auto st = ctx_->Upload(host.data(), host.size(), in, io); !st.ok())
+      return st;
+    if (auto st = ctx_->Orthogonalize({in, io, shape, batch, bytes},
+                                      {out, io, shape, batch, bytes}, o);
+        !st.ok())
+      return st;
+    if (auto st = ctx_->Synchronize(); !st.ok()) return st;
+    std::vector<float> result(host.size());
+    if (auto st = ctx_->Download(out, io, host.size(), result.data()); !st.ok())
+      return st;
+    return result;
+  }
+
+  static std::vector<float> Cpu(const std::vector<float>& host, Shape shape,
+                                int64_t batch, const NsOptions& o) {
+    std::vector<float> out(host.size());
+    const int64_t e = shape.elements();
+    for (int64_t b = 0; b < batch; ++b) {
+      auto st = kernels::Orthogonalize(
+          ConstMatrixF{shape, absl::MakeConstSpan(host.data() + b * e, e)},
+          MatrixF{shape, absl::MakeSpan(out.data() + b * e, e)}, o);
+      EXPECT_TRUE(st.ok()) << st;
+    }
+    return out;
+  }
+
+  std::unique_ptr<Context> ctx_;
+  std::vector<void*> owned_;
+};
+
+struct Case {
+  int64_t rows, cols;
+};
+
+// bf16 and fp16, direct and Gram, against the CPU fp32 path on the same
+// (rounded) input: relative Frobenius error <= 2e-2, everything finite.
+TEST_F(CudaKernelsTest, MatchesCpu) {
+  const std::vector<Case> cases = {
+      {64, 64}, {96, 256},   {256, 96},  {1, 300},
+      {300, 1}, {127, 1000}, {640, 1280}};  // 640: two triangle panels
+  uint32_t seed = 1;
+  for (DType compute : {DType::kBF16, DType::kF16}) {
+    for (Method method : {Method::kDirect, Method::kGram}) {
+      for (const Case& c : cases) {
+        const Shape shape{c.rows, c.cols};
+        SCOPED_TRACE(absl::StrCat(std::string(DTypeName(compute)), " ",
+                                  std::string(MethodName(method)), " ",
+                                  ShapeString(shape)));
+        const std::vector<float> host =
+            RoundTrip(Random(shape.elements(), seed++), compute);
+        CudaNsOptions o;
+        o.compute = compute;
+        o.ns.method = method;
+        auto got = Gpu(host, shape, 1, compute, o);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_TRUE(AllFinite(*got));
+        const std::vector<float> want = Cpu(host, shape, 1, o.ns);
+        EXPECT_LE(RelError(got->data(), want.data(), want.size()), 2e-2);
+      }
+    }
+  }
+}
+
+// fp32 in/out around bf16 products, other schedules, dense products, auto.
+TEST_F(CudaKernelsTest, OptionsAndDTypes) {
+  const Shape shape{200, 520};
+  const std::vector<float> host = Random(shape.elements(), 42);
+  for (const char* schedule : {"classic", "polar_express", "you"}) {
+    for (bool symmetric : {true, false}) {
+      for (Method method : {Method::kDirect, Method::kGram, Method::kAuto}) {
+        CudaNsOptions o;
+        o.ns.schedule = *ScheduleByName(schedule, 5);
+        o.ns.method = method;
+        o.symmetric = symmetric;
+        o.compute = method == Method::kGram ? DType::kF16 : DType::kBF16;
+        SCOPED_TRACE(absl::StrCat(schedule, " sym=", symmetric, " ",
+                                  std::string(MethodName(method))));
+        auto got = Gpu(host, shape, 1, DType::kF32, o);
+        ASSERT_TRUE(got.ok()) << got.status();
+        const std::vector<float> want = Cpu(host, shape, 1, o.ns);
+        EXPECT_LE(RelError(got->data(), want.data(), want.size()), 2e-2);
+      }
+    }
+  }
+  // The fp32 reference path is much closer.
+  CudaNsOptions o;
+  o.compute = DType::kF32;
+  auto got = Gpu(host, shape, 1, DType::kF32, o);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::vector<float> want = Cpu(host, shape, 1, o.ns);
+  EXPECT_LE(RelError(got->data(), want.data(), want.size()), 1e-4);
+}
+
+TEST_F(CudaKernelsTest, BatchEqualsOneByOne) {
+  for (Method method : {Method::kDirect, Method::kGram}) {
+    for (const Shape shape : {Shape{48, 160}, Shape{160, 48}}) {
+      const int64_t e = shape.elements();
+      const std::vector<float> host = RoundTrip(Random(4 * e, 9), DType::kF16);
+      CudaNsOptions o;
+      o.compute = DType::kF16;
+      o.ns.method = method;
+      auto batched = Gpu(host, shape, 4, DType::kF16, o);
+      ASSERT_TRUE(batched.ok()) << batched.status();
+      const std::vector<float> want = Cpu(host, shape, 4, o.ns);
+      for (int64_t b = 0; b < 4; ++b) {
+        std::vector<float> one(host.begin() + b * e,
+                               host.begin() + (b + 1) * e);
+        auto single = Gpu(one, shape, 1, DType::kF16, o);
+        ASSERT_TRUE(single.ok()) << single.status();
+        EXPECT_LE(RelError(batched->data() + b * e, single->data(), e), 1e-2)
+            << "matrix " << b;
+        EXPECT_LE(RelError(batched->data() + b * e, want.data() + b * e, e),
+                  2e-2);
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, ZeroMatrixGivesZeros) {
+  for (Method method : {Method::kDirect, Method::kGram}) {
+    CudaNsOptions o;
+    o.ns.method = method;
+    auto got = Gpu(std::vector<float>(2 * 30 * 70, 0.0f), Shape{30, 70}, 2,
+                   DType::kBF16, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (float v : *got) ASSERT_EQ(v, 0.0f);
+  }
+}
+
+TEST_F(CudaKernelsTest, NonFiniteInputFailsAtSynchronize) {
+  const Shape shape{16, 40};
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity()}) {
+    std::vector<float> host = Random(shape.elements(), 5);
+    host[123] = bad;
+    auto got = Gpu(host, shape, 1, DType::kF32, CudaNsOptions{});
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument)
+        << got.status();
+  }
+  // The flag is cleared: a finite input succeeds afterwards.
+  auto ok = Gpu(Random(shape.elements(), 6), shape, 1, DType::kF32, {});
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+TEST_F(CudaKernelsTest, HostSideValidation) {
+  const Shape shape{8, 16};
+  const size_t bytes = 2 * shape.elements() * 2;  // batch 2, bf16
+  void* in = Alloc(bytes);
+  void* out = Alloc(bytes);
+  const std::vector<float> zeros(2 * shape.elements(), 0.0f);
+  ASSERT_TRUE(ctx_->Upload(zeros.data(), zeros.size(), in, DType::kBF16).ok());
+  const CudaNsOptions o;
+  auto code = [&](DeviceBatch a, DeviceBatch b, CudaNsOptions opt) {
+    return ctx_->Orthogonalize(a, b, opt).code();
+  };
+  const DeviceBatch good_in{in, DType::kBF16, shape, 2, bytes};
+  const DeviceBatch good_out{out, DType::kBF16, shape, 2, bytes};
+  EXPECT_EQ(code(good_in, good_out, o), absl::StatusCode::kOk);
+  DeviceBatch small = good_out;
+  small.bytes = bytes - 1;
+  EXPECT_EQ(code(good_in, small, o), absl::StatusCode::kInvalidArgument);
+  DeviceBatch f32 = good_in;
+  f32.dtype = DType::kF32;  // 4-byte elements: capacity too small
+  EXPECT_EQ(code(f32, good_out, o), absl::StatusCode::kInvalidArgument);
+  DeviceBatch other = good_out;
+  other.shape = Shape{16, 8};
+  EXPECT_EQ(code(good_in, other, o), absl::StatusCode::kInvalidArgument);
+  other = good_out;
+  other.batch = 1;
+  EXPECT_EQ(code(good_in, other, o), absl::StatusCode::kInvalidArgument);
+  other = good_out;
+  other.data = nullptr;
+  EXPECT_EQ(code(good_in, other, o), absl::StatusCode::kInvalidArgument);
+  other = good_out;
+  other.shape = Shape{0, 16};
+  EXPECT_EQ(code(good_in, other, o), absl::StatusCode::kInvalidArgument);
+  CudaNsOptions bad = o;
+  bad.ns.schedule.steps.clear();
+  EXPECT_EQ(code(good_in, good_out, bad), absl::StatusCode::kInvalidArgument);
+  bad = o;
+  bad.ns.eps = 0;
+  EXPECT_EQ(code(good_in, good_out, bad), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ctx_->Synchronize().ok());
+}
+
+TEST_F(CudaKernelsTest, GraphReplayEqualsFirstRun) {
+  const Shape shape{128, 384};
+  const std::vector<float> host = Random(shape.elements(), 11);
+  const size_t bytes = shape.elements() * 2;
+  void* in = Alloc(bytes);
+  void* out = Alloc(bytes);
+  ASSERT_TRUE(ctx_->Upload(host.data(), host.size(), in, DType::kBF16).ok());
+  for (Method method : {Method::kDirect, Method::kGram}) {
+    std::vector<std::vector<float>> runs;
+    for (bool graphs : {false, true, true, true}) {  // eager, capture, replay
+      CudaNsOptions o;
+      o.ns.method = method;
+      o.use_graphs = graphs;
+      ASSERT_TRUE(ctx_->Orthogonalize({in, DType::kBF16, shape, 1, bytes},
+                                      {out, DType::kBF16, shape, 1, bytes}, o)
+                      .ok());
+      ASSERT_TRUE(ctx_->Synchronize().ok());
+      std::vector<float> r(host.size());
+      ASSERT_TRUE(ctx_->Download(out, DType::kBF16, r.size(), r.data()).ok());
+      runs.push_back(std::move(r));
+    }
+    for (size_t i = 1; i < runs.size(); ++i) {
+      EXPECT_EQ(runs[i], runs[0])
+          << "run " << i << " differs, rel error "
+          << RelError(runs[i].data(), runs[0].data(), runs[0].size());
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, MomentumMatchesCpuExactly) {
+  const int64_t n = 10007;
+  const std::vector<float> grad = Random(n, 21), mom0 = Random(n, 22);
+  float* d_grad = static_cast<float*>(Alloc(n * 4));
+  float* d_mom = static_cast<float*>(Alloc(n * 4));
+  void* d_upd = Alloc(n * 4);
+  for (bool nesterov : {true, false}) {
+    for (DType ut : {DType::kF32, DType::kBF16}) {
+      for (double mu : {0.95, 0.5, 0.0}) {
+        std::vector<float> mom = mom0, upd(n);
+        ASSERT_TRUE(MomentumUpdate(grad, absl::MakeSpan(mom),
+                                   absl::MakeSpan(upd), mu, nesterov)
+                        .ok());
+        ASSERT_TRUE(ctx_->Upload(grad.data(), n, d_grad, DType::kF32).ok());
+        ASSERT_TRUE(ctx_->Upload(mom0.data(), n, d_mom, DType::kF32).ok());
+        ASSERT_TRUE(
+            ctx_->MomentumUpdate(d_grad, d_mom, d_upd, ut, n, mu, nesterov)
+                .ok());
+        ASSERT_TRUE(ctx_->Synchronize().ok());
+        std::vector<float> got_mom(n), got_upd(n);
+        ASSERT_TRUE(ctx_->Download(d_mom, DType::kF32, n, got_mom.data()).ok());
+        ASSERT_TRUE(ctx_->Download(d_upd, ut, n, got_upd.data()).ok());
+        EXPECT_EQ(got_mom, mom) << "nesterov=" << nesterov << " mu=" << mu;
+        const std::vector<float> want =
+            ut == DType::kF32 ? upd : RoundTrip(upd, ut);
+        EXPECT_EQ(got_upd, want) << "nesterov=" << nesterov << " mu=" << mu;
+      }
+    }
+  }
+  EXPECT_EQ(
+      ctx_->MomentumUpdate(d_grad, d_mom, d_upd, DType::kF32, n, 1.0, true)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ctx_->MomentumUpdate(d_grad, d_mom, d_mom, DType::kF32, n, 0.9, true)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaKernelsTest, GemmIsABTransposed) {
+  const int64_t m = 33, n = 47, k = 65, batch = 2;
+  const std::vector<float> a = Random(batch * m * k, 31),
+                           b = Random(batch * n * k, 32);
+  void* da = Alloc(a.size() * 4);
+  void* db = Alloc(b.size() * 4);
+  void* dc = Alloc(batch * m * n * 4);
+  ASSERT_TRUE(ctx_->Upload(a.data(), a.size(), da, DType::kF32).ok());
+  ASSERT_TRUE(ctx_->Upload(b.data(), b.size(), db, DType::kF32).ok());
+  ASSERT_TRUE(ctx_->Gemm(da, db, dc, DType::kF32, m, n, k, batch).ok());
+  std::vector<float> c(batch * m * n);
+  ASSERT_TRUE(ctx_->Download(dc, DType::kF32, c.size(), c.data()).ok());
+  for (int64_t t = 0; t < batch; ++t)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t l = 0; l < k; ++l)
+          s += double(a[t * m * k + i * k + l]) * b[t * n * k + j * k + l];
+        ASSERT_NEAR(c[t * m * n + i * n + j], s, 1e-3) << i << "," << j;
+      }
+}
+
+TEST_F(CudaKernelsTest, DescribesDevice) {
+  const std::string d = ctx_->DeviceDescription();
+  EXPECT_NE(d.find("sm_"), std::string::npos) << d;
+  EXPECT_NE(ctx_->stream(), nullptr);
+}
+
+}  // namespace
+}  // namespace dmuon::kernels::cuda

@@ -1,0 +1,243 @@
+#include "kernels/cuda/host_interpreter.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace dmuon::kernels::cuda::plan {
+std::vector<Coefficients> ClassicCoefficients(int steps) {
+  return std::vector<Coefficients>(steps, {3.4445, -4.7750, 2.0315});
+}
+std::vector<Coefficients> YouCoefficients() {
+  return {{4.0848, -6.8946, 2.9270},
+          {3.9505, -6.3029, 2.6377},
+          {3.7418, -5.5913, 2.3037},
+          {2.8769, -3.1427, 1.2046},
+          {2.8366, -3.0525, 1.2012}};
+}
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+Matrix MatMul(const Matrix& a, const Matrix& b, int64_t r, int64_t k,
+              int64_t c) {
+  Matrix out(r * c, 0.0);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t l = 0; l < k; ++l)
+      for (int64_t j = 0; j < c; ++j)
+        out[i * c + j] += a[i * k + l] * b[l * c + j];
+  return out;
+}
+Matrix Transpose(const Matrix& a, int64_t r, int64_t c) {
+  Matrix t(r * c);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) t[j * r + i] = a[i * c + j];
+  return t;
+}
+
+}  // namespace
+
+Matrix ReferenceNs(const Matrix& g, int64_t rows, int64_t cols,
+                   const PlanSpec& spec) {
+  const bool tall = rows > cols;
+  const int64_t m = tall ? cols : rows, n = tall ? rows : cols;
+  Matrix x = tall ? Transpose(g, rows, cols) : g;
+  double norm = 0;
+  for (double v : x) norm += v * v;
+  norm = std::sqrt(norm);
+  const double denom = std::max(norm * spec.norm_safety, spec.eps);
+  for (double& v : x) v /= denom;
+  for (const Coefficients& s : spec.steps) {
+    Matrix a = MatMul(x, Transpose(x, m, n), m, n, m);
+    Matrix aa = MatMul(a, a, m, m, m);
+    Matrix b(m * m);
+    for (int64_t i = 0; i < m * m; ++i) b[i] = s.b * a[i] + s.c * aa[i];
+    Matrix bx = MatMul(b, x, m, m, n);
+    for (int64_t i = 0; i < m * n; ++i) x[i] = s.a * x[i] + bx[i];
+  }
+  return tall ? Transpose(x, m, n) : x;
+}
+
+HostExecutor::HostExecutor(const PlanSpec& spec, const Matrix& input)
+    : spec_(spec) {
+  for (int b = 0; b < static_cast<int>(Buf::kCount); ++b) {
+    bufs_[b].assign(spec.batch * BufferElements(spec, static_cast<Buf>(b)),
+                    kNaN);
+  }
+  bufs_[static_cast<int>(Buf::kIn)] = input;
+}
+
+void HostExecutor::Run(const OpList& list) {
+  for (const Op& op : list.ops) {
+    SCOPED_TRACE(op.label);
+    switch (op.kind) {
+      case OpKind::kNorm:
+        Norm(op);
+        break;
+      case OpKind::kNormalize:
+        Convert(op.src, op.dst, true, op.value, op.value2);
+        break;
+      case OpKind::kOutput:
+        Convert(op.src, op.dst, false, 0, 0);
+        break;
+      case OpKind::kGemm:
+        RunGemm(op.gemm);
+        break;
+      case OpKind::kMirror:
+        Mirror(op.dst);
+        break;
+      case OpKind::kAddDiag:
+        AddDiag(op.src, op.dst, op.value);
+        break;
+    }
+  }
+}
+
+void HostExecutor::Norm(const Op& op) {
+  const int64_t e = BufferElements(spec_, op.src);
+  norms_.assign(spec_.batch, 0.0);
+  for (int64_t t = 0; t < spec_.batch; ++t) {
+    double s = 0;
+    for (int64_t i = 0; i < e; ++i)
+      s += B(op.src)[t * e + i] * B(op.src)[t * e + i];
+    norms_[t] = std::sqrt(s);
+  }
+}
+
+// Normalize (kIn rows x cols -> X m x n) or output (X -> kOut).
+void HostExecutor::Convert(Buf src, Buf dst, bool normalize, double safety,
+                           double eps) {
+  ASSERT_EQ(normalize ? src : dst, normalize ? Buf::kIn : Buf::kOut);
+  const int64_t rows = spec_.rows, cols = spec_.cols, e = rows * cols;
+  for (int64_t t = 0; t < spec_.batch; ++t) {
+    double scale = 1;
+    if (normalize) {
+      ASSERT_EQ(norms_.size(), static_cast<size_t>(spec_.batch))
+          << "normalize before norm";
+      scale = std::max(norms_[t] * safety, eps);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        // (i, j) of the rows x cols matrix is (j, i) of the m x n iterate
+        // when the input is tall.
+        const int64_t io = i * cols + j, xo = spec_.tall() ? j * rows + i : io;
+        if (normalize) {
+          B(dst)[t * e + xo] = B(src)[t * e + io] / scale;
+        } else {
+          B(dst)[t * e + io] = B(src)[t * e + xo];
+        }
+      }
+    }
+  }
+}
+
+void HostExecutor::CheckOperand(const Operand& o, const char* name) {
+  SCOPED_TRACE(name);
+  ASSERT_NE(o.buf, Buf::kIn) << "GEMMs read the compute-dtype iterate only";
+  ASSERT_NE(o.buf, Buf::kOut);
+  const int64_t e = BufferElements(spec_, o.buf);
+  ASSERT_EQ(o.stride, e) << "batch stride must be the buffer's matrix size";
+  ASSERT_GE(o.offset, 0);
+  ASSERT_GE(o.ld, o.rows);
+  ASSERT_LE(o.offset + (o.rows - 1) + (o.cols - 1) * o.ld, e - 1)
+      << "operand reaches past its batch matrix";
+}
+
+void HostExecutor::RunGemm(const Gemm& g) {
+  ASSERT_EQ(CheckGemm(g), "");
+  ASSERT_EQ(g.batch, spec_.batch);
+  CheckOperand(g.a, "A");
+  CheckOperand(g.b, "B");
+  CheckOperand(g.c, "C");
+  CheckOperand(g.d, "D");
+  ASSERT_NE(g.d.buf, g.a.buf) << "D overlaps A";
+  ASSERT_NE(g.d.buf, g.b.buf) << "D overlaps B";
+  if (g.c.buf == g.d.buf) {
+    ASSERT_EQ(g.c.offset, g.d.offset);
+  }
+  const Matrix& a = B(g.a.buf);
+  const Matrix& b = B(g.b.buf);
+  const Matrix& c = B(g.c.buf);
+  Matrix& d = B(g.d.buf);
+  for (int64_t t = 0; t < g.batch; ++t) {
+    // op(A)(i, l) and op(B)(l, j), column-major with leading dimensions.
+    auto A = [&](int64_t i, int64_t l) {
+      const int64_t r = g.trans_a ? l : i, col = g.trans_a ? i : l;
+      return a[t * g.a.stride + g.a.offset + r + col * g.a.ld];
+    };
+    auto Bm = [&](int64_t l, int64_t j) {
+      const int64_t r = g.trans_b ? j : l, col = g.trans_b ? l : j;
+      return b[t * g.b.stride + g.b.offset + r + col * g.b.ld];
+    };
+    for (int64_t j = 0; j < g.n; ++j) {
+      for (int64_t i = 0; i < g.m; ++i) {
+        double s = 0;
+        for (int64_t l = 0; l < g.k; ++l) s += A(i, l) * Bm(l, j);
+        double v = g.alpha * s;
+        // cuBLASLt does not read C when beta == 0 (NaN there is harmless).
+        if (g.beta != 0) {
+          v += g.beta * c[t * g.c.stride + g.c.offset + i + j * g.c.ld];
+        }
+        d[t * g.d.stride + g.d.offset + i + j * g.d.ld] = v;
+      }
+    }
+  }
+}
+
+void HostExecutor::Mirror(Buf buf) {
+  const int64_t m = spec_.m();
+  for (int64_t t = 0; t < spec_.batch; ++t) {
+    double* s = B(buf).data() + t * m * m;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < i; ++j) s[i * m + j] = s[j * m + i];
+  }
+}
+
+void HostExecutor::AddDiag(Buf src, Buf dst, double value) {
+  const int64_t m = spec_.m();
+  for (int64_t t = 0; t < spec_.batch; ++t) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t o = t * m * m + i * m + j;
+        B(dst)[o] = B(src)[o] + (i == j ? value : 0.0);
+      }
+    }
+  }
+}
+
+Matrix RandomBatch(const PlanSpec& spec, std::mt19937& rng) {
+  std::normal_distribution<double> dist(0.0, 1.0);
+  Matrix m(spec.batch * spec.rows * spec.cols);
+  for (double& v : m) v = dist(rng);
+  return m;
+}
+
+double BatchError(const PlanSpec& spec, const Matrix& input,
+                  const Matrix& out) {
+  const int64_t e = spec.rows * spec.cols;
+  double worst = 0;
+  for (int64_t t = 0; t < spec.batch; ++t) {
+    Matrix g(input.begin() + t * e, input.begin() + (t + 1) * e);
+    Matrix ref = ReferenceNs(g, spec.rows, spec.cols, spec);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < e; ++i) {
+      const double d = out[t * e + i] - ref[i];
+      if (std::isnan(out[t * e + i])) return kNaN;
+      num += d * d;
+      den += ref[i] * ref[i];
+    }
+    worst = std::max(worst, std::sqrt(num / std::max(den, 1e-300)));
+  }
+  return worst;
+}
+
+double RunPlan(const PlanSpec& spec, const OpList& ops, const Matrix& input) {
+  HostExecutor ex(spec, input);
+  ex.Run(ops);
+  return BatchError(spec, input, ex.buffer(Buf::kOut));
+}
+
+}  // namespace dmuon::kernels::cuda::plan

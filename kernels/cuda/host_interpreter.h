@@ -1,0 +1,61 @@
+// Host interpreter of the CUDA plans' operation lists (plan_logic.h), for
+// tests: every GEMM runs as naive fp64 loops that read the column-major
+// descriptors exactly as cuBLASLt does (op(A) with lda, offsets, strided
+// batches, C read only when beta != 0), every other op as its kernel in
+// ns_kernels.h defines it. Work buffers start as NaN, so an element a panel
+// forgot, a mirror in the wrong direction or a read out of place shows up as
+// NaN; every operand is checked to stay inside its batch matrix. Also a
+// naive fp64 Newton–Schulz (the reference) and helpers comparing the two.
+
+#ifndef DMUON_KERNELS_CUDA_HOST_INTERPRETER_H_
+#define DMUON_KERNELS_CUDA_HOST_INTERPRETER_H_
+
+#include <array>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/plan_logic.h"
+
+namespace dmuon::kernels::cuda::plan {
+
+using Matrix = std::vector<double>;  // row-major
+
+std::vector<Coefficients> ClassicCoefficients(int steps);
+std::vector<Coefficients> YouCoefficients();
+
+// Naive fp64 NS of one rows x cols matrix with spec's steps, safety, eps.
+Matrix ReferenceNs(const Matrix& g, int64_t rows, int64_t cols,
+                   const PlanSpec& spec);
+
+class HostExecutor {
+ public:
+  // `input`: spec.batch matrices of spec.rows x spec.cols.
+  HostExecutor(const PlanSpec& spec, const Matrix& input);
+  // Runs the ops; a failed check is a gtest failure (ADD_FAILURE/ASSERT).
+  void Run(const OpList& list);
+  const Matrix& buffer(Buf b) const { return bufs_[static_cast<int>(b)]; }
+
+ private:
+  Matrix& B(Buf b) { return bufs_[static_cast<int>(b)]; }
+  void Norm(const Op& op);
+  void Convert(Buf src, Buf dst, bool normalize, double safety, double eps);
+  void CheckOperand(const Operand& o, const char* name);
+  void RunGemm(const Gemm& g);
+  void Mirror(Buf buf);
+  void AddDiag(Buf src, Buf dst, double value);
+
+  const PlanSpec& spec_;
+  std::array<Matrix, static_cast<int>(Buf::kCount)> bufs_;
+  std::vector<double> norms_;
+};
+
+Matrix RandomBatch(const PlanSpec& spec, std::mt19937& rng);
+// Max over the batch of ||out - ref||_F / ||ref||_F; NaN if out has a NaN.
+double BatchError(const PlanSpec& spec, const Matrix& input, const Matrix& out);
+// Interprets `ops` on `input` and returns BatchError against ReferenceNs.
+double RunPlan(const PlanSpec& spec, const OpList& ops, const Matrix& input);
+
+}  // namespace dmuon::kernels::cuda::plan
+
+#endif  // DMUON_KERNELS_CUDA_HOST_INTERPRETER_H_
