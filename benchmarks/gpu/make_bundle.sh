@@ -15,17 +15,21 @@ targets=(
 bazel build --config=cuda "${targets[@]}" >&2
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
+bins=()
 for t in "${targets[@]}"; do
   path=bazel-bin/${t#//}
   path=${path/://}
+  bins+=("$path")
   cp -L "$path" "$out/bin/"
 done
 cp benchmarks/gpu/run.sh benchmarks/gpu/compare_torch.py "$out/"
 # Libraries resolved by the loader here; keep the ones the GPU image lacks.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas|libcublasLt|libnccl|libcudart)'
-for b in "$out"/bin/*; do
+# ldd on the binaries where Bazel put them: their rpath finds the _solib_ libraries.
+for b in "${bins[@]}"; do
   ldd "$b" | awk '/=>/ {print $1, $3}' | while read -r name file; do
     [[ $name =~ $skip ]] && continue
+    [[ -f $file ]] || { echo "make_bundle: $name not found here (needed by $(basename "$b"))" >&2; continue; }
     [[ -f $out/lib/$name ]] || cp -L "$file" "$out/lib/$name"
   done
 done
