@@ -304,12 +304,13 @@ absl::Status OptimizerService::Attach(const std::string& session_id,
   return absl::OkStatus();
 }
 
-void OptimizerService::Detach(const std::string& session_id,
+bool OptimizerService::Detach(const std::string& session_id,
                               const absl::Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) return;
+  if (it == sessions_.end()) return false;
   CloseLocked(it->second, why);
+  return true;
 }
 
 absl::Status OptimizerService::CloseSession(const std::string& session_id) {
@@ -358,6 +359,15 @@ int OptimizerService::Drain() {
 bool OptimizerService::draining() const {
   std::lock_guard<std::mutex> lock(mu_);
   return draining_;
+}
+
+bool OptimizerService::Busy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, job] : jobs_) {
+    std::lock_guard<std::mutex> jl(job->mu);
+    if (!job->broken && job->mid_step()) return true;
+  }
+  return false;
 }
 
 int OptimizerService::open_sessions() const {

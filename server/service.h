@@ -70,7 +70,8 @@ class OptimizerService {
   absl::Status OnStepRequest(const std::string& session_id,
                              const v1::StepRequest& req);
   // The stream ended (client closed it or died): the session is reclaimed.
-  void Detach(const std::string& session_id, const absl::Status& why);
+  // Returns false when it was already closed.
+  bool Detach(const std::string& session_id, const absl::Status& why);
   absl::Status CloseSession(const std::string& session_id);
 
   absl::StatusOr<std::vector<v1::StateChunk>> GetState(
@@ -82,6 +83,8 @@ class OptimizerService {
   int Drain();
   bool draining() const;
   int open_sessions() const;
+  // True while any job is in the middle of a step.
+  bool Busy() const;
   // Snapshots every job to --state-dir (no-op without one).
   absl::Status SnapshotAll();
   // Loads --state-dir snapshots so reconnecting jobs resume.

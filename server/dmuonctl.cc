@@ -1,0 +1,160 @@
+// dmuonctl: the operator's command line over dmuond's RPCs.
+//   dmuonctl [--server=HOST:PORT] [--timeout-secs=N] status [--json] | health |
+//   sessions | drain
+// Exit status: 0 on success (health: SERVING), 1 otherwise, 2 on usage errors.
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "proto/dmuon.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
+#include "server/flags.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dmuond address");
+ABSL_FLAG(int, timeout_secs, 5, "deadline of each call");
+ABSL_FLAG(bool, json, false, "status/sessions: print JSON instead of a table");
+
+namespace {
+
+using dmuon::v1::Optimizer;
+
+void SetDeadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::seconds(absl::GetFlag(FLAGS_timeout_secs)));
+}
+
+int Failed(const char* what, const grpc::Status& st) {
+  std::fprintf(stderr, "dmuonctl: %s %s: %s (%d)\n", what,
+               absl::GetFlag(FLAGS_server).c_str(), st.error_message().c_str(),
+               static_cast<int>(st.error_code()));
+  return 1;
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+int Status(Optimizer::Stub& stub, bool sessions_only) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  dmuon::v1::StatusResponse s;
+  grpc::Status st = stub.Status(&ctx, dmuon::v1::StatusRequest(), &s);
+  if (!st.ok()) return Failed("Status", st);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s", Json(s).c_str());
+    return 0;
+  }
+  if (!sessions_only) {
+    std::printf("dmuond %s  uptime %.0fs  %s\n", s.version().c_str(),
+                s.uptime_seconds(), s.serving() ? "SERVING" : "DRAINING");
+    const auto& l = s.step_latency();
+    std::printf(
+        "steps %llu  latency p50 %.4fs  p90 %.4fs  p99 %.4fs  max %.4fs\n",
+        static_cast<unsigned long long>(l.count()), l.p50_seconds(),
+        l.p90_seconds(), l.p99_seconds(), l.max_seconds());
+    std::printf("\n%-12s %12s %8s %12s %16s\n", "EXECUTOR", "BUSY_S", "QUEUE",
+                "MATRICES", "GFLOP");
+    for (const auto& e : s.executors()) {
+      std::printf("%-12s %12.2f %8d %12llu %16.1f\n", e.device().c_str(),
+                  e.busy_seconds(), e.queue_depth(),
+                  static_cast<unsigned long long>(e.matrices()),
+                  e.flops() / 1e9);
+    }
+    std::printf("\n%-24s %6s %6s %8s %12s %10s\n", "JOB", "RANKS", "OPEN",
+                "PARAMS", "STATE_MB", "STEPS");
+    for (const auto& j : s.jobs()) {
+      std::printf("%-24s %6d %6d %8d %12.1f %10lld\n", j.job_id().c_str(),
+                  j.world_size(), j.ranks_open(), j.parameters(),
+                  j.state_bytes() / 1e6,
+                  static_cast<long long>(j.completed_steps()));
+    }
+    if (!s.errors().empty()) {
+      std::printf("\nERRORS");
+      for (const auto& [code, n] : s.errors()) {
+        std::printf("  %s=%llu", code.c_str(),
+                    static_cast<unsigned long long>(n));
+      }
+      std::printf("\n");
+    }
+    std::printf("\n");
+  }
+  std::printf("%-24s %5s %-16s %8s %12s %12s %10s\n", "SESSION_JOB", "RANK",
+              "TRANSPORT", "STEP", "RECEIVED_MB", "SENT_MB", "OPEN_S");
+  for (const auto& x : s.sessions()) {
+    std::printf("%-24s %5d %-16s %8lld %12.1f %12.1f %10.0f\n",
+                x.job_id().c_str(), x.rank(),
+                dmuon::v1::Transport_Name(x.transport()).c_str(),
+                static_cast<long long>(x.step()), x.bytes_received() / 1e6,
+                x.bytes_sent() / 1e6, x.open_seconds());
+  }
+  return 0;
+}
+
+int Health(const std::shared_ptr<grpc::Channel>& ch) {
+  auto stub = grpc::health::v1::Health::NewStub(ch);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status st = stub->Check(&ctx, req, &resp);
+  if (!st.ok()) return Failed("health check of", st);
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  std::printf("%s\n", name.c_str());
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0
+                                                                         : 1;
+}
+
+int Drain(Optimizer::Stub& stub) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  dmuon::v1::DrainResponse resp;
+  grpc::Status st = stub.Drain(&ctx, dmuon::v1::DrainRequest(), &resp);
+  if (!st.ok()) return Failed("Drain", st);
+  std::printf("draining: new sessions refused; %d sessions still open\n",
+              resp.sessions());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args = dmuon::server::ParseFlags(
+      argc, argv,
+      "dmuonctl: operator CLI for dmuond.\n"
+      "  dmuonctl [--server=HOST:PORT] status [--json] | health | sessions | "
+      "drain\n"
+      "exit status: 0 ok (health: SERVING), 1 failure or not serving, 2 usage",
+      "server/dmuonctl.cc");
+  if (args.size() != 2) {
+    std::fprintf(
+        stderr,
+        "usage: dmuonctl [--server=HOST:PORT] status|health|sessions|drain\n");
+    return 2;
+  }
+  const std::string& cmd = args[1];
+  auto ch = grpc::CreateChannel(absl::GetFlag(FLAGS_server),
+                                grpc::InsecureChannelCredentials());
+  auto stub = Optimizer::NewStub(ch);
+  if (cmd == "status") return Status(*stub, false);
+  if (cmd == "sessions") return Status(*stub, true);
+  if (cmd == "health") return Health(ch);
+  if (cmd == "drain") return Drain(*stub);
+  std::fprintf(
+      stderr, "dmuonctl: unknown command '%s' (status|health|sessions|drain)\n",
+      cmd.c_str());
+  return 2;
+}

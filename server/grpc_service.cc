@@ -1,0 +1,202 @@
+#include "server/grpc_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace dmuon::server {
+namespace {
+
+// Step responses queued by the service, written by one thread per stream.
+class QueueSink : public StepSink {
+ public:
+  void Send(v1::StepResponse m) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return;
+    q_.push_back(std::move(m));
+    cv_.notify_all();
+  }
+  void Abort(absl::Status st) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return;
+    if (!st.ok()) {  // the reason travels in-band: the stream is cancelled next
+      v1::StepResponse r;
+      r.mutable_error()->set_param_id(-1);
+      r.mutable_error()->set_code(static_cast<int>(st.code()));
+      r.mutable_error()->set_message(std::string(st.message()));
+      q_.push_back(std::move(r));
+    }
+    closed_ = true;
+    status_ = st;
+    cv_.notify_all();
+  }
+  // Writer loop: returns when closed and drained, or the client is gone.
+  void Run(grpc::ServerContext* ctx,
+           grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* s) {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return !q_.empty() || closed_ || stop_; });
+      while (!q_.empty()) {
+        v1::StepResponse m = std::move(q_.front());
+        q_.pop_front();
+        l.unlock();
+        const bool ok = s->Write(m);
+        l.lock();
+        if (!ok) {
+          closed_ = true;
+          return;
+        }
+      }
+      if (stop_) return;
+      if (closed_) {
+        ctx->TryCancel();  // unblocks the reader; the service ended the stream
+        return;
+      }
+    }
+  }
+  void Stop() {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  bool aborted(absl::Status* st) {
+    std::lock_guard<std::mutex> l(mu_);
+    *st = status_;
+    return closed_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::StepResponse> q_;
+  bool closed_ = false;
+  bool stop_ = false;
+  absl::Status status_;
+};
+
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& st) {
+  if (st.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(st.code()),
+                      std::string(st.message()));
+}
+
+grpc::Status GrpcOptimizer::Done(const char* rpc,
+                                 const grpc::ServerContext* ctx,
+                                 const absl::Status& st) {
+  if (!st.ok()) {
+    service_->CountError(st);
+    spdlog::warn("{} from {} failed: {}", rpc, ctx->peer(), st.ToString());
+  }
+  return ToGrpc(st);
+}
+
+grpc::Status GrpcOptimizer::OpenSession(grpc::ServerContext* ctx,
+                                        const v1::OpenSessionRequest* req,
+                                        v1::OpenSessionResponse* resp) {
+  auto r = service_->OpenSession(*req);
+  if (r.ok()) {
+    *resp = std::move(*r);
+    spdlog::info(
+        "session opened: job '{}' rank {}/{} transport {} parameters {} from "
+        "{}",
+        req->job_id(), req->rank(), req->world_size(),
+        v1::Transport_Name(resp->transport()), req->parameters_size(),
+        ctx->peer());
+  }
+  return Done("OpenSession", ctx, r.status());
+}
+
+grpc::Status GrpcOptimizer::Step(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* stream) {
+  v1::StepRequest req;
+  if (!stream->Read(&req)) return grpc::Status::OK;
+  if (!req.has_attach()) {
+    return Done("Step", ctx,
+                absl::InvalidArgumentError(
+                    "the first Step message must be attach{session_id}"));
+  }
+  const std::string id = req.attach().session_id();
+  auto sink = std::make_shared<QueueSink>();
+  if (absl::Status st = service_->Attach(id, sink); !st.ok())
+    return Done("Step", ctx, st);
+  std::thread writer([&] { sink->Run(ctx, stream); });
+  absl::Status result;
+  while (stream->Read(&req)) {
+    result = service_->OnStepRequest(id, req);
+    if (!result.ok()) break;
+  }
+  absl::Status aborted;
+  const bool ended_by_service = sink->aborted(&aborted);
+  // The stream is the session's lifeline: whichever way it ended, the
+  // session is reclaimed (a no-op when CloseSession already did).
+  const absl::Status why = !result.ok()       ? result
+                           : ended_by_service ? aborted
+                           : ctx->IsCancelled()
+                               ? absl::CancelledError("client disconnected")
+                               : absl::OkStatus();
+  if (service_->Detach(id, why)) {
+    spdlog::info("session closed: Step stream of {} ended ({})", ctx->peer(),
+                 why.ok() ? "normally" : why.ToString());
+  }
+  sink->Stop();
+  writer.join();
+  if (!result.ok()) return Done("Step", ctx, result);
+  return Done("Step", ctx, aborted);
+}
+
+grpc::Status GrpcOptimizer::GetState(
+    grpc::ServerContext* ctx, const v1::GetStateRequest* req,
+    grpc::ServerWriter<v1::StateChunk>* writer) {
+  auto chunks = service_->GetState(req->session_id());
+  if (!chunks.ok()) return Done("GetState", ctx, chunks.status());
+  for (const auto& c : *chunks) {
+    if (!writer->Write(c))
+      return Done("GetState", ctx, absl::CancelledError("client went away"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcOptimizer::SetState(grpc::ServerContext* ctx,
+                                     grpc::ServerReader<v1::StateChunk>* reader,
+                                     v1::SetStateResponse* resp) {
+  std::vector<v1::StateChunk> chunks;
+  v1::StateChunk c;
+  while (reader->Read(&c)) chunks.push_back(std::move(c));
+  auto r = service_->SetState(chunks);
+  if (r.ok()) resp->set_completed_steps(*r);
+  return Done("SetState", ctx, r.status());
+}
+
+grpc::Status GrpcOptimizer::CloseSession(grpc::ServerContext* ctx,
+                                         const v1::CloseSessionRequest* req,
+                                         v1::CloseSessionResponse*) {
+  absl::Status st = service_->CloseSession(req->session_id());
+  if (st.ok()) spdlog::info("session closed by {}", ctx->peer());
+  return Done("CloseSession", ctx, st);
+}
+
+grpc::Status GrpcOptimizer::Status(grpc::ServerContext*,
+                                   const v1::StatusRequest*,
+                                   v1::StatusResponse* resp) {
+  *resp = service_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcOptimizer::Drain(grpc::ServerContext* ctx,
+                                  const v1::DrainRequest*,
+                                  v1::DrainResponse* resp) {
+  resp->set_sessions(service_->Drain());
+  spdlog::warn(
+      "draining (requested by {}): new sessions refused, {} still open",
+      ctx->peer(), resp->sessions());
+  if (on_drain_) on_drain_();
+  return grpc::Status::OK;
+}
+
+}  // namespace dmuon::server
