@@ -1,0 +1,458 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "proto/dmuon.grpc.pb.h"
+#include "transport/transport.h"
+
+namespace dmuon {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& st, const std::string& address) {
+  if (st.ok()) return absl::OkStatus();
+  std::string msg = st.error_message();
+  if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    msg = absl::StrCat("dmuond at ", address, ": ", msg);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(st.error_code()), msg);
+}
+
+bool IsLocal(const std::string& address) {
+  const std::string host = address.substr(0, address.rfind(':'));
+  return host == "127.0.0.1" || host == "localhost" || host == "[::1]" ||
+         address.rfind("unix:", 0) == 0 || host.rfind("127.", 0) == 0;
+}
+
+v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
+  v1::OpenSessionRequest r;
+  r.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  r.set_job_id(spec.job_id);
+  r.set_rank(spec.rank);
+  r.set_world_size(spec.world_size);
+  r.set_transport(t);
+  for (const GroupSpec& g : spec.groups) {
+    auto* x = r.add_groups();
+    x->set_momentum(g.momentum);
+    x->set_nesterov(g.nesterov);
+    x->set_ns_steps(g.ns_steps);
+    x->set_schedule(g.schedule);
+    for (const auto& c : g.coefficients) {
+      auto* k = x->add_coefficients();
+      k->set_a(c[0]);
+      k->set_b(c[1]);
+      k->set_c(c[2]);
+    }
+    x->set_method(g.method);
+    x->set_adjust_lr_fn(g.adjust_lr_fn);
+    x->set_eps(g.eps);
+  }
+  for (const ParamSpec& p : spec.params) {
+    auto* s = r.add_parameters();
+    s->set_name(p.name);
+    s->add_shape(p.rows);
+    s->add_shape(p.cols);
+    s->set_dtype(v1::DTYPE_F32);
+    s->set_sharding(p.sharding == Sharding::kRows ? v1::SHARDING_ROWS
+                    : p.sharding == Sharding::kUnreduced
+                        ? v1::SHARDING_UNREDUCED
+                        : v1::SHARDING_REPLICATED);
+    s->set_row_begin(p.row_begin);
+    s->set_row_end(p.row_end);
+    s->set_forward_order(p.forward_order);
+    s->set_group(p.group);
+  }
+  return r;
+}
+
+class SessionImpl : public Session {
+ public:
+  SessionImpl(std::shared_ptr<grpc::Channel> ch, std::string address,
+              ClientOptions o, v1::OpenSessionResponse open,
+              std::unique_ptr<transport::Region> region)
+      : stub_(v1::Optimizer::NewStub(ch)),
+        address_(std::move(address)),
+        options_(o),
+        open_(std::move(open)),
+        region_(std::move(region)),
+        step_(open_.next_step()),
+        n_(open_.layout().slots_size()),
+        ready_(n_, 0),
+        skipped_(n_, 0),
+        received_(n_, 0) {}
+
+  ~SessionImpl() override { (void)Close(); }
+
+  absl::Status Start() {
+    stream_ = stub_->Step(&stream_ctx_);
+    v1::StepRequest a;
+    a.mutable_attach()->set_session_id(open_.session_id());
+    if (!stream_->Write(a)) return Finish("attach");
+    reader_ = std::thread([this] { ReadLoop(); });
+    return absl::OkStatus();
+  }
+
+  absl::Span<float> gradient(int i) override {
+    if (i < 0 || i >= n_) return {};
+    const auto& s = open_.layout().slots(i);
+    return absl::MakeSpan(
+        reinterpret_cast<float*>(region_->bytes().data() + s.gradient_offset()),
+        s.bytes() / 4);
+  }
+  absl::Span<const float> update(int i) override {
+    if (i < 0 || i >= n_) return {};
+    const auto& s = open_.layout().slots(i);
+    return absl::MakeConstSpan(reinterpret_cast<const float*>(
+                                   region_->bytes().data() + s.update_offset()),
+                               s.bytes() / 4);
+  }
+  int64_t step() const override { return step_; }
+  std::string transport() const override {
+    return open_.transport() == v1::TRANSPORT_SHM ? "shm" : "inline";
+  }
+
+  absl::Status GradientReady(int i) override { return GradientsReady({i}); }
+
+  absl::Status GradientsReady(absl::Span<const int> ids) override {
+    for (int i : ids) {
+      if (i < 0 || i >= n_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter index ", i, " is outside [0, ", n_, ")"));
+      }
+    }
+    std::lock_guard<std::mutex> w(write_mu_);
+    if (absl::Status st = stream_status(); !st.ok()) return st;
+    if (open_.transport() == v1::TRANSPORT_INLINE) {
+      const uint64_t max =
+          transport::MaxChunkPayload(open_.capabilities().max_message_bytes());
+      for (int i : ids) {
+        const auto& s = open_.layout().slots(i);
+        const char* base = reinterpret_cast<const char*>(
+            region_->bytes().data() + s.gradient_offset());
+        for (const auto& c : transport::SplitChunks(s.bytes(), max)) {
+          v1::StepRequest m;
+          m.mutable_gradient()->set_step(step_);
+          m.mutable_gradient()->set_param_id(i);
+          m.mutable_gradient()->set_offset(c.offset);
+          m.mutable_gradient()->set_data(base + c.offset, c.bytes);
+          if (!stream_->Write(m)) return Broken();
+        }
+      }
+    }
+    v1::StepRequest m;
+    m.mutable_gradients_ready()->set_step(step_);
+    for (int i : ids) m.mutable_gradients_ready()->add_param_ids(i);
+    if (!stream_->Write(m)) return Broken();
+    return absl::OkStatus();
+  }
+
+  absl::Status WaitUpdate(int i) override {
+    if (i < 0 || i >= n_)
+      return absl::InvalidArgumentError(absl::StrCat("parameter index ", i));
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, options_.deadline,
+                      [&] { return ready_[i] || !final_.ok() || ended_; })) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("update of parameter ", i, " (step ", step_,
+                       ") not back from dmuond at ", address_, " within ",
+                       options_.deadline.count(), " ms"));
+    }
+    if (ready_[i]) return absl::OkStatus();
+    return final_.ok() ? absl::AbortedError(absl::StrCat("dmuond at ", address_,
+                                                         " ended the stream"))
+                       : final_;
+  }
+  bool TryUpdate(int i) override {
+    std::lock_guard<std::mutex> l(mu_);
+    return i >= 0 && i < n_ && ready_[i];
+  }
+  bool skipped(int i) const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return i >= 0 && i < n_ && skipped_[i];
+  }
+
+  absl::Status FinishStep() override {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, options_.deadline, [&] {
+          return complete_ >= step_ || !final_.ok() || ended_;
+        })) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("step ", step_, " not complete from dmuond at ",
+                       address_, " within ", options_.deadline.count(), " ms"));
+    }
+    if (complete_ < step_)
+      return final_.ok() ? absl::AbortedError("stream ended") : final_;
+    ++step_;
+    std::fill(ready_.begin(), ready_.end(), 0);
+    std::fill(skipped_.begin(), skipped_.end(), 0);
+    std::fill(received_.begin(), received_.end(), 0);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<State> GetState() override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+    v1::GetStateRequest req;
+    req.set_session_id(open_.session_id());
+    auto reader = stub_->GetState(&ctx, req);
+    State s;
+    v1::StateChunk c;
+    while (reader->Read(&c)) {
+      if (c.has_header()) {
+        s.completed_steps = c.header().completed_steps();
+        for (const auto& p : c.header().parameters()) {
+          s.names.push_back(p.name());
+          s.shapes.push_back({p.shape().begin(), p.shape().end()});
+          s.momentum.emplace_back(p.shape(0) * p.shape(1));
+        }
+      } else if (c.has_momentum()) {
+        const auto& m = c.momentum();
+        if (m.param_id() < 0 ||
+            m.param_id() >= static_cast<int>(s.momentum.size()) ||
+            m.offset() + m.data().size() >
+                s.momentum[m.param_id()].size() * 4) {
+          return absl::DataLossError(
+              "GetState: a momentum chunk outside its tensor");
+        }
+        std::memcpy(reinterpret_cast<char*>(s.momentum[m.param_id()].data()) +
+                        m.offset(),
+                    m.data().data(), m.data().size());
+      }
+    }
+    if (absl::Status st = FromGrpc(reader->Finish(), address_); !st.ok())
+      return st;
+    return s;
+  }
+
+  absl::Status SetState(const State& s) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+    v1::SetStateResponse resp;
+    auto writer = stub_->SetState(&ctx, &resp);
+    v1::StateChunk h;
+    h.set_session_id(open_.session_id());
+    h.mutable_header()->set_completed_steps(s.completed_steps);
+    for (size_t i = 0; i < s.names.size(); ++i) {
+      auto* p = h.mutable_header()->add_parameters();
+      p->set_name(s.names[i]);
+      for (int64_t d : s.shapes[i]) p->add_shape(d);
+    }
+    bool ok = writer->Write(h);
+    const uint64_t max = transport::MaxChunkPayload(options_.max_message_bytes);
+    for (size_t i = 0; ok && i < s.momentum.size(); ++i) {
+      const uint64_t bytes = s.momentum[i].size() * 4;
+      const char* base = reinterpret_cast<const char*>(s.momentum[i].data());
+      for (const auto& c : transport::SplitChunks(bytes, max)) {
+        v1::StateChunk m;
+        m.mutable_momentum()->set_param_id(static_cast<int>(i));
+        m.mutable_momentum()->set_offset(c.offset);
+        m.mutable_momentum()->set_total_bytes(bytes);
+        m.mutable_momentum()->set_data(base + c.offset, c.bytes);
+        if (!(ok = writer->Write(m))) break;
+      }
+    }
+    writer->WritesDone();
+    absl::Status st = FromGrpc(writer->Finish(), address_);
+    if (st.ok()) step_ = resp.completed_steps() + 1;
+    return st;
+  }
+
+  absl::Status Close() override {
+    std::lock_guard<std::mutex> w(write_mu_);
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+    v1::CloseSessionRequest req;
+    req.set_session_id(open_.session_id());
+    v1::CloseSessionResponse resp;
+    absl::Status st = FromGrpc(stub_->CloseSession(&ctx, req, &resp), address_);
+    stream_ctx_.TryCancel();
+    if (reader_.joinable()) reader_.join();
+    return st.code() == absl::StatusCode::kNotFound ? absl::OkStatus() : st;
+  }
+
+ private:
+  absl::Status stream_status() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!final_.ok()) return final_;
+    if (ended_)
+      return absl::AbortedError(
+          absl::StrCat("the Step stream to dmuond at ", address_, " ended"));
+    return absl::OkStatus();
+  }
+  absl::Status Broken() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, options_.deadline, [&] { return ended_; });
+    return final_.ok() ? absl::UnavailableError(absl::StrCat(
+                             "lost the Step stream to dmuond at ", address_))
+                       : final_;
+  }
+  absl::Status Finish(const char* what) {
+    return FromGrpc(stream_->Finish(), address_);
+  }
+
+  void ReadLoop() {
+    v1::StepResponse r;
+    while (stream_->Read(&r)) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (r.has_update()) {
+        const auto& u = r.update();
+        if (u.param_id() < 0 || u.param_id() >= n_) continue;
+        const auto& s = open_.layout().slots(u.param_id());
+        if (u.offset() + u.data().size() > s.bytes()) continue;
+        std::memcpy(region_->bytes().data() + s.update_offset() + u.offset(),
+                    u.data().data(), u.data().size());
+      } else if (r.has_updates_ready()) {
+        for (int i : r.updates_ready().param_ids())
+          if (i >= 0 && i < n_) ready_[i] = 1;
+      } else if (r.has_error()) {
+        const auto& e = r.error();
+        if (e.param_id() >= 0 && e.param_id() < n_ && e.skipped()) {
+          skipped_[e.param_id()] = 1;
+        } else {
+          final_ = absl::Status(
+              static_cast<absl::StatusCode>(e.code()),
+              absl::StrCat(e.message(), " (dmuond at ", address_, ")"));
+        }
+      } else if (r.has_step_complete()) {
+        complete_ = std::max(complete_, r.step_complete().step());
+      }
+      cv_.notify_all();
+    }
+    grpc::Status st = stream_->Finish();
+    std::lock_guard<std::mutex> l(mu_);
+    ended_ = true;
+    if (final_.ok() && !st.ok() && !closed_) final_ = FromGrpc(st, address_);
+    cv_.notify_all();
+  }
+
+  std::unique_ptr<v1::Optimizer::Stub> stub_;
+  const std::string address_;
+  const ClientOptions options_;
+  const v1::OpenSessionResponse open_;
+  std::unique_ptr<transport::Region> region_;
+  int64_t step_;
+  const int n_;
+  grpc::ClientContext stream_ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>>
+      stream_;
+  std::thread reader_;
+  std::mutex write_mu_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint8_t> ready_, skipped_;
+  std::vector<uint64_t> received_;
+  int64_t complete_ = 0;
+  absl::Status final_;
+  bool ended_ = false;
+  bool closed_ = false;
+};
+
+class ClientImpl : public Client {
+ public:
+  ClientImpl(std::string address, ClientOptions o,
+             std::shared_ptr<grpc::Channel> ch)
+      : address_(std::move(address)),
+        options_(o),
+        channel_(std::move(ch)),
+        stub_(v1::Optimizer::NewStub(channel_)) {}
+  const std::string& address() const override { return address_; }
+
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(
+      const SessionSpec& spec) override {
+    const bool local = IsLocal(address_);
+    v1::Transport t =
+        spec.transport == TransportChoice::kInline ? v1::TRANSPORT_INLINE
+        : spec.transport == TransportChoice::kShm  ? v1::TRANSPORT_SHM
+        : local                                    ? v1::TRANSPORT_SHM
+                                                   : v1::TRANSPORT_INLINE;
+    auto open = Open(ToRequest(spec, t));
+    if (!open.ok()) return open.status();
+    std::unique_ptr<transport::Region> region;
+    if (t == v1::TRANSPORT_SHM) {
+      auto r = transport::OpenShmRegion(open->shm_name(),
+                                        open->layout().total_bytes());
+      if (!r.ok() && spec.transport == TransportChoice::kAuto) {
+        // The daemon is not on this host after all (or /dev/shm is not
+        // shared with it): fall back to inline.
+        CloseQuietly(open->session_id());
+        open = Open(ToRequest(spec, v1::TRANSPORT_INLINE));
+        if (!open.ok()) return open.status();
+        region = transport::NewHeapRegion(open->layout().total_bytes());
+      } else if (!r.ok()) {
+        CloseQuietly(open->session_id());
+        return r.status();
+      } else {
+        region = std::move(*r);
+      }
+    } else {
+      region = transport::NewHeapRegion(open->layout().total_bytes());
+    }
+    auto s = std::make_unique<SessionImpl>(channel_, address_, options_, *open,
+                                           std::move(region));
+    if (absl::Status st = s->Start(); !st.ok()) return st;
+    return std::unique_ptr<Session>(std::move(s));
+  }
+
+ private:
+  absl::StatusOr<v1::OpenSessionResponse> Open(
+      const v1::OpenSessionRequest& req) {
+    auto backoff = options_.backoff;
+    for (int attempt = 0;; ++attempt) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+      v1::OpenSessionResponse resp;
+      grpc::Status st = stub_->OpenSession(&ctx, req, &resp);
+      if (st.ok()) return resp;
+      if (st.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          attempt >= options_.retries) {
+        return FromGrpc(st, address_);
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff *= 2;
+    }
+  }
+  void CloseQuietly(const std::string& id) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+    v1::CloseSessionRequest req;
+    req.set_session_id(id);
+    v1::CloseSessionResponse resp;
+    (void)stub_->CloseSession(&ctx, req, &resp);
+  }
+
+  const std::string address_;
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Optimizer::Stub> stub_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const std::string& address, ClientOptions options) {
+  auto creds = options.credentials ? options.credentials
+                                   : grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  auto ch = grpc::CreateCustomChannel(address, creds, args);
+  if (!ch->WaitForConnected(std::chrono::system_clock::now() +
+                            options.deadline)) {
+    return absl::UnavailableError(absl::StrCat(
+        "dmuond at ", address, " is not reachable (waited ",
+        options.deadline.count(),
+        " ms); is it running? start it with `dmuond --listen=", address, "`"));
+  }
+  return std::unique_ptr<Client>(
+      new ClientImpl(address, options, std::move(ch)));
+}
+
+}  // namespace dmuon

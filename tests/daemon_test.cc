@@ -1,0 +1,226 @@
+// dmuond end to end: the real daemon binary on loopback, driven by real
+// rank processes through the client library; every update of every step
+// compared (in the rank processes) with the fp64 Muon reference.
+
+#include <dirent.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <memory>
+#include <random>
+
+#include "client/client.h"
+#include "proto/dmuon.grpc.pb.h"
+#include "tests/muon_job.h"
+#include "tests/process.h"
+
+namespace dmuon::testing {
+namespace {
+
+std::unique_ptr<Process> Rank(const Daemon& d, const std::string& job, int rank,
+                              int world, const std::string& transport,
+                              int steps, uint64_t seed,
+                              std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {Runfile("tests/rank_main"),
+                                   "--server=" + d.address(),
+                                   "--job=" + job,
+                                   "--rank=" + std::to_string(rank),
+                                   "--world=" + std::to_string(world),
+                                   "--transport=" + transport,
+                                   "--steps=" + std::to_string(steps),
+                                   "--seed=" + std::to_string(seed)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return std::make_unique<Process>(argv);
+}
+
+uint64_t Seed() { return std::random_device{}(); }
+
+int ShmSegments() {
+  int n = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      n += std::string(e->d_name).rfind("dmuon-", 0) == 0;
+    closedir(d);
+  }
+  return n;
+}
+
+TEST(Daemon, FourRanksShmAndFourRanksInlineTenSteps) {
+  Daemon d({"--cpu-executors=2", "--metrics-port=0"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  const uint64_t seed = Seed();
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.push_back(Rank(d, "shm-job", r, 4, "shm", 10, seed));
+  for (int r = 0; r < 4; ++r)
+    ranks.push_back(Rank(d, "inline-job", r, 4, "inline", 10, seed + 1));
+  for (auto& p : ranks)
+    EXPECT_EQ(p->Wait(240), 0) << "seed " << seed << "\n" << d.log();
+  int code;
+  const std::string status = Ctl(d.address(), {"status", "--json"}, &code);
+  EXPECT_EQ(code, 0) << status;
+  EXPECT_NE(status.find("\"jobId\": \"shm-job\""), std::string::npos) << status;
+  EXPECT_NE(status.find("\"completedSteps\": \"10\""), std::string::npos)
+      << status;
+}
+
+TEST(Daemon, HealthStatusMetricsAndDrain) {
+  Daemon d({"--metrics-port=0"});
+  int code;
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
+  EXPECT_EQ(code, 0);
+  auto p = Rank(d, "j", 0, 1, "shm", 2, Seed());
+  EXPECT_EQ(p->Wait(60), 0);
+  const std::string table = Ctl(d.address(), {"status"}, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(table.find("cpu:0"), std::string::npos) << table;
+  Ctl(d.address(), {"drain"}, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "NOT_SERVING\n");
+  EXPECT_EQ(code, 1);
+  auto refused = Rank(d, "k", 0, 1, "shm", 1, Seed(), {"--expect=draining"});
+  EXPECT_EQ(refused->Wait(30), 3);
+}
+
+TEST(Daemon, PrometheusMetrics) {
+  // A fixed port risks a clash; try a few from a random base.
+  std::mt19937 rng(std::random_device{}());
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const int port = 20000 + rng() % 20000;
+    Daemon d({"--metrics-port=" + std::to_string(port)});
+    if (d.port() == 0) continue;
+    auto p = Rank(d, "m", 0, 1, "inline", 3, Seed());
+    ASSERT_EQ(p->Wait(60), 0);
+    const std::string m = HttpGet(port, "/metrics");
+    if (m.empty()) continue;
+    for (const char* name :
+         {"dmuon_steps_total 3", "dmuon_step_latency_seconds_bucket",
+          "dmuon_executor_busy_seconds_total{device=\"cpu:0\"}",
+          "dmuon_bytes_received_total", "dmuon_sessions 0"}) {
+      EXPECT_NE(m.find(name), std::string::npos) << name << "\n" << m;
+    }
+    return;
+  }
+  FAIL() << "could not start dmuond with a free metrics port";
+}
+
+TEST(Daemon, ClientKilledMidStepIsReclaimedOthersContinue) {
+  Daemon d;
+  const int before = ShmSegments();
+  const uint64_t seed = Seed();
+  auto victim = Rank(d, "dies", 1, 2, "shm", 5, seed, {"--die_at_step=3"});
+  auto peer = Rank(d, "dies", 0, 2, "shm", 5, seed, {"--expect=left mid-step"});
+  auto bystander = Rank(d, "lives", 0, 1, "shm", 8, seed + 7);
+  EXPECT_EQ(victim->Wait(60), 128 + SIGKILL);
+  EXPECT_EQ(peer->Wait(60), 3) << d.log();
+  EXPECT_EQ(bystander->Wait(120), 0) << d.log();
+  int code;
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
+  const std::string sessions = Ctl(d.address(), {"sessions"}, &code);
+  EXPECT_EQ(sessions.find("dies"), std::string::npos) << sessions;
+  EXPECT_EQ(ShmSegments(), before) << "segments left behind";
+}
+
+TEST(Daemon, BadRequestsOverGrpcAndTheDaemonKeepsServing) {
+  Daemon d({"--max-sessions=2", "--max-message-bytes=65536"});
+  auto ch =
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Optimizer::NewStub(ch);
+  auto open = [&](const v1::OpenSessionRequest& r,
+                  v1::OpenSessionResponse* resp) {
+    grpc::ClientContext ctx;
+    return stub->OpenSession(&ctx, r, resp);
+  };
+  v1::OpenSessionRequest req;
+  req.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  req.set_job_id("bad");
+  req.set_world_size(1);
+  req.set_transport(v1::TRANSPORT_INLINE);
+  auto* p = req.add_parameters();
+  p->set_name("w");
+  p->add_shape(8);
+  p->add_shape(8);
+  v1::OpenSessionResponse resp;
+  auto v = req;
+  v.set_protocol_version(static_cast<v1::ProtocolVersion>(9));
+  EXPECT_EQ(open(v, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  auto big = req;  // a message over --max-message-bytes
+  big.mutable_parameters(0)->set_name(std::string(70000, 'x'));
+  EXPECT_EQ(open(big, &resp).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  auto tall = req;
+  tall.mutable_parameters(0)->add_shape(3);
+  grpc::Status st = open(tall, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("parameter 'w' shape [8,8,3]"),
+            std::string::npos)
+      << st.error_message();
+  // Ranks that disagree.
+  auto r0 = req;
+  r0.set_job_id("two");
+  r0.set_world_size(2);
+  ASSERT_TRUE(open(r0, &resp).ok());
+  auto r1 = r0;
+  r1.set_rank(1);
+  r1.mutable_parameters(0)->set_shape(1, 9);
+  st = open(r1, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(
+      st.error_message().find("shape [8,9] does not match rank 0's [8,8]"),
+      std::string::npos)
+      << st.error_message();
+  // Too many sessions.
+  auto other = req;
+  other.set_job_id("third");
+  ASSERT_TRUE(open(other, &resp).ok());
+  other.set_job_id("fourth");
+  EXPECT_EQ(open(other, &resp).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // A Step stream that does not start with attach.
+  {
+    grpc::ClientContext ctx;
+    auto stream = stub->Step(&ctx);
+    v1::StepRequest m;
+    m.mutable_gradients_ready()->set_step(1);
+    stream->Write(m);
+    stream->WritesDone();
+    EXPECT_EQ(stream->Finish().error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  int code;
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
+  EXPECT_EQ(d.process().Wait(0), -1) << "dmuond exited";
+}
+
+TEST(Daemon, ClientErrorsNameTheAddress) {
+  ClientOptions o;
+  o.deadline = std::chrono::milliseconds(300);
+  auto c = Client::Connect("127.0.0.1:1", o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("127.0.0.1:1"), std::string::npos)
+      << c.status();
+}
+
+TEST(Daemon, SigtermSnapshotsAndARestartResumes) {
+  const std::string dir = TempDir("state");
+  const uint64_t seed = Seed();
+  {
+    Daemon d({"--state-dir=" + dir, "--exit-timeout-secs=20"});
+    auto first = Rank(d, "resume", 0, 1, "shm", 3, seed);
+    ASSERT_EQ(first->Wait(60), 0) << d.log();
+    d.process().Signal(SIGTERM);
+    EXPECT_EQ(d.process().Wait(20), 0) << d.log();
+    EXPECT_NE(d.log().find("state snapshotted"), std::string::npos) << d.log();
+  }
+  Daemon d({"--state-dir=" + dir});
+  // The rank continues at step 4 and compares steps 4..6 with the
+  // uninterrupted reference.
+  auto second = Rank(d, "resume", 0, 1, "inline", 6, seed);
+  EXPECT_EQ(second->Wait(60), 0) << d.log();
+}
+
+}  // namespace
+}  // namespace dmuon::testing

@@ -1,0 +1,84 @@
+#include "tests/muon_job.h"
+
+#include <cmath>
+#include <random>
+
+#include "kernels/testing/oracle.h"
+
+namespace dmuon::testing {
+
+std::vector<ParamSpec> TestTable(int rank, int world) {
+  std::vector<ParamSpec> t = {
+      {"embed_proj", 48, 64, Sharding::kReplicated, 0, 0, 0, 0},
+      {"attn.qkv", 96, 48, Sharding::kRows, 0, 0, 1, 0},
+      {"mlp.up", 64, 128, Sharding::kUnreduced, 0, 0, 2, 0},
+      {"mlp.down", 128, 64, Sharding::kRows, 0, 0, 3, 0},
+      {"attn.out", 48, 64, Sharding::kReplicated, 0, 0, 4,
+       0},  // same shape: batched
+  };
+  for (ParamSpec& p : t) {
+    if (p.sharding != Sharding::kRows) continue;
+    p.row_begin = p.rows * rank / world;
+    p.row_end = p.rows * (rank + 1) / world;
+  }
+  return t;
+}
+
+std::vector<float> Gradient(uint64_t seed, int64_t step, int p, int rank,
+                            int world) {
+  const ParamSpec spec = TestTable(0, world)[p];
+  const int who = spec.sharding == Sharding::kUnreduced ? rank : 0;
+  std::mt19937_64 rng(seed * 1000003 + step * 10007 + p * 101 + who);
+  std::normal_distribution<float> d;
+  std::vector<float> g(spec.rows * spec.cols);
+  for (float& x : g) x = d(rng);
+  return g;
+}
+
+std::vector<std::vector<double>> Reference::Step(int64_t step) {
+  const auto table = TestTable(0, world_);
+  momentum_.resize(table.size());
+  std::vector<std::vector<double>> out;
+  for (size_t p = 0; p < table.size(); ++p) {
+    const ParamSpec& s = table[p];
+    std::vector<double> g(s.rows * s.cols, 0.0);
+    if (s.sharding == Sharding::kUnreduced) {
+      for (int r = 0; r < world_; ++r) {
+        auto gr = Gradient(seed_, step, p, r, world_);
+        for (size_t i = 0; i < g.size(); ++i) g[i] += gr[i];
+      }
+      for (double& x : g) x /= world_;
+    } else {
+      auto g0 = Gradient(seed_, step, p, 0, world_);
+      g.assign(g0.begin(), g0.end());
+    }
+    auto& m = momentum_[p];
+    if (m.empty()) m.assign(g.size(), 0.0);
+    const double mu = 0.95;
+    std::vector<double> u(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      m[i] = mu * m[i] + (1 - mu) * g[i];
+      u[i] = (1 - mu) * g[i] + mu * m[i];
+    }
+    auto o =
+        kernels::testing::SvdOracle(u, {s.rows, s.cols}, kernels::NsOptions{});
+    const double scale =
+        std::sqrt(std::max(1.0, double(s.rows) / double(s.cols)));
+    for (double& x : o) x *= scale;
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+double RelativeError(const std::vector<float>& got,
+                     const std::vector<double>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::isfinite(num) ? std::sqrt(num / den) : INFINITY;
+}
+
+}  // namespace dmuon::testing
