@@ -1,6 +1,7 @@
 // The CPU executor: momentum and the Newton–Schulz batch through
 // kernels/kernels.h (OpenBLAS, fp32).
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,19 +21,18 @@ class CpuExecutor : public Executor {
     if (batch.empty()) return absl::OkStatus();
     const kernels::Shape shape = batch[0].shape;
     const int64_t n = shape.elements();
-    // Momentum into scratch first so that a failure leaves state untouched.
-    std::vector<std::vector<float>> mom(batch.size()), u(batch.size());
+    // In place: the momentum step writes U over the gradient, NS writes the
+    // update over U. Inputs were validated (shapes at registration, finite
+    // values when gathered), so nothing below can fail half-way.
     std::vector<kernels::ConstMatrixF> ins;
     std::vector<kernels::MatrixF> outs;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const ComputeTask& t = batch[i];
-      mom[i].assign(t.momentum, t.momentum + n);
-      u[i].resize(n);
+    for (const ComputeTask& t : batch) {
+      if (t.update != t.grad) std::copy(t.grad, t.grad + n, t.update);
       absl::Status st = kernels::MomentumUpdate(
-          absl::MakeConstSpan(t.grad, n), absl::MakeSpan(mom[i]),
-          absl::MakeSpan(u[i]), t.muon->momentum, t.muon->nesterov);
+          absl::MakeConstSpan(t.update, n), absl::MakeSpan(t.momentum, n),
+          absl::MakeSpan(t.update, n), t.muon->momentum, t.muon->nesterov);
       if (!st.ok()) return st;
-      ins.push_back({shape, u[i]});
+      ins.push_back({shape, absl::MakeConstSpan(t.update, n)});
       outs.push_back({shape, absl::MakeSpan(t.update, n)});
     }
     if (absl::Status st =
@@ -40,13 +40,11 @@ class CpuExecutor : public Executor {
         !st.ok()) {
       return st;
     }
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const ComputeTask& t = batch[i];
+    for (const ComputeTask& t : batch) {
       const float s = static_cast<float>(t.lr_scale);
       if (s != 1.0f) {
         for (int64_t k = 0; k < n; ++k) t.update[k] *= s;
       }
-      std::copy(mom[i].begin(), mom[i].end(), t.momentum);
     }
     return absl::OkStatus();
   }

@@ -21,6 +21,9 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dmuond address");
 ABSL_FLAG(int, timeout_secs, 5, "deadline of each call");
 ABSL_FLAG(bool, json, false, "status/sessions: print JSON instead of a table");
+ABSL_FLAG(std::string, service, "",
+          "health: the service to check (\"\" = serving state, NOT_SERVING while "
+          "draining; \"dmuon.liveness\" = the process answers)");
 
 namespace {
 
@@ -108,6 +111,7 @@ int Health(const std::shared_ptr<grpc::Channel>& ch) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   grpc::health::v1::HealthCheckRequest req;
+  req.set_service(absl::GetFlag(FLAGS_service));
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status st = stub->Check(&ctx, req, &resp);
   if (!st.ok()) return Failed("health check of", st);

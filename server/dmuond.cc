@@ -229,6 +229,9 @@ int main(int argc, char** argv) {
   };
   grpc_service.set_on_drain([&] { set_serving(false); });
   set_serving(true);
+  // Liveness: SERVING for as long as the process answers, draining or not,
+  // so a liveness probe does not restart a daemon that is finishing steps.
+  health->SetServingStatus("dmuon.liveness", true);
   if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
     std::ofstream(pf + ".tmp") << port << "\n";
     std::rename((pf + ".tmp").c_str(), pf.c_str());

@@ -36,7 +36,8 @@ class Executor {
   virtual ~Executor() = default;
   virtual std::string device() const = 0;
   // Every task of `batch` has the same shape and hyperparameters. Inputs are
-  // finite (the caller checked). On error no task's momentum has changed.
+  // finite and shapes valid (the caller checked), so a failure is internal;
+  // momentum may then have advanced.
   virtual absl::Status Compute(absl::Span<const ComputeTask> batch) = 0;
 };
 

@@ -1,0 +1,256 @@
+// ./dmuon bench daemon: one optimizer step of GPT-2-small's matrices (shapes
+// divided by --scale to run in seconds on 2 cores) through a real dmuond
+// over shm and over inline, against the same kernels called in-process on
+// the same number of threads, measured alternately in one run; plus the shm
+// transport's copy rate against a plain memcpy of the same bytes.
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "benchmarks/bench_util.h"
+#include "client/client.h"
+#include "kernels/cost_model.h"
+#include "kernels/kernels.h"
+
+ABSL_FLAG(std::string, dmuond, "bazel-bin/server/dmuond", "the daemon binary");
+ABSL_FLAG(int, scale, 4, "divide GPT-2-small's dimensions by this");
+ABSL_FLAG(int, layers, 12, "transformer layers (4 matrices each)");
+ABSL_FLAG(int, steps, 7, "timed steps per configuration (after one warm-up)");
+ABSL_FLAG(int, threads, 0, "BLAS threads on both sides (0: all cores)");
+ABSL_FLAG(std::string, out, "", "JSON results path");
+
+extern char** environ;
+
+namespace dmuon::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<ParamSpec> Table() {
+  const int64_t h = 768 / absl::GetFlag(FLAGS_scale),
+                f = 3072 / absl::GetFlag(FLAGS_scale);
+  std::vector<ParamSpec> t;
+  for (int l = 0; l < absl::GetFlag(FLAGS_layers); ++l) {
+    const std::string p = absl::StrCat("h.", l, ".");
+    t.push_back(
+        {p + "attn.c_attn", 3 * h, h, Sharding::kReplicated, 0, 0, 4 * l, 0});
+    t.push_back(
+        {p + "attn.c_proj", h, h, Sharding::kReplicated, 0, 0, 4 * l + 1, 0});
+    t.push_back(
+        {p + "mlp.c_fc", f, h, Sharding::kReplicated, 0, 0, 4 * l + 2, 0});
+    t.push_back(
+        {p + "mlp.c_proj", h, f, Sharding::kReplicated, 0, 0, 4 * l + 3, 0});
+  }
+  return t;
+}
+
+struct Daemon {
+  pid_t pid = -1;
+  std::string address;
+  ~Daemon() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+absl::Status Start(Daemon& d, int threads) {
+  const std::string port_file =
+      absl::StrCat("/tmp/dmuon-bench-port.", getpid());
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = {
+      absl::GetFlag(FLAGS_dmuond), "--listen=127.0.0.1:0",
+      "--port-file=" + port_file,  "--log-level=warn",
+      "--summary-every-secs=0",    absl::StrCat("--cpu-threads=", threads)};
+  std::vector<char*> a;
+  for (auto& s : argv) a.push_back(s.data());
+  a.push_back(nullptr);
+  if (posix_spawn(&d.pid, a[0], nullptr, nullptr, a.data(), environ) != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot start ", argv[0]));
+  }
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port && port > 0) {
+      d.address = absl::StrCat("127.0.0.1:", port);
+      std::remove(port_file.c_str());
+      return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return absl::UnavailableError("dmuond did not start");
+}
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+absl::Status Run(std::vector<Row>& rows) {
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0)
+    threads = static_cast<int>(std::thread::hardware_concurrency());
+  kernels::SetCpuThreads(threads);
+  const auto table = Table();
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> d;
+  std::vector<std::vector<float>> grads, mom, upd;
+  double dense = 0;
+  uint64_t bytes = 0;
+  for (const auto& p : table) {
+    grads.emplace_back(p.rows * p.cols);
+    for (float& x : grads.back()) x = d(rng);
+    mom.emplace_back(p.rows * p.cols, 0.0f);
+    upd.emplace_back(p.rows * p.cols);
+    dense += kernels::EstimateCost(kernels::Method::kDirect, {p.rows, p.cols},
+                                   {}, 1.0)
+                 .dense_equivalent_flops;
+    bytes += p.rows * p.cols * 4;
+  }
+  // In-process: what the daemon's executor does, without the daemon.
+  auto in_process = [&]() -> absl::Status {
+    std::vector<std::vector<float>> u(table.size());
+    std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_shape;
+    for (size_t i = 0; i < table.size(); ++i) {
+      u[i].resize(grads[i].size());
+      auto st = kernels::MomentumUpdate(grads[i], absl::MakeSpan(mom[i]),
+                                        absl::MakeSpan(u[i]), 0.95, true);
+      if (!st.ok()) return st;
+      by_shape[{table[i].rows, table[i].cols}].push_back(i);
+    }
+    for (auto& [shape, ids] : by_shape) {
+      std::vector<kernels::ConstMatrixF> in;
+      std::vector<kernels::MatrixF> out;
+      for (size_t i : ids) {
+        in.push_back({{shape.first, shape.second}, u[i]});
+        out.push_back({{shape.first, shape.second}, absl::MakeSpan(upd[i])});
+      }
+      if (auto st = kernels::OrthogonalizeBatch(in, out); !st.ok()) return st;
+    }
+    for (size_t i = 0; i < table.size(); ++i) {
+      const float s = static_cast<float>(kernels::LrScale(
+          kernels::LrAdjust::kOriginal, {table[i].rows, table[i].cols}));
+      for (float& x : upd[i]) x *= s;
+    }
+    return absl::OkStatus();
+  };
+
+  Daemon daemon;
+  if (auto st = Start(daemon, threads); !st.ok()) return st;
+  auto client = Client::Connect(daemon.address);
+  if (!client.ok()) return client.status();
+  std::map<std::string, std::unique_ptr<Session>> sessions;
+  for (const char* t : {"shm", "inline"}) {
+    SessionSpec spec;
+    spec.job_id = absl::StrCat("bench-", t);
+    spec.params = table;
+    spec.transport = std::string(t) == "shm" ? TransportChoice::kShm
+                                             : TransportChoice::kInline;
+    auto s = (*client)->OpenSession(spec);
+    if (!s.ok()) return s.status();
+    sessions[t] = std::move(*s);
+  }
+  auto through = [&](Session& s) -> absl::Status {
+    std::vector<int> ids;
+    for (size_t i = 0; i < table.size(); ++i) {
+      auto g = s.gradient(static_cast<int>(i));
+      std::memcpy(g.data(), grads[i].data(), grads[i].size() * 4);
+      ids.push_back(static_cast<int>(i));
+    }
+    if (auto st = s.GradientsReady(ids); !st.ok()) return st;
+    return s.FinishStep();
+  };
+  std::map<std::string, std::vector<double>> times;
+  const int steps = absl::GetFlag(FLAGS_steps);
+  for (int rep = 0; rep <= steps;
+       ++rep) {  // alternate, so drift hits all alike
+    auto t0 = Clock::now();
+    if (auto st = in_process(); !st.ok()) return st;
+    if (rep) times["in-process"].push_back(Seconds(t0));
+    for (auto& [name, s] : sessions) {
+      t0 = Clock::now();
+      if (auto st = through(*s); !st.ok()) return st;
+      if (rep) times["dmuond-" + name].push_back(Seconds(t0));
+    }
+  }
+  const std::string shape =
+      absl::StrCat("gpt2-small/", absl::GetFlag(FLAGS_scale), " (",
+                   table.size(), " matrices)");
+  for (auto& [k, v] : times) std::sort(v.begin(), v.end());
+  const double base = Median(times["in-process"]);
+  const double base_rate = dense / base / 1e9;
+  for (const char* k : {"in-process", "dmuond-shm", "dmuond-inline"}) {
+    const double t = Median(times[k]);
+    rows.push_back(
+        {shape, 1, k, t, dense / t / 1e9, base_rate, base / t, -1, times[k]});
+  }
+  // Transport: copying the step's gradient bytes into the shm segment vs a
+  // plain memcpy between heap buffers.
+  std::vector<char> src(bytes), dst(bytes);
+  std::memset(src.data(), 1, bytes);
+  Session& shm = *sessions["shm"];
+  auto copy_shm = [&] {
+    size_t off = 0;
+    for (size_t i = 0; i < table.size(); ++i) {
+      auto g = shm.gradient(static_cast<int>(i));
+      std::memcpy(g.data(), src.data() + off, g.size() * 4);
+      off += g.size() * 4;
+    }
+    return absl::OkStatus();
+  };
+  auto copy_heap = [&] {
+    std::memcpy(dst.data(), src.data(), bytes);
+    return absl::OkStatus();
+  };
+  auto ts = Time(copy_shm, 20), th = Time(copy_heap, 20);
+  const double gb = bytes / 1e9;
+  rows.push_back({absl::StrCat(bytes, " bytes"), 1, "memcpy-heap GB/s",
+                  Median(*th), gb / Median(*th), gb / Median(*th), 1.0, -1,
+                  *th});
+  rows.push_back({absl::StrCat(bytes, " bytes"), 1, "copy-into-shm GB/s",
+                  Median(*ts), gb / Median(*ts), gb / Median(*th),
+                  Median(*th) / Median(*ts), -1, *ts});
+  for (auto& [n, s] : sessions) (void)s->Close();
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace dmuon::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::vector<dmuon::bench::Row> rows;
+  if (absl::Status st = dmuon::bench::Run(rows); !st.ok()) {
+    std::fprintf(stderr, "daemon_bench: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "gflops: dense-equivalent NS flops of the step / median step time; "
+      "peak_gflops and\n"
+      "ratio: against the in-process run (ratio = in-process time / this "
+      "time)\n");
+  dmuon::bench::PrintTable(rows);
+  const std::string cmd =
+      absl::StrCat("./dmuon bench daemon --scale=", absl::GetFlag(FLAGS_scale),
+                   " --steps=", absl::GetFlag(FLAGS_steps));
+  auto st = dmuon::bench::WriteJson(absl::GetFlag(FLAGS_out), "daemon",
+                                    dmuon::bench::CpuMachine(), cmd, rows);
+  if (!st.ok()) {
+    std::fprintf(stderr, "daemon_bench: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# deploy/validate.sh: offline checks of the dmuond Helm chart, its examples and
+# the image recipe; what `./dmuon test` runs for deploy/. No helm, kubectl,
+# cluster or container engine is needed (none can be installed here):
+#
+#  1. tests the renderer (tools/render: Go text/template + sprig + Helm's
+#     functions), then renders the chart, values.schema.json checked, in
+#     strict mode (no reference to a missing value, as `helm lint --strict`)
+#     for every ci/*-values.yaml profile and every examples/values-*.yaml;
+#     each must render;
+#  2. renders every ci/bad/*.yaml; each must fail, with the message its
+#     `# expect: ...` line gives (`# flags: ...` adds renderer flags);
+#  3. validates every rendered object, and the example manifests, against the
+#     Kubernetes and Prometheus-operator schemas (npm kubernetes-models), with
+#     unknown-field detection and cross-object rules (tools/validate);
+#     the example Job's dmuond sidecar must equal the chart's snippet;
+#  4. lints values, profiles, examples and rendered manifests with yamllint;
+#  5. checks the Dockerfile (COPY sources and Bazel targets exist) and parses
+#     every dmuond/dmuonctl command line of the chart and the Dockerfile with
+#     the real binaries when they are built (bazel-bin/server/, or $DMUOND and
+#     $DMUONCTL), else reports that part as skipped.
+#
+# Usage: deploy/validate.sh [-v]     (-v: print each rendered manifest's path)
+# Env:   DMUON_DEPLOY_NO_INSTALL=1   never apt-get install missing packages
+#        DMUON_DEPLOY_KEEP=1         keep the rendered output in deploy/.validate-out
+# Last line: "deploy: N passed, N failed, N skipped"; exit status 1 on failure.
+set -euo pipefail
+cd "$(dirname "$0")"
+DEPLOY=$PWD
+ROOT=$(cd .. && pwd)
+CHART=helm/dmuond
+VERBOSE=0
+[[ ${1:-} == -v ]] && VERBOSE=1
+
+passed=0 failed=0 skipped=0
+ok() { passed=$((passed + 1)); printf 'ok    %s\n' "$*"; }
+bad() { failed=$((failed + 1)); printf 'FAIL  %s\n' "$*"; }
+skip() { skipped=$((skipped + 1)); printf 'skip  %s\n' "$*"; }
+log() { printf 'deploy: %s\n' "$*" >&2; }
+summary() { echo "deploy: ${passed} passed, ${failed} failed, ${skipped} skipped"; }
+
+# ---------------------------------------------------------------- prerequisites
+GO=/usr/lib/go-1.19/bin/go
+GOSRC=/usr/share/gocode/src
+# what must exist -> the Debian package that provides it (see packages.txt)
+declare -A NEED=(
+  ["$GO"]=golang-1.19-go
+  ["$GOSRC/github.com/Masterminds/sprig"]=golang-github-masterminds-sprig-dev
+  ["$GOSRC/gopkg.in/yaml.v2"]=golang-gopkg-yaml.v2-dev
+  ["$GOSRC/gopkg.in/yaml.v3"]=golang-gopkg-yaml.v3-dev
+  ["$GOSRC/github.com/xeipuuv/gojsonschema"]=golang-github-xeipuuv-gojsonschema-dev
+  [cmd:yamllint]=yamllint
+  [cmd:node]=nodejs
+  [cmd:npm]=npm
+)
+missing=()
+for what in "${!NEED[@]}"; do
+  pkg=${NEED[$what]}
+  grep -qx "$pkg" packages.txt || { bad "packages.txt does not list $pkg"; }
+  if [[ $what == cmd:* ]]; then
+    command -v "${what#cmd:}" >/dev/null 2>&1 || missing+=("$pkg")
+  else
+    [[ -e $what ]] || missing+=("$pkg")
+  fi
+done
+if ((${#missing[@]})); then
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  if [[ $(id -u) == 0 && -z ${DMUON_DEPLOY_NO_INSTALL:-} ]]; then
+    log "installing ${missing[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  else
+    bad "missing Debian packages: ${missing[*]} (apt-get install ${missing[*]})"
+    summary
+    exit 1
+  fi
+fi
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+OUT=$WORK/rendered
+mkdir -p "$OUT"
+
+# ---------------------------------------------------------------- tools
+# The renderer: GOPATH mode against Debian's Go libraries; Go's build cache
+# makes this about a second when warm.
+export GOCACHE=${GOCACHE:-${XDG_CACHE_HOME:-${HOME:-$WORK}/.cache}/go-build}
+if ! GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= "$GO" build -o "$WORK/render" ./tools/render \
+  >"$WORK/go.log" 2>&1; then
+  bad "building tools/render:"
+  sed 's/^/      /' "$WORK/go.log"
+  summary
+  exit 1
+fi
+RENDER=$WORK/render
+# The renderer's own tests (Helm semantics: values coalescing, float64
+# numbers, tpl/include/required/fail, error messages, kubeVersion).
+if GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= "$GO" test ./tools/render >"$WORK/gotest.log" 2>&1; then
+  ok "tools/render tests"
+else
+  bad "tools/render tests:"
+  sed 's/^/      /' "$WORK/gotest.log"
+fi
+
+# The schema validator's npm packages, pinned by package-lock.json.
+VDIR=tools/validate
+if [[ ! -f $VDIR/node_modules/.package-lock.json || $VDIR/package-lock.json -nt $VDIR/node_modules/.package-lock.json ]]; then
+  log "npm ci in deploy/$VDIR"
+  if ! (cd "$VDIR" && npm ci --no-audit --no-fund --loglevel=error >"$WORK/npm.log" 2>&1); then
+    bad "npm ci in deploy/$VDIR:"
+    sed 's/^/      /' "$WORK/npm.log" | tail -20
+    summary
+    exit 1
+  fi
+fi
+
+# ---------------------------------------------------------------- 1. good profiles
+# Renderer flags from a profile's "# flags: ..." line.
+flags_of() { sed -n 's/^# flags: //p' "$1" | head -1; }
+
+rendered=()
+flagcheck=()
+for f in "$CHART"/ci/*.yaml examples/values-*.yaml; do
+  name=$(basename "$f" .yaml)
+  [[ $f == examples/* ]] && name=example-$name
+  # shellcheck disable=SC2046
+  if "$RENDER" "$CHART" --strict -f "$f" $(flags_of "$f") -o "$OUT/$name.yaml" --notes "$OUT/$name.NOTES.txt" \
+    2>"$WORK/err"; then
+    n=$(grep -c '^---$' "$OUT/$name.yaml" || true)
+    ok "render $f ($n objects)"
+    rendered+=("$OUT/$name.yaml")
+    grep -q '^# flag-check: skip' "$f" || flagcheck+=("$OUT/$name.yaml")
+    ((VERBOSE)) && echo "      -> $OUT/$name.yaml"
+  else
+    bad "render $f:"
+    sed 's/^/      /' "$WORK/err"
+  fi
+done
+
+# ---------------------------------------------------------------- 2. bad profiles
+for f in "$CHART"/ci/bad/*.yaml; do
+  mapfile -t expects < <(sed -n 's/^# expect: //p' "$f")
+  if ((${#expects[@]} == 0)); then
+    bad "$f has no '# expect: <message>' line"
+    continue
+  fi
+  # shellcheck disable=SC2046
+  if "$RENDER" "$CHART" -f "$f" $(flags_of "$f") -o /dev/null 2>"$WORK/err"; then
+    bad "$f rendered, but must fail with: ${expects[0]}"
+    continue
+  fi
+  miss=()
+  for e in "${expects[@]}"; do grep -qF -- "$e" "$WORK/err" || miss+=("$e"); done
+  if ((${#miss[@]})); then
+    bad "$f failed for another reason than '${miss[0]}':"
+    sed 's/^/      /' "$WORK/err"
+  else
+    ok "rejects $(basename "$f"): ${expects[0]}"
+  fi
+done
+
+# ---------------------------------------------------------------- 3. schemas
+manifests=()
+for f in examples/*.yaml; do
+  [[ $(basename "$f") == values-* ]] || manifests+=("$f")
+done
+if ((${#rendered[@]} + ${#manifests[@]})); then
+  compare=()
+  [[ -f $OUT/example-values-sidecar.yaml && -f examples/training-job.yaml ]] &&
+    compare=(--compare-sidecar "$OUT/example-values-sidecar.yaml" examples/training-job.yaml)
+  if node "$VDIR/validate.js" "${compare[@]}" "${rendered[@]}" "${manifests[@]}" >"$WORK/validate.log" 2>&1; then
+    ok "schemas: $(tail -1 "$WORK/validate.log")"
+    ((VERBOSE)) && sed 's/^/      /' "$WORK/validate.log"
+  else
+    bad "schemas:"
+    sed "s#$OUT/#rendered/#g; s/^/      /" "$WORK/validate.log"
+  fi
+fi
+
+# ---------------------------------------------------------------- 4. yamllint
+lint=("$CHART/Chart.yaml" "$CHART/values.yaml" "$CHART/ci" examples .yamllint "${rendered[@]}")
+if yamllint -s -f parsable -c .yamllint "${lint[@]}" >"$WORK/lint.log" 2>&1; then
+  ok "yamllint: chart values, ci profiles, examples and ${#rendered[@]} rendered manifests"
+else
+  bad "yamllint:"
+  sed "s#$OUT/#rendered/#g; s/^/      /" "$WORK/lint.log"
+fi
+if node -e 'JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))' "$CHART/values.schema.json" 2>"$WORK/err"; then
+  ok "values.schema.json is valid JSON"
+else
+  bad "values.schema.json: $(cat "$WORK/err")"
+fi
+
+# ---------------------------------------------------------------- 5. image and flags
+DMUOND=${DMUOND:-$ROOT/bazel-bin/server/dmuond}
+DMUONCTL=${DMUONCTL:-$ROOT/bazel-bin/server/dmuonctl}
+node "$VDIR/flags.js" --root "$ROOT" --dockerfile docker/Dockerfile \
+  --dmuond "$DMUOND" --dmuonctl "$DMUONCTL" "${flagcheck[@]}" >"$WORK/flags.log" 2>&1 || true
+while IFS= read -r line; do
+  case $line in
+    "ok "*) ok "${line#ok }" ;;
+    "FAIL "*) bad "${line#FAIL }" ;;
+    "skip "*) skip "${line#skip }" ;;
+    "  "*) printf '      %s\n' "${line#  }" ;;
+    flags:*) ;;
+    *) bad "flags.js: $line" ;;
+  esac
+done <"$WORK/flags.log"
+
+if [[ -n ${DMUON_DEPLOY_KEEP:-} ]]; then
+  rm -rf "$DEPLOY/.validate-out"
+  cp -r "$OUT" "$DEPLOY/.validate-out"
+  log "rendered manifests kept in deploy/.validate-out"
+fi
+summary
+((failed == 0))
