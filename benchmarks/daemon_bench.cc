@@ -121,8 +121,9 @@ absl::Status Run(std::vector<Row>& rows) {
     bytes += p.rows * p.cols * 4;
   }
   // In-process: what the daemon's executor does, without the daemon.
+  // Buffers allocated once, as the daemon's are.
+  std::vector<std::vector<float>> u(table.size());
   auto in_process = [&]() -> absl::Status {
-    std::vector<std::vector<float>> u(table.size());
     std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_shape;
     for (size_t i = 0; i < table.size(); ++i) {
       u[i].resize(grads[i].size());
