@@ -21,9 +21,10 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dmuond address");
 ABSL_FLAG(int, timeout_secs, 5, "deadline of each call");
 ABSL_FLAG(bool, json, false, "status/sessions: print JSON instead of a table");
-ABSL_FLAG(std::string, service, "",
-          "health: the service to check (\"\" = serving state, NOT_SERVING while "
-          "draining; \"dmuon.liveness\" = the process answers)");
+ABSL_FLAG(
+    std::string, service, "",
+    "health: the service to check (\"\" = serving state, NOT_SERVING while "
+    "draining; \"dmuon.liveness\" = the process answers)");
 
 namespace {
 

@@ -43,6 +43,11 @@ ABSL_FLAG(int, metrics_port, 0,
 ABSL_FLAG(
     std::string, state_dir, "",
     "directory for state snapshots; a restarted daemon resumes jobs from it");
+ABSL_FLAG(
+    std::string, autotune_cache, "",
+    "file caching measured method choices: parameters with method 'auto' get "
+    "the faster of direct and Gram as measured here, and the planner balances "
+    "measured times (empty: the cost model decides)");
 ABSL_FLAG(int, snapshot_every, 0,
           "snapshot each job every N completed steps (0: only at shutdown)");
 ABSL_FLAG(int, max_sessions, 64,
@@ -155,6 +160,7 @@ int main(int argc, char** argv) {
   }
   opts.state_dir = absl::GetFlag(FLAGS_state_dir);
   opts.snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
+  opts.autotune_cache = absl::GetFlag(FLAGS_autotune_cache);
   if (opts.snapshot_every < 0) return Fail("--snapshot-every must be >= 0");
   const std::string devices = absl::GetFlag(FLAGS_devices);
   if (devices.rfind("cuda", 0) == 0) {

@@ -74,6 +74,9 @@ OptimizerService::OptimizerService(ServiceOptions options,
       scheduler_(std::move(scheduler)),
       metrics_(metrics),
       started_(std::chrono::steady_clock::now()) {
+  if (!options_.autotune_cache.empty()) {
+    autotuner_ = std::make_unique<kernels::Autotuner>(options_.autotune_cache);
+  }
   if (metrics_) {
     Scheduler* s = scheduler_.get();
     metrics_->SetExecutorSource([s] { return s->Stats(); });
@@ -165,18 +168,12 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
     job->table = *table;
     job->ranks.resize(job->world_size);
     job->params.resize(job->table.params.size());
-    std::vector<double> costs;
     for (size_t i = 0; i < job->table.params.size(); ++i) {
       const ParamInfo& p = job->table.params[i];
       job->params[i].momentum.assign(p.shape.elements(), 0.0f);
       job->params[i].arrived.assign(job->world_size, 0);
-      costs.push_back(
-          kernels::EstimateCost(p.muon.ns.method == kernels::Method::kGram
-                                    ? kernels::Method::kGram
-                                    : kernels::Method::kDirect,
-                                p.shape, p.muon.ns)
-              .flops);
     }
+    const std::vector<double> costs = TuneTable(job->table);
     job->plan = PlanLpt(costs, scheduler_->executors());
     if (auto snap = snapshot_headers_.find(job->id);
         snap != snapshot_headers_.end()) {
@@ -359,6 +356,48 @@ int OptimizerService::Drain() {
 bool OptimizerService::draining() const {
   std::lock_guard<std::mutex> lock(mu_);
   return draining_;
+}
+
+std::vector<double> OptimizerService::TuneTable(Table& table) {
+  // Used when nothing was measured: a rate in the range of one CPU socket,
+  // so measured and modelled costs stay on one scale.
+  constexpr double kNominalFlopsPerSecond = 1e11;
+  std::vector<double> costs;
+  for (ParamInfo& p : table.params) {
+    double seconds = -1;
+    if (autotuner_) {
+      kernels::TuneKey key;
+      key.device = kernels::CpuDeviceName();
+      key.shape = p.shape;
+      key.schedule = absl::StrCat(p.muon.ns.schedule.name, "/",
+                                  p.muon.ns.schedule.steps.size());
+      std::optional<kernels::TuneResult> r;
+      if (p.muon.ns.method == kernels::Method::kAuto) {
+        auto tuned = autotuner_->Choose(
+            key, kernels::CpuMeasure(p.shape, 1, p.muon.ns), 1e-3);
+        if (tuned.ok()) r = *tuned;
+      } else {
+        r = autotuner_->Lookup(key);
+      }
+      if (r) {
+        if (p.muon.ns.method == kernels::Method::kAuto)
+          p.muon.ns.method = r->method;
+        auto it = r->candidates.find(
+            std::string(kernels::MethodName(p.muon.ns.method)));
+        if (it != r->candidates.end()) seconds = it->second.seconds;
+      }
+    }
+    if (p.muon.ns.method == kernels::Method::kAuto) {
+      p.muon.ns.method = kernels::CheapestMethod(p.shape, p.muon.ns);
+    }
+    if (seconds < 0) {
+      seconds =
+          kernels::EstimateCost(p.muon.ns.method, p.shape, p.muon.ns).flops /
+          kNominalFlopsPerSecond;
+    }
+    costs.push_back(seconds);
+  }
+  return costs;
 }
 
 bool OptimizerService::Busy() const {

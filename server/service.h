@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
@@ -39,6 +40,10 @@ struct ServiceOptions {
   int snapshot_every =
       0;  // completed steps between snapshots; 0: shutdown only
   std::vector<std::string> devices;
+  // Autotuner cache file: parameters with method "auto" get the method
+  // measured fastest for their shape on this machine (once; then cached),
+  // and the planner balances measured seconds. Empty: the cost model decides.
+  std::string autotune_cache;
 };
 
 // Where a session's Step responses go. The gRPC adapter queues them for a
@@ -106,9 +111,13 @@ class OptimizerService {
   absl::StatusOr<std::vector<v1::StateChunk>> StateChunksLocked(
       const Job& job) const;
   void RecordLatency(double seconds);
+  // Resolves method "auto" by measurement and returns each parameter's
+  // planner cost in seconds (measured, or the cost model at a nominal rate).
+  std::vector<double> TuneTable(Table& table);
 
   const ServiceOptions options_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<kernels::Autotuner> autotuner_;
   Metrics* const metrics_;
   const std::chrono::steady_clock::time_point started_;
 

@@ -407,6 +407,62 @@ TEST(Service, NonFiniteGradientSkippedStateUntouched) {
   EXPECT_LT(RelErr(r.Update(0, msgs), want), 1e-4);
 }
 
+TEST(Service, NonFiniteGradientFailsTheStepUnderFailPolicy) {
+  ServiceOptions o;
+  o.skip_nonfinite = false;
+  auto svc = NewService(o);
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("j", 0, 1, v1::TRANSPORT_INLINE,
+                                   {{"w", 4, 6, v1::SHARDING_REPLICATED}}))
+                  .ok());
+  std::vector<float> g(24, 1.0f);
+  g[7] = INFINITY;
+  ASSERT_TRUE(r.Send(*svc, 1, {g}).ok());
+  absl::Status st;
+  ASSERT_TRUE(r.sink->WaitAbort(&st));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("parameter 'w' at step 1 has a non-finite value "
+                              "(inf) at element (1,1)"),
+            std::string::npos)
+      << st;
+  auto state = svc->GetState(r.open.session_id());
+  EXPECT_FALSE(
+      state.ok());  // the job is broken: no half-applied state is served
+}
+
+TEST(Service, AutoMethodIsMeasuredCachedAndExact) {
+  char tmpl[] = "/tmp/dmuon-tune-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ServiceOptions o;
+  o.autotune_cache = std::string(tmpl) + "/tune.json";
+  auto svc = NewService(o);
+  auto req = Request("j", 0, 1, v1::TRANSPORT_SHM,
+                     {{"w", 32, 128, v1::SHARDING_REPLICATED}});
+  req.mutable_groups(0)->set_method("auto");
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, req).ok());
+  std::vector<float> g(32 * 128);
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  for (float& x : g) x = d(rng);
+  ASSERT_TRUE(r.Send(*svc, 1, {g}).ok());
+  auto msgs = r.sink->WaitStep(1);
+  Reference ref;
+  EXPECT_LT(
+      RelErr(r.Update(0, msgs),
+             ref.Step(std::vector<double>(g.begin(), g.end()), {32, 128})),
+      1e-4);
+  kernels::Autotuner cache(o.autotune_cache);
+  ASSERT_TRUE(cache.load_status().ok()) << cache.load_status();
+  kernels::TuneKey key;
+  key.device = kernels::CpuDeviceName();
+  key.shape = {32, 128};
+  key.schedule = "classic/5";
+  auto hit = cache.Lookup(key);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->candidates.size(), 2u);
+}
+
 TEST(Service, RankLeavingMidStepAbortsItsJobOnly) {
   auto svc = NewService();
   const std::vector<Param> ps = {{"w", 8, 8, v1::SHARDING_UNREDUCED}};

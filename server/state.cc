@@ -49,6 +49,12 @@ v1::StateHeader HeaderOf(const Job& job) {
 
 absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::StateChunksLocked(
     const Job& job) const {
+  if (job.broken) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id,
+        "' is broken (a step failed or a rank left mid-step): its state may "
+        "be half a step ahead; restore from your last checkpoint"));
+  }
   if (job.mid_step()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job.id, "' is in the middle of step ", job.completed_steps + 1,
