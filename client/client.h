@@ -121,6 +121,15 @@ class Client {
   // Fails with UNAVAILABLE naming `address` if no daemon answers in time.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, ClientOptions options = {});
+  // Several daemons as one pool (e.g. one per node). Each matrix goes to one
+  // daemon by a plan every process computes alike from the same table: LPT
+  // over the cost model's flops, then a swap refinement (server/planner.h).
+  // A pool session is used exactly like a single daemon's.
+  static absl::StatusOr<std::unique_ptr<Client>> ConnectPool(
+      const std::vector<std::string>& addresses, ClientOptions options = {});
+  // Which daemon (index into the pool's addresses) owns each parameter.
+  static std::vector<int> PlanPool(const SessionSpec& spec, int daemons);
+
   virtual ~Client() = default;
   virtual absl::StatusOr<std::unique_ptr<Session>> OpenSession(
       const SessionSpec& spec) = 0;

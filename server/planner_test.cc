@@ -30,6 +30,28 @@ TEST(Planner, LptIsDeterministicAndBalanced) {
   }
 }
 
+TEST(Planner, RefinementNeverWorseAndFixesLptsClassicMiss) {
+  // LPT puts {3,3,2,2,2} on two executors as 3+2+2 / 3+2 = 7; optimal is 6.
+  Plan lpt = PlanLpt({3, 3, 2, 2, 2}, 2);
+  Plan ref = PlanRefined({3, 3, 2, 2, 2}, 2);
+  EXPECT_DOUBLE_EQ(lpt.makespan, 7);
+  EXPECT_DOUBLE_EQ(ref.makespan, 6);
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<double> u(1, 100);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<double> costs(2 + rng() % 40);
+    for (double& c : costs) c = u(rng);
+    const int k = 2 + rng() % 4;
+    Plan a = PlanLpt(costs, k), b = PlanRefined(costs, k);
+    EXPECT_LE(b.makespan, a.makespan + 1e-9);
+    EXPECT_EQ(b.executor_of, PlanRefined(costs, k).executor_of);
+    std::vector<double> load(k, 0);
+    for (size_t i = 0; i < costs.size(); ++i)
+      load[b.executor_of[i]] += costs[i];
+    for (int e = 0; e < k; ++e) EXPECT_NEAR(load[e], b.predicted_load[e], 1e-9);
+  }
+}
+
 TEST(Planner, OneExecutorTakesAll) {
   Plan p = PlanLpt({3, 1, 2}, 1);
   EXPECT_EQ(p.executor_of, (std::vector<int>{0, 0, 0}));

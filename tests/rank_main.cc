@@ -14,9 +14,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
 #include "tests/muon_job.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "address, or a comma-separated pool");
 ABSL_FLAG(std::string, job, "job", "");
 ABSL_FLAG(int, rank, 0, "");
 ABSL_FLAG(int, world, 1, "");
@@ -53,7 +55,11 @@ int main(int argc, char** argv) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   dmuon::ClientOptions o;
   o.deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_deadline_ms));
-  auto client = dmuon::Client::Connect(absl::GetFlag(FLAGS_server), o);
+  // Several comma-separated addresses: a pool of daemons.
+  const std::vector<std::string> servers =
+      absl::StrSplit(absl::GetFlag(FLAGS_server), ',');
+  auto client = servers.size() > 1 ? dmuon::Client::ConnectPool(servers, o)
+                                   : dmuon::Client::Connect(servers[0], o);
   if (!client.ok()) return Error(client.status());
   dmuon::SessionSpec spec;
   spec.job_id = absl::GetFlag(FLAGS_job);

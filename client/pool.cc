@@ -1,0 +1,208 @@
+// A pool of daemons behind the Client/Session interface: the table is split
+// by PlanPool, each daemon gets its share as a job of the same id, and every
+// call is routed to the owning daemon's session.
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "kernels/cost_model.h"
+#include "server/planner.h"
+
+namespace dmuon {
+namespace {
+
+kernels::NsOptions NsOf(const SessionSpec& spec, int group) {
+  kernels::NsOptions o;
+  if (group >= 0 && group < static_cast<int>(spec.groups.size())) {
+    const GroupSpec& g = spec.groups[group];
+    auto sched = kernels::ScheduleByName(
+        g.schedule == "custom" ? "classic" : g.schedule,
+        g.schedule == "custom" ? static_cast<int>(g.coefficients.size())
+                               : g.ns_steps);
+    if (sched.ok()) o.schedule = *sched;
+    auto m = kernels::ParseMethod(g.method);
+    if (m.ok()) o.method = *m;
+  }
+  return o;
+}
+
+class PoolSession : public Session {
+ public:
+  PoolSession(std::vector<std::unique_ptr<Session>> subs,
+              std::vector<int> owner, std::vector<int> local)
+      : subs_(std::move(subs)),
+        owner_(std::move(owner)),
+        local_(std::move(local)) {}
+
+  absl::Span<float> gradient(int i) override {
+    return valid(i) ? subs_[owner_[i]]->gradient(local_[i])
+                    : absl::Span<float>();
+  }
+  absl::Span<const float> update(int i) override {
+    return valid(i) ? subs_[owner_[i]]->update(local_[i])
+                    : absl::Span<const float>();
+  }
+  int64_t step() const override { return subs_.empty() ? 1 : subs_[0]->step(); }
+  std::string transport() const override {
+    return subs_.empty() ? "" : subs_[0]->transport();
+  }
+  absl::Status GradientReady(int i) override {
+    if (!valid(i))
+      return absl::InvalidArgumentError(absl::StrCat("parameter index ", i));
+    return subs_[owner_[i]]->GradientReady(local_[i]);
+  }
+  absl::Status GradientsReady(absl::Span<const int> ids) override {
+    std::vector<std::vector<int>> by(subs_.size());
+    for (int i : ids) {
+      if (!valid(i))
+        return absl::InvalidArgumentError(absl::StrCat("parameter index ", i));
+      by[owner_[i]].push_back(local_[i]);
+    }
+    for (size_t d = 0; d < subs_.size(); ++d) {
+      if (by[d].empty()) continue;
+      if (auto st = subs_[d]->GradientsReady(by[d]); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status WaitUpdate(int i) override {
+    if (!valid(i))
+      return absl::InvalidArgumentError(absl::StrCat("parameter index ", i));
+    return subs_[owner_[i]]->WaitUpdate(local_[i]);
+  }
+  bool TryUpdate(int i) override {
+    return valid(i) && subs_[owner_[i]]->TryUpdate(local_[i]);
+  }
+  bool skipped(int i) const override {
+    return valid(i) && subs_[owner_[i]]->skipped(local_[i]);
+  }
+  absl::Status FinishStep() override {
+    for (auto& s : subs_)
+      if (auto st = s->FinishStep(); !st.ok()) return st;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<State> GetState() override {
+    State all;
+    std::vector<State> parts;
+    for (auto& s : subs_) {
+      auto st = s->GetState();
+      if (!st.ok()) return st.status();
+      parts.push_back(std::move(*st));
+    }
+    all.completed_steps = parts.empty() ? 0 : parts[0].completed_steps;
+    for (size_t i = 0; i < owner_.size(); ++i) {
+      State& p = parts[owner_[i]];
+      all.names.push_back(p.names[local_[i]]);
+      all.shapes.push_back(p.shapes[local_[i]]);
+      all.momentum.push_back(std::move(p.momentum[local_[i]]));
+    }
+    return all;
+  }
+  absl::Status SetState(const State& s) override {
+    if (s.momentum.size() != owner_.size() || s.names.size() != owner_.size() ||
+        s.shapes.size() != owner_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state has ", s.momentum.size(),
+                       " parameters; the table has ", owner_.size()));
+    }
+    std::vector<State> parts(subs_.size());
+    for (auto& p : parts) p.completed_steps = s.completed_steps;
+    for (size_t i = 0; i < owner_.size(); ++i) {  // local order is table order
+      State& p = parts[owner_[i]];
+      p.names.push_back(s.names[i]);
+      p.shapes.push_back(s.shapes[i]);
+      p.momentum.push_back(s.momentum[i]);
+    }
+    for (size_t d = 0; d < subs_.size(); ++d)
+      if (auto st = subs_[d]->SetState(parts[d]); !st.ok()) return st;
+    return absl::OkStatus();
+  }
+  absl::Status Close() override {
+    absl::Status first;
+    for (auto& s : subs_)
+      if (auto st = s->Close(); !st.ok() && first.ok()) first = st;
+    return first;
+  }
+
+ private:
+  bool valid(int i) const {
+    return i >= 0 && i < static_cast<int>(owner_.size());
+  }
+  std::vector<std::unique_ptr<Session>> subs_;
+  std::vector<int> owner_;  // daemon of each parameter
+  std::vector<int> local_;  // its index in that daemon's table
+};
+
+class PoolClient : public Client {
+ public:
+  PoolClient(std::vector<std::unique_ptr<Client>> members, std::string address)
+      : members_(std::move(members)), address_(std::move(address)) {}
+  const std::string& address() const override { return address_; }
+
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(
+      const SessionSpec& spec) override {
+    const int n = static_cast<int>(members_.size());
+    const std::vector<int> owner = PlanPool(spec, n);
+    std::vector<SessionSpec> parts(n, spec);
+    for (auto& p : parts) p.params.clear();
+    std::vector<int> local(owner.size());
+    for (size_t i = 0; i < owner.size(); ++i) {
+      local[i] = static_cast<int>(parts[owner[i]].params.size());
+      parts[owner[i]].params.push_back(spec.params[i]);
+    }
+    std::vector<std::unique_ptr<Session>> subs;
+    std::vector<int> remap(n, -1);
+    for (int d = 0; d < n; ++d) {
+      if (parts[d].params.empty()) continue;  // more daemons than matrices
+      auto s = members_[d]->OpenSession(parts[d]);
+      if (!s.ok()) {
+        return absl::Status(s.status().code(),
+                            absl::StrCat(s.status().message(), " (pool member ",
+                                         d, ": ", members_[d]->address(), ")"));
+      }
+      remap[d] = static_cast<int>(subs.size());
+      subs.push_back(std::move(*s));
+    }
+    std::vector<int> o(owner.size());
+    for (size_t i = 0; i < owner.size(); ++i) o[i] = remap[owner[i]];
+    return std::unique_ptr<Session>(
+        new PoolSession(std::move(subs), std::move(o), std::move(local)));
+  }
+
+ private:
+  std::vector<std::unique_ptr<Client>> members_;
+  std::string address_;
+};
+
+}  // namespace
+
+std::vector<int> Client::PlanPool(const SessionSpec& spec, int daemons) {
+  std::vector<double> costs;
+  for (const ParamSpec& p : spec.params) {
+    kernels::NsOptions o = NsOf(spec, p.group);
+    kernels::Shape s{std::max<int64_t>(1, p.rows),
+                     std::max<int64_t>(1, p.cols)};
+    if (o.method == kernels::Method::kAuto)
+      o.method = kernels::CheapestMethod(s, o);
+    costs.push_back(kernels::EstimateCost(o.method, s, o).flops);
+  }
+  return server::PlanRefined(costs, std::max(1, daemons)).executor_of;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::ConnectPool(
+    const std::vector<std::string>& addresses, ClientOptions options) {
+  if (addresses.empty())
+    return absl::InvalidArgumentError("a pool needs at least one address");
+  std::vector<std::unique_ptr<Client>> members;
+  std::string joined;
+  for (const std::string& a : addresses) {
+    auto c = Connect(a, options);
+    if (!c.ok()) return c.status();
+    members.push_back(std::move(*c));
+    joined += (joined.empty() ? "" : ",") + a;
+  }
+  return std::unique_ptr<Client>(new PoolClient(std::move(members), joined));
+}
+
+}  // namespace dmuon
