@@ -21,6 +21,19 @@ float* UpdateOf(const Session& s, int param) {
                                   s.layout.slots[param].update_offset);
 }
 
+v1::StepResponse ErrorResponse(int64_t step, int param, const std::string& name,
+                               const absl::Status& status, bool skipped) {
+  v1::StepResponse r;
+  auto* e = r.mutable_error();
+  e->set_step(step);
+  e->set_param_id(param);
+  e->set_name(name);
+  e->set_code(static_cast<int>(status.code()));
+  e->set_message(std::string(status.message()));
+  e->set_skipped(skipped);
+  return r;
+}
+
 }  // namespace
 
 ParamWork::ParamWork(OptimizerService* service, std::shared_ptr<Job> job,
@@ -123,14 +136,7 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
       job->broken = true;
       for (auto& s : job->ranks) {
         if (!s || !s->sink) continue;
-        v1::StepResponse r;
-        auto* e = r.mutable_error();
-        e->set_step(step);
-        e->set_param_id(param);
-        e->set_name(info.name);
-        e->set_code(static_cast<int>(status.code()));
-        e->set_message(std::string(status.message()));
-        s->sink->Send(std::move(r));
+        s->sink->Send(ErrorResponse(step, param, info.name, status, false));
         s->sink->Abort(status);
       }
       CountError(status);
@@ -151,17 +157,8 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
       s->bytes_out += n * sizeof(float);
       if (metrics_) metrics_->BytesSent(n * sizeof(float));
       if (!s->sink) continue;
-      if (skip) {
-        v1::StepResponse r;
-        auto* e = r.mutable_error();
-        e->set_step(step);
-        e->set_param_id(param);
-        e->set_name(info.name);
-        e->set_code(static_cast<int>(status.code()));
-        e->set_message(std::string(status.message()));
-        e->set_skipped(true);
-        s->sink->Send(std::move(r));
-      }
+      if (skip)
+        s->sink->Send(ErrorResponse(step, param, info.name, status, true));
       if (s->transport == v1::TRANSPORT_INLINE) {
         const uint64_t bytes = n * sizeof(float);
         const char* base = reinterpret_cast<const char*>(out);
