@@ -66,6 +66,17 @@ TEST(Daemon, FourRanksShmAndFourRanksInlineTenSteps) {
       << status;
 }
 
+TEST(Daemon, InlineTensorsLargerThanTheMessageLimitTravelInChunks) {
+  // 16 KiB messages; the job's tensors are up to 32 KiB (128x64 fp32), so
+  // both gradients and updates must be split to pass at all.
+  Daemon d({"--max-message-bytes=16384"});
+  const uint64_t seed = Seed();
+  auto a = Rank(d, "chunks", 0, 2, "inline", 3, seed);
+  auto b = Rank(d, "chunks", 1, 2, "inline", 3, seed);
+  EXPECT_EQ(a->Wait(60), 0) << d.log();
+  EXPECT_EQ(b->Wait(60), 0) << d.log();
+}
+
 TEST(Daemon, HealthStatusMetricsAndDrain) {
   Daemon d({"--metrics-port=0"});
   int code;
