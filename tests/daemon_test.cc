@@ -13,6 +13,7 @@
 
 #include "client/client.h"
 #include "proto/dmuon.grpc.pb.h"
+#include "proto/reflection.grpc.pb.h"
 #include "tests/muon_job.h"
 #include "tests/process.h"
 
@@ -203,6 +204,37 @@ TEST(Daemon, BadRequestsOverGrpcAndTheDaemonKeepsServing) {
   int code;
   EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
   EXPECT_EQ(d.process().Wait(0), -1) << "dmuond exited";
+}
+
+TEST(Daemon, ReflectionListsAndDescribesTheService) {
+  // What grpcurl does: list services, then fetch the file defining one.
+  Daemon d;
+  auto ch =
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(ch);
+  grpc::ClientContext ctx;
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest req;
+  req.set_list_services("");
+  ASSERT_TRUE(stream->Write(req));
+  grpc::reflection::v1alpha::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  std::vector<std::string> names;
+  for (const auto& s : resp.list_services_response().service())
+    names.push_back(s.name());
+  EXPECT_NE(std::find(names.begin(), names.end(), "dmuon.v1.Optimizer"),
+            names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"),
+            names.end());
+  req.set_file_containing_symbol("dmuon.v1.Optimizer");
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  ASSERT_GT(resp.file_descriptor_response().file_descriptor_proto_size(), 0);
+  EXPECT_NE(resp.file_descriptor_response().file_descriptor_proto(0).find(
+                "OpenSessionRequest"),
+            std::string::npos);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST(Daemon, ClientErrorsNameTheAddress) {
