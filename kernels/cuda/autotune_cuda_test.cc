@@ -1,0 +1,40 @@
+// The CUDA autotuner backend on a real GPU; skips (with the reason) without.
+
+#include "kernels/cuda/autotune_cuda.h"
+
+#include <gtest/gtest.h>
+
+namespace dmuon::kernels::cuda {
+namespace {
+
+TEST(AutotuneCuda, MeasuresBothMethodsAndPicksAnAccurateOne) {
+  auto n = DeviceCount();
+  if (!n.ok() || *n == 0) {
+    GTEST_SKIP() << "no CUDA device: "
+                 << (n.ok() ? "0 devices" : n.status().ToString());
+  }
+  auto ctx = Context::Create(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  CudaNsOptions o;
+  o.compute = DType::kF16;
+  auto measure = CudaMeasure(ctx->get(), {256, 1024}, 4, o, 3);
+  for (Method m : {Method::kDirect, Method::kGram}) {
+    auto got = measure(m);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_GT(got->seconds, 0);
+    EXPECT_LT(got->error, 2e-2) << MethodName(m);
+  }
+  Autotuner tuner("");
+  TuneKey key;
+  key.device = CudaDeviceName(**ctx);
+  key.shape = {256, 1024};
+  key.batch = 4;
+  key.dtype = "f16";
+  key.schedule = "classic/5";
+  auto r = tuner.Choose(key, measure, 2e-2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->candidates.size(), 2u);
+}
+
+}  // namespace
+}  // namespace dmuon::kernels::cuda
