@@ -1,0 +1,33 @@
+// The pieces of the _dmuon Python extension (client/python/module.cc).
+
+#ifndef DMUON_CLIENT_PYTHON_BINDINGS_H_
+#define DMUON_CLIENT_PYTHON_BINDINGS_H_
+
+#include <pybind11/pybind11.h>
+
+#include "absl/status/status.h"
+
+namespace dmuon::python {
+
+// Exception classes, one per family of absl::StatusCode, all subclasses of
+// _dmuon.Error (itself a RuntimeError) with a `code` attribute naming the
+// status code ("UNAVAILABLE", ...):
+//   InvalidArgumentError (also a ValueError)     INVALID_ARGUMENT, OUT_OF_RANGE
+//   UnavailableError (also a ConnectionError)    UNAVAILABLE
+//   DeadlineExceededError (also a TimeoutError)  DEADLINE_EXCEEDED
+//   FailedPreconditionError                      FAILED_PRECONDITION, ABORTED
+void RegisterErrors(pybind11::module_& m);
+
+// Throws a C++ exception that the registered translator turns into the
+// Python exception for `status` (which must not be OK), message unchanged.
+[[noreturn]] void Throw(const absl::Status& status);
+
+// orthogonalize(): the kernels library on numpy arrays.
+void RegisterKernels(pybind11::module_& m);
+
+// Client and Session: the C++ client library.
+void RegisterClient(pybind11::module_& m);
+
+}  // namespace dmuon::python
+
+#endif  // DMUON_CLIENT_PYTHON_BINDINGS_H_

@@ -1,0 +1,396 @@
+// dmuon.Client / dmuon.Session: the C++ client library for Python. Tensor
+// buffers are numpy views over the session's memory (the shm segment the
+// daemon also maps, or the inline transport's heap region): zero-copy.
+// Blocking calls release the GIL.
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/python/bindings.h"
+
+namespace py = pybind11;
+
+namespace dmuon::python {
+namespace {
+
+std::chrono::milliseconds Millis(double seconds) {
+  if (!(seconds > 0) || !std::isfinite(seconds)) {
+    Throw(absl::InvalidArgumentError(absl::StrCat(
+        "a deadline must be a positive number of seconds, got ", seconds)));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
+}
+
+[[noreturn]] void UnknownKey(const char* what, const std::string& key) {
+  Throw(absl::InvalidArgumentError(
+      absl::StrCat(what, ": unknown key '", key, "'")));
+}
+
+Sharding ParseSharding(const std::string& s) {
+  if (s == "replicated") return Sharding::kReplicated;
+  if (s == "rows") return Sharding::kRows;
+  if (s == "unreduced") return Sharding::kUnreduced;
+  Throw(absl::InvalidArgumentError(absl::StrCat(
+      "sharding '", s, "' is not one of replicated, rows, unreduced")));
+}
+
+// A parameter: (name, rows, cols) or a dict with name, rows, cols and
+// optionally sharding, row_begin, row_end, forward_order, group.
+ParamSpec ToParam(const py::handle& h, int index) {
+  ParamSpec p;
+  p.forward_order = index;
+  if (py::isinstance<py::dict>(h)) {
+    for (const auto& kv : h.cast<py::dict>()) {
+      const std::string k = kv.first.cast<std::string>();
+      const py::handle v = kv.second;
+      if (k == "name")
+        p.name = v.cast<std::string>();
+      else if (k == "rows")
+        p.rows = v.cast<int64_t>();
+      else if (k == "cols")
+        p.cols = v.cast<int64_t>();
+      else if (k == "sharding")
+        p.sharding = ParseSharding(v.cast<std::string>());
+      else if (k == "row_begin")
+        p.row_begin = v.cast<int64_t>();
+      else if (k == "row_end")
+        p.row_end = v.cast<int64_t>();
+      else if (k == "forward_order")
+        p.forward_order = v.cast<int>();
+      else if (k == "group")
+        p.group = v.cast<int>();
+      else
+        UnknownKey("parameter", k);
+    }
+  } else {
+    auto t = h.cast<py::tuple>();
+    if (t.size() != 3) {
+      Throw(absl::InvalidArgumentError(
+          "a parameter is (name, rows, cols) or a dict"));
+    }
+    p.name = t[0].cast<std::string>();
+    p.rows = t[1].cast<int64_t>();
+    p.cols = t[2].cast<int64_t>();
+  }
+  return p;
+}
+
+// A group: a dict with any of momentum, nesterov, ns_steps, schedule,
+// coefficients (list of (a, b, c)), method, adjust_lr_fn, eps.
+GroupSpec ToGroup(const py::handle& h) {
+  GroupSpec g;
+  for (const auto& kv : h.cast<py::dict>()) {
+    const std::string k = kv.first.cast<std::string>();
+    const py::handle v = kv.second;
+    if (k == "momentum")
+      g.momentum = v.cast<double>();
+    else if (k == "nesterov")
+      g.nesterov = v.cast<bool>();
+    else if (k == "ns_steps")
+      g.ns_steps = v.cast<int>();
+    else if (k == "schedule")
+      g.schedule = v.cast<std::string>();
+    else if (k == "method")
+      g.method = v.cast<std::string>();
+    else if (k == "adjust_lr_fn")
+      g.adjust_lr_fn = v.cast<std::string>();
+    else if (k == "eps")
+      g.eps = v.cast<double>();
+    else if (k == "coefficients") {
+      for (const auto& c : v) {
+        auto x = c.cast<std::vector<double>>();
+        if (x.size() != 3) {
+          Throw(absl::InvalidArgumentError(
+              "group coefficients: expected (a, b, c) triples"));
+        }
+        g.coefficients.push_back({x[0], x[1], x[2]});
+      }
+    } else {
+      UnknownKey("group", k);
+    }
+  }
+  return g;
+}
+
+class PySession {
+ public:
+  PySession(std::unique_ptr<Session> s, std::vector<ParamSpec> params)
+      : s_(std::move(s)), params_(std::move(params)) {}
+
+  Session& s() { return *s_; }
+  int size() const { return static_cast<int>(params_.size()); }
+  const ParamSpec& param(int i) const {
+    if (i < 0 || i >= size()) {
+      throw py::index_error(
+          absl::StrCat("parameter index ", i, " is outside [0, ", size(), ")"));
+    }
+    return params_[i];
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> n;
+    for (const auto& p : params_) n.push_back(p.name);
+    return n;
+  }
+  // This rank's view: its rows for a row-sharded parameter.
+  std::pair<int64_t, int64_t> local_shape(int i) const {
+    const ParamSpec& p = param(i);
+    return {p.sharding == Sharding::kRows ? p.row_end - p.row_begin : p.rows,
+            p.cols};
+  }
+
+ private:
+  std::unique_ptr<Session> s_;
+  std::vector<ParamSpec> params_;
+};
+
+py::array View(py::object self, int i, bool gradient, bool writable) {
+  PySession& ps = self.cast<PySession&>();
+  const auto [rows, cols] = ps.local_shape(i);
+  float* data = gradient ? ps.s().gradient(i).data()
+                         : const_cast<float*>(ps.s().update(i).data());
+  py::array_t<float> a({rows, cols},
+                       {cols * static_cast<int64_t>(sizeof(float)),
+                        static_cast<int64_t>(sizeof(float))},
+                       data, self);
+  if (!writable) a.attr("setflags")(py::arg("write") = false);
+  return std::move(a);
+}
+
+void Check(const absl::Status& st) {
+  if (!st.ok()) Throw(st);
+}
+
+py::dict StateToDict(const State& s) {
+  py::dict d;
+  d["completed_steps"] = s.completed_steps;
+  d["names"] = s.names;
+  d["shapes"] = s.shapes;
+  py::list m;
+  for (size_t i = 0; i < s.momentum.size(); ++i) {
+    std::vector<py::ssize_t> dims(s.shapes[i].begin(), s.shapes[i].end());
+    py::array_t<float> a(dims);
+    std::copy(s.momentum[i].begin(), s.momentum[i].end(), a.mutable_data());
+    m.append(std::move(a));
+  }
+  d["momentum"] = m;
+  return d;
+}
+
+State DictToState(const py::dict& d) {
+  State s;
+  s.completed_steps = d["completed_steps"].cast<int64_t>();
+  s.names = d["names"].cast<std::vector<std::string>>();
+  py::list m = d["momentum"];
+  if (m.size() != s.names.size()) {
+    Throw(absl::InvalidArgumentError(absl::StrCat("state: ", s.names.size(),
+                                                  " names but ", m.size(),
+                                                  " momentum tensors")));
+  }
+  for (const auto& h : m) {
+    auto a =
+        py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(
+            h);
+    if (!a || a.ndim() != 2) {
+      Throw(absl::InvalidArgumentError(
+          "state: every momentum tensor must be a 2-D float array"));
+    }
+    s.shapes.push_back({a.shape(0), a.shape(1)});
+    s.momentum.emplace_back(a.data(), a.data() + a.size());
+  }
+  return s;
+}
+
+}  // namespace
+
+void RegisterClient(py::module_& m) {
+  py::class_<Client, std::shared_ptr<Client>>(
+      m, "Client",
+      "A connection to dmuond. Client(address, deadline=10.0, retries=3, "
+      "backoff=0.1, max_message_bytes=64 MiB); deadlines in seconds. A list "
+      "of addresses is a pool: each matrix goes to one daemon of it.")
+      .def(py::init([](const py::object& address, double deadline, int retries,
+                       double backoff, uint64_t max_bytes) {
+             ClientOptions o;
+             o.deadline = Millis(deadline);
+             o.retries = retries;
+             o.backoff = Millis(backoff);
+             o.max_message_bytes = max_bytes;
+             const bool pool = !py::isinstance<py::str>(address);
+             std::vector<std::string> addresses;
+             if (pool) {
+               addresses = address.cast<std::vector<std::string>>();
+             } else {
+               addresses = {address.cast<std::string>()};
+             }
+             absl::StatusOr<std::unique_ptr<Client>> c;
+             {
+               py::gil_scoped_release release;
+               c = pool ? Client::ConnectPool(addresses, o)
+                        : Client::Connect(addresses[0], o);
+             }
+             if (!c.ok()) Throw(c.status());
+             return std::shared_ptr<Client>(std::move(*c));
+           }),
+           py::arg("address"), py::arg("deadline") = 10.0,
+           py::arg("retries") = 3, py::arg("backoff") = 0.1,
+           py::arg("max_message_bytes") = uint64_t{64} << 20)
+      .def_property_readonly("address", &Client::address)
+      .def(
+          "open_session",
+          [](Client& c, const std::string& job_id, const py::list& params,
+             const py::object& groups, int rank, int world_size,
+             const std::string& transport) {
+            SessionSpec spec;
+            spec.job_id = job_id;
+            spec.rank = rank;
+            spec.world_size = world_size;
+            int i = 0;
+            for (const auto& h : params) spec.params.push_back(ToParam(h, i++));
+            if (!groups.is_none())
+              for (const auto& h : groups) spec.groups.push_back(ToGroup(h));
+            if (transport == "shm")
+              spec.transport = TransportChoice::kShm;
+            else if (transport == "inline")
+              spec.transport = TransportChoice::kInline;
+            else if (transport != "auto")
+              Throw(absl::InvalidArgumentError(absl::StrCat(
+                  "transport '", transport, "' is not auto, shm or inline")));
+            absl::StatusOr<std::unique_ptr<Session>> s;
+            {
+              py::gil_scoped_release release;
+              s = c.OpenSession(spec);
+            }
+            if (!s.ok()) Throw(s.status());
+            return std::make_unique<PySession>(std::move(*s),
+                                               std::move(spec.params));
+          },
+          py::arg("job_id"), py::arg("params"), py::arg("groups") = py::none(),
+          py::arg("rank") = 0, py::arg("world_size") = 1,
+          py::arg("transport") = "auto",
+          "Opens a session of job `job_id` as `rank` of `world_size` with "
+          "the parameter table `params` (each (name, rows, cols) or a dict "
+          "with name, rows, cols, sharding='replicated'|'rows'|'unreduced', "
+          "row_begin, row_end, forward_order, group) and the Muon groups "
+          "(dicts: momentum, nesterov, ns_steps, schedule, coefficients, "
+          "method, adjust_lr_fn, eps).");
+
+  py::class_<PySession>(
+      m, "Session", "One rank's session of a job (see Client.open_session).")
+      .def("__len__", &PySession::size)
+      .def_property_readonly("names", &PySession::names)
+      .def_property_readonly("step", [](PySession& s) { return s.s().step(); })
+      .def_property_readonly("transport",
+                             [](PySession& s) { return s.s().transport(); })
+      .def("local_shape", &PySession::local_shape, py::arg("i"))
+      .def(
+          "gradient",
+          [](py::object self, int i) { return View(self, i, true, true); },
+          py::arg("i"),
+          "Where parameter i's gradient goes (this rank's rows), a writable "
+          "float32 numpy view over the session's memory.")
+      .def(
+          "update",
+          [](py::object self, int i, bool writable) {
+            return View(self, i, false, writable);
+          },
+          py::arg("i"), py::arg("writable") = false,
+          "Parameter i's update lr_scale * NS(momentum step), valid after "
+          "wait_update(i) until the next step's update lands.")
+      .def(
+          "gradient_ready",
+          [](PySession& s, int i) {
+            s.param(i);
+            absl::Status st;
+            {
+              py::gil_scoped_release release;
+              st = s.s().GradientReady(i);
+            }
+            Check(st);
+          },
+          py::arg("i"))
+      .def(
+          "gradients_ready",
+          [](PySession& s, std::vector<int> ids) {
+            absl::Status st;
+            {
+              py::gil_scoped_release release;
+              st = s.s().GradientsReady(ids);
+            }
+            Check(st);
+          },
+          py::arg("ids"))
+      .def(
+          "wait_update",
+          [](PySession& s, int i) {
+            s.param(i);
+            absl::Status st;
+            {
+              py::gil_scoped_release release;
+              st = s.s().WaitUpdate(i);
+            }
+            Check(st);
+          },
+          py::arg("i"))
+      .def(
+          "try_update", [](PySession& s, int i) { return s.s().TryUpdate(i); },
+          py::arg("i"))
+      .def(
+          "skipped", [](PySession& s, int i) { return s.s().skipped(i); },
+          py::arg("i"))
+      .def("finish_step",
+           [](PySession& s) {
+             absl::Status st;
+             {
+               py::gil_scoped_release release;
+               st = s.s().FinishStep();
+             }
+             Check(st);
+           })
+      .def("get_state",
+           [](PySession& s) {
+             absl::StatusOr<State> st;
+             {
+               py::gil_scoped_release release;
+               st = s.s().GetState();
+             }
+             if (!st.ok()) Throw(st.status());
+             return StateToDict(*st);
+           })
+      .def(
+          "set_state",
+          [](PySession& s, const py::dict& d) {
+            State state = DictToState(d);
+            absl::Status st;
+            {
+              py::gil_scoped_release release;
+              st = s.s().SetState(state);
+            }
+            Check(st);
+          },
+          py::arg("state"))
+      .def("close",
+           [](PySession& s) {
+             absl::Status st;
+             {
+               py::gil_scoped_release release;
+               st = s.s().Close();
+             }
+             Check(st);
+           })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PySession& s, py::args) {
+        py::gil_scoped_release release;
+        (void)s.s().Close();
+      });
+}
+
+}  // namespace dmuon::python

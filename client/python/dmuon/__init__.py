@@ -1,0 +1,62 @@
+"""dmuon: Muon's orthogonalization as a service.
+
+    dmuon.orthogonalize(x)              Newton-Schulz on a numpy array or CPU tensor
+    dmuon.Client / dmuon.Session        the C++ client (talk to dmuond directly)
+    dmuon.torch.DMuon                   a torch.optim.Optimizer (import dmuon.torch)
+    dmuon.LocalDaemon                   a private dmuond for this process
+
+See client/python/README.md.
+"""
+
+from . import _native
+
+_ext = _native.load()
+
+Client = _ext.Client
+Session = _ext.Session
+Error = _ext.Error
+InvalidArgumentError = _ext.InvalidArgumentError
+UnavailableError = _ext.UnavailableError
+DeadlineExceededError = _ext.DeadlineExceededError
+FailedPreconditionError = _ext.FailedPreconditionError
+__version__ = _ext.__version__
+
+from ._daemon import LocalDaemon, find_dmuond  # noqa: E402
+
+
+def orthogonalize(array, steps=5, coefficients=None, method="auto", eps=1e-7):
+    """The approximate polar factor of `array` by Newton-Schulz (Muon's NS).
+
+    array: a 2-D matrix or a 3-D batch of matrices, numpy float32/float64 or a
+    CPU torch tensor of those dtypes (the result has the same type).
+    coefficients: None or "classic" (3.4445, -4.7750, 2.0315), "polar_express",
+    "you", one (a, b, c) triple for every step, or a list of per-step triples.
+    method: "auto" (the cost model picks), "direct", or "gram".
+    Raises ValueError (dmuon.InvalidArgumentError) for bad input or options.
+    """
+    if type(array).__module__.split(".")[0] == "torch":
+        import torch
+
+        if array.device.type != "cpu":
+            raise ValueError(
+                f"dmuon.orthogonalize: expected a CPU tensor, got one on {array.device}"
+            )
+        out = _ext.orthogonalize(
+            array.detach().contiguous().numpy(), steps, coefficients, method, eps
+        )
+        return torch.from_numpy(out)
+    return _ext.orthogonalize(array, steps, coefficients, method, eps)
+
+
+__all__ = [
+    "Client",
+    "Session",
+    "LocalDaemon",
+    "find_dmuond",
+    "orthogonalize",
+    "Error",
+    "InvalidArgumentError",
+    "UnavailableError",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+]

@@ -1,0 +1,151 @@
+"""A private dmuond for one process: what `server="auto"` starts.
+
+The binary is looked for in $DMUON_DMUOND, inside this package (bin/dmuond,
+as the wheel ships it), in the Bazel output of the source checkout
+(bazel-bin/server/dmuond), then on $PATH. The daemon listens on 127.0.0.1
+with a free port (so trainers on this host use shared memory), dies with its
+parent (PR_SET_PDEATHSIG), and is stopped by `stop()`, when the object is
+garbage-collected, or at interpreter exit, whichever comes first.
+"""
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import weakref
+
+from . import _native
+
+
+def find_dmuond():
+    tried = []
+    env = os.environ.get("DMUON_DMUOND")
+    if env:
+        if os.access(env, os.X_OK):
+            return env
+        raise FileNotFoundError(f"$DMUON_DMUOND={env} is not an executable file")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "dmuond")
+    tried.append(here)
+    if os.access(here, os.X_OK):
+        return here
+    root = _native.checkout_root()
+    if root:
+        built = os.path.join(root, "bazel-bin", "server", "dmuond")
+        tried.append(built)
+        if os.access(built, os.X_OK):
+            return built
+    on_path = shutil.which("dmuond")
+    if on_path:
+        return on_path
+    raise FileNotFoundError(
+        "dmuon: server='auto' needs the dmuond binary and found none (looked at "
+        + ", ".join(tried)
+        + ", $PATH); set $DMUON_DMUOND, build it with `bazel build //server:dmuond`, "
+        "or pass server='host:port' of a running dmuond"
+    )
+
+
+def _die_with_parent():
+    # Runs in the child between fork and exec: SIGTERM when the parent dies.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _stop(proc, workdir, grace):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+class LocalDaemon:
+    """Starts dmuond on 127.0.0.1 with a free port; `address` is where it is."""
+
+    def __init__(self, binary=None, flags=(), start_timeout=30.0, stop_grace=5.0):
+        self.binary = binary or find_dmuond()
+        self.workdir = tempfile.mkdtemp(prefix="dmuond-")
+        port_file = os.path.join(self.workdir, "port")
+        self.log_path = os.path.join(self.workdir, "dmuond.log")
+        argv = [
+            self.binary,
+            "--listen=127.0.0.1:0",
+            f"--port-file={port_file}",
+            "--summary-every-secs=0",
+            "--log-level=warn",
+            *flags,
+        ]
+        env = dict(os.environ)
+        # The daemon shares this host's cores with the trainer: idle OpenBLAS
+        # threads should sleep promptly rather than spin against backward.
+        env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+                close_fds=True,
+            )
+        self._finalizer = weakref.finalize(
+            self, _stop, self.process, self.workdir, stop_grace
+        )
+        deadline = time.monotonic() + start_timeout
+        port = ""
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.stop()
+                raise RuntimeError(
+                    f"dmuon: the private dmuond ({self.binary}) exited with code "
+                    f"{self.process.returncode} while starting: {self.log_tail()}"
+                )
+            try:
+                with open(port_file) as f:
+                    port = f.read().strip()
+            except FileNotFoundError:
+                port = ""
+            if port:
+                break
+            time.sleep(0.01)
+        if not port:
+            self.stop()
+            raise TimeoutError(
+                f"dmuon: the private dmuond ({self.binary}) did not start within "
+                f"{start_timeout:.0f} s: {self.log_tail()}"
+            )
+        self.address = f"127.0.0.1:{port}"
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+    def alive(self):
+        return self.process.poll() is None
+
+    def log_tail(self, lines=20):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:]).strip() or "(no output)"
+        except OSError:
+            return "(no log)"
+
+    def stop(self):
+        """Stops the daemon (SIGTERM, then SIGKILL after the grace period)."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

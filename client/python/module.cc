@@ -1,0 +1,14 @@
+// The _dmuon Python extension: orthogonalize() over the kernels library and
+// Client/Session over the C++ client. The dmuon package (dmuon/) wraps it.
+
+#include <pybind11/pybind11.h>
+
+#include "client/python/bindings.h"
+
+PYBIND11_MODULE(_dmuon, m) {
+  m.doc() = "dmuon's native extension (use the dmuon package).";
+  m.attr("__version__") = "0.1.0";
+  dmuon::python::RegisterErrors(m);
+  dmuon::python::RegisterKernels(m);
+  dmuon::python::RegisterClient(m);
+}

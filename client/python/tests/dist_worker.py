@@ -1,0 +1,112 @@
+"""One rank of a 2-process torch.distributed (gloo) job for test_distributed.
+
+Writes {"params": {name: tensor}, "error": str or None} to --out."""
+
+import argparse
+import os
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from dmuon.torch import DMuon  # noqa: E402
+from helpers import MLP, TinyLM, lm_batch, loss_of  # noqa: E402
+
+STEPS = 8
+HYPER = dict(lr=0.02, weight_decay=0.1, adamw_lr=3e-3)
+
+
+def local(batch, rank, world):
+    x, y = batch
+    n = x.shape[0] // world
+    return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+
+
+def run_ddp(args, rank, world):
+    torch.manual_seed(0)
+    model = TinyLM()
+    if args.mode == "ddp_ignore":  # the unwrapped model: DMuon marks, then DDP
+        opt = DMuon(model, server=args.server, adamw=[model.head],
+                    reduce_in_daemon=True, **HYPER)
+        ddp = DDP(model)
+    else:
+        ddp = DDP(model)
+        opt = DMuon(ddp, server=args.server, adamw=[model.head],
+                    reduce_in_daemon=args.mode in ("ddp_reduce", "ddp_accum"), **HYPER)
+    routes = {r["name"]: (r["sharding"], r["handoff"]) for r in opt.routing
+              if r["route"] == "muon"}
+    for s in range(STEPS):
+        x, y = local(lm_batch(s), rank, world)
+        if args.mode == "ddp_accum":  # two micro-batches, DDP's no_sync first
+            with ddp.no_sync():
+                (loss_of(ddp, (x[:2], y[:2])) / 2).backward()
+            (loss_of(ddp, (x[2:], y[2:])) / 2).backward()
+        elif args.mode == "ddp_ignore":
+            loss_of(ddp, (x, y)).backward()
+        else:
+            loss_of(ddp, (x, y)).backward()
+        if s == 0:  # after backward: which gradients did DDP all-reduce?
+            for key, p in (("muon", model.blocks[0].qkv.weight), ("adamw", model.norm.weight)):
+                seen = [torch.zeros_like(p.grad) for _ in range(world)]
+                dist.all_gather(seen, p.grad)
+                routes[f"{key}_grads_equal"] = torch.equal(seen[0], seen[1])
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return params, routes
+
+
+def run_rows(args, rank, world):
+    torch.manual_seed(0)
+    full = torch.randn(16, 24) * 0.1
+    rows = 16 // world
+    w = torch.nn.Parameter(full[rank * rows:(rank + 1) * rows].clone())
+    opt = DMuon([w], server=args.server, shards={w: (rank * rows, (rank + 1) * rows, 16)},
+                lr=0.02, weight_decay=0.1)
+    for s in range(STEPS):
+        g = torch.Generator().manual_seed(s)
+        x, y = torch.randn(8, 24, generator=g), torch.randn(8, 16, generator=g)
+        ((x @ w.t() - y[:, rank * rows:(rank + 1) * rows]) ** 2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    return {"w": w.detach().clone()}, None
+
+
+def run_mismatch(args, rank, world):
+    model = MLP(hidden=48 if rank == 0 else 40)
+    DMuon(model, server=args.server, timeout=10.0)
+    return {}, None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", required=True)
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--init", required=True)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=args.init, rank=args.rank,
+                            world_size=args.world)
+    result = {"params": {}, "routes": None, "error": None}
+    try:
+        fn = {"rows": run_rows, "mismatch": run_mismatch}.get(args.mode, run_ddp)
+        result["params"], result["routes"] = fn(args, args.rank, args.world)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        result["error"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    torch.save(result, args.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""2-process torch.distributed (gloo on 127.0.0.1) jobs against one dmuond."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dmuon.torch import DMuon
+from helpers import TinyLM, lm_batch, loss_of, rel_err
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 8  # dist_worker.STEPS
+HYPER = dict(lr=0.02, weight_decay=0.1, adamw_lr=3e-3)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(mode, address, tmp_path, world=2):
+    init = f"tcp://127.0.0.1:{free_port()}"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs, outs = [], []
+    for rank in range(world):
+        out = str(tmp_path / f"{mode}-{rank}.pt")
+        outs.append(out)
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "dist_worker.py"), f"--mode={mode}",
+             f"--rank={rank}", f"--world={world}", f"--init={init}",
+             f"--server={address}", f"--out={out}"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"{mode}: a rank hung")
+    results = []
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and os.path.exists(out), f"rank {rank}:\n{logs[rank]}"
+        results.append(torch.load(out))
+    return results, logs
+
+
+@pytest.fixture(scope="module")
+def single(daemon):
+    """The single-process run on the whole batch."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = DMuon(model, server=daemon.address, adamw=[model.head], **HYPER)
+    for s in range(STEPS):
+        loss_of(model, lm_batch(s)).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode,server", [("ddp", "fixture"), ("ddp_reduce", "fixture"),
+                                         ("ddp_ignore", "fixture"), ("ddp_accum", "auto")])
+def test_ddp_equals_single_process(daemon, single, tmp_path, mode, server):
+    """server "auto": rank 0 starts a private dmuond and the ranks share it."""
+    results, logs = run_job(mode, daemon.address if server == "fixture" else "auto",
+                            tmp_path)
+    for rank, r in enumerate(results):
+        assert r["error"] is None, f"rank {rank}: {r['error']}\n{logs[rank]}"
+        for name, want in single.items():
+            assert rel_err(r["params"][name], want) < 1e-5, (rank, name)
+    want = {"ddp": ("replicated", "ddp"), "ddp_reduce": ("unreduced", "ddp"),
+            "ddp_accum": ("unreduced", "ddp"), "ddp_ignore": ("unreduced", "hook")}[mode]
+    routes = results[0]["routes"]
+    # Replicated: DDP all-reduced every gradient. reduce_in_daemon: the Muon
+    # gradients stayed local (the daemon averages them), AdamW's were reduced.
+    assert routes.pop("adamw_grads_equal")
+    assert routes.pop("muon_grads_equal") == (mode == "ddp")
+    assert set(routes.values()) == {want}
+    for name in single:  # every rank holds the same model
+        assert torch.equal(results[0]["params"][name], results[1]["params"][name]), name
+
+
+def test_row_sharded_parameter_equals_whole_matrix(daemon, tmp_path):
+    results, logs = run_job("rows", daemon.address, tmp_path)
+    for rank, r in enumerate(results):
+        assert r["error"] is None, f"rank {rank}: {r['error']}\n{logs[rank]}"
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(16, 24) * 0.1)
+    opt = DMuon([w], server=daemon.address, lr=0.02, weight_decay=0.1)
+    for s in range(STEPS):
+        g = torch.Generator().manual_seed(s)
+        x, y = torch.randn(8, 24, generator=g), torch.randn(8, 16, generator=g)
+        ((x @ w.t() - y) ** 2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    got = torch.cat([results[0]["params"]["w"], results[1]["params"]["w"]])
+    assert rel_err(got, w.detach()) < 1e-5
+
+
+def test_mismatch_between_ranks_fails_on_every_rank(daemon, tmp_path):
+    results, logs = run_job("mismatch", daemon.address, tmp_path)
+    errors = [r["error"] for r in results]
+    assert all(errors), errors
+    assert any("does not match rank" in e and "shape" in e for e in errors), errors
+    assert any("could not open its dmuond session" in e for e in errors) or all(
+        "does not match" in e for e in errors), errors

@@ -1,0 +1,92 @@
+"""Which parameter goes where, and the table that says so."""
+
+import pytest
+
+from dmuon.torch import DMuon
+from helpers import ConvNet
+
+
+def test_routing_table_for_embeddings_norms_biases_and_conv(daemon, capsys):
+    model = ConvNet()
+    opt = DMuon(model, server=daemon.address, adamw=[model.head], verbose=True)
+    got = {r["name"]: (r["route"], r["matrix"]) for r in opt.routing}
+    assert got == {
+        "embed.weight": ("adamw", None),
+        "conv.weight": ("muon", (6, 27)),
+        "conv.bias": ("adamw", None),
+        "bn.weight": ("adamw", None),
+        "bn.bias": ("adamw", None),
+        "fc.weight": ("muon", (16, 8)),
+        "fc.bias": ("adamw", None),
+        "ln.weight": ("adamw", None),
+        "ln.bias": ("adamw", None),
+        "head.weight": ("adamw", None),
+        "head.bias": ("adamw", None),
+        "scale": ("adamw", None),
+    }
+    reasons = {r["name"]: r["reason"] for r in opt.routing}
+    assert reasons["embed.weight"] == "embedding"
+    assert reasons["head.weight"] == "adamw= (user)"
+    assert "flattened to 6x27" in reasons["conv.weight"]
+    printed = capsys.readouterr().out
+    assert printed == opt.routing_table + "\n"
+    assert "2 of 12 parameters" in printed and "conv.weight" in printed
+    # The groups: Muon's carry torch.optim.Muon's keys, AdamW's its own.
+    muon_g = [g for g in opt.param_groups if g["use_muon"]]
+    adam_g = [g for g in opt.param_groups if not g["use_muon"]]
+    assert len(muon_g) == 1 and len(muon_g[0]["params"]) == 2
+    assert muon_g[0]["ns_coefficients"] == (3.4445, -4.775, 2.0315)
+    assert adam_g[0]["betas"] == (0.9, 0.999) and len(adam_g[0]["params"]) == 10
+    opt.close()
+
+
+def test_explicit_routes_by_name_module_and_group(daemon):
+    model = ConvNet()
+    opt = DMuon(
+        [{"params": [model.fc.weight, model.conv.weight], "lr": 0.05},
+         {"params": [model.embed.weight], "use_muon": True},
+         {"params": [p for n, p in model.named_parameters()
+                     if n not in ("fc.weight", "conv.weight", "embed.weight")],
+          "adamw_lr": 1e-4}],
+        model=model, server=daemon.address, adamw=["fc"], muon=[model.head.weight])
+    routes = {r["name"]: r["route"] for r in opt.routing}
+    assert routes["fc.weight"] == "adamw"  # adamw=["fc"] wins
+    assert routes["embed.weight"] == "muon"  # its group said use_muon
+    assert routes["head.weight"] == "muon"  # muon= (user)
+    lrs = sorted((g["use_muon"], g["lr"]) for g in opt.param_groups)
+    assert lrs == [(False, 0.0001), (False, 0.001), (True, 0.001), (True, 0.001),
+                   (True, 0.05)]
+    opt.close()
+
+
+def test_parameters_without_a_model_and_named_parameters(daemon):
+    model = ConvNet()
+    opt = DMuon(model.parameters(), server=daemon.address)
+    routes = opt.routing  # scale, embed.weight, conv.weight, ...
+    assert routes[1]["name"] == "params[0][1]" and routes[1]["route"] == "muon"
+    assert "embeddings not detectable" in routes[1]["reason"]
+    opt.close()
+    opt = DMuon(model.named_parameters(), server=daemon.address)
+    assert opt.routing[2]["name"] == "conv.weight"
+    opt.close()
+
+
+def test_routing_errors(daemon):
+    model = ConvNet()
+    with pytest.raises(ValueError, match=r"fc.bias \[16\] was routed to Muon but is 1-D"):
+        DMuon(model, server=daemon.address, muon=["fc.bias"])
+    with pytest.raises(ValueError, match="names no parameter"):
+        DMuon(model, server=daemon.address, adamw=["nope"])
+    with pytest.raises(ValueError, match="unknown parameter-group keys"):
+        DMuon([{"params": model.parameters(), "betas": (0.9, 0.9)}],
+              server=daemon.address)
+
+
+def test_frozen_parameters_stay_out_of_the_daemon(daemon):
+    model = ConvNet()
+    model.fc.weight.requires_grad_(False)
+    opt = DMuon(model, server=daemon.address)
+    route = {r["name"]: r["route"] for r in opt.routing}
+    assert route["fc.weight"] == "frozen"
+    assert opt.session.names == ["conv.weight", "head.weight"]
+    opt.close()
