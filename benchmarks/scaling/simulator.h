@@ -1,0 +1,178 @@
+// Scaling simulator: predicts the optimizer step of a data-parallel job on
+// G GPUs for four strategies, from per-matrix kernel times, the trainer's
+// forward and backward times and link bandwidths.
+//
+//   redundant    in-trainer Muon on every rank (torch.optim.Muon): after
+//                backward, every GPU runs momentum + NS of every matrix.
+//   round_robin  matrix i on GPU i mod G after backward (our kernels),
+//                then one bulk all-gather of the updates.
+//   dmuon        the pool: PlanRefined (server/planner.h) over the G devices,
+//                and an event simulation of the overlap (SimulatePool).
+//   adamw        fused AdamW over every parameter on every rank after
+//                backward (memory-bound).
+//
+// Assumptions (also in benchmarks/README.md, "Scaling"):
+// - Plain data parallelism: every rank holds the whole model, all ranks run
+//   in lockstep, and the trainer's own gradient all-reduce (DDP) is hidden
+//   under backward in every strategy, the no-optimizer baseline included.
+//   For dmuon the Muon gradients are not all-reduced: each is reduced into
+//   its owner and the update broadcast back (the issue's NCCL transport);
+//   these transfers are simulated explicitly.
+// - Collectives are hierarchical (NVLink inside a node, one NIC per GPU
+//   between nodes, phases not overlapped), see AllGather/ReduceTo. They
+//   cost no GPU compute time, and dmuon's run one at a time on one channel
+//   (one NCCL communicator issues in order), earliest forward layer first.
+// - The non-Muon parameters (embeddings, head, norms) get AdamW on every
+//   rank between backward and forward in every Muon strategy
+//   (Timeline::after_backward_s), and the trainer applies each matrix's
+//   update (W <- W (1 - lr wd) - lr' O: Timeline::apply_s) before that
+//   layer's forward: both are exposed trainer time.
+// - Placement kShared: the optimizer devices ARE the training GPUs (one
+//   dmuond per node owning its GPUs): GPU time is conserved, so a GPU runs
+//   its optimizer work after backward and before its own forward
+//   (optimizer work first whenever it has any ready). kDedicated: the
+//   devices are not the trainer's (spare GPUs, or the issue's idealized
+//   overlap): work starts as soon as a gradient is there and never slows
+//   the trainer. The CPU validation (validate.cc) is of this kind.
+// - A device runs the earliest-forward-order ready matrix, batched with the
+//   other ready ones of the same shape (up to max_batch, as dmuond's
+//   scheduler does); a batch costs the sum of its matrices' times (no
+//   batching speedup is credited) and its updates leave together.
+
+#ifndef DMUON_BENCHMARKS_SCALING_SIMULATOR_H_
+#define DMUON_BENCHMARKS_SCALING_SIMULATOR_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dmuon::scaling {
+
+// ---- Links and collectives ------------------------------------------------
+
+struct Links {
+  int gpus_per_node = 8;
+  // Bytes per second per GPU per direction, as collectives achieve them.
+  // H200 SXM: NVLink 4 is 450 GB/s per direction (900 GB/s total); 80% of
+  // it. NDR InfiniBand: 400 Gb/s = 50 GB/s per NIC, one per GPU; 90%.
+  double nvlink_bandwidth = 360e9;
+  double ib_bandwidth = 45e9;
+  double nvlink_latency = 5e-6;  // per intra-node phase
+  double ib_latency = 10e-6;     // per level of a log2(nodes) tree
+};
+
+// `busy` occupies the channel; `latency` delays arrival without occupying it
+// (pipelined).
+struct CommCost {
+  double busy = 0;
+  double latency = 0;
+  double total() const { return busy + latency; }
+};
+
+// S bytes gathered from G GPUs (each holds S/G), g = min(G, gpus_per_node)
+// per node, N = ceil(G / g) nodes: an inter-node all-gather of S/g among
+// the N GPUs with the same local index, then an intra-node one:
+//   (N-1)/N S / (g B_ib) + (g-1)/g S / B_nv.
+// A reduce-scatter costs the same; an all-reduce twice that.
+CommCost AllGather(const Links& links, int gpus, double bytes);
+CommCost AllReduce(const Links& links, int gpus, double bytes);
+// An unreduced S-byte gradient on each of G GPUs, summed into one owner:
+// reduce-scatter inside each node, each slice reduced across nodes into the
+// owner's node (one NIC per slice), gathered into the owner:
+//   2 (g-1)/g S / B_nv + [N > 1] S / (g B_ib).
+// BroadcastFrom (the update back to every GPU) is the mirror image.
+CommCost ReduceTo(const Links& links, int gpus, double bytes);
+CommCost BroadcastFrom(const Links& links, int gpus, double bytes);
+
+// ---- Event simulation of the pool -----------------------------------------
+
+// The trainer's step, by segment in forward order (segment 0 runs first in
+// forward and last in backward). Backward runs segments S-1 .. 0.
+struct Timeline {
+  std::vector<double> forward_s, backward_s;
+  double after_backward_s = 0;  // trainer work between backward and forward
+  std::vector<double> apply_s;  // per segment, before its forward (or empty)
+  double forward() const;
+  double backward() const;
+};
+
+// One Muon matrix.
+struct Task {
+  int segment = 0;      // its gradient is ready when this segment's
+                        // backward ends; its update is needed before this
+                        // segment's forward
+  int owner = 0;        // device
+  int shape_key = 0;    // equal keys may share a batched launch
+  double kernel_s = 0;  // momentum + NS (+ scale) on the owner
+  CommCost reduce;      // gradient to the owner
+  CommCost broadcast;   // update back to the trainer
+};
+
+enum class Placement { kShared, kDedicated };
+
+struct PoolConfig {
+  int devices = 1;
+  Placement placement = Placement::kShared;
+  int max_batch = 16;
+};
+
+struct PoolResult {
+  double backward_end = 0;
+  double forward_end = 0;   // the last GPU's forward
+  double baseline_end = 0;  // backward + forward with no optimizer at all
+  double exposed = 0;       // forward_end - baseline_end
+  double last_update = 0;   // the last update's arrival
+  std::vector<double> device_busy;  // optimizer seconds per device
+};
+
+// Discrete-event simulation. Every gradient is reduced to its owner when its
+// segment's backward ends; the owner runs ready work (see the header
+// comment); each update is broadcast when its batch ends; segment s's
+// forward starts when segment s-1's is done and every update of segment s
+// has arrived. kShared needs devices == the GPU count. INVALID_ARGUMENT for
+// an owner or a segment out of range.
+absl::StatusOr<PoolResult> SimulatePool(const Timeline& timeline,
+                                        const std::vector<Task>& tasks,
+                                        const PoolConfig& config);
+
+// ---- The four strategies --------------------------------------------------
+
+struct MatrixCost {
+  int segment = 0;
+  int shape_key = 0;
+  double ours_s = 0;       // momentum + NS with our kernel choice
+  double redundant_s = 0;  // the same as torch.optim.Muon runs it
+  double bytes = 0;        // gradient (= update) bytes on the wire
+};
+
+struct Scenario {
+  std::vector<MatrixCost> matrices;
+  Timeline timeline;       // with after_backward_s = local AdamW (non-Muon)
+  double adamw_all_s = 0;  // AdamW over every parameter, one GPU
+  int gpus = 1;
+  Links links;
+  int max_batch = 16;
+};
+
+struct StrategyResult {
+  std::string strategy;
+  // From the end of backward until the last update is applied, were the
+  // next forward not overlapped (dmuon's gradient transfers, and in
+  // kDedicated its kernels, still overlap the backward, as the trainer's
+  // all-reduce does for the others).
+  double optimizer_s = 0;
+  double exposed_s = 0;  // what it adds to the step
+  double step_s = 0;     // backward + forward + exposed
+};
+
+// Rows: redundant, round_robin, dmuon (kShared), dmuon_dedicated, adamw.
+absl::StatusOr<std::vector<StrategyResult>> SimulateStrategies(
+    const Scenario& scenario);
+
+// Owners as dmuon plans them: PlanRefined over `seconds` onto `devices`.
+std::vector<int> PlanOwners(const std::vector<double>& seconds, int devices);
+
+}  // namespace dmuon::scaling
+
+#endif  // DMUON_BENCHMARKS_SCALING_SIMULATOR_H_
