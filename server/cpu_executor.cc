@@ -19,6 +19,13 @@ class CpuExecutor : public Executor {
 
   absl::Status Compute(absl::Span<const ComputeTask> batch) override {
     if (batch.empty()) return absl::OkStatus();
+    for (const ComputeTask& t : batch) {
+      if (t.device_io != nullptr || t.momentum == nullptr) {
+        return absl::InternalError(
+            "the CPU executor got a task with device memory or without host "
+            "momentum");
+      }
+    }
     const kernels::Shape shape = batch[0].shape;
     const int64_t n = shape.elements();
     // In place: the momentum step writes U over the gradient, NS writes the

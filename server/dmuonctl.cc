@@ -69,13 +69,16 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
         "steps %llu  latency p50 %.4fs  p90 %.4fs  p99 %.4fs  max %.4fs\n",
         static_cast<unsigned long long>(l.count()), l.p50_seconds(),
         l.p90_seconds(), l.p99_seconds(), l.max_seconds());
-    std::printf("\n%-12s %12s %8s %12s %16s\n", "EXECUTOR", "BUSY_S", "QUEUE",
-                "MATRICES", "GFLOP");
+    std::printf("\n%-12s %12s %8s %12s %16s %10s %9s\n", "EXECUTOR", "BUSY_S",
+                "QUEUE", "MATRICES", "GFLOP", "MEM_MB", "HEALTHY");
     for (const auto& e : s.executors()) {
-      std::printf("%-12s %12.2f %8d %12llu %16.1f\n", e.device().c_str(),
-                  e.busy_seconds(), e.queue_depth(),
+      std::printf("%-12s %12.2f %8d %12llu %16.1f %10.1f %9s\n",
+                  e.device().c_str(), e.busy_seconds(), e.queue_depth(),
                   static_cast<unsigned long long>(e.matrices()),
-                  e.flops() / 1e9);
+                  e.flops() / 1e9, e.memory_bytes() / 1e6,
+                  e.healthy() ? "yes" : "NO");
+      if (!e.last_error().empty())
+        std::printf("  %s\n", e.last_error().c_str());
     }
     std::printf("\n%-24s %6s %6s %8s %12s %10s\n", "JOB", "RANKS", "OPEN",
                 "PARAMS", "STATE_MB", "STEPS");

@@ -19,6 +19,11 @@
 
 namespace dmuon::server {
 
+// cuda_ipc and nccl: the session's region is GPU memory (Region::device()).
+inline bool IsDeviceTransport(v1::Transport t) {
+  return t == v1::TRANSPORT_CUDA_IPC || t == v1::TRANSPORT_NCCL;
+}
+
 struct Session {
   std::string id;
   std::weak_ptr<Job> job;
@@ -44,7 +49,10 @@ struct Session {
 };
 
 struct ParamState {
-  std::vector<float> momentum;   // whole matrix, fp32
+  // Whole matrix, fp32. With executors that hold state (executor.h) this is
+  // a mirror, filled only when state is read or written (empty: never
+  // materialized, i.e. zeros or the executor's copy).
+  std::vector<float> momentum;
   std::vector<float> work;       // gathered gradient, then the update
   std::vector<uint8_t> arrived;  // by rank, this step
   int arrived_count = 0;
@@ -53,6 +61,7 @@ struct ParamState {
 
 struct Job {
   std::string id;
+  uint64_t serial = 0;  // unique in this daemon: the executors' StateKey::job
   int world_size = 1;
   Table table;
   Plan plan;

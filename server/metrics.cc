@@ -43,6 +43,13 @@ class ExecutorCollectable : public prometheus::Collectable {
     auto flops = family("dmuon_executor_flops_total",
                         "Floating-point operations executed",
                         prometheus::MetricType::Counter);
+    auto memory = family(
+        "dmuon_device_memory_bytes",
+        "Device memory held per executor (momentum, staging, kernel plans)",
+        prometheus::MetricType::Gauge);
+    auto healthy = family("dmuon_executor_healthy",
+                          "1 while the executor serves; 0 after a device fault",
+                          prometheus::MetricType::Gauge);
     for (const ExecutorStats& s : stats) {
       prometheus::ClientMetric m;
       m.label = {{"device", s.device}};
@@ -56,8 +63,12 @@ class ExecutorCollectable : public prometheus::Collectable {
       g.label = m.label;
       g.gauge.value = s.queue_depth;
       depth.metric.push_back(g);
+      g.gauge.value = static_cast<double>(s.memory_bytes);
+      memory.metric.push_back(g);
+      g.gauge.value = s.healthy ? 1 : 0;
+      healthy.metric.push_back(g);
     }
-    return {busy, depth, matrices, flops};
+    return {busy, depth, matrices, flops, memory, healthy};
   }
 
  private:

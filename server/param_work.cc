@@ -21,6 +21,28 @@ float* UpdateOf(const Session& s, int param) {
                                   s.layout.slots[param].update_offset);
 }
 
+// Every rank's slots of `param` in its GPU region.
+DeviceIo DeviceIoOf(const std::vector<std::shared_ptr<Session>>& ranks,
+                    int param, v1::Sharding sharding) {
+  DeviceIo io;
+  io.gather = sharding == v1::SHARDING_ROWS        ? Gather::kRows
+              : sharding == v1::SHARDING_UNREDUCED ? Gather::kMean
+                                                   : Gather::kFirst;
+  for (const auto& s : ranks) {
+    const transport::DeviceView* d = s->region->device();
+    const transport::Slot& slot = s->layout.slots[param];
+    DevicePart part;
+    part.device = d->device;
+    part.grad = reinterpret_cast<const float*>(d->base + slot.gradient_offset);
+    part.update = reinterpret_cast<float*>(d->base + slot.update_offset);
+    part.row_begin = s->rows[param].begin;
+    part.row_end = s->rows[param].end;
+    part.ready_event = d->ready_event;
+    io.parts.push_back(part);
+  }
+  return io;
+}
+
 v1::StepResponse ErrorResponse(int64_t step, int param, const std::string& name,
                                const absl::Status& status, bool skipped) {
   v1::StepResponse r;
@@ -70,6 +92,20 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
     }
   }
   ParamState& p = job->params[param];
+  ComputeTask t;
+  t.momentum = p.momentum.empty() ? nullptr : p.momentum.data();
+  t.shape = info.shape;
+  t.muon = &info.muon;
+  t.lr_scale = info.lr_scale;
+  t.state = {job->serial, param};
+  if (ranks[0]->region->device() != nullptr) {
+    // GPU transports: the executor gathers on the device and checks
+    // finiteness there (nonfinite is set before Finish).
+    io = DeviceIoOf(ranks, param, info.sharding);
+    t.device_io = &io;
+    t.nonfinite = &nonfinite;
+    return t;
+  }
   const int64_t cols = info.shape.cols, n = info.shape.elements();
   p.work.resize(n);
   switch (info.sharding) {
@@ -104,17 +140,17 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
                        i / cols, ",", i % cols, ")"));
     }
   }
-  ComputeTask t;
   t.grad = p.work.data();
-  t.momentum = p.momentum.data();
   t.update = p.work.data();
-  t.shape = info.shape;
-  t.muon = &info.muon;
-  t.lr_scale = info.lr_scale;
   return t;
 }
 
 void ParamWork::Finish(absl::Status status) {
+  if (nonfinite && status.ok() && io.parts.size() > 0) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "gradient of parameter '", job->table.params[param].name, "' at step ",
+        step, " has a non-finite value (NaN or Inf; found on the device)"));
+  }
   service->Deliver(job, param, step, status, nonfinite);
 }
 
@@ -147,10 +183,11 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
       if (!s) continue;
       const RowRange r = s->rows[param];
       const int64_t n = (r.end - r.begin) * cols;
-      float* out = UpdateOf(*s, param);
-      if (skip) {
+      // GPU regions: the executor wrote the update (zeros when skipped).
+      float* out = s->region->device() ? nullptr : UpdateOf(*s, param);
+      if (out != nullptr && skip) {
         std::fill(out, out + n, 0.0f);
-      } else {
+      } else if (out != nullptr) {
         std::memcpy(out, job->params[param].work.data() + r.begin * cols,
                     n * sizeof(float));
       }
@@ -177,11 +214,24 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
       v1::StepResponse ready;
       ready.mutable_updates_ready()->set_step(step);
       ready.mutable_updates_ready()->add_param_ids(param);
-      s->sink->Send(std::move(ready));
-      if (++s->delivered == static_cast<int>(job->params.size())) {
-        v1::StepResponse done;
-        done.mutable_step_complete()->set_step(step);
-        s->sink->Send(std::move(done));
+      const bool last = ++s->delivered == static_cast<int>(job->params.size());
+      v1::StepResponse done;
+      done.mutable_step_complete()->set_step(step);
+      if (s->region->moves_data()) {
+        // nccl: UpdatesReady once the send is posted (the client posts the
+        // matching receive when it reads it), StepComplete after the last.
+        s->region->Push(
+            step, {param},
+            [this, job, sink = s->sink, ready, done, last](absl::Status st) {
+              if (!st.ok()) return TransferFailed(job, st);
+              sink->Send(ready);
+              if (last) sink->Send(done);
+            });
+      } else {
+        s->sink->Send(std::move(ready));
+        if (last) s->sink->Send(std::move(done));
+      }
+      if (last) {
         RecordLatency(std::chrono::duration<double>(
                           std::chrono::steady_clock::now() - s->step_t0)
                           .count());
@@ -199,7 +249,11 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
       // in this critical section, so the state copied here is consistent.
       if (!options_.state_dir.empty() && options_.snapshot_every > 0 &&
           job->completed_steps % options_.snapshot_every == 0) {
-        snapshot = SerializeJobLocked(*job);
+        if (auto st = PullStateLocked(*job); st.ok()) {
+          snapshot = SerializeJobLocked(*job);
+        } else {
+          CountError(st);
+        }
       }
     }
   }

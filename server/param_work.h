@@ -29,6 +29,7 @@ struct ParamWork : public Work {
   const int param;
   const int64_t step;
   bool nonfinite = false;
+  DeviceIo io;  // GPU transports: where the task's gradient and update live
 };
 
 }  // namespace dmuon::server

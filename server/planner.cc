@@ -79,4 +79,15 @@ Plan PlanRefined(const std::vector<double>& costs, int executors, int rounds) {
   return p;
 }
 
+Plan PlanOn(const Plan& p, const std::vector<int>& indices, int total) {
+  Plan out;
+  out.predicted_load.assign(std::max(1, total), 0.0);
+  out.executor_of.reserve(p.executor_of.size());
+  for (int k : p.executor_of) out.executor_of.push_back(indices[k]);
+  for (size_t k = 0; k < p.predicted_load.size() && k < indices.size(); ++k)
+    out.predicted_load[indices[k]] = p.predicted_load[k];
+  out.makespan = p.makespan;
+  return out;
+}
+
 }  // namespace dmuon::server

@@ -26,6 +26,11 @@ Plan PlanLpt(const std::vector<double>& costs, int executors);
 Plan PlanRefined(const std::vector<double>& costs, int executors,
                  int rounds = 1000);
 
+// `p` planned over indices.size() executors, moved onto executors
+// `indices` (ascending, each < total) of `total`: executor k of `p` becomes
+// indices[k]; the others get no load.
+Plan PlanOn(const Plan& p, const std::vector<int>& indices, int total);
+
 }  // namespace dmuon::server
 
 #endif  // DMUON_SERVER_PLANNER_H_

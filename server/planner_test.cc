@@ -58,5 +58,13 @@ TEST(Planner, OneExecutorTakesAll) {
   EXPECT_DOUBLE_EQ(p.makespan, 6);
 }
 
+TEST(Planner, PlanOnMovesLoadOntoTheGivenExecutors) {
+  // Executor 1 of 3 is unhealthy: plan over two, place on 0 and 2.
+  Plan p = PlanOn(PlanLpt({3, 1, 2}, 2), {0, 2}, 3);
+  EXPECT_EQ(p.executor_of, (std::vector<int>{0, 2, 2}));
+  EXPECT_EQ(p.predicted_load, (std::vector<double>{3, 0, 3}));
+  EXPECT_DOUBLE_EQ(p.makespan, 3);
+}
+
 }  // namespace
 }  // namespace dmuon::server

@@ -8,7 +8,10 @@ namespace dmuon::server {
 Scheduler::Scheduler(std::vector<std::unique_ptr<Executor>> executors,
                      int max_batch)
     : max_batch_(std::max(1, max_batch)) {
+  reads_device_memory_ = !executors.empty();
   for (auto& e : executors) {
+    holds_state_ = holds_state_ || e->holds_state();
+    reads_device_memory_ = reads_device_memory_ && e->reads_device_memory();
     auto w = std::make_unique<Worker>();
     w->stats.device = e->device();
     w->executor = std::move(e);
@@ -33,8 +36,34 @@ void Scheduler::Submit(int index, std::shared_ptr<Work> work) {
 std::vector<ExecutorStats> Scheduler::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<ExecutorStats> out;
-  for (const auto& w : workers_) out.push_back(w->stats);
+  for (const auto& w : workers_) {
+    out.push_back(w->stats);
+    out.back().healthy = w->executor->healthy();
+    out.back().memory_bytes = w->executor->memory_bytes();
+    out.back().last_error = w->executor->last_error();
+  }
   return out;
+}
+
+std::vector<int> Scheduler::Healthy() const {
+  std::vector<int> out;
+  for (size_t i = 0; i < workers_.size(); ++i)
+    if (workers_[i]->executor->healthy()) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+absl::Status Scheduler::ReadState(int index, const StateKey& key,
+                                  absl::Span<float> host) {
+  return executor(index).ReadState(key, host);
+}
+
+absl::Status Scheduler::WriteState(int index, const StateKey& key,
+                                   absl::Span<const float> host) {
+  return executor(index).WriteState(key, host);
+}
+
+void Scheduler::DropJob(uint64_t job) {
+  for (auto& w : workers_) w->executor->DropJob(job);
 }
 
 void Scheduler::Shutdown() {

@@ -44,6 +44,9 @@ struct ExecutorStats {
   uint64_t matrices = 0;
   uint64_t batches = 0;
   double flops = 0;
+  bool healthy = true;        // Executor::healthy() when read
+  uint64_t memory_bytes = 0;  // Executor::memory_bytes() when read
+  std::string last_error;     // Executor::last_error() when read
 };
 
 class Scheduler {
@@ -55,6 +58,18 @@ class Scheduler {
   // Queues `work` on executor `index` (taken modulo the executor count).
   void Submit(int index, std::shared_ptr<Work> work);
   std::vector<ExecutorStats> Stats() const;
+  // Indices of the executors that are healthy now (Executor::healthy()).
+  std::vector<int> Healthy() const;
+
+  // Executor state hooks (executor.h), forwarded to executor `index` (modulo
+  // the count); DropJob goes to every executor. Thread-safe.
+  bool holds_state() const { return holds_state_; }
+  bool reads_device_memory() const { return reads_device_memory_; }
+  absl::Status ReadState(int index, const StateKey& key,
+                         absl::Span<float> host);
+  absl::Status WriteState(int index, const StateKey& key,
+                          absl::Span<const float> host);
+  void DropJob(uint64_t job);
   // Runs what is queued, then stops the workers. Idempotent.
   void Shutdown();
 
@@ -72,7 +87,13 @@ class Scheduler {
   };
   void Loop(Worker* w);
 
+  Executor& executor(int index) const {
+    return *workers_[static_cast<size_t>(index) % workers_.size()]->executor;
+  }
+
   const int max_batch_;
+  bool holds_state_ = false;          // any executor holds state
+  bool reads_device_memory_ = false;  // every executor reads device memory
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;

@@ -86,11 +86,18 @@ OptimizerService::OptimizerService(ServiceOptions options,
 OptimizerService::~OptimizerService() {
   scheduler_->Shutdown();
   if (metrics_) metrics_->SetExecutorSource(nullptr);
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, s] : sessions_) {
-    if (s->transport == v1::TRANSPORT_SHM && s->region)
-      (void)transport::UnlinkShm(s->region->name());
+  std::vector<std::unique_ptr<transport::Region>> gpu;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, s] : sessions_) {
+      if (s->transport == v1::TRANSPORT_SHM && s->region)
+        (void)transport::UnlinkShm(s->region->name());
+      // GPU regions may own transport threads whose callbacks use this
+      // service: end them while it is whole.
+      if (IsDeviceTransport(s->transport)) gpu.push_back(std::move(s->region));
+    }
   }
+  gpu.clear();
 }
 
 std::shared_ptr<Session> OptimizerService::FindSession(
@@ -125,6 +132,7 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
       break;
     case v1::TRANSPORT_CUDA_IPC:
     case v1::TRANSPORT_NCCL:
+      if (DeviceTransportAvailable(req.transport())) break;
       return absl::UnimplementedError(
           absl::StrCat("transport ", v1::Transport_Name(req.transport()),
                        " is not available on this daemon (CPU "
@@ -164,17 +172,26 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
   } else {
     job = std::make_shared<Job>();
     job->id = req.job_id();
+    job->serial = next_job_serial_++;
     job->world_size = req.world_size();
     job->table = *table;
     job->ranks.resize(job->world_size);
     job->params.resize(job->table.params.size());
     for (size_t i = 0; i < job->table.params.size(); ++i) {
       const ParamInfo& p = job->table.params[i];
-      job->params[i].momentum.assign(p.shape.elements(), 0.0f);
+      // Executors holding state start from zeros without a host copy.
+      if (!scheduler_->holds_state())
+        job->params[i].momentum.assign(p.shape.elements(), 0.0f);
       job->params[i].arrived.assign(job->world_size, 0);
     }
     const std::vector<double> costs = TuneTable(job->table);
     job->plan = PlanLpt(costs, scheduler_->executors());
+    if (const std::vector<int> ok = scheduler_->Healthy();
+        !ok.empty() && static_cast<int>(ok.size()) < scheduler_->executors()) {
+      // New jobs avoid executors that lost their device.
+      job->plan = PlanOn(PlanLpt(costs, static_cast<int>(ok.size())), ok,
+                         scheduler_->executors());
+    }
     if (auto snap = snapshot_headers_.find(job->id);
         snap != snapshot_headers_.end()) {
       const v1::StateHeader& h = snap->second.header();
@@ -228,13 +245,33 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
       return absl::AlreadyExistsError(absl::StrCat(
           "rank ", req.rank(), " of job '", job->id, "' is already open"));
     }
+    for (const auto& other : job->ranks) {
+      if (other && IsDeviceTransport(other->transport) !=
+                       IsDeviceTransport(s->transport)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", req.rank(), " of job '", job->id, "' asks for ",
+            v1::Transport_Name(s->transport), " but rank ", other->rank,
+            " uses ", v1::Transport_Name(other->transport),
+            ": every rank of a job uses GPU transports (cuda_ipc, nccl) or "
+            "none"));
+      }
+    }
   }
   if (job->open_ranks() + 1 == job->world_size) {
     if (auto st = CheckRowTiling(*job, s); !st.ok()) return st;
   }
+  v1::OpenSessionResponse resp;
   if (s->transport == v1::TRANSPORT_SHM) {
     auto region = transport::CreateShmRegion(s->layout.total_bytes);
     if (!region.ok()) return region.status();
+    s->region = std::move(*region);
+  } else if (IsDeviceTransport(s->transport)) {
+    auto region =
+        options_.device_transports->Open(job->serial, req, s->layout, &resp);
+    if (!region.ok()) {
+      if (created) options_.device_transports->DropJob(job->serial);
+      return region.status();
+    }
     s->region = std::move(*region);
   } else {
     s->region = transport::NewHeapRegion(s->layout.total_bytes);
@@ -252,7 +289,6 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
     metrics_->SetJobs(static_cast<int>(jobs_.size()));
   }
 
-  v1::OpenSessionResponse resp;
   resp.set_session_id(s->id);
   resp.set_transport(s->transport);
   resp.set_next_step(s->step);
@@ -273,6 +309,8 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
   caps->set_version(options_.version);
   caps->add_transports(v1::TRANSPORT_SHM);
   caps->add_transports(v1::TRANSPORT_INLINE);
+  for (v1::Transport t : {v1::TRANSPORT_CUDA_IPC, v1::TRANSPORT_NCCL})
+    if (DeviceTransportAvailable(t)) caps->add_transports(t);
   for (const auto& d : options_.devices) caps->add_devices(d);
   caps->set_max_message_bytes(options_.max_message_bytes);
   for (const char* n : {"classic", "polar_express", "you", "custom"})
@@ -337,7 +375,12 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
         if (other && other->sink) other->sink->Abort(abort);
     }
     if (s->sink) s->sink->Abort(absl::OkStatus());
-    if (job->open_ranks() == 0 && job->broken) jobs_.erase(job->id);
+    if (job->open_ranks() == 0 && job->broken) {
+      jobs_.erase(job->id);
+      scheduler_->DropJob(job->serial);
+      if (options_.device_transports)
+        options_.device_transports->DropJob(job->serial);
+    }
   }
   if (s->transport == v1::TRANSPORT_SHM && s->region)
     (void)transport::UnlinkShm(s->region->name());
@@ -453,9 +496,9 @@ v1::StatusResponse OptimizerService::Status() const {
       j->set_world_size(job->world_size);
       j->set_ranks_open(job->open_ranks());
       j->set_parameters(static_cast<int>(job->table.params.size()));
-      uint64_t bytes = 0;
-      for (const auto& p : job->params)
-        bytes += p.momentum.size() * sizeof(float);
+      uint64_t bytes = 0;  // fp32 momentum, wherever it lives
+      for (const auto& p : job->table.params)
+        bytes += p.shape.elements() * sizeof(float);
       j->set_state_bytes(bytes);
       j->set_completed_steps(job->completed_steps);
       for (const auto& s : job->ranks) {
@@ -479,6 +522,9 @@ v1::StatusResponse OptimizerService::Status() const {
     x->set_queue_depth(e.queue_depth);
     x->set_matrices(e.matrices);
     x->set_flops(e.flops);
+    x->set_healthy(e.healthy);
+    x->set_memory_bytes(e.memory_bytes);
+    x->set_last_error(e.last_error);
   }
   std::lock_guard<std::mutex> lock(latency_mu_);
   auto* l = r.mutable_step_latency();

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
+#include "server/device_transport.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
 
@@ -44,6 +45,9 @@ struct ServiceOptions {
   // measured fastest for their shape on this machine (once; then cached),
   // and the planner balances measured seconds. Empty: the cost model decides.
   std::string autotune_cache;
+  // GPU transports (cuda_ipc, nccl); null on a CPU daemon. Sessions use them
+  // only when every executor reads device memory (CUDA executors).
+  std::shared_ptr<DeviceTransports> device_transports;
 };
 
 // Where a session's Step responses go. The gRPC adapter queues them for a
@@ -114,6 +118,24 @@ class OptimizerService {
   // Resolves method "auto" by measurement and returns each parameter's
   // planner cost in seconds (measured, or the cost model at a nominal rate).
   std::vector<double> TuneTable(Table& table);
+  // Executors that hold state (executor.h): copy each parameter's state into
+  // the job's host mirrors before they are read (GetState, snapshots), and
+  // out to the executors after they are written (SetState). No-ops when no
+  // executor holds state. The caller holds job.mu. (device_state.cc)
+  absl::Status PullStateLocked(Job& job);
+  absl::Status PushStateLocked(Job& job);
+  // GPU transports: whether `t` can be opened here. (device_state.cc)
+  bool DeviceTransportAvailable(v1::Transport t) const;
+  // Transports that move data (nccl; transport.h Region::Pull/Push), from
+  // their own thread: gradients landed (the parameters arrive) or a
+  // transfer failed (the job breaks, its streams end). (device_state.cc)
+  // (Never holds a Session itself: the last reference to one must not drop
+  // on a transport's thread, whose region it would then destroy.)
+  void PullDone(const std::shared_ptr<Job>& job,
+                const std::weak_ptr<Session>& session, int64_t step,
+                const std::vector<int>& ids, const absl::Status& status);
+  void TransferFailed(const std::shared_ptr<Job>& job,
+                      const absl::Status& status);
 
   const ServiceOptions options_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -123,6 +145,7 @@ class OptimizerService {
 
   mutable std::mutex mu_;  // guards the maps below and draining_
   bool draining_ = false;
+  uint64_t next_job_serial_ = 1;
   std::map<std::string, std::shared_ptr<Session>> sessions_;
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   std::map<std::string, v1::StateChunk> snapshot_headers_;  // job id -> header

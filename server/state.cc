@@ -91,6 +91,9 @@ absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::GetState(
   auto job = s->job.lock();
   if (!job) return absl::AbortedError("the session's job is gone");
   std::lock_guard<std::mutex> lock(job->mu);
+  if (!job->broken && !job->mid_step()) {
+    if (auto st = PullStateLocked(*job); !st.ok()) return st;
+  }
   return StateChunksLocked(*job);
 }
 
@@ -167,6 +170,12 @@ absl::StatusOr<int64_t> OptimizerService::SetState(
   }
   for (size_t i = 0; i < params.size(); ++i)
     job->params[i].momentum = std::move(mom[i]);
+  if (auto st = PushStateLocked(*job); !st.ok()) {
+    // Some executors may hold the new state and others the old: the job
+    // cannot step until state is set again.
+    job->broken = true;
+    return st;
+  }
   job->completed_steps = h.completed_steps();
   for (auto& r : job->ranks)
     if (r) r->step = job->completed_steps + 1;
@@ -242,6 +251,10 @@ absl::Status OptimizerService::SnapshotAll() {
     {
       std::lock_guard<std::mutex> lock(j->mu);
       if (j->broken || j->mid_step()) continue;  // only consistent states
+      if (auto st = PullStateLocked(*j); !st.ok()) {
+        if (first.ok()) first = st;
+        continue;
+      }
       bytes = SerializeJobLocked(*j);
     }
     if (auto st = WriteSnapshot(j->id, bytes); !st.ok() && first.ok())

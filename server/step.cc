@@ -115,6 +115,18 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
       s->step_started = true;
       s->step_t0 = std::chrono::steady_clock::now();
     }
+    if (s->region->moves_data()) {
+      // nccl: the gradients come by transfers; they count as arrived once
+      // they have landed (PullDone).
+      const std::vector<int> ids(g.param_ids().begin(), g.param_ids().end());
+      for (int id : ids) s->declared[id] = 1;
+      std::weak_ptr<Session> weak = s;
+      s->region->Pull(g.step(), ids,
+                      [this, job, weak, step = g.step(), ids](absl::Status st) {
+                        PullDone(job, weak, step, ids, st);
+                      });
+      return absl::OkStatus();
+    }
     const bool complete = job->open_ranks() == job->world_size;
     for (int id : g.param_ids()) {
       s->declared[id] = 1;

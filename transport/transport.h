@@ -10,6 +10,9 @@
 //            memory alive), and at session end or client death at the latest.
 //   inline — a heap region on each side; tensor bytes travel inside Step
 //            messages as chunks no larger than the message limit allows.
+//   cuda_ipc, nccl — GPU regions (transport/cuda_ipc.h, transport/nccl.h):
+//            device memory, seen by the daemon through Region::device();
+//            their bytes() is empty.
 // The daemon's service logic only ever sees Region; nothing outside this
 // package knows a transport's internals.
 
@@ -18,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,10 +62,22 @@ struct TensorView {
 };
 absl::StatusOr<Layout> ComputeLayout(const std::vector<TensorView>& views);
 
+// A GPU region's memory in this process's CUDA address space.
+struct DeviceView {
+  int device = -1;            // CUDA ordinal in this process
+  std::byte* base = nullptr;  // device address of region byte 0
+  uint64_t bytes = 0;         // >= the layout's total_bytes
+  // A cudaEvent_t the client records after writing gradients; null: none.
+  void* ready_event = nullptr;
+};
+
 // A session's tensor memory. Thread-compatible: callers synchronize.
 class Region {
  public:
   virtual ~Region() = default;
+  // GPU regions: the device memory (bytes() is then empty). Host regions:
+  // null.
+  virtual const DeviceView* device() const { return nullptr; }
   virtual absl::Span<std::byte> bytes() = 0;
   // OK while the memory can be touched safely. For shm, fails (DATA_LOSS,
   // naming the segment and both sizes) when the segment has been shrunk
@@ -69,6 +85,24 @@ class Region {
   virtual absl::Status Check() const = 0;
   // shm: the segment name; inline: empty.
   virtual const std::string& name() const = 0;
+
+  // Transports that move data on request (nccl); the others share memory
+  // with the client and have nothing to move. Pull: the client declared the
+  // gradients of `params` for `step` ready; `done` runs once they are in the
+  // region, or with the error. Push: the updates of `params` are in the
+  // region; send them to the client, then `done`. Both return at once and
+  // run `done` on the transport's own thread, never inside the call. (The
+  // defaults, for transports that share memory, are never called by the
+  // daemon and fail at once.)
+  virtual bool moves_data() const { return false; }
+  virtual void Pull(int64_t step, std::vector<int> params,
+                    std::function<void(absl::Status)> done) {
+    done(absl::UnimplementedError("this transport shares memory"));
+  }
+  virtual void Push(int64_t step, std::vector<int> params,
+                    std::function<void(absl::Status)> done) {
+    done(absl::UnimplementedError("this transport shares memory"));
+  }
 };
 
 // Heap memory of `bytes`, zero-filled (the inline transport). Allocation

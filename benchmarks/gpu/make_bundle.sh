@@ -11,6 +11,9 @@ targets=(
   //kernels/cuda:cuda_kernels_test
   //kernels/cuda:ns_tool
   //benchmarks:kernels_bench_cuda
+  //server:cuda_executor_test
+  //server:dmuond_cuda
+  //benchmarks/gpu:gpu_step
 )
 bazel build --config=cuda "${targets[@]}" >&2
 rm -rf "$out"
@@ -23,6 +26,8 @@ for t in "${targets[@]}"; do
   cp -L "$path" "$out/bin/"
 done
 cp benchmarks/gpu/run.sh benchmarks/gpu/compare_torch.py "$out/"
+mkdir -p "$out/data"
+cp benchmarks/data/llama3-8b.json "$out/data/"
 # Libraries resolved by the loader here; keep the ones the GPU image lacks.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas|libcublasLt|libnccl|libcudart)'
 # ldd on the binaries where Bazel put them: their rpath finds the _solib_ libraries.
@@ -34,4 +39,8 @@ for b in "${bins[@]}"; do
   done
 done
 strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
+# The device tool carries at most 64 MiB: everything but run.sh travels as one
+# xz archive (about a fifth of the size), which run.sh unpacks on the device.
+tar -C "$out" -cf - bin lib data compare_torch.py | xz -T0 -6 >"$out/payload.tar.xz"
+rm -rf "$out/bin" "$out/lib" "$out/data" "$out/compare_torch.py"
 du -sh "$out" >&2

@@ -3,41 +3,105 @@
 # with torch, nothing else installed and no network. It builds nothing: it
 # takes the bundle made here by `./dmuon bundle` (carried to the machine),
 # runs every GPU test, the kernel benchmark, and a comparison with torch's
-# own Muon orthogonalization, writes results under $OUT, and prints a short
-# table. Budget: well inside 8 minutes.
+# own Muon orthogonalization, the CUDA executor's tests, a dmuond_cuda smoke
+# step over CUDA IPC (every update checked against the CPU path) and the
+# Llama-3-8B optimizer step through dmuond_cuda timed against its flop floor;
+# writes results under $OUT, and prints a short table. Budget: well inside 8
+# minutes — every step's timeout is capped by what is left of 7 minutes.
 #   usage (on the device, from the repository root):  bundle/run.sh
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$here/out}
 mkdir -p "$OUT"
 py=$(command -v python3)
+# make_bundle.sh packs binaries, libraries and data into payload.tar.xz.
+if [[ -f $here/payload.tar.xz ]]; then
+  unpacked=${TMPDIR:-/tmp}/dmuon-bundle.$$
+  rm -rf "$unpacked" && mkdir -p "$unpacked"
+  trap 'rm -rf "$unpacked"' EXIT
+  "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$here/payload.tar.xz" "$unpacked" || { echo "cannot unpack the payload"; exit 1; }
+  here=$unpacked
+fi
 
-# cuBLAS/cuBLASLt: the machine's toolkit, else the torch wheels' nvidia/ tree.
+# cuBLAS/cuBLASLt and NCCL: the machine's toolkit, else the torch wheels'
+# nvidia/ tree.
 libdirs=$("$py" - <<'PY'
 import glob, os, site
 dirs = set()
 roots = ["/usr/local/cuda/lib64"] + site.getsitepackages()
 for r in roots:
-    for f in glob.glob(os.path.join(r, "**", "libcublasLt.so*"), recursive=True):
-        dirs.add(os.path.dirname(f))
+    for lib in ("libcublasLt.so*", "libnccl.so*"):
+        for f in glob.glob(os.path.join(r, "**", lib), recursive=True):
+            dirs.add(os.path.dirname(f))
 print(":".join(sorted(dirs)))
 PY
 )
-echo "cuBLAS from: $libdirs"
+echo "cuBLAS and NCCL from: $libdirs"
 export LD_LIBRARY_PATH="$here/lib:$libdirs:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
+have_gpu=1
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  have_gpu=0
+  echo "no GPU here (nvidia-smi -L failed): every step below skips with its reason"
+fi
+
+# Seconds for a step: at most $1, and never past the 7-minute deadline.
+deadline=$((SECONDS + 420))
+cap() {
+  local left=$((deadline - SECONDS))
+  ((left < 10)) && left=10
+  echo $(($1 < left ? $1 : left))
+}
+
 status=0
-echo "== GPU tests"
-timeout 240 "$here/bin/cuda_kernels_test" --gtest_output="json:$OUT/gpu-tests.json" \
-  2>&1 | tail -n 40 || status=1
+summary=()
+step() {  # step NAME CAP CMD...: runs CMD under its capped timeout
+  local name=$1 limit
+  limit=$(cap "$2")
+  shift 2
+  echo "== $name (timeout ${limit}s)"
+  local t0=$SECONDS rc=0
+  timeout "$limit" "$@" || rc=$?
+  ((rc == 0)) || status=1
+  summary+=("$(printf '%-34s rc=%-3d %4ds' "$name" "$rc" $((SECONDS - t0)))")
+}
 
-echo "== torch.optim.Muon comparison"
-timeout 120 "$py" "$here/compare_torch.py" --tool "$here/bin/ns_tool" \
-  --out "$OUT/torch-compare.json" || status=1
+step "GPU kernel tests" 150 bash -c \
+  "'$here/bin/cuda_kernels_test' --gtest_output='json:$OUT/gpu-tests.json' 2>&1 | tail -n 40; exit \${PIPESTATUS[0]}"
 
-echo "== kernels benchmark"
-timeout 240 "$here/bin/kernels_bench_cuda" --out="$OUT/kernels-gpu.json" \
-  > "$OUT/kernels-gpu.txt" 2>&1 || status=1
-tail -n 30 "$OUT/kernels-gpu.txt"
+step "CUDA executor tests" 90 bash -c \
+  "'$here/bin/cuda_executor_test' --gtest_output='json:$OUT/executor-tests.json' 2>&1 | tail -n 30; exit \${PIPESTATUS[0]}"
+
+# dmuond_cuda on cuda:0, a trainer rank on the same GPU over CUDA IPC, as a
+# one-rank NCCL job, and over shm (the executor's host path); every update and
+# the momentum vs the CPU fp32 path.
+step "dmuond_cuda smoke step" 90 "$here/bin/gpu_step" \
+  --dmuond="$here/bin/dmuond_cuda" --devices=cuda:0 \
+  --shapes=256x512*3,512x256*2,384x384*4,96x1000 --steps=3 \
+  --out="$OUT/smoke.json"
+
+# Llama-3-8B's 224 matrices (random gradients) through dmuond_cuda over CUDA
+# IPC: 28 GB of fp32 gradients, 28 GB of momentum on the GPU.
+step "Llama-3-8B step via dmuond_cuda" 150 "$here/bin/gpu_step" \
+  --dmuond="$here/bin/dmuond_cuda" --devices=cuda:0 --max_batch=8 \
+  --table="$here/data/llama3-8b.json" --check=false --steps=3 \
+  --out="$OUT/llama3-8b-step.json"
+
+if ((have_gpu)); then
+  step "torch.optim.Muon comparison" 120 "$py" "$here/compare_torch.py" \
+    --tool "$here/bin/ns_tool" --out "$OUT/torch-compare.json"
+else
+  echo "== torch.optim.Muon comparison: SKIP (no GPU)"
+  summary+=("$(printf '%-34s skipped (no GPU)' "torch.optim.Muon comparison")")
+fi
+
+step "kernels benchmark" 240 bash -c \
+  "'$here/bin/kernels_bench_cuda' --out='$OUT/kernels-gpu.json' > '$OUT/kernels-gpu.txt' 2>&1"
+tail -n 30 "$OUT/kernels-gpu.txt" 2>/dev/null
+
+echo
+echo "== summary"
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 exit $status

@@ -54,6 +54,7 @@ class ContextImpl final : public Context {
                         float* host) override;
   std::string DeviceDescription() const override { return description_; }
   void* stream() const override { return stream_; }
+  uint64_t MemoryBytes() const override;
   absl::Status Gemm(const void* a, const void* b, void* c, DType dtype,
                     int64_t m, int64_t n, int64_t k, int64_t batch) override;
 

@@ -100,6 +100,8 @@ class Context {
   virtual std::string DeviceDescription() const = 0;
   // The raw cudaStream_t the context issues work on.
   virtual void* stream() const = 0;
+  // Device memory the context holds: workspace, staging, plans' buffers.
+  virtual uint64_t MemoryBytes() const { return 0; }
 
   // Plain dense GEMM C = A B^T (m x n x k, row-major, compute dtype in, fp32
   // accumulate) through the same cuBLASLt path: the benchmark's peak.

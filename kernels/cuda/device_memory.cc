@@ -41,6 +41,12 @@ absl::Status ContextImpl::Free(void* ptr) {
   return absl::OkStatus();
 }
 
+uint64_t ContextImpl::MemoryBytes() const {
+  uint64_t bytes = kWorkspaceBytes + staging_bytes_ + sizeof(int);
+  for (const auto& [key, cached] : plans_) bytes += cached.plan->bytes();
+  return bytes;
+}
+
 absl::Status ContextImpl::Staging(size_t bytes) {
   if (bytes <= staging_bytes_) return absl::OkStatus();
   if (staging_ != nullptr) {

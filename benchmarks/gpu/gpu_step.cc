@@ -1,0 +1,364 @@
+// The GPU check's optimizer-step tool: starts dmuond_cuda on one GPU and
+// runs steps of a parameter table through it as a trainer rank on the same
+// GPU over TRANSPORT_CUDA_IPC (and, when checking, as a one-rank NCCL job
+// and over shared memory through the C++ client: the executor's host path).
+//
+//   smoke:  gpu_step --dmuond=bin/dmuond_cuda --shapes=256x512,512x256*2
+//           every update and the final momentum compared with the CPU fp32
+//           path (bf16 tolerance);
+//   bench:  gpu_step --dmuond=bin/dmuond_cuda --table=llama3-8b.json
+//   --check=false
+//           each step timed against the flop floor: the NS flops of the
+//           method used over the bf16 GEMM rate measured in the same run.
+// Without a GPU it prints why and exits 0 (nothing to run).
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "benchmarks/gpu/gpu_rank.h"
+#include "benchmarks/gpu/gpu_tool.h"
+#include "client/client.h"
+#include "kernels/cost_model.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/kernels.h"
+
+ABSL_FLAG(std::string, dmuond, "bin/dmuond_cuda", "the daemon binary");
+ABSL_FLAG(std::string, devices, "cuda:0", "the daemon's --devices");
+ABSL_FLAG(int, max_batch, 8, "the daemon's --max-batch");
+ABSL_FLAG(std::string, shapes, "", "RxC[*count],... (instead of --table)");
+ABSL_FLAG(std::string, table, "",
+          "JSON with muon_matrices[].shape, or a model_shapes.json (--model)");
+ABSL_FLAG(std::string, model, "llama-3-8b", "the model of a model_shapes.json");
+ABSL_FLAG(int, steps, 3, "steps (the first is a warm-up in the timings)");
+ABSL_FLAG(bool, check, true, "compare with the CPU fp32 path");
+ABSL_FLAG(bool, shm, true, "also run the shm transport (with --check)");
+ABSL_FLAG(bool, nccl, true, "also run a one-rank NCCL job (with --check)");
+ABSL_FLAG(std::string, out, "", "JSON results path (empty: none)");
+
+namespace dmuon::bench {
+namespace {
+
+namespace cu = kernels::cuda;
+using Clock = std::chrono::steady_clock;
+
+struct Matrix {
+  std::string name;
+  kernels::Shape shape;
+};
+
+absl::StatusOr<std::vector<Matrix>> Table() {
+  std::vector<Matrix> t;
+  if (!absl::GetFlag(FLAGS_table).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_table));
+    auto j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_discarded() && j.contains("models")) {  // model_shapes.json
+      for (const auto& m : j["models"])
+        if (m.value("model", "") == absl::GetFlag(FLAGS_model)) j = m;
+    }
+    if (j.is_discarded() || !j.contains("muon_matrices")) {
+      return absl::InvalidArgumentError(
+          "--table: no muon_matrices (or no --model of that name)");
+    }
+    for (const auto& m : j["muon_matrices"])
+      t.push_back({m["name"], {m["shape"][0], m["shape"][1]}});
+    return t;
+  }
+  for (const std::string& item : std::vector<std::string>(absl::StrSplit(
+           absl::GetFlag(FLAGS_shapes), ',', absl::SkipEmpty()))) {
+    std::vector<std::string> s = absl::StrSplit(item, '*');
+    long rows = 0, cols = 0;
+    int count = s.size() > 1 ? std::atoi(s[1].c_str()) : 1;
+    if (std::sscanf(s[0].c_str(), "%ldx%ld", &rows, &cols) != 2 || count < 1)
+      return absl::InvalidArgumentError(absl::StrCat("bad shape '", item, "'"));
+    for (int k = 0; k < count; ++k)
+      t.push_back({absl::StrCat("m", t.size()), {rows, cols}});
+  }
+  if (t.empty()) return absl::InvalidArgumentError("no --shapes or --table");
+  return t;
+}
+
+v1::OpenSessionRequest Request(const std::vector<Matrix>& t) {
+  v1::OpenSessionRequest r;
+  r.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  r.set_job_id("gpu-step");
+  r.set_rank(0);
+  r.set_world_size(1);
+  r.add_groups();
+  for (size_t i = 0; i < t.size(); ++i) {
+    auto* p = r.add_parameters();
+    p->set_name(t[i].name);
+    p->add_shape(t[i].shape.rows);
+    p->add_shape(t[i].shape.cols);
+    p->set_sharding(v1::SHARDING_REPLICATED);
+    p->set_forward_order(static_cast<int>(i));
+  }
+  return r;
+}
+
+double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::isfinite(num) ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY;
+}
+
+// The CPU fp32 path (kernels.h) for one matrix: the reference.
+std::vector<float> Reference(const Matrix& m, const std::vector<float>& g,
+                             std::vector<float>& mom) {
+  std::vector<float> u(g.size());
+  (void)kernels::MomentumUpdate(g, absl::MakeSpan(mom), absl::MakeSpan(u), 0.95,
+                                true);
+  (void)kernels::Orthogonalize({m.shape, u}, {m.shape, absl::MakeSpan(u)});
+  const float s = static_cast<float>(
+      kernels::LrScale(kernels::LrAdjust::kOriginal, m.shape));
+  for (float& x : u) x *= s;
+  return u;
+}
+
+// Steps of `table` as one rank over `t`, gradients written on the GPU and
+// updates read back from it; with --check every update and the final
+// momentum against the CPU fp32 path. Writes its figures into `out` under
+// the transport's name; returns whether the checks passed.
+absl::StatusOr<bool> GpuPass(const std::string& address,
+                             const std::vector<Matrix>& table, v1::Transport t,
+                             double floor_s, nlohmann::json& out) {
+  const std::string name = t == v1::TRANSPORT_NCCL ? "nccl" : "cuda_ipc";
+  const bool check = absl::GetFlag(FLAGS_check);
+  v1::OpenSessionRequest req = Request(table);
+  req.set_job_id("gpu-step-" + name);
+  auto rank = GpuRank::Open(address, req, t);
+  if (!rank.ok()) return rank.status();
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> nd;
+  std::vector<std::vector<float>> mom(check ? table.size() : 0);
+  for (size_t i = 0; i < mom.size(); ++i)
+    mom[i].assign(table[i].shape.elements(), 0.0f);
+  std::vector<int> ids(table.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
+  std::vector<float> chunk(1 << 24);  // 64 MiB of random values, tiled
+  for (float& x : chunk) x = nd(rng);
+  std::vector<double> times;
+  double worst = 0;
+  for (int step = 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
+    std::vector<std::vector<float>> grads(check ? table.size() : 0);
+    for (size_t i = 0; i < table.size(); ++i) {
+      const int64_t n = (*rank)->elements(i);
+      if (check) {
+        grads[i].resize(n);
+        for (float& x : grads[i]) x = nd(rng);
+        cudaMemcpy((*rank)->gradient(i), grads[i].data(), n * 4,
+                   cudaMemcpyHostToDevice);
+        continue;
+      }
+      const int64_t half = static_cast<int64_t>(chunk.size() / 2);
+      const size_t off = (step * 7919 + i * 104729) % half;
+      for (int64_t k = 0; k < n; k += half) {
+        cudaMemcpy((*rank)->gradient(i) + k, chunk.data() + off,
+                   std::min(n - k, half) * 4, cudaMemcpyHostToDevice);
+      }
+    }
+    auto s = (*rank)->Step(step, ids);
+    if (!s.ok()) {
+      return absl::Status(
+          s.status().code(),
+          absl::StrCat("step ", step, ": ", s.status().message()));
+    }
+    times.push_back(*s);
+    std::printf("%s step %d: %.4f s (floor %.4f s, %.2fx)\n", name.c_str(),
+                step, *s, floor_s, *s / floor_s);
+    for (size_t i = 0; check && i < table.size(); ++i) {
+      std::vector<float> got(grads[i].size());
+      cudaMemcpy(got.data(), (*rank)->update(i), got.size() * 4,
+                 cudaMemcpyDeviceToHost);
+      worst =
+          std::max(worst, RelErr(got, Reference(table[i], grads[i], mom[i])));
+    }
+  }
+  out[name + "_step_seconds"] = times;
+  bool ok = true;
+  if (check) {
+    auto state = (*rank)->GetState();
+    double mom_err = state.ok() ? 0 : INFINITY;
+    if (state.ok()) {
+      std::vector<std::vector<float>> got(table.size());
+      for (const auto& c : *state) {
+        if (!c.has_momentum()) continue;
+        auto& v = got[c.momentum().param_id()];
+        const auto& b = c.momentum().data();
+        v.resize(v.size() + b.size() / 4);
+        std::memcpy(v.data() + v.size() - b.size() / 4, b.data(), b.size());
+      }
+      for (size_t i = 0; i < got.size(); ++i)
+        mom_err = std::max(mom_err, RelErr(got[i], mom[i]));
+    }
+    out[name + "_max_rel_err"] = worst;
+    out[name + "_momentum_max_rel_err"] = mom_err;
+    ok = worst < 3e-2 && mom_err < 1e-5;
+    std::printf("%s: updates vs CPU fp32 max rel err %.2e, momentum %.2e: %s\n",
+                name.c_str(), worst, mom_err, ok ? "OK" : "FAIL");
+  }
+  if (auto st = (*rank)->Status(); st.ok()) {
+    for (const auto& e : st->executors()) {
+      out["executors"].push_back({{"after", name},
+                                  {"device", e.device()},
+                                  {"healthy", e.healthy()},
+                                  {"memory_bytes", e.memory_bytes()},
+                                  {"busy_seconds", e.busy_seconds()}});
+      std::printf("executor %s healthy=%d memory %.2f GB busy %.2f s\n",
+                  e.device().c_str(), e.healthy(), e.memory_bytes() / 1e9,
+                  e.busy_seconds());
+    }
+  }
+  if (auto st = (*rank)->Close(); !st.ok()) return st;
+  return ok;
+}
+
+int Run() {
+  auto count = cu::DeviceCount();
+  if (!count.ok() || *count == 0) {
+    std::printf("SKIP gpu_step: no CUDA device (%s)\n",
+                count.ok() ? "0 devices"
+                           : std::string(count.status().message()).c_str());
+    return 0;
+  }
+  auto table = Table();
+  if (!table.ok())
+    return std::fprintf(stderr, "%s\n", table.status().ToString().c_str()), 2;
+  const bool check = absl::GetFlag(FLAGS_check);
+  nlohmann::json out = {{"matrices", table->size()}};
+  double floor_flops = 0;
+  uint64_t elements = 0;
+  for (const Matrix& m : *table) {
+    floor_flops +=
+        kernels::EstimateCost(kernels::Method::kDirect, m.shape, {}, 0.5).flops;
+    elements += m.shape.elements();
+  }
+  auto rate = Bf16GemmRate(0);
+  if (!rate.ok())
+    return std::fprintf(stderr, "GEMM: %s\n", rate.status().ToString().c_str()),
+           1;
+  const double floor_s = floor_flops / *rate;
+  out["gemm_tflops"] = *rate / 1e12;
+  out["ns_tflop"] = floor_flops / 1e12;
+  out["floor_seconds"] = floor_s;
+
+  DaemonProcess d;
+  if (auto st = d.Start(
+          absl::GetFlag(FLAGS_dmuond),
+          {"--log-level=warn", "--summary-every-secs=0",
+           "--devices=" + absl::GetFlag(FLAGS_devices),
+           absl::StrCat("--max-batch=", absl::GetFlag(FLAGS_max_batch))});
+      !st.ok())
+    return std::fprintf(stderr, "%s\n", st.ToString().c_str()), 1;
+  int failures = 0;
+
+  // cuda_ipc: gradients written on the GPU, updates read back from it.
+  auto ipc = GpuPass(d.address(), *table, v1::TRANSPORT_CUDA_IPC, floor_s, out);
+  if (!ipc.ok()) {
+    std::fprintf(stderr, "cuda_ipc: %s\n", ipc.status().ToString().c_str());
+    return 1;
+  }
+  failures += !*ipc;
+  const std::vector<double> times = out["cuda_ipc_step_seconds"];
+  // nccl: a job of one rank on another GPU, the daemon its second NCCL rank
+  // (NCCL refuses two ranks of one communicator on one GPU).
+  if (check && absl::GetFlag(FLAGS_nccl) && *count < 2) {
+    out["nccl"] = "skipped: one GPU (NCCL refuses two ranks on one GPU)";
+    std::printf(
+        "SKIP nccl: one GPU here, and NCCL refuses two ranks of a "
+        "communicator on one GPU ('Duplicate GPU detected')\n");
+  } else if (check && absl::GetFlag(FLAGS_nccl)) {
+    cudaSetDevice(1);  // the trainer rank's GPU; the daemon is on cuda:0
+    auto nccl = GpuPass(d.address(), *table, v1::TRANSPORT_NCCL, floor_s, out);
+    cudaSetDevice(0);
+    if (!nccl.ok())
+      std::fprintf(stderr, "nccl: %s\n", nccl.status().ToString().c_str());
+    failures += !nccl.ok() || !*nccl;
+  }
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> nd;
+  std::vector<std::vector<float>> mom(table->size());
+  std::vector<double> timed(times.begin() + (times.size() > 1), times.end());
+  std::sort(timed.begin(), timed.end());
+  const double median = timed.empty() ? 0 : timed[timed.size() / 2];
+  out["cuda_ipc_median_seconds"] = median;
+  out["cuda_ipc_vs_floor"] = median / floor_s;
+  out["gradient_gb"] = elements * 4 / 1e9;
+
+  // shm: the CUDA executor's host path, through the C++ client.
+  if (check && absl::GetFlag(FLAGS_shm)) {
+    auto client = Client::Connect(d.address());
+    SessionSpec spec;
+    spec.job_id = "gpu-step-shm";
+    spec.transport = TransportChoice::kShm;
+    for (const Matrix& m : *table)
+      spec.params.push_back({m.name, m.shape.rows, m.shape.cols});
+    auto session = client.ok() ? (*client)->OpenSession(spec) : client.status();
+    double err = session.ok() ? 0 : INFINITY;
+    for (size_t i = 0; i < mom.size(); ++i)
+      mom[i].assign((*table)[i].shape.elements(), 0.0f);
+    for (int step = 1; session.ok() && step <= 2; ++step) {
+      std::vector<std::vector<float>> g(table->size());
+      for (size_t i = 0; i < table->size(); ++i) {
+        g[i].resize((*table)[i].shape.elements());
+        for (float& x : g[i]) x = nd(rng);
+        auto dst = (*session)->gradient(i);
+        std::copy(g[i].begin(), g[i].end(), dst.begin());
+        (void)(*session)->GradientReady(i);
+      }
+      for (size_t i = 0; i < table->size(); ++i) {
+        if (auto st = (*session)->WaitUpdate(i); !st.ok()) {
+          err = INFINITY;
+          break;
+        }
+        auto u = (*session)->update(i);
+        err = std::max(err, RelErr(std::vector<float>(u.begin(), u.end()),
+                                   Reference((*table)[i], g[i], mom[i])));
+      }
+      (void)(*session)->FinishStep();
+    }
+    if (!session.ok())
+      std::fprintf(stderr, "shm: %s\n", session.status().ToString().c_str());
+    const bool ok = err < 3e-2;
+    failures += !ok;
+    out["shm_max_rel_err"] = err;
+    std::printf("shm: updates vs CPU fp32 max rel err %.2e: %s\n", err,
+                ok ? "OK" : "FAIL");
+  }
+  std::printf(
+      "optimizer step (%zu matrices, %.1f GB of fp32 gradients): median %.4f "
+      "s; floor %.4f s (%.1f TFLOP at %.0f TFLOP/s bf16 GEMM): %.2fx the "
+      "floor\n",
+      table->size(), elements * 4 / 1e9, median, floor_s, floor_flops / 1e12,
+      *rate / 1e12, median / floor_s);
+  out["ok"] = failures == 0;
+  if (const std::string p = absl::GetFlag(FLAGS_out); !p.empty())
+    std::ofstream(p) << out.dump(1) << "\n";
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace dmuon::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return dmuon::bench::Run();
+}

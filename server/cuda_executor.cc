@@ -1,0 +1,388 @@
+// The CUDA executor (cuda_executor.h).
+
+#include "server/cuda_executor.h"
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "server/cuda_executor_io.h"
+#include "server/cuda_executor_kernels.h"
+#include "server/gpu_logic.h"
+
+namespace dmuon::server {
+namespace {
+
+namespace cu = kernels::cuda;
+
+class CudaExecutor final : public Executor {
+ public:
+  CudaExecutor(int device, std::unique_ptr<cu::Context> ctx,
+               const CudaExecutorOptions& options)
+      : device_(device),
+        name_(absl::StrCat("cuda:", device)),
+        options_(options),
+        ctx_(std::move(ctx)),
+        stream_(static_cast<cudaStream_t>(ctx_->stream())) {
+    UpdateMemory();
+  }
+
+  ~CudaExecutor() override {
+    (void)cudaSetDevice(device_);
+    (void)cudaStreamSynchronize(stream_);
+    for (auto& [key, s] : pool_) (void)cudaFree(s.ptr);
+    if (flags_ != nullptr) (void)cudaFree(flags_);
+    if (flags_host_ != nullptr) (void)cudaFreeHost(flags_host_);
+  }
+
+  std::string device() const override { return name_; }
+  bool holds_state() const override { return true; }
+  bool reads_device_memory() const override { return true; }
+  bool healthy() const override { return health_.healthy(); }
+  std::string last_error() const override { return health_.last_error(); }
+  uint64_t memory_bytes() const override { return memory_.load(); }
+
+  absl::Status Compute(absl::Span<const ComputeTask> batch) override {
+    if (batch.empty()) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (health_.out_of_service()) {
+      return absl::UnavailableError(
+          absl::StrCat(name_, " is out of service after a device error (",
+                       health_.last_error(),
+                       "); jobs planned on it cannot step: restart dmuond"));
+    }
+    absl::Status st = ComputeLocked(batch);
+    if (!st.ok()) {
+      (void)cudaGetLastError();  // clear a non-sticky error (out of memory)
+      st = absl::Status(st.code(),
+                        absl::StrCat(name_, ": batch of ", batch.size(), " x ",
+                                     kernels::ShapeString(batch[0].shape), ": ",
+                                     st.message()));
+    }
+    health_.Record(st);
+    UpdateMemory();
+    return st;
+  }
+
+  absl::Status ReadState(const StateKey& key, absl::Span<float> host) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pool_.find(key);
+    if (it == pool_.end()) return absl::OkStatus();
+    const State& s = it->second;
+    if (static_cast<int64_t>(host.size()) != s.n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, ": state of ", s.n, " elements read into ", host.size()));
+    }
+    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const void* src = s.ptr;
+    if (options_.bf16_momentum) {
+      if (auto st = EnsureScratch(s.n); !st.ok()) return st;
+      DMUON_CUDA_RETURN_IF_ERROR(
+          gpu::LaunchFromBf16(static_cast<const uint16_t*>(s.ptr),
+                              scratch_.floats(), s.n, stream_));
+      src = scratch_.data();
+    }
+    DMUON_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(host.data(), src, s.n * sizeof(float),
+                        cudaMemcpyDeviceToHost, stream_));
+    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteState(const StateKey& key,
+                          absl::Span<const float> host) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pool_.find(key);
+    if (it == pool_.end()) return absl::OkStatus();
+    const State& s = it->second;
+    if (static_cast<int64_t>(host.size()) != s.n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, ": state of ", s.n, " elements written from ", host.size()));
+    }
+    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (auto st = Load(host.data(), s); !st.ok()) return st;
+    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  void DropJob(uint64_t job) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    (void)cudaSetDevice(device_);
+    (void)cudaStreamSynchronize(stream_);
+    for (auto it = pool_.lower_bound({job, -1});
+         it != pool_.end() && it->first.job == job;) {
+      (void)cudaFree(it->second.ptr);
+      pool_bytes_ -= it->second.bytes;
+      it = pool_.erase(it);
+    }
+    UpdateMemory();
+  }
+
+ private:
+  struct State {
+    void* ptr = nullptr;
+    int64_t n = 0;
+    size_t bytes = 0;
+  };
+
+  absl::Status ComputeLocked(absl::Span<const ComputeTask> batch) {
+    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const kernels::Shape shape = batch[0].shape;
+    const int64_t n = shape.elements();
+    const int64_t count = static_cast<int64_t>(batch.size());
+    if (auto st = EnsureScratch(n * count); !st.ok()) return st;
+    if (auto st = EnsureFlags(count); !st.ok()) return st;
+    const gpu::IoContext io{device_, stream_, &peer_temp_};
+
+    // Momentum buffers (new ones initialized from the host momentum).
+    std::vector<State*> states;
+    for (const ComputeTask& t : batch) {
+      auto s = StateFor(t);
+      if (!s.ok()) return s.status();
+      states.push_back(*s);
+    }
+
+    // Gradients into the staging slots; device gradients checked there.
+    bool any_device = false;
+    for (const ComputeTask& t : batch) any_device |= t.device_io != nullptr;
+    if (any_device) {
+      DMUON_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(flags_, 0, count * sizeof(int), stream_));
+      std::set<void*> waited;
+      for (const ComputeTask& t : batch) {
+        if (t.device_io == nullptr) continue;
+        for (const DevicePart& p : t.device_io->parts) {
+          if (p.ready_event != nullptr && waited.insert(p.ready_event).second) {
+            DMUON_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(
+                stream_, static_cast<cudaEvent_t>(p.ready_event), 0));
+          }
+        }
+      }
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const ComputeTask& t = batch[i];
+      float* slot = scratch_.floats() + i * n;
+      if (t.device_io == nullptr) {
+        DMUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+            slot, t.grad, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+      } else {
+        if (auto st = gpu::GatherGradient(t, slot, io); !st.ok()) return st;
+        DMUON_CUDA_RETURN_IF_ERROR(
+            gpu::LaunchFlagNonFinite(slot, n, flags_ + i, stream_));
+      }
+    }
+    std::vector<bool> skip(count, false);
+    if (any_device) {
+      DMUON_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(flags_host_, flags_, count * sizeof(int),
+                          cudaMemcpyDeviceToHost, stream_));
+      DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      for (int64_t i = 0; i < count; ++i) {
+        skip[i] = flags_host_[i] != 0;
+        if (batch[i].nonfinite != nullptr) *batch[i].nonfinite = skip[i];
+      }
+    }
+
+    // U = momentum step (in place over the gradient); a skipped task's slot
+    // becomes zeros (NS maps zero to zero), so its update is zeros.
+    for (int64_t i = 0; i < count; ++i) {
+      const ComputeTask& t = batch[i];
+      float* slot = scratch_.floats() + i * n;
+      if (skip[i]) {
+        DMUON_CUDA_RETURN_IF_ERROR(
+            cudaMemsetAsync(slot, 0, n * sizeof(float), stream_));
+        continue;
+      }
+      if (options_.bf16_momentum) {
+        DMUON_CUDA_RETURN_IF_ERROR(gpu::LaunchMomentumBf16(
+            slot, static_cast<uint16_t*>(states[i]->ptr), slot, n,
+            static_cast<float>(1.0 - t.muon->momentum),
+            static_cast<float>(t.muon->momentum), t.muon->nesterov, stream_));
+      } else if (auto st = ctx_->MomentumUpdate(
+                     slot, static_cast<float*>(states[i]->ptr), slot,
+                     cu::DType::kF32, n, t.muon->momentum, t.muon->nesterov);
+                 !st.ok()) {
+        return st;
+      }
+    }
+
+    // NS in place, in launches of power-of-two sizes.
+    cu::CudaNsOptions ns;
+    ns.ns = batch[0].muon->ns;
+    ns.compute = ns.ns.method == kernels::Method::kGram ? cu::DType::kF16
+                                                        : cu::DType::kBF16;
+    ns.use_graphs = options_.use_graphs;
+    int64_t first = 0;
+    for (int64_t size : SplitBatch(count, options_.max_launch)) {
+      cu::DeviceBatch b;
+      b.data = scratch_.floats() + first * n;
+      b.dtype = cu::DType::kF32;
+      b.shape = shape;
+      b.batch = size;
+      b.bytes = size * n * sizeof(float);
+      if (auto st = ctx_->Orthogonalize(b, b, ns); !st.ok()) return st;
+      first += size;
+    }
+
+    // Scale, then deliver.
+    for (int64_t i = 0; i < count; ++i) {
+      const ComputeTask& t = batch[i];
+      float* slot = scratch_.floats() + i * n;
+      const float scale = static_cast<float>(t.lr_scale);
+      if (!skip[i] && scale != 1.0f) {
+        DMUON_CUDA_RETURN_IF_ERROR(
+            gpu::LaunchScale(slot, slot, n, scale, stream_));
+      }
+      if (t.device_io == nullptr) {
+        DMUON_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(t.update, slot, n * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream_));
+      } else if (auto st = gpu::ScatterUpdate(t, slot, io); !st.ok()) {
+        return st;
+      }
+    }
+    return ctx_->Synchronize();
+  }
+
+  // The pool entry of t.state, created (and loaded from t.momentum, or
+  // zeroed) on first use.
+  absl::StatusOr<State*> StateFor(const ComputeTask& t) {
+    auto it = pool_.find(t.state);
+    if (it != pool_.end()) return &it->second;
+    State s;
+    s.n = t.shape.elements();
+    s.bytes = s.n * (options_.bf16_momentum ? 2 : 4);
+    const cudaError_t e = cudaMalloc(&s.ptr, s.bytes);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::Status(
+          e == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
+                                         : absl::StatusCode::kInternal,
+          absl::StrCat("cannot allocate the momentum of a ",
+                       kernels::ShapeString(t.shape), " matrix (", s.bytes,
+                       " bytes; the pool holds ", pool_bytes_, " bytes for ",
+                       pool_.size(), " matrices): ", cudaGetErrorString(e)));
+    }
+    absl::Status st;
+    if (t.momentum != nullptr) {
+      st = Load(t.momentum, s);
+    } else if (const cudaError_t z =
+                   cudaMemsetAsync(s.ptr, 0, s.bytes, stream_);
+               z != cudaSuccess) {
+      st = cu::internal::CudaErrorStatus(z, "cudaMemsetAsync(momentum)",
+                                         __FILE__, __LINE__);
+    }
+    if (!st.ok()) {
+      (void)cudaFree(s.ptr);
+      return st;
+    }
+    pool_bytes_ += s.bytes;
+    return &pool_.emplace(t.state, s).first->second;
+  }
+
+  // s <- host fp32 (through the staging buffer's head for bf16). Callers
+  // must not need the staging buffer's head at this point.
+  absl::Status Load(const float* host, const State& s) {
+    if (!options_.bf16_momentum) {
+      DMUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          s.ptr, host, s.n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+      return absl::OkStatus();
+    }
+    if (auto st = EnsureScratch(s.n); !st.ok()) return st;
+    DMUON_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(scratch_.data(), host, s.n * sizeof(float),
+                        cudaMemcpyHostToDevice, stream_));
+    DMUON_CUDA_RETURN_IF_ERROR(gpu::LaunchToBf16(
+        scratch_.floats(), static_cast<uint16_t*>(s.ptr), s.n, stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status EnsureScratch(int64_t floats) {
+    return scratch_.Ensure(static_cast<size_t>(floats) * sizeof(float),
+                           stream_);
+  }
+
+  absl::Status EnsureFlags(int64_t count) {
+    if (count <= flags_count_) return absl::OkStatus();
+    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    if (flags_ != nullptr) DMUON_CUDA_RETURN_IF_ERROR(cudaFree(flags_));
+    if (flags_host_ != nullptr)
+      DMUON_CUDA_RETURN_IF_ERROR(cudaFreeHost(flags_host_));
+    flags_ = nullptr;
+    flags_host_ = nullptr;
+    flags_count_ = 0;
+    DMUON_CUDA_RETURN_IF_ERROR(
+        cudaMalloc(reinterpret_cast<void**>(&flags_), count * sizeof(int)));
+    DMUON_CUDA_RETURN_IF_ERROR(cudaMallocHost(
+        reinterpret_cast<void**>(&flags_host_), count * sizeof(int)));
+    flags_count_ = count;
+    return absl::OkStatus();
+  }
+
+  void UpdateMemory() {
+    memory_.store(pool_bytes_ + scratch_.bytes() + peer_temp_.bytes() +
+                  flags_count_ * sizeof(int) + ctx_->MemoryBytes());
+  }
+
+  const int device_;
+  const std::string name_;
+  const CudaExecutorOptions options_;
+  const std::unique_ptr<cu::Context> ctx_;
+  const cudaStream_t stream_;
+  Health health_;
+  std::atomic<uint64_t> memory_{0};
+
+  std::mutex mu_;  // guards everything below, and every use of ctx_
+  std::map<StateKey, State> pool_;
+  uint64_t pool_bytes_ = 0;
+  gpu::DeviceBuffer scratch_;    // the batch's staging slots
+  gpu::DeviceBuffer peer_temp_;  // one matrix from another GPU (kMean)
+  int* flags_ = nullptr;         // per task: its gradient has a NaN/Inf
+  int* flags_host_ = nullptr;
+  int64_t flags_count_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Executor>> NewCudaExecutor(
+    int device, const CudaExecutorOptions& options) {
+  auto ctx = cu::Context::Create(device);
+  if (!ctx.ok()) {
+    return absl::Status(
+        ctx.status().code(),
+        absl::StrCat("cuda:", device, ": ", ctx.status().message()));
+  }
+  return std::unique_ptr<Executor>(
+      new CudaExecutor(device, *std::move(ctx), options));
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Executor>>> NewCudaExecutors(
+    const std::string& devices, const CudaExecutorOptions& options,
+    std::string* why) {
+  auto spec = ParseDeviceSpec(devices);
+  if (!spec.ok()) return spec.status();
+  auto count = cu::DeviceCount();
+  const std::string reason =
+      count.ok() ? (*count == 0 ? "the CUDA runtime reports 0 devices" : "")
+                 : std::string(count.status().message());
+  auto ordinals = ResolveCudaDevices(*spec, count.ok() ? *count : -1, reason);
+  if (!ordinals.ok()) return ordinals.status();
+  if (why != nullptr) *why = reason;
+  std::vector<std::unique_ptr<Executor>> out;
+  for (int d : *ordinals) {
+    auto e = NewCudaExecutor(d, options);
+    if (!e.ok()) return e.status();
+    out.push_back(*std::move(e));
+  }
+  return out;
+}
+
+}  // namespace dmuon::server

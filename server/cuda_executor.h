@@ -1,0 +1,59 @@
+// The CUDA executor: one per GPU, on the kernels' CUDA implementation
+// (kernels/cuda/cuda_kernels.h) with its own Context and stream. Built only
+// with --config=cuda (//server:cuda_executor); no CUDA type appears here.
+//
+// Per batch of same-shape tasks (executor.h): gradients are staged into one
+// contiguous fp32 device buffer (copied from host memory, or gathered from
+// GPU transports' device memory with peer copies when another GPU holds
+// them, and checked for NaN/Inf there); the momentum step runs against the
+// device-resident momentum pool; Newton–Schulz runs batched (launches of
+// power-of-two sizes, see SplitBatch, each a cached plan replayed as a CUDA
+// graph) in bf16 with fp32 accumulation (Gram: fp16, its published stable
+// precision); lr_scale is applied in fp32; the update goes back to host
+// memory or straight into the transports' update buffers.
+//
+// Momentum lives in device memory, one buffer per StateKey (the job
+// parameter), initialized from the task's host momentum on first use: fp32,
+// or bf16 with `bf16_momentum` — half the memory, and it CHANGES THE NUMBERS
+// (the momentum is rounded to bf16 every step, as torch does with a bf16
+// buffer), so it is off by default.
+//
+// Failures: every CUDA error fails the batch with a status naming the
+// device, the batch and the call (RESOURCE_EXHAUSTED for out of memory) and
+// marks the executor unhealthy (gpu_logic.h Health): out of memory until a
+// batch succeeds, any other error for good — its later batches then fail at
+// once with UNAVAILABLE, and the daemon keeps serving jobs on the others.
+
+#ifndef DMUON_SERVER_CUDA_EXECUTOR_H_
+#define DMUON_SERVER_CUDA_EXECUTOR_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/executor.h"
+
+namespace dmuon::server {
+
+struct CudaExecutorOptions {
+  bool bf16_momentum = false;  // see the header comment: changes the numbers
+  bool use_graphs = true;      // replay each NS plan as a CUDA graph
+  int max_launch = 16;         // most matrices per NS launch (power of two)
+};
+
+// The executor of CUDA ordinal `device`.
+absl::StatusOr<std::unique_ptr<Executor>> NewCudaExecutor(
+    int device, const CudaExecutorOptions& options);
+
+// One executor per GPU of a --devices spec: "cuda" or "auto" (every GPU),
+// "cuda:0,1" (those). "auto" without a usable GPU returns no executors and,
+// when `why` is not null, the reason in it (the caller falls back to the
+// CPU); "cuda..." without one is FAILED_PRECONDITION with the reason.
+absl::StatusOr<std::vector<std::unique_ptr<Executor>>> NewCudaExecutors(
+    const std::string& devices, const CudaExecutorOptions& options,
+    std::string* why = nullptr);
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_CUDA_EXECUTOR_H_

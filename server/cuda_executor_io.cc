@@ -1,0 +1,110 @@
+// Device buffers and device-I/O gather/scatter (cuda_executor_io.h).
+
+#include "server/cuda_executor_io.h"
+
+#include "kernels/cuda/check.h"
+#include "server/cuda_executor_kernels.h"
+#include "server/gpu_logic.h"
+
+namespace dmuon::server::gpu {
+namespace {
+
+// dst (on `dst_device`) <- src (on `src_device`); negative: the executor's.
+absl::Status Copy(void* dst, int dst_device, const void* src, int src_device,
+                  size_t bytes, const IoContext& c) {
+  if (dst_device < 0) dst_device = c.device;
+  if (src_device < 0) src_device = c.device;
+  if (dst_device == src_device) {
+    DMUON_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c.stream));
+  } else {
+    DMUON_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, c.stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ != nullptr) (void)cudaFree(data_);
+}
+
+absl::Status DeviceBuffer::Ensure(size_t bytes, cudaStream_t stream) {
+  if (bytes <= bytes_) return absl::OkStatus();
+  DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (data_ != nullptr) DMUON_CUDA_RETURN_IF_ERROR(cudaFree(data_));
+  data_ = nullptr;
+  bytes_ = 0;
+  DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&data_, bytes));
+  bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status GatherGradient(const ComputeTask& t, float* slot,
+                            const IoContext& c) {
+  const DeviceIo& io = *t.device_io;
+  const int64_t n = t.shape.elements(), cols = t.shape.cols;
+  const size_t bytes = n * sizeof(float);
+  if (io.parts.empty()) return absl::InternalError("device task without parts");
+  const DevicePart& first = io.parts[0];
+  switch (io.gather) {
+    case Gather::kFirst:
+      return Copy(slot, c.device, first.grad, first.device, bytes, c);
+    case Gather::kRows:
+      for (const DevicePart& p : io.parts) {
+        const RowBytes r = RowsOf(p.row_begin, p.row_end, cols);
+        if (auto st = Copy(reinterpret_cast<char*>(slot) + r.offset, c.device,
+                           p.grad, p.device, r.bytes, c);
+            !st.ok()) {
+          return st;
+        }
+      }
+      return absl::OkStatus();
+    case Gather::kMean: {
+      // The host's order and rounding: sum in part order, then * (1/W).
+      if (auto st = Copy(slot, c.device, first.grad, first.device, bytes, c);
+          !st.ok()) {
+        return st;
+      }
+      for (size_t k = 1; k < io.parts.size(); ++k) {
+        const DevicePart& p = io.parts[k];
+        const float* src = p.grad;
+        if (p.device >= 0 && p.device != c.device) {
+          if (auto st = c.peer_temp->Ensure(bytes, c.stream); !st.ok())
+            return st;
+          if (auto st = Copy(c.peer_temp->data(), c.device, p.grad, p.device,
+                             bytes, c);
+              !st.ok()) {
+            return st;
+          }
+          src = c.peer_temp->floats();
+        }
+        DMUON_CUDA_RETURN_IF_ERROR(LaunchAccumulate(src, slot, n, c.stream));
+      }
+      const float inv = 1.0f / static_cast<float>(io.parts.size());
+      DMUON_CUDA_RETURN_IF_ERROR(LaunchScale(slot, slot, n, inv, c.stream));
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unknown gather mode");
+}
+
+absl::Status ScatterUpdate(const ComputeTask& t, const float* slot,
+                           const IoContext& c) {
+  const int64_t cols = t.shape.cols;
+  for (const DevicePart& p : t.device_io->parts) {
+    const RowBytes r = t.device_io->gather == Gather::kRows
+                           ? RowsOf(p.row_begin, p.row_end, cols)
+                           : RowsOf(0, t.shape.rows, cols);
+    if (auto st = Copy(p.update, p.device,
+                       reinterpret_cast<const char*>(slot) + r.offset, c.device,
+                       r.bytes, c);
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dmuon::server::gpu

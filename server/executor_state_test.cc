@@ -1,0 +1,141 @@
+// The service with executors that hold state and read device memory — the
+// CUDA executor's contract (executor.h) — on the CPU (fake_device.h). Every
+// update, state and snapshot must equal, bit for bit, those of the plain CPU
+// service on the same gradients.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "server/fake_daemon.h"
+
+namespace dmuon::server::testing {
+namespace {
+
+TEST(ExecutorState, DeviceResidentStateAndDeviceIoMatchTheCpuService) {
+  const int world = 2;
+  Daemon cpu(false), dev(true);
+  ASSERT_TRUE(cpu.Open(world, false).ok());
+  ASSERT_TRUE(dev.Open(world, true).ok());
+  EXPECT_EQ(dev.open[0].transport(), v1::TRANSPORT_CUDA_IPC);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const auto g = Grads(world, 1000 + step);
+    EXPECT_EQ(cpu.Step(step, g), dev.Step(step, g)) << "step " << step;
+  }
+  // GetState reads the executors' copies.
+  const auto state = cpu.State();
+  EXPECT_EQ(dev.State(), state);
+  EXPECT_GT(dev.fakes[0]->states() + dev.fakes[1]->states(), 0u);
+  // SetState of another state: both continue alike from it.
+  auto chunks = cpu.svc->GetState(cpu.open[0].session_id());
+  ASSERT_TRUE(chunks.ok());
+  for (auto& c : *chunks) {
+    if (c.has_momentum()) {
+      std::string& d = *c.mutable_momentum()->mutable_data();
+      for (size_t k = 0; k + 4 <= d.size(); k += 4) d[k + 3] ^= 0x01;
+    }
+  }
+  (*chunks)[0].set_session_id(dev.open[0].session_id());
+  ASSERT_TRUE(dev.svc->SetState(*chunks).ok());
+  (*chunks)[0].set_session_id(cpu.open[0].session_id());
+  ASSERT_TRUE(cpu.svc->SetState(*chunks).ok());
+  const auto g = Grads(world, 77);
+  EXPECT_EQ(cpu.Step(4, g), dev.Step(4, g));
+  EXPECT_EQ(dev.State(), cpu.State());
+}
+
+TEST(ExecutorState, NonFiniteDeviceGradientIsSkippedStateUntouched) {
+  Daemon cpu(false), dev(true);
+  ASSERT_TRUE(cpu.Open(1, false).ok());
+  ASSERT_TRUE(dev.Open(1, true).ok());
+  const auto g = Grads(1, 5);
+  EXPECT_EQ(cpu.Step(1, g), dev.Step(1, g));
+  std::vector<std::vector<v1::StepResponse>> msgs;
+  const auto bad = dev.Step(2, Grads(1, 6, /*nan=*/true), &msgs);
+  bool reported = false;
+  for (const auto& m : msgs[0]) {
+    if (m.has_error() && m.error().param_id() == 3) {
+      reported = m.error().skipped();
+      EXPECT_NE(m.error().message().find("non-finite"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(reported);
+  for (float x : bad[0][3]) ASSERT_EQ(x, 0.0f);
+  EXPECT_EQ(dev.State()[3], cpu.State()[3]) << "skipped: momentum untouched";
+}
+
+TEST(ExecutorState, SnapshotOfDeviceStateResumesAfterRestart) {
+  char dir[] = "/tmp/dmuon-devstate-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ServiceOptions o;
+  o.state_dir = dir;
+  o.snapshot_every = 1;
+  Daemon cpu(false);
+  ASSERT_TRUE(cpu.Open(1, false).ok());
+  std::vector<std::vector<std::vector<float>>> before;
+  {
+    Daemon dev(true, o);
+    ASSERT_TRUE(dev.Open(1, true).ok());
+    for (int64_t step = 1; step <= 2; ++step) {
+      const auto g = Grads(1, 50 + step);
+      EXPECT_EQ(cpu.Step(step, g), dev.Step(step, g));
+    }
+  }
+  Daemon again(true, o);
+  ASSERT_TRUE(again.svc->LoadSnapshots().ok());
+  ASSERT_TRUE(again.Open(1, true).ok());
+  EXPECT_EQ(again.open[0].next_step(), 3);
+  const auto g = Grads(1, 53);
+  EXPECT_EQ(cpu.Step(3, g), again.Step(3, g));
+}
+
+TEST(ExecutorState, NewJobsAvoidUnhealthyExecutorsAndStatusSaysSo) {
+  Daemon dev(true, {}, 3);
+  dev.fakes[1]->healthy_ = false;
+  ASSERT_TRUE(dev.Open(1, true).ok());
+  dev.Step(1, Grads(1, 9));
+  EXPECT_EQ(dev.fakes[1]->tasks_, 0);
+  EXPECT_EQ(dev.fakes[0]->tasks_ + dev.fakes[2]->tasks_,
+            static_cast<int>(kTable.size()));
+  const v1::StatusResponse s = dev.svc->Status();
+  ASSERT_EQ(s.executors_size(), 3);
+  EXPECT_TRUE(s.executors(0).healthy());
+  EXPECT_FALSE(s.executors(1).healthy());
+  EXPECT_EQ(s.executors(2).memory_bytes(), 4096u);
+}
+
+TEST(ExecutorState, GpuTransportRulesAtOpenSession) {
+  // A CPU daemon keeps answering UNIMPLEMENTED, even with transports given.
+  Daemon cpu(false);
+  auto st = cpu.svc->OpenSession(cpu.Request(0, 1, v1::TRANSPORT_CUDA_IPC));
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(st.status().message().find("CPU executors"), std::string::npos);
+  // A GPU daemon: nccl not offered by these transports; ranks cannot mix
+  // GPU and host transports; a too-small export is refused.
+  Daemon dev(true);
+  EXPECT_EQ(dev.svc->OpenSession(dev.Request(0, 2, v1::TRANSPORT_NCCL))
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
+  ASSERT_TRUE(dev.svc->OpenSession(dev.Request(0, 2, v1::TRANSPORT_SHM)).ok());
+  auto mixed = dev.Request(1, 2, v1::TRANSPORT_CUDA_IPC);
+  mixed.mutable_cuda_ipc()->set_bytes(1 << 20);
+  auto m = dev.svc->OpenSession(mixed);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("GPU transports"), std::string::npos)
+      << m.status();
+  auto small = dev.Request(0, 1, v1::TRANSPORT_CUDA_IPC);
+  small.set_job_id("other");
+  small.mutable_cuda_ipc()->set_bytes(16);
+  EXPECT_EQ(dev.svc->OpenSession(small).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev.transports->dropped, 1) << "a failed first open drops the job";
+  auto caps = dev.svc->OpenSession(dev.Request(1, 2, v1::TRANSPORT_SHM));
+  ASSERT_TRUE(caps.ok());
+  bool ipc = false;
+  for (int t : caps->capabilities().transports())
+    ipc |= t == v1::TRANSPORT_CUDA_IPC;
+  EXPECT_TRUE(ipc);
+}
+
+}  // namespace
+}  // namespace dmuon::server::testing

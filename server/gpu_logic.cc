@@ -1,0 +1,141 @@
+#include "server/gpu_logic.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace dmuon::server {
+
+absl::StatusOr<DeviceSpec> ParseDeviceSpec(const std::string& spec) {
+  DeviceSpec out;
+  if (spec == "cpu") return out;
+  if (spec == "auto") {
+    out.kind = DeviceSpec::Kind::kAuto;
+    return out;
+  }
+  if (spec == "cuda") {
+    out.kind = DeviceSpec::Kind::kCuda;
+    return out;
+  }
+  const auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--devices=", spec, ": ", why,
+                     " (expected 'cpu', 'auto', 'cuda' or 'cuda:N[,N...]')"));
+  };
+  if (spec.rfind("cuda:", 0) != 0) return bad("unknown device kind");
+  out.kind = DeviceSpec::Kind::kCuda;
+  std::set<int> seen;
+  const std::vector<std::string> parts = absl::StrSplit(spec.substr(5), ',');
+  for (const std::string& part : parts) {
+    int n = -1;
+    if (!absl::SimpleAtoi(part, &n) || n < 0) {
+      return bad(absl::StrCat("'", part, "' is not a CUDA ordinal"));
+    }
+    if (!seen.insert(n).second) {
+      return bad(absl::StrCat("cuda:", n, " is listed twice"));
+    }
+    out.ordinals.push_back(n);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int>> ResolveCudaDevices(const DeviceSpec& spec,
+                                                    int count,
+                                                    const std::string& why) {
+  std::vector<int> out;
+  if (spec.kind == DeviceSpec::Kind::kCpu) return out;
+  if (count <= 0) {
+    if (spec.kind == DeviceSpec::Kind::kAuto) return out;
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable CUDA device",
+                     why.empty() ? std::string() : absl::StrCat(" (", why, ")"),
+                     "; use --devices=cpu or --devices=auto"));
+  }
+  if (spec.ordinals.empty()) {
+    for (int i = 0; i < count; ++i) out.push_back(i);
+    return out;
+  }
+  for (int n : spec.ordinals) {
+    if (n >= count) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuda:", n, " does not exist: this process sees ", count,
+                       " GPU", count == 1 ? "" : "s", " (cuda:0",
+                       count > 1 ? absl::StrCat("..cuda:", count - 1) : "",
+                       "; CUDA_VISIBLE_DEVICES renumbers them)"));
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+Fault ClassifyFault(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return Fault::kNone;
+    case absl::StatusCode::kInvalidArgument:
+      return Fault::kInput;
+    case absl::StatusCode::kResourceExhausted:
+      return Fault::kOutOfMemory;
+    default:
+      return Fault::kDevice;
+  }
+}
+
+void Health::Record(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  switch (ClassifyFault(status)) {
+    case Fault::kNone:
+      if (!sticky_) healthy_ = true;
+      break;
+    case Fault::kInput:
+      break;
+    case Fault::kOutOfMemory:
+      healthy_ = false;
+      last_error_ = std::string(status.message());
+      break;
+    case Fault::kDevice:
+      healthy_ = false;
+      sticky_ = true;
+      last_error_ = std::string(status.message());
+      break;
+  }
+}
+
+bool Health::healthy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return healthy_;
+}
+
+bool Health::out_of_service() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sticky_;
+}
+
+std::string Health::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
+std::vector<int64_t> SplitBatch(int64_t n, int64_t max_launch) {
+  std::vector<int64_t> out;
+  int64_t cap = 1;
+  while (cap * 2 <= std::max<int64_t>(1, max_launch)) cap *= 2;
+  while (n > 0) {
+    while (cap > n) cap /= 2;
+    out.push_back(cap);
+    n -= cap;
+  }
+  return out;
+}
+
+RowBytes RowsOf(int64_t row_begin, int64_t row_end, int64_t cols) {
+  RowBytes r;
+  r.offset = static_cast<uint64_t>(row_begin) * cols * sizeof(float);
+  r.bytes = static_cast<uint64_t>(row_end - row_begin) * cols * sizeof(float);
+  return r;
+}
+
+}  // namespace dmuon::server

@@ -1,0 +1,80 @@
+// Plain C++ logic of the CUDA executors (cuda_executor.h), tested on the CPU:
+// the --devices spec, the health rules, and how a batch is cut into launches.
+
+#ifndef DMUON_SERVER_GPU_LOGIC_H_
+#define DMUON_SERVER_GPU_LOGIC_H_
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace dmuon::server {
+
+// --devices: "cpu", "auto" (every GPU, else the CPU), "cuda" (every GPU) or
+// "cuda:0,1" (those CUDA ordinals, as this process numbers them).
+struct DeviceSpec {
+  enum class Kind { kCpu, kAuto, kCuda };
+  Kind kind = Kind::kCpu;
+  std::vector<int> ordinals;  // kCuda: the listed ones; empty: every GPU
+};
+// INVALID_ARGUMENT naming the spec and what is wrong (unknown kind, a
+// non-number or negative ordinal, a duplicate, an empty list).
+absl::StatusOr<DeviceSpec> ParseDeviceSpec(const std::string& spec);
+
+// The CUDA ordinals to run executors on, given `count` usable GPUs (count < 0:
+// the CUDA runtime failed, `why` says how). kAuto: every GPU, or none (the
+// caller falls back to the CPU). kCuda: FAILED_PRECONDITION when there is no
+// GPU (with `why`) or an ordinal is >= count.
+absl::StatusOr<std::vector<int>> ResolveCudaDevices(const DeviceSpec& spec,
+                                                    int count,
+                                                    const std::string& why);
+
+// How a failed batch counts against its executor.
+enum class Fault {
+  kNone,         // OK
+  kInput,        // INVALID_ARGUMENT: the input, not the device
+  kOutOfMemory,  // RESOURCE_EXHAUSTED: unhealthy until a batch succeeds
+  kDevice,       // anything else from CUDA: unhealthy for good
+};
+Fault ClassifyFault(const absl::Status& status);
+
+// An executor's health, thread-safe. Healthy until a device fault; an
+// out-of-memory clears with the next successful batch, any other device
+// error never does (the CUDA context is unusable after a sticky error such
+// as a lost device or an illegal address).
+class Health {
+ public:
+  void Record(const absl::Status& status);
+  bool healthy() const;
+  // A fault that no later batch can clear.
+  bool out_of_service() const;
+  std::string last_error() const;
+
+ private:
+  mutable std::mutex mu_;
+  bool healthy_ = true;
+  bool sticky_ = false;
+  std::string last_error_;
+};
+
+// Cuts a batch of `n` same-shape matrices into launches whose sizes are
+// powers of two no larger than `max_launch` (largest first), so an executor
+// builds kernel plans for at most log2(max_launch) + 1 batch sizes per shape
+// instead of one per size. n <= 0: none.
+std::vector<int64_t> SplitBatch(int64_t n, int64_t max_launch);
+
+// Byte ranges of one rank's rows when rows [row_begin, row_end) of a
+// rows x cols fp32 matrix are gathered (or scattered) contiguously.
+struct RowBytes {
+  uint64_t offset = 0;  // into the whole matrix
+  uint64_t bytes = 0;
+};
+RowBytes RowsOf(int64_t row_begin, int64_t row_end, int64_t cols);
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_GPU_LOGIC_H_

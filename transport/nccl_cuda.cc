@@ -1,0 +1,315 @@
+// The CUDA and NCCL side of the nccl transport (nccl.h): the communicator
+// the worker drives, a job's communicator, and the daemon's session region.
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/check.h"
+#include "transport/nccl.h"
+#include "transport/nccl_check.h"
+
+namespace dmuon::transport {
+namespace {
+
+// A non-blocking communicator: joined on the worker thread at the first
+// Poll; every later call waits for the previous one to leave
+// ncclInProgress, as non-blocking NCCL requires.
+class RealComm final : public NcclComm {
+ public:
+  RealComm(const ncclUniqueId& id, NcclRanks ranks, int device,
+           double enqueue_timeout_seconds)
+      : id_(id),
+        ranks_(ranks),
+        device_(device),
+        enqueue_timeout_(enqueue_timeout_seconds) {}
+  ~RealComm() override {
+    (void)cudaSetDevice(device_);
+    for (auto& [marker, ev] : events_) (void)cudaEventDestroy(ev);
+    for (cudaEvent_t ev : free_events_) (void)cudaEventDestroy(ev);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Poll() override {
+    if (comm_ == nullptr) {
+      if (!init_error_.ok()) return init_error_;
+      init_error_ = Init();
+      if (!init_error_.ok()) return init_error_;
+    }
+    auto idle = Idle();
+    if (!idle.ok()) return idle.status();
+    return *idle ? absl::OkStatus() : absl::UnavailableError("in progress");
+  }
+
+  absl::StatusOr<uint64_t> Post(
+      const std::vector<NcclTransfer>& transfers) override {
+    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (auto st = WaitIdle(); !st.ok()) return st;
+    DMUON_NCCL_RETURN_IF_ERROR(ncclGroupStart());
+    absl::Status first;
+    for (const NcclTransfer& t : transfers) {
+      first = Transfer(t);
+      if (!first.ok()) break;
+    }
+    // The group is closed even after an error: the group state belongs to
+    // this thread, which serves the device's other communicators too.
+    const ncclResult_t end = ncclGroupEnd();
+    if (!first.ok()) return first;
+    DMUON_NCCL_RETURN_IF_ERROR(end);
+    if (auto st = WaitIdle(); !st.ok()) return st;
+    cudaEvent_t ev = nullptr;
+    if (!free_events_.empty()) {
+      ev = free_events_.back();
+      free_events_.pop_back();
+    } else {
+      DMUON_CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    }
+    DMUON_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, stream_));
+    events_.push_back({++next_marker_, ev});
+    return next_marker_;
+  }
+
+  absl::StatusOr<bool> Done(uint64_t marker) override {
+    auto it = events_.begin();
+    while (it != events_.end() && it->first < marker) ++it;
+    if (it == events_.end() || it->first != marker) return true;  // retired
+    const cudaError_t e = cudaEventQuery(it->second);
+    if (e == cudaErrorNotReady) return false;
+    DMUON_CUDA_RETURN_IF_ERROR(e);
+    // Completion is in stream order: every earlier group is done too.
+    while (!events_.empty() && events_.front().first <= marker) {
+      free_events_.push_back(events_.front().second);
+      events_.pop_front();
+    }
+    return true;
+  }
+
+  void Abort() override {
+    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    init_error_ = absl::CancelledError("aborted");
+  }
+  // Nothing is pending here: abort is the teardown that never waits on a
+  // peer.
+  void Close() override { Abort(); }
+
+ private:
+  absl::Status Init() {
+    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    DMUON_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    DMUON_NCCL_RETURN_IF_ERROR(ncclCommInitRankConfig(
+        &comm_, ranks_.nranks, id_, ranks_.daemon_rank, &config));
+    return absl::OkStatus();
+  }
+
+  // True: idle; false: an operation (joining, enqueuing) is in progress.
+  absl::StatusOr<bool> Idle() {
+    ncclResult_t state = ncclSuccess;
+    DMUON_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
+    if (state == ncclInProgress) return false;
+    DMUON_NCCL_RETURN_IF_ERROR(state);
+    return true;
+  }
+
+  absl::Status WaitIdle() {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      auto idle = Idle();
+      if (!idle.ok()) return idle.status();
+      if (*idle) return absl::OkStatus();
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count() > enqueue_timeout_) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("enqueuing an NCCL group took over ", enqueue_timeout_,
+                         " s: a trainer rank did not post its side"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  absl::Status Transfer(const NcclTransfer& t) {
+    const size_t count = t.bytes / sizeof(float);
+    if (t.send) {
+      DMUON_NCCL_RETURN_IF_ERROR(ncclSend(t.base + t.offset, count, ncclFloat32,
+                                          t.peer, comm_, stream_));
+    } else {
+      DMUON_NCCL_RETURN_IF_ERROR(ncclRecv(t.base + t.offset, count, ncclFloat32,
+                                          t.peer, comm_, stream_));
+    }
+    return absl::OkStatus();
+  }
+
+  const ncclUniqueId id_;
+  const NcclRanks ranks_;
+  const int device_;
+  const double enqueue_timeout_;
+  ncclComm_t comm_ = nullptr;
+  absl::Status init_error_;
+  cudaStream_t stream_ = nullptr;
+  uint64_t next_marker_ = 0;
+  std::deque<std::pair<uint64_t, cudaEvent_t>> events_;
+  std::vector<cudaEvent_t> free_events_;
+};
+
+class NcclJobImpl;
+
+// A session's region in the daemon's GPU memory (see nccl.h for the order).
+class NcclRegion final : public Region {
+ public:
+  NcclRegion(std::shared_ptr<NcclWorker> worker, int comm, int device, int rank,
+             Layout layout, std::byte* mem)
+      : worker_(std::move(worker)),
+        comm_(comm),
+        rank_(rank),
+        layout_(std::move(layout)),
+        order_(static_cast<int>(layout_.slots.size())) {
+    view_.device = device;
+    view_.base = mem;
+    view_.bytes = layout_.total_bytes;
+  }
+  ~NcclRegion() override {
+    // The job's communicator ends with any of its sessions: nothing may
+    // still move this memory when it is freed.
+    worker_->AbortAndWait(
+        comm_, absl::CancelledError(absl::StrCat(
+                   "rank ", rank_,
+                   "'s session closed; the job's NCCL communicator ended")));
+    std::vector<Held> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [token, h] : held_) held.push_back(std::move(h));
+      held_.clear();
+    }
+    for (Held& h : held) h.done(absl::CancelledError("session closed"));
+    (void)cudaSetDevice(view_.device);
+    (void)cudaFree(view_.base);
+  }
+
+  absl::Span<std::byte> bytes() override { return {}; }
+  absl::Status Check() const override { return worker_->status(comm_); }
+  const std::string& name() const override { return name_; }
+  const DeviceView* device() const override { return &view_; }
+  bool moves_data() const override { return true; }
+
+  void Pull(int64_t step, std::vector<int> params,
+            std::function<void(absl::Status)> done) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_->Submit(comm_, WithBase(GradientReceives(layout_, rank_, params)),
+                    nullptr, std::move(done));
+    for (uint64_t token :
+         order_.GradientsPosted(step, static_cast<int>(params.size()))) {
+      auto it = held_.find(token);
+      worker_->Submit(comm_, std::move(it->second.transfers),
+                      std::move(it->second.done), nullptr);
+      held_.erase(it);
+    }
+  }
+
+  void Push(int64_t step, std::vector<int> params,
+            std::function<void(absl::Status)> done) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t token = ++next_token_;
+    auto transfers = WithBase(UpdateSends(layout_, rank_, params));
+    if (order_.MayPush(step, token)) {
+      worker_->Submit(comm_, std::move(transfers), std::move(done), nullptr);
+    } else {
+      held_[token] = {std::move(transfers), std::move(done)};
+    }
+  }
+
+ private:
+  struct Held {
+    std::vector<NcclTransfer> transfers;
+    std::function<void(absl::Status)> done;
+  };
+  std::vector<NcclTransfer> WithBase(std::vector<NcclTransfer> t) const {
+    for (NcclTransfer& x : t) x.base = view_.base;
+    return t;
+  }
+
+  const std::shared_ptr<NcclWorker> worker_;
+  const int comm_;
+  const int rank_;
+  const Layout layout_;
+  DeviceView view_;
+  const std::string name_;
+  std::mutex mu_;  // the order of Submit calls is the posting order
+  ExchangeOrder order_;
+  uint64_t next_token_ = 0;
+  std::map<uint64_t, Held> held_;
+};
+
+class NcclJobImpl final : public NcclJob {
+ public:
+  NcclJobImpl(std::string id, NcclRanks ranks, int device,
+              std::shared_ptr<NcclWorker> worker, int comm)
+      : id_(std::move(id)),
+        ranks_(ranks),
+        device_(device),
+        worker_(std::move(worker)),
+        comm_(comm) {}
+  ~NcclJobImpl() override { worker_->Remove(comm_); }
+
+  const std::string& unique_id() const override { return id_; }
+  NcclRanks ranks() const override { return ranks_; }
+
+  absl::StatusOr<std::unique_ptr<Region>> OpenRegion(
+      int rank, const Layout& layout) override {
+    if (auto st = worker_->status(comm_); !st.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the job's NCCL communicator has ended (", st.message(),
+                       "); close every rank and open the job again"));
+    }
+    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    void* mem = nullptr;
+    DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&mem, layout.total_bytes));
+    if (const cudaError_t e = cudaMemset(mem, 0, layout.total_bytes);
+        e != cudaSuccess) {
+      (void)cudaFree(mem);
+      DMUON_CUDA_RETURN_IF_ERROR(e);
+    }
+    return std::unique_ptr<Region>(new NcclRegion(
+        worker_, comm_, device_, rank, layout, static_cast<std::byte*>(mem)));
+  }
+
+  void Abort(absl::Status why) override { worker_->Abort(comm_, why); }
+  bool ended() const override { return !worker_->status(comm_).ok(); }
+
+ private:
+  const std::string id_;
+  const NcclRanks ranks_;
+  const int device_;
+  const std::shared_ptr<NcclWorker> worker_;
+  const int comm_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<NcclJob>> StartNcclJob(
+    int world_size, int device, std::shared_ptr<NcclWorker> worker,
+    NcclPolicy policy) {
+  ncclUniqueId id;
+  DMUON_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+  const NcclRanks ranks = NcclRanksFor(world_size);
+  const int comm = worker->Add(std::make_unique<RealComm>(
+      id, ranks, device, policy.transfer_timeout_seconds));
+  return std::shared_ptr<NcclJob>(
+      new NcclJobImpl(std::string(id.internal, sizeof(id.internal)), ranks,
+                      device, std::move(worker), comm));
+}
+
+}  // namespace dmuon::transport
