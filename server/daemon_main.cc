@@ -323,11 +323,15 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   } else if (!opts.state_dir.empty()) {
     spdlog::info("state snapshotted to {}", opts.state_dir);
   }
+  // Steps are done and state is saved: what is still open (idle Step
+  // streams, idle channels) is cancelled within a second, not waited for.
+  const auto left = std::max(std::chrono::steady_clock::duration::zero(),
+                             deadline - std::chrono::steady_clock::now());
   server->Shutdown(
       std::chrono::system_clock::now() +
       std::chrono::duration_cast<std::chrono::system_clock::duration>(
-          std::max(std::chrono::steady_clock::duration::zero(),
-                   deadline - std::chrono::steady_clock::now())));
+          std::min<std::chrono::steady_clock::duration>(
+              left, std::chrono::seconds(1))));
   stop = true;
   summary.join();
   spdlog::info("dmuond exited");
