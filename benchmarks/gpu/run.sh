@@ -71,6 +71,9 @@ step() {  # step NAME CAP CMD...: runs CMD under its capped timeout
 step "GPU kernel tests" 150 bash -c \
   "'$here/bin/cuda_kernels_test' --gtest_output='json:$OUT/gpu-tests.json' 2>&1 | tail -n 40; exit \${PIPESTATUS[0]}"
 
+step "CUDA autotuner test" 45 bash -c \
+  "'$here/bin/autotune_cuda_test' 2>&1 | tail -n 10; exit \${PIPESTATUS[0]}"
+
 step "CUDA executor tests" 90 bash -c \
   "'$here/bin/cuda_executor_test' --gtest_output='json:$OUT/executor-tests.json' 2>&1 | tail -n 30; exit \${PIPESTATUS[0]}"
 
