@@ -39,7 +39,7 @@ TEST(MovingTransport, AFailedTransferBreaksTheJobWithItsReason) {
   ready.mutable_gradients_ready()->set_step(2);
   ready.mutable_gradients_ready()->add_param_ids(0);
   ASSERT_TRUE(dev.svc->OnStepRequest(dev.open[0].session_id(), ready).ok());
-  dev.sinks[0]->Wait(2);
+  dev.sinks[0]->WaitStep(2);
   const absl::Status why = dev.sinks[0]->abort_status();
   EXPECT_EQ(why.code(), absl::StatusCode::kUnavailable) << why;
   EXPECT_NE(why.message().find("peer gone"), std::string::npos) << why;

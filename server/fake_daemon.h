@@ -17,51 +17,13 @@
 #include <vector>
 
 #include "server/fake_device.h"
+#include "server/recording_sink.h"
 #include "server/service.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
 
-class Sink : public StepSink {
- public:
-  void Send(v1::StepResponse m) override {
-    std::lock_guard<std::mutex> l(mu_);
-    msgs_.push_back(std::move(m));
-    cv_.notify_all();
-  }
-  void Abort(absl::Status st) override {
-    std::lock_guard<std::mutex> l(mu_);
-    aborted_ = true;
-    abort_status_ = st;
-    cv_.notify_all();
-  }
-  absl::Status abort_status() {
-    std::lock_guard<std::mutex> l(mu_);
-    return abort_status_;
-  }
-  // Messages up to StepComplete(step).
-  std::vector<v1::StepResponse> Wait(int64_t step) {
-    std::unique_lock<std::mutex> l(mu_);
-    std::vector<v1::StepResponse> out;
-    for (;;) {
-      cv_.wait_for(l, std::chrono::seconds(30),
-                   [&] { return !msgs_.empty() || aborted_; });
-      if (msgs_.empty()) return out;
-      out.push_back(msgs_.front());
-      msgs_.pop_front();
-      if (out.back().has_step_complete() &&
-          out.back().step_complete().step() == step)
-        return out;
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::StepResponse> msgs_;
-  bool aborted_ = false;
-  absl::Status abort_status_;
-};
+using Sink = RecordingSink;
 
 struct P {
   const char* name;
@@ -177,7 +139,7 @@ struct Daemon {
     }
     std::vector<std::vector<std::vector<float>>> out(world);
     for (int r = 0; r < world; ++r) {
-      auto m = sinks[r]->Wait(step);
+      auto m = sinks[r]->WaitStep(step);
       EXPECT_TRUE(!m.empty() && m.back().has_step_complete());
       if (msgs) msgs->push_back(m);
       for (size_t i = 0; i < kTable.size(); ++i) {

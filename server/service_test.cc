@@ -7,65 +7,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <random>
 
 #include "kernels/testing/oracle.h"
+#include "server/recording_sink.h"
 #include "transport/transport.h"
 
 namespace dmuon::server {
 namespace {
 
-class FakeSink : public StepSink {
- public:
-  void Send(v1::StepResponse m) override {
-    std::lock_guard<std::mutex> l(mu_);
-    msgs_.push_back(std::move(m));
-    cv_.notify_all();
-  }
-  void Abort(absl::Status st) override {
-    std::lock_guard<std::mutex> l(mu_);
-    aborted_ = true;
-    abort_status_ = st;
-    cv_.notify_all();
-  }
-  // Waits for StepComplete(step) or an abort; returns everything received.
-  std::vector<v1::StepResponse> WaitStep(int64_t step) {
-    std::unique_lock<std::mutex> l(mu_);
-    std::vector<v1::StepResponse> out;
-    for (;;) {
-      while (!msgs_.empty()) {
-        out.push_back(msgs_.front());
-        msgs_.pop_front();
-        if (out.back().has_step_complete() &&
-            out.back().step_complete().step() == step)
-          return out;
-      }
-      if (aborted_) return out;
-      if (!cv_.wait_for(l, std::chrono::seconds(60),
-                        [&] { return !msgs_.empty() || aborted_; })) {
-        ADD_FAILURE() << "timed out waiting for step " << step;
-        return out;
-      }
-    }
-  }
-  bool WaitAbort(absl::Status* st) {
-    std::unique_lock<std::mutex> l(mu_);
-    bool ok =
-        cv_.wait_for(l, std::chrono::seconds(30), [&] { return aborted_; });
-    *st = abort_status_;
-    return ok;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::StepResponse> msgs_;
-  bool aborted_ = false;
-  absl::Status abort_status_;
-};
+using FakeSink = testing::RecordingSink;
 
 struct Param {
   std::string name;
