@@ -5,6 +5,7 @@
 #ifndef DMUON_BENCHMARKS_BENCH_UTIL_H_
 #define DMUON_BENCHMARKS_BENCH_UTIL_H_
 
+#include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -30,6 +31,20 @@ struct Row {
   double error = -1;  // relative error vs a reference, when measured
   std::vector<double> samples;
 };
+
+// ||got - want||_F / ||want||_F in double; infinite when `got` holds a
+// NaN/Inf, so a broken result never looks accurate.
+template <typename A, typename B>
+double RelativeError(const std::vector<A>& got, const std::vector<B>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - static_cast<double>(want[i]);
+    num += d * d;
+    den += static_cast<double>(want[i]) * static_cast<double>(want[i]);
+  }
+  if (!std::isfinite(num)) return INFINITY;
+  return std::sqrt(num / (den > 0 ? den : 1e-300));
+}
 
 // Runs `fn` once to warm up, then `reps` times; returns the sorted samples.
 absl::StatusOr<std::vector<double>> Time(

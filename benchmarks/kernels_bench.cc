@@ -39,15 +39,6 @@ using kernels::Shape;
 
 std::string ShapeName(Shape s) { return absl::StrCat(s.rows, "x", s.cols); }
 
-double RelErr(const std::vector<float>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 absl::Status Run(std::vector<Row>& rows) {
   auto shapes = ParseShapes(absl::GetFlag(FLAGS_shapes));
   if (!shapes.ok()) return shapes.status();
@@ -92,7 +83,7 @@ absl::Status Run(std::vector<Row>& rows) {
       if (!t.ok()) return t.status();
       const double gf = b * dense / Median(*t) / 1e9;
       rows.push_back({ShapeName(s), b, name, Median(*t), gf, peak, gf / peak,
-                      check ? RelErr(out, ref) : -1.0, *t});
+                      check ? RelativeError(out, ref) : -1.0, *t});
       PrintTable({rows.back()});
       return absl::OkStatus();
     };

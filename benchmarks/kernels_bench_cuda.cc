@@ -158,12 +158,7 @@ absl::Status Run(cu::Context& ctx, std::vector<Row>& rows) {
         if (auto st = ctx.Download(*out, cu::DType::kBF16, e, got.data());
             !st.ok())
           return st;
-        double num = 0, den = 0;
-        for (int64_t i = 0; i < e; ++i) {
-          num += (got[i] - ref[i]) * (got[i] - ref[i]);
-          den += ref[i] * ref[i];
-        }
-        err = std::sqrt(num / den);
+        err = RelativeError(got, ref);
       }
       const double gf = v.batch * dense / Median(*t) / 1e9;
       rows.push_back(
