@@ -215,11 +215,7 @@ class CudaExecutor final : public Executor {
     }
 
     // NS in place, in launches of power-of-two sizes.
-    cu::CudaNsOptions ns;
-    ns.ns = batch[0].muon->ns;
-    ns.compute = ns.ns.method == kernels::Method::kGram ? cu::DType::kF16
-                                                        : cu::DType::kBF16;
-    ns.use_graphs = options_.use_graphs;
+    const cu::CudaNsOptions ns = ExecutorNsOptions(batch[0].muon->ns, options_);
     int64_t first = 0;
     for (int64_t size : SplitBatch(count, options_.max_launch)) {
       cu::DeviceBatch b;
@@ -351,6 +347,16 @@ class CudaExecutor final : public Executor {
 };
 
 }  // namespace
+
+cu::CudaNsOptions ExecutorNsOptions(const kernels::NsOptions& ns,
+                                    const CudaExecutorOptions& options) {
+  cu::CudaNsOptions o;
+  o.ns = ns;
+  o.compute =
+      ns.method == kernels::Method::kGram ? cu::DType::kF16 : cu::DType::kBF16;
+  o.use_graphs = options.use_graphs;
+  return o;
+}
 
 absl::StatusOr<std::unique_ptr<Executor>> NewCudaExecutor(
     int device, const CudaExecutorOptions& options) {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "server/executor.h"
 
 namespace dmuon::server {
@@ -41,6 +42,13 @@ struct CudaExecutorOptions {
   bool use_graphs = true;      // replay each NS plan as a CUDA graph
   int max_launch = 16;         // most matrices per NS launch (power of two)
 };
+
+// The options the executor runs Newton–Schulz with for a batch whose
+// parameters have `ns`: the direct method in bf16, Gram in fp16 (its
+// published stable precision), products accumulating in fp32. The
+// autotuner's CUDA backend (cuda_tuning.h) measures with the same.
+kernels::cuda::CudaNsOptions ExecutorNsOptions(
+    const kernels::NsOptions& ns, const CudaExecutorOptions& options);
 
 // The executor of CUDA ordinal `device`.
 absl::StatusOr<std::unique_ptr<Executor>> NewCudaExecutor(

@@ -55,8 +55,9 @@ ABSL_FLAG(
 ABSL_FLAG(
     std::string, autotune_cache, "",
     "file caching measured method choices: parameters with method 'auto' get "
-    "the faster of direct and Gram as measured here, and the planner balances "
-    "measured times (empty: the cost model decides)");
+    "the faster of direct and Gram as measured on this daemon's executors "
+    "(the CPU, or dmuond_cuda's first GPU), and the planner balances measured "
+    "times (empty: the cost model decides)");
 ABSL_FLAG(int, snapshot_every, 0,
           "snapshot each job every N completed steps (0: only at shutdown)");
 ABSL_FLAG(int, max_sessions, 64,
@@ -199,6 +200,19 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
     std::vector<std::string> names;
     for (const auto& e : ex) names.push_back(e->device());
     if (gpu->transports) opts.device_transports = gpu->transports(names);
+    if (gpu->tuning && !opts.autotune_cache.empty()) {
+      auto tuning = gpu->tuning(names);
+      if (tuning.ok()) {
+        opts.tuning = *std::move(tuning);
+        spdlog::info("--autotune-cache: methods measured on {}",
+                     opts.tuning.device);
+      } else {
+        spdlog::warn(
+            "--autotune-cache={}: {}; the cost model chooses methods instead",
+            opts.autotune_cache, std::string(tuning.status().message()));
+        opts.autotune_cache.clear();
+      }
+    }
   } else if (momentum_dtype != "fp32") {
     return Fail("--momentum-dtype=" + momentum_dtype +
                 ": CPU executors keep fp32 momentum");

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "server/device_transport.h"
 #include "server/executor.h"
+#include "server/service.h"
 
 namespace dmuon::server {
 
@@ -28,6 +29,11 @@ struct GpuSupport {
   std::function<std::shared_ptr<DeviceTransports>(
       const std::vector<std::string>& devices)>
       transports;
+  // The autotuner's backend for those executors (with --autotune-cache),
+  // given their device names; an error disables the autotuner (the cost
+  // model decides) with a warning. Null: measured on the CPU.
+  std::function<absl::StatusOr<Tuning>(const std::vector<std::string>& devices)>
+      tuning;
 };
 
 // Runs the daemon until SIGTERM/SIGINT; returns the exit code. `gpu` null:

@@ -69,14 +69,24 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
         "steps %llu  latency p50 %.4fs  p90 %.4fs  p99 %.4fs  max %.4fs\n",
         static_cast<unsigned long long>(l.count()), l.p50_seconds(),
         l.p90_seconds(), l.p99_seconds(), l.max_seconds());
-    std::printf("\n%-12s %12s %8s %12s %16s %10s %9s\n", "EXECUTOR", "BUSY_S",
-                "QUEUE", "MATRICES", "GFLOP", "MEM_MB", "HEALTHY");
+    // STEP_PRED_MS / STEP_MEAS_MS: the open jobs' per-step load on the
+    // executor, as planned and as measured in their last completed steps;
+    // MEAS/PRED their ratio ("-" with nothing planned there).
+    std::printf("\n%-12s %12s %8s %12s %16s %10s %13s %13s %9s %9s\n",
+                "EXECUTOR", "BUSY_S", "QUEUE", "MATRICES", "GFLOP", "MEM_MB",
+                "STEP_PRED_MS", "STEP_MEAS_MS", "MEAS/PRED", "HEALTHY");
     for (const auto& e : s.executors()) {
-      std::printf("%-12s %12.2f %8d %12llu %16.1f %10.1f %9s\n",
-                  e.device().c_str(), e.busy_seconds(), e.queue_depth(),
-                  static_cast<unsigned long long>(e.matrices()),
-                  e.flops() / 1e9, e.memory_bytes() / 1e6,
-                  e.healthy() ? "yes" : "NO");
+      char ratio[32] = "-";
+      if (e.predicted_step_seconds() > 0) {
+        std::snprintf(ratio, sizeof(ratio), "%.2f",
+                      e.measured_step_seconds() / e.predicted_step_seconds());
+      }
+      std::printf(
+          "%-12s %12.2f %8d %12llu %16.1f %10.1f %13.3f %13.3f %9s %9s\n",
+          e.device().c_str(), e.busy_seconds(), e.queue_depth(),
+          static_cast<unsigned long long>(e.matrices()), e.flops() / 1e9,
+          e.memory_bytes() / 1e6, e.predicted_step_seconds() * 1e3,
+          e.measured_step_seconds() * 1e3, ratio, e.healthy() ? "yes" : "NO");
       if (!e.last_error().empty())
         std::printf("  %s\n", e.last_error().c_str());
     }

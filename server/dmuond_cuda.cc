@@ -1,8 +1,10 @@
-// dmuond_cuda: dmuond (daemon_main.h) with CUDA executors (cuda_executor.h)
-// and the GPU transports (cuda_transports.h): --devices=cuda:0,1 or auto.
+// dmuond_cuda: dmuond (daemon_main.h) with CUDA executors (cuda_executor.h),
+// the GPU transports (cuda_transports.h) and the autotuner measuring on a
+// GPU (cuda_tuning.h): --devices=cuda:0,1 or auto.
 
 #include "server/cuda_executor.h"
 #include "server/cuda_transports.h"
+#include "server/cuda_tuning.h"
 #include "server/daemon_main.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +17,12 @@ int main(int argc, char** argv) {
   };
   gpu.transports = [](const std::vector<std::string>& devices) {
     return dmuon::server::NewCudaTransports(devices);
+  };
+  // Methods are measured as the executors run them (the momentum dtype does
+  // not change how Newton–Schulz runs).
+  gpu.tuning = [](const std::vector<std::string>& devices) {
+    return dmuon::server::NewCudaTuning(devices,
+                                        dmuon::server::CudaExecutorOptions());
   };
   return dmuon::server::DaemonMain(argc, argv, &gpu);
 }

@@ -71,6 +71,12 @@ struct Job {
   std::vector<ParamState> params;
   int64_t completed_steps = 0;
   int params_done = 0;  // parameters finished in the step in progress
+  // By executor index (plan.predicted_load's size): seconds of
+  // Executor::Compute spent on this job's matrices (Work::Computed) in the
+  // step in progress, and in the last completed step (all zeros until one
+  // completes).
+  std::vector<double> compute_seconds;
+  std::vector<double> last_step_compute_seconds;
   bool broken = false;  // a rank left mid-step: the job can no longer step
 
   int open_ranks() const {
@@ -78,6 +84,9 @@ struct Job {
     for (const auto& s : ranks) n += s != nullptr;
     return n;
   }
+  // Counts in the executors' per-step load (Status): a rank is open and
+  // the job can still step.
+  bool open() const { return !broken && open_ranks() > 0; }
   bool mid_step() const {
     if (params_done > 0) return true;
     for (const auto& p : params)

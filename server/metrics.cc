@@ -50,6 +50,16 @@ class ExecutorCollectable : public prometheus::Collectable {
     auto healthy = family("dmuon_executor_healthy",
                           "1 while the executor serves; 0 after a device fault",
                           prometheus::MetricType::Gauge);
+    auto predicted = family(
+        "dmuon_executor_predicted_step_seconds",
+        "Planner's per-step cost of the open jobs' matrices on each executor "
+        "(autotuned seconds, or cost-model flops at 1e11 flop/s)",
+        prometheus::MetricType::Gauge);
+    auto measured = family(
+        "dmuon_executor_measured_step_seconds",
+        "Compute seconds each executor spent on the open jobs' matrices in "
+        "each job's last completed step",
+        prometheus::MetricType::Gauge);
     for (const ExecutorStats& s : stats) {
       prometheus::ClientMetric m;
       m.label = {{"device", s.device}};
@@ -67,8 +77,12 @@ class ExecutorCollectable : public prometheus::Collectable {
       memory.metric.push_back(g);
       g.gauge.value = s.healthy ? 1 : 0;
       healthy.metric.push_back(g);
+      g.gauge.value = s.predicted_step_seconds;
+      predicted.metric.push_back(g);
+      g.gauge.value = s.measured_step_seconds;
+      measured.metric.push_back(g);
     }
-    return {busy, depth, matrices, flops, memory, healthy};
+    return {busy, depth, matrices, flops, memory, healthy, predicted, measured};
   }
 
  private:

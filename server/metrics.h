@@ -35,7 +35,8 @@ class Metrics {
   void Error(const std::string& code);
   void Snapshot(double seconds);
 
-  // Serves executor metrics from `stats` at scrape time.
+  // Serves executor metrics from `stats` at scrape time (including the
+  // per-step load fields, which the service fills in).
   void SetExecutorSource(std::function<std::vector<ExecutorStats>()> stats);
 
   // Everything to register with an Exposer.

@@ -151,12 +151,12 @@ void ParamWork::Finish(absl::Status status) {
         "gradient of parameter '", job->table.params[param].name, "' at step ",
         step, " has a non-finite value (NaN or Inf; found on the device)"));
   }
-  service->Deliver(job, param, step, status, nonfinite);
+  service->Deliver(job, param, step, status, nonfinite, compute_seconds);
 }
 
 void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
                                int64_t step, absl::Status status,
-                               bool nonfinite) {
+                               bool nonfinite, double compute_seconds) {
   const ParamInfo& info = job->table.params[param];
   if (nonfinite && metrics_) metrics_->NonFiniteGradient();
   std::string snapshot;
@@ -167,6 +167,10 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
     p.arrived_count = 0;
     std::fill(p.arrived.begin(), p.arrived.end(), 0);
     if (job->broken) return;
+    if (const size_t e = static_cast<size_t>(job->plan.executor_of[param]);
+        e < job->compute_seconds.size()) {
+      job->compute_seconds[e] += compute_seconds;
+    }
     const bool skip = nonfinite && options_.skip_nonfinite;
     if (!status.ok() && !skip) {
       job->broken = true;
@@ -245,6 +249,8 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
     if (++job->params_done == static_cast<int>(job->params.size())) {
       job->params_done = 0;
       job->completed_steps = step;
+      job->last_step_compute_seconds = job->compute_seconds;
+      std::fill(job->compute_seconds.begin(), job->compute_seconds.end(), 0.0);
       // Nothing of the next step can have started: every rank's step ends
       // in this critical section, so the state copied here is consistent.
       if (!options_.state_dir.empty() && options_.snapshot_every > 0 &&

@@ -23,12 +23,14 @@ struct ParamWork : public Work {
   double flops() const override;
   absl::StatusOr<ComputeTask> Prepare() override;
   void Finish(absl::Status status) override;
+  void Computed(double seconds) override { compute_seconds = seconds; }
 
   OptimizerService* const service;
   const std::shared_ptr<Job> job;
   const int param;
   const int64_t step;
   bool nonfinite = false;
+  double compute_seconds = 0;  // Computed(); 0 when the compute was skipped
   DeviceIo io;  // GPU transports: where the task's gradient and update live
 };
 

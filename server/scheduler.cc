@@ -127,10 +127,15 @@ void Scheduler::Loop(Worker* w) {
       tasks.push_back(*t);
       ready.push_back(work);
     }
+    const auto c0 = std::chrono::steady_clock::now();
     absl::Status st = w->executor->Compute(tasks);
+    const double compute =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - c0)
+            .count();
     double flops = 0;
     for (auto& work : ready) {
       flops += work->flops();
+      work->Computed(compute / static_cast<double>(ready.size()));
       work->Finish(st);
     }
     const double busy =

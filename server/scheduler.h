@@ -25,7 +25,8 @@ namespace dmuon::server {
 
 // One matrix ready to run. Prepare() gathers the gradient and returns the
 // task (an error, e.g. a non-finite gradient, skips the compute); Finish()
-// delivers the result or the error. Both run on the worker thread.
+// delivers the result or the error. All three run on the worker thread:
+// Computed(), when the task reached Executor::Compute, just before Finish().
 class Work {
  public:
   virtual ~Work() = default;
@@ -35,6 +36,10 @@ class Work {
   virtual double flops() const = 0;
   virtual absl::StatusOr<ComputeTask> Prepare() = 0;
   virtual void Finish(absl::Status status) = 0;
+  // This matrix's share of its batch's Executor::Compute wall time: the
+  // batch's seconds divided evenly among the batch's matrices (they have
+  // one shape and one set of hyperparameters, so one cost).
+  virtual void Computed(double seconds) {}
 };
 
 struct ExecutorStats {
@@ -47,6 +52,10 @@ struct ExecutorStats {
   bool healthy = true;        // Executor::healthy() when read
   uint64_t memory_bytes = 0;  // Executor::memory_bytes() when read
   std::string last_error;     // Executor::last_error() when read
+  // Per-step load over the open jobs (ExecutorStatus in dmuon.proto): the
+  // service fills these in; Scheduler::Stats() leaves them 0.
+  double predicted_step_seconds = 0;
+  double measured_step_seconds = 0;
 };
 
 class Scheduler {

@@ -65,6 +65,29 @@ absl::Status CheckRowTiling(const Job& job,
   return absl::OkStatus();
 }
 
+// Adds `job`'s per-step load on each executor to `predicted` and `measured`
+// (sized the executor count) when they are not null and, when `out` is not
+// null, lists it there under the executors' `devices`. The caller holds
+// job.mu.
+void AddJobLoad(const Job& job, const std::vector<ExecutorStats>& devices,
+                std::vector<double>* predicted, std::vector<double>* measured,
+                v1::JobStatus* out) {
+  for (size_t e = 0; e < devices.size(); ++e) {
+    const double p =
+        e < job.plan.predicted_load.size() ? job.plan.predicted_load[e] : 0.0;
+    const double m = e < job.last_step_compute_seconds.size()
+                         ? job.last_step_compute_seconds[e]
+                         : 0.0;
+    if (predicted != nullptr) (*predicted)[e] += p;
+    if (measured != nullptr) (*measured)[e] += m;
+    if (out == nullptr) continue;
+    v1::ExecutorLoad* l = out->add_executor_loads();
+    l->set_device(devices[e].device);
+    l->set_predicted_step_seconds(p);
+    l->set_measured_step_seconds(m);
+  }
+}
+
 }  // namespace
 
 OptimizerService::OptimizerService(ServiceOptions options,
@@ -77,10 +100,9 @@ OptimizerService::OptimizerService(ServiceOptions options,
   if (!options_.autotune_cache.empty()) {
     autotuner_ = std::make_unique<kernels::Autotuner>(options_.autotune_cache);
   }
-  if (metrics_) {
-    Scheduler* s = scheduler_.get();
-    metrics_->SetExecutorSource([s] { return s->Stats(); });
-  }
+  // The destructor removes the source before the service goes away.
+  if (metrics_)
+    metrics_->SetExecutorSource([this] { return ExecutorStatsWithLoad(); });
 }
 
 OptimizerService::~OptimizerService() {
@@ -192,6 +214,8 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
       job->plan = PlanOn(PlanLpt(costs, static_cast<int>(ok.size())), ok,
                          scheduler_->executors());
     }
+    job->compute_seconds.assign(scheduler_->executors(), 0.0);
+    job->last_step_compute_seconds.assign(scheduler_->executors(), 0.0);
     if (auto snap = snapshot_headers_.find(job->id);
         snap != snapshot_headers_.end()) {
       const v1::StateHeader& h = snap->second.header();
@@ -402,22 +426,25 @@ bool OptimizerService::draining() const {
 }
 
 std::vector<double> OptimizerService::TuneTable(Table& table) {
-  // Used when nothing was measured: a rate in the range of one CPU socket,
-  // so measured and modelled costs stay on one scale.
-  constexpr double kNominalFlopsPerSecond = 1e11;
+  const Tuning& tuning = options_.tuning;
+  const bool cpu = !tuning.measure;
   std::vector<double> costs;
   for (ParamInfo& p : table.params) {
     double seconds = -1;
     if (autotuner_) {
       kernels::TuneKey key;
-      key.device = kernels::CpuDeviceName();
+      key.device = cpu ? kernels::CpuDeviceName() : tuning.device;
+      if (!cpu) key.dtype = tuning.dtype;
       key.shape = p.shape;
       key.schedule = absl::StrCat(p.muon.ns.schedule.name, "/",
                                   p.muon.ns.schedule.steps.size());
       std::optional<kernels::TuneResult> r;
       if (p.muon.ns.method == kernels::Method::kAuto) {
-        auto tuned = autotuner_->Choose(
-            key, kernels::CpuMeasure(p.shape, 1, p.muon.ns), 1e-3);
+        auto tuned =
+            autotuner_->Choose(key,
+                               cpu ? kernels::CpuMeasure(p.shape, 1, p.muon.ns)
+                                   : tuning.measure(p.shape, 1, p.muon.ns),
+                               tuning.tolerance);
         if (tuned.ok()) r = *tuned;
       } else {
         r = autotuner_->Lookup(key);
@@ -479,6 +506,24 @@ void OptimizerService::RecordLatency(double seconds) {
   if (metrics_) metrics_->StepCompleted(seconds);
 }
 
+std::vector<ExecutorStats> OptimizerService::ExecutorStatsWithLoad() const {
+  std::vector<ExecutorStats> stats = scheduler_->Stats();
+  std::vector<double> predicted(stats.size(), 0.0);
+  std::vector<double> measured(stats.size(), 0.0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, job] : jobs_) {
+      std::lock_guard<std::mutex> jl(job->mu);
+      if (job->open()) AddJobLoad(*job, stats, &predicted, &measured, nullptr);
+    }
+  }
+  for (size_t i = 0; i < stats.size(); ++i) {
+    stats[i].predicted_step_seconds = predicted[i];
+    stats[i].measured_step_seconds = measured[i];
+  }
+  return stats;
+}
+
 v1::StatusResponse OptimizerService::Status() const {
   v1::StatusResponse r;
   r.set_version(options_.version);
@@ -486,6 +531,9 @@ v1::StatusResponse OptimizerService::Status() const {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
           .count());
   const auto now = std::chrono::steady_clock::now();
+  std::vector<ExecutorStats> stats = scheduler_->Stats();
+  std::vector<double> predicted(stats.size(), 0.0);
+  std::vector<double> measured(stats.size(), 0.0);
   {
     std::lock_guard<std::mutex> lock(mu_);
     r.set_serving(!draining_);
@@ -501,6 +549,11 @@ v1::StatusResponse OptimizerService::Status() const {
         bytes += p.shape.elements() * sizeof(float);
       j->set_state_bytes(bytes);
       j->set_completed_steps(job->completed_steps);
+      // A job without open ranks (or broken) keeps its listing but no
+      // longer loads the executors.
+      const bool open = job->open();
+      AddJobLoad(*job, stats, open ? &predicted : nullptr,
+                 open ? &measured : nullptr, j);
       for (const auto& s : job->ranks) {
         if (!s) continue;
         auto* ss = r.add_sessions();
@@ -515,7 +568,11 @@ v1::StatusResponse OptimizerService::Status() const {
       }
     }
   }
-  for (const ExecutorStats& e : scheduler_->Stats()) {
+  for (size_t i = 0; i < stats.size(); ++i) {
+    stats[i].predicted_step_seconds = predicted[i];
+    stats[i].measured_step_seconds = measured[i];
+  }
+  for (const ExecutorStats& e : stats) {
     auto* x = r.add_executors();
     x->set_device(e.device);
     x->set_busy_seconds(e.busy_seconds);
@@ -525,6 +582,8 @@ v1::StatusResponse OptimizerService::Status() const {
     x->set_healthy(e.healthy);
     x->set_memory_bytes(e.memory_bytes);
     x->set_last_error(e.last_error);
+    x->set_predicted_step_seconds(e.predicted_step_seconds);
+    x->set_measured_step_seconds(e.measured_step_seconds);
   }
   std::lock_guard<std::mutex> lock(latency_mu_);
   auto* l = r.mutable_step_latency();

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,34 @@
 
 namespace dmuon::server {
 
+// A parameter that nothing measured costs the planner its cost-model flops
+// (kernels/cost_model.h EstimateCost) at this rate, in the range of one CPU
+// socket, so that measured and modelled costs stay on one scale.
+inline constexpr double kNominalFlopsPerSecond = 1e11;
+
+// The autotuner's backend (ServiceOptions::autotune_cache): where and how a
+// method is measured. The service stays free of device types: a GPU daemon
+// plugs its measurement in here.
+struct Tuning {
+  // TuneKey::device of every cache entry, naming the hardware the times
+  // belong to ("cpu:16t", "cuda:NVIDIA H200 (sm_90, 132 SMs)").
+  std::string device;
+  // TuneKey::dtype: the compute dtype(s) the executors run the methods in.
+  std::string dtype = "f32";
+  // Largest relative error against the measurement's reference a method may
+  // have and still be chosen (Autotuner::Choose); the CPU's by default.
+  double tolerance = 1e-3;
+  // A measurement of both methods for `batch` matrices of `shape` with
+  // these options, run only on a cache miss (Autotuner::Choose), from the
+  // thread opening a session, one at a time (under the service's lock:
+  // other calls wait). Empty: the CPU backend (kernels::CpuMeasure, keyed by
+  // kernels::CpuDeviceName() and "f32"; `device` and `dtype` are then
+  // ignored).
+  std::function<kernels::Autotuner::MeasureFn(
+      kernels::Shape shape, int64_t batch, const kernels::NsOptions& options)>
+      measure;
+};
+
 struct ServiceOptions {
   std::string version = "0.1.0";
   int max_sessions = 64;
@@ -42,9 +71,11 @@ struct ServiceOptions {
       0;  // completed steps between snapshots; 0: shutdown only
   std::vector<std::string> devices;
   // Autotuner cache file: parameters with method "auto" get the method
-  // measured fastest for their shape on this machine (once; then cached),
-  // and the planner balances measured seconds. Empty: the cost model decides.
+  // measured fastest for their shape by `tuning` (once; then cached), and
+  // the planner balances measured seconds. Empty: the cost model decides.
   std::string autotune_cache;
+  // How the autotuner measures; the default measures on the CPU.
+  Tuning tuning;
   // GPU transports (cuda_ipc, nccl); null on a CPU daemon. Sessions use them
   // only when every executor reads device memory (CUDA executors).
   std::shared_ptr<DeviceTransports> device_transports;
@@ -105,8 +136,14 @@ class OptimizerService {
   friend struct ParamWork;
   std::shared_ptr<Session> FindSession(const std::string& id) const;
   void CloseLocked(std::shared_ptr<Session> s, const absl::Status& why);
+  // `compute_seconds`: the parameter's Executor::Compute time this step
+  // (Work::Computed), counted in the job's measured load.
   void Deliver(const std::shared_ptr<Job>& job, int param, int64_t step,
-               absl::Status status, bool nonfinite);
+               absl::Status status, bool nonfinite, double compute_seconds);
+  // The scheduler's executor stats with the per-step load of the open jobs
+  // filled in (ExecutorStatus in dmuon.proto), for /metrics. Takes mu_ and
+  // the jobs' locks.
+  std::vector<ExecutorStats> ExecutorStatsWithLoad() const;
   // Snapshot file contents of a job at a step boundary (caller holds job.mu).
   std::string SerializeJobLocked(const Job& job) const;
   // Atomically writes a snapshot (temp file, fsync, rename).

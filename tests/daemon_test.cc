@@ -3,11 +3,13 @@
 // compared (in the rank processes) with the fp64 Muon reference.
 
 #include <dirent.h>
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <memory>
 #include <random>
 
@@ -65,6 +67,30 @@ TEST(Daemon, FourRanksShmAndFourRanksInlineTenSteps) {
   EXPECT_NE(status.find("\"jobId\": \"shm-job\""), std::string::npos) << status;
   EXPECT_NE(status.find("\"completedSteps\": \"10\""), std::string::npos)
       << status;
+  // Per-step load: each job's plan and its last step's compute time per
+  // executor (the executors' sums are 0 again: every rank has closed).
+  v1::StatusResponse s;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(status, &s).ok())
+      << status;
+  ASSERT_EQ(s.executors_size(), 2);
+  for (const auto& e : s.executors()) {
+    EXPECT_EQ(e.predicted_step_seconds(), 0) << status;
+    EXPECT_EQ(e.measured_step_seconds(), 0) << status;
+  }
+  ASSERT_EQ(s.jobs_size(), 2);
+  for (const auto& j : s.jobs()) {
+    ASSERT_EQ(j.executor_loads_size(), 2) << status;
+    double predicted = 0;
+    for (const auto& l : j.executor_loads()) {
+      const double p = l.predicted_step_seconds();
+      const double m = l.measured_step_seconds();
+      EXPECT_TRUE(std::isfinite(p) && p >= 0 && p < 60) << status;
+      EXPECT_TRUE(std::isfinite(m) && m >= 0 && m < 60) << status;
+      EXPECT_EQ(p > 0, m > 0) << "measured where planned\n" << status;
+      predicted += p;
+    }
+    EXPECT_GT(predicted, 0) << status;
+  }
 }
 
 TEST(Daemon, InlineTensorsLargerThanTheMessageLimitTravelInChunks) {
@@ -88,6 +114,8 @@ TEST(Daemon, HealthStatusMetricsAndDrain) {
   const std::string table = Ctl(d.address(), {"status"}, &code);
   EXPECT_EQ(code, 0);
   EXPECT_NE(table.find("cpu:0"), std::string::npos) << table;
+  for (const char* column : {"STEP_PRED_MS", "STEP_MEAS_MS", "MEAS/PRED"})
+    EXPECT_NE(table.find(column), std::string::npos) << column << "\n" << table;
   Ctl(d.address(), {"drain"}, &code);
   EXPECT_EQ(code, 0);
   EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "NOT_SERVING\n");
@@ -110,6 +138,8 @@ TEST(Daemon, PrometheusMetrics) {
     for (const char* name :
          {"dmuon_steps_total 3", "dmuon_step_latency_seconds_bucket",
           "dmuon_executor_busy_seconds_total{device=\"cpu:0\"}",
+          "dmuon_executor_predicted_step_seconds{device=\"cpu:0\"} 0",
+          "dmuon_executor_measured_step_seconds{device=\"cpu:0\"} 0",
           "dmuon_bytes_received_total", "dmuon_sessions 0"}) {
       EXPECT_NE(m.find(name), std::string::npos) << name << "\n" << m;
     }
