@@ -4,8 +4,10 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "proto/dmuon.grpc.pb.h"
@@ -24,6 +26,65 @@ absl::Status FromGrpc(const grpc::Status& st, const std::string& address) {
   return absl::Status(static_cast<absl::StatusCode>(st.error_code()), msg);
 }
 
+// The name a user writes ("cuda_ipc"), for messages and Session::transport().
+std::string TransportName(v1::Transport t) {
+  switch (t) {
+    case v1::TRANSPORT_SHM:
+      return "shm";
+    case v1::TRANSPORT_INLINE:
+      return "inline";
+    case v1::TRANSPORT_CUDA_IPC:
+      return "cuda_ipc";
+    case v1::TRANSPORT_NCCL:
+      return "nccl";
+    default:
+      return "unspecified";
+  }
+}
+
+RegionLayout FromProto(const v1::RegionLayout& p) {
+  RegionLayout l;
+  l.total_bytes = p.total_bytes();
+  for (const auto& t : p.slots()) {
+    RegionSlot s;
+    s.rows = t.local_shape_size() > 0 ? t.local_shape(0) : 0;
+    s.cols = t.local_shape_size() > 1 ? t.local_shape(1) : 0;
+    s.gradient_offset = t.gradient_offset();
+    s.update_offset = t.update_offset();
+    s.bytes = t.bytes();
+    l.slots.push_back(s);
+  }
+  return l;
+}
+
+// INTERNAL when the daemon's layout is not the one the client computed (a
+// GPU caller sized and exported its memory by the latter).
+absl::Status CheckLayout(const RegionLayout& want, const RegionLayout& got,
+                         const std::string& address) {
+  if (want == got) return absl::OkStatus();
+  std::string where;
+  if (want.slots.size() != got.slots.size()) {
+    where =
+        absl::StrCat(got.slots.size(), " slots, expected ", want.slots.size());
+  } else {
+    for (size_t i = 0; i < want.slots.size() && where.empty(); ++i) {
+      const RegionSlot &a = want.slots[i], &b = got.slots[i];
+      if (a == b) continue;
+      where = absl::StrCat("slot ", i, " is ", b.rows, "x", b.cols,
+                           " at gradient offset ", b.gradient_offset,
+                           ", update offset ", b.update_offset, "; expected ",
+                           a.rows, "x", a.cols, " at ", a.gradient_offset, ", ",
+                           a.update_offset);
+    }
+  }
+  return absl::InternalError(
+      absl::StrCat("dmuond at ", address, " laid out the session's region in ",
+                   got.total_bytes, " bytes; the client computed ",
+                   want.total_bytes, " bytes (Client::ComputeRegionLayout)",
+                   where.empty() ? "" : absl::StrCat(": ", where),
+                   "; the client and the daemon disagree on the protocol"));
+}
+
 bool IsLocal(const std::string& address) {
   const std::string host = address.substr(0, address.rfind(':'));
   return host == "127.0.0.1" || host == "localhost" || host == "[::1]" ||
@@ -37,6 +98,14 @@ v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
   r.set_rank(spec.rank);
   r.set_world_size(spec.world_size);
   r.set_transport(t);
+  if (t == v1::TRANSPORT_CUDA_IPC) {
+    auto* e = r.mutable_cuda_ipc();
+    e->set_mem_handle(spec.cuda_ipc.mem_handle);
+    e->set_offset(spec.cuda_ipc.offset);
+    e->set_bytes(spec.cuda_ipc.bytes);
+    e->set_event_handle(spec.cuda_ipc.event_handle);
+    e->set_device_uuid(spec.cuda_ipc.device_uuid);
+  }
   for (const GroupSpec& g : spec.groups) {
     auto* x = r.add_groups();
     x->set_momentum(g.momentum);
@@ -73,14 +142,18 @@ v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
 
 class SessionImpl : public Session {
  public:
+  // `region`: host memory (shm, inline); null for GPU transports.
   SessionImpl(std::shared_ptr<grpc::Channel> ch, std::string address,
               ClientOptions o, v1::OpenSessionResponse open,
-              std::unique_ptr<transport::Region> region)
+              std::unique_ptr<transport::Region> region, RegionLayout layout,
+              NcclInfo nccl)
       : stub_(v1::Optimizer::NewStub(ch)),
         address_(std::move(address)),
         options_(o),
         open_(std::move(open)),
         region_(std::move(region)),
+        layout_(std::move(layout)),
+        nccl_(std::move(nccl)),
         step_(open_.next_step()),
         n_(open_.layout().slots_size()),
         ready_(n_, 0),
@@ -99,14 +172,14 @@ class SessionImpl : public Session {
   }
 
   absl::Span<float> gradient(int i) override {
-    if (i < 0 || i >= n_) return {};
+    if (i < 0 || i >= n_ || region_ == nullptr) return {};
     const auto& s = open_.layout().slots(i);
     return absl::MakeSpan(
         reinterpret_cast<float*>(region_->bytes().data() + s.gradient_offset()),
         s.bytes() / 4);
   }
   absl::Span<const float> update(int i) override {
-    if (i < 0 || i >= n_) return {};
+    if (i < 0 || i >= n_ || region_ == nullptr) return {};
     const auto& s = open_.layout().slots(i);
     return absl::MakeConstSpan(reinterpret_cast<const float*>(
                                    region_->bytes().data() + s.update_offset()),
@@ -114,8 +187,10 @@ class SessionImpl : public Session {
   }
   int64_t step() const override { return step_; }
   std::string transport() const override {
-    return open_.transport() == v1::TRANSPORT_SHM ? "shm" : "inline";
+    return TransportName(open_.transport());
   }
+  const RegionLayout& layout() const override { return layout_; }
+  const NcclInfo& nccl() const override { return nccl_; }
 
   absl::Status GradientReady(int i) override { return GradientsReady({i}); }
 
@@ -168,6 +243,34 @@ class SessionImpl : public Session {
                                                          " ended the stream"))
                        : final_;
   }
+  absl::StatusOr<std::vector<int>> NextAnnounced() override {
+    std::unique_lock<std::mutex> l(mu_);
+    if (announced_returned_ >= n_) return std::vector<int>();
+    const auto has_current = [&] {
+      while (!announced_.empty() && announced_.front().first < step_)
+        announced_.pop_front();  // a finished step's (never for this one)
+      return !announced_.empty() && announced_.front().first == step_;
+    };
+    if (!cv_.wait_for(l, options_.deadline, [&] {
+          return has_current() || !final_.ok() || ended_;
+        })) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no update of step ", step_, " announced by dmuond at ",
+                       address_, " within ", options_.deadline.count(), " ms (",
+                       announced_returned_, " of ", n_,
+                       " returned; with nccl, every gradient of the step "
+                       "must be declared first)"));
+    }
+    if (!has_current()) {
+      return final_.ok() ? absl::AbortedError(absl::StrCat(
+                               "dmuond at ", address_, " ended the stream"))
+                         : final_;
+    }
+    std::vector<int> ids = std::move(announced_.front().second);
+    announced_.pop_front();
+    announced_returned_ += static_cast<int>(ids.size());
+    return ids;
+  }
   bool TryUpdate(int i) override {
     std::lock_guard<std::mutex> l(mu_);
     return i >= 0 && i < n_ && ready_[i];
@@ -189,6 +292,8 @@ class SessionImpl : public Session {
     if (complete_ < step_)
       return final_.ok() ? absl::AbortedError("stream ended") : final_;
     ++step_;
+    announced_.clear();
+    announced_returned_ = 0;
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(skipped_.begin(), skipped_.end(), 0);
     std::fill(received_.begin(), received_.end(), 0);
@@ -304,14 +409,21 @@ class SessionImpl : public Session {
       std::lock_guard<std::mutex> l(mu_);
       if (r.has_update()) {
         const auto& u = r.update();
-        if (u.param_id() < 0 || u.param_id() >= n_) continue;
+        if (u.param_id() < 0 || u.param_id() >= n_ || region_ == nullptr)
+          continue;
         const auto& s = open_.layout().slots(u.param_id());
         if (u.offset() + u.data().size() > s.bytes()) continue;
         std::memcpy(region_->bytes().data() + s.update_offset() + u.offset(),
                     u.data().data(), u.data().size());
       } else if (r.has_updates_ready()) {
-        for (int i : r.updates_ready().param_ids())
-          if (i >= 0 && i < n_) ready_[i] = 1;
+        std::vector<int> ids;
+        for (int i : r.updates_ready().param_ids()) {
+          if (i < 0 || i >= n_) continue;
+          ready_[i] = 1;
+          ids.push_back(i);
+        }
+        if (!ids.empty())
+          announced_.emplace_back(r.updates_ready().step(), std::move(ids));
       } else if (r.has_error()) {
         const auto& e = r.error();
         if (e.param_id() >= 0 && e.param_id() < n_ && e.skipped()) {
@@ -337,7 +449,9 @@ class SessionImpl : public Session {
   const std::string address_;
   const ClientOptions options_;
   const v1::OpenSessionResponse open_;
-  std::unique_ptr<transport::Region> region_;
+  std::unique_ptr<transport::Region> region_;  // null: GPU transports
+  const RegionLayout layout_;
+  const NcclInfo nccl_;
   int64_t step_;
   const int n_;
   grpc::ClientContext stream_ctx_;
@@ -349,6 +463,10 @@ class SessionImpl : public Session {
   std::condition_variable cv_;
   std::vector<uint8_t> ready_, skipped_;
   std::vector<uint64_t> received_;
+  // UpdatesReady messages (step, ids) not yet returned by NextAnnounced, and
+  // how many ids of the current step it has returned.
+  std::deque<std::pair<int64_t, std::vector<int>>> announced_;
+  int announced_returned_ = 0;
   int64_t complete_ = 0;
   absl::Status final_;
   bool ended_ = false;
@@ -367,13 +485,21 @@ class ClientImpl : public Client {
 
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(
       const SessionSpec& spec) override {
+    auto layout = Client::ComputeRegionLayout(spec);
+    if (spec.transport == TransportChoice::kCudaIpc ||
+        spec.transport == TransportChoice::kNccl) {
+      if (!layout.ok()) return layout.status();
+      return OpenDevice(spec, *layout);
+    }
+    // Host transports: a table the client cannot lay out goes to the daemon
+    // anyway, whose answer names the problem as for every other rank.
     const bool local = IsLocal(address_);
     v1::Transport t =
         spec.transport == TransportChoice::kInline ? v1::TRANSPORT_INLINE
         : spec.transport == TransportChoice::kShm  ? v1::TRANSPORT_SHM
         : local                                    ? v1::TRANSPORT_SHM
                                                    : v1::TRANSPORT_INLINE;
-    auto open = Open(ToRequest(spec, t));
+    auto open = OpenChecked(ToRequest(spec, t), layout);
     if (!open.ok()) return open.status();
     std::unique_ptr<transport::Region> region;
     if (t == v1::TRANSPORT_SHM) {
@@ -383,7 +509,7 @@ class ClientImpl : public Client {
         // The daemon is not on this host after all (or /dev/shm is not
         // shared with it): fall back to inline.
         CloseQuietly(open->session_id());
-        open = Open(ToRequest(spec, v1::TRANSPORT_INLINE));
+        open = OpenChecked(ToRequest(spec, v1::TRANSPORT_INLINE), layout);
         if (!open.ok()) return open.status();
         region = transport::NewHeapRegion(open->layout().total_bytes());
       } else if (!r.ok()) {
@@ -395,13 +521,106 @@ class ClientImpl : public Client {
     } else {
       region = transport::NewHeapRegion(open->layout().total_bytes());
     }
-    auto s = std::make_unique<SessionImpl>(channel_, address_, options_, *open,
-                                           std::move(region));
+    auto s = std::make_unique<SessionImpl>(
+        channel_, address_, options_, *open, std::move(region),
+        FromProto(open->layout()), NcclInfo());
     if (absl::Status st = s->Start(); !st.ok()) return st;
     return std::unique_ptr<Session>(std::move(s));
   }
 
  private:
+  // kCudaIpc / kNccl: no host region; the caller's GPU memory is laid out
+  // by `layout`.
+  absl::StatusOr<std::unique_ptr<Session>> OpenDevice(
+      const SessionSpec& spec, const RegionLayout& layout) {
+    const v1::Transport t = spec.transport == TransportChoice::kCudaIpc
+                                ? v1::TRANSPORT_CUDA_IPC
+                                : v1::TRANSPORT_NCCL;
+    const std::string name = TransportName(t);
+    if (t == v1::TRANSPORT_CUDA_IPC) {
+      if (spec.cuda_ipc.mem_handle.empty()) {
+        return absl::InvalidArgumentError(
+            "transport cuda_ipc needs SessionSpec::cuda_ipc: the exported GPU "
+            "region (mem_handle is empty; see client/client.h)");
+      }
+      if (spec.cuda_ipc.bytes < layout.total_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cuda_ipc.bytes is ", spec.cuda_ipc.bytes, " but the region needs ",
+            layout.total_bytes,
+            " bytes (Client::ComputeRegionLayout(spec).total_bytes)"));
+      }
+    }
+    auto open = Open(ToRequest(spec, t));
+    if (!open.ok()) {
+      const absl::Status& st = open.status();
+      if (st.code() == absl::StatusCode::kUnimplemented) {
+        return absl::UnimplementedError(absl::StrCat(
+            "dmuond at ", address_, " does not serve transport ", name, ": ",
+            st.message(),
+            " (GPU transports need dmuond_cuda with CUDA --devices; or use "
+            "shm/inline with host copies)"));
+      }
+      if (st.code() == absl::StatusCode::kUnavailable ||
+          st.code() == absl::StatusCode::kDeadlineExceeded) {
+        return st;  // already names the address
+      }
+      return absl::Status(
+          st.code(), absl::StrCat("opening a ", name, " session on dmuond at ",
+                                  address_, ": ", st.message()));
+    }
+    auto fail = [&](absl::Status st) {
+      CloseQuietly(open->session_id());
+      return st;
+    };
+    if (open->transport() != t) {
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+          "dmuond at ", address_, " answered a ", name,
+          " session with transport ", TransportName(open->transport()))));
+    }
+    if (absl::Status st =
+            CheckLayout(layout, FromProto(open->layout()), address_);
+        !st.ok()) {
+      return fail(st);
+    }
+    NcclInfo nccl;
+    if (t == v1::TRANSPORT_NCCL) {
+      nccl.unique_id = open->nccl().unique_id();
+      nccl.nranks = open->nccl().nranks();
+      nccl.daemon_rank = open->nccl().daemon_rank();
+      if (nccl.unique_id.empty() || nccl.nranks != spec.world_size + 1 ||
+          nccl.daemon_rank < 0 || nccl.daemon_rank >= nccl.nranks ||
+          nccl.daemon_rank == spec.rank) {
+        return fail(absl::InternalError(absl::StrCat(
+            "dmuond at ", address_, " answered an nccl session with ",
+            nccl.unique_id.size(), "-byte unique_id, nranks ", nccl.nranks,
+            ", daemon_rank ", nccl.daemon_rank, " for rank ", spec.rank, " of ",
+            spec.world_size, " (expected nranks = world_size + 1)")));
+      }
+    }
+    auto s = std::make_unique<SessionImpl>(channel_, address_, options_, *open,
+                                           nullptr, layout, std::move(nccl));
+    if (absl::Status st = s->Start(); !st.ok()) return st;
+    return std::unique_ptr<Session>(std::move(s));
+  }
+
+  // Open, then the daemon's layout checked against the computed one (when
+  // the client could compute it).
+  absl::StatusOr<v1::OpenSessionResponse> OpenChecked(
+      const v1::OpenSessionRequest& req,
+      const absl::StatusOr<RegionLayout>& layout) {
+    auto open = Open(req);
+    if (!open.ok()) return open.status();
+    if (absl::Status st =
+            layout.ok()
+                ? CheckLayout(*layout, FromProto(open->layout()), address_)
+                : absl::OkStatus();
+        !st.ok()) {
+      CloseQuietly(open->session_id());
+      return st;
+    }
+    return open;
+  }
+
   absl::StatusOr<v1::OpenSessionResponse> Open(
       const v1::OpenSessionRequest& req) {
     auto backoff = options_.backoff;
@@ -435,6 +654,49 @@ class ClientImpl : public Client {
 };
 
 }  // namespace
+
+bool operator==(const RegionSlot& a, const RegionSlot& b) {
+  return a.rows == b.rows && a.cols == b.cols &&
+         a.gradient_offset == b.gradient_offset &&
+         a.update_offset == b.update_offset && a.bytes == b.bytes;
+}
+
+bool operator==(const RegionLayout& a, const RegionLayout& b) {
+  return a.total_bytes == b.total_bytes && a.slots == b.slots;
+}
+
+absl::StatusOr<RegionLayout> Client::ComputeRegionLayout(
+    const SessionSpec& spec) {
+  std::vector<transport::TensorView> views;
+  views.reserve(spec.params.size());
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const ParamSpec& p = spec.params[i];
+    if (p.rows <= 0 || p.cols <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "' (index ", i, ") has shape [",
+                       p.rows, ",", p.cols, "]: both must be positive"));
+    }
+    int64_t rows = p.rows;
+    if (p.sharding == Sharding::kRows) {
+      if (p.row_begin < 0 || p.row_end > p.rows || p.row_begin >= p.row_end) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", p.name, "' (index ", i, ") row range [", p.row_begin,
+            ",", p.row_end, ") is empty or outside its ", p.rows, " rows"));
+      }
+      rows = p.row_end - p.row_begin;
+    }
+    views.push_back({rows, p.cols, sizeof(float)});
+  }
+  auto l = transport::ComputeLayout(views);
+  if (!l.ok()) return l.status();
+  RegionLayout out;
+  out.total_bytes = l->total_bytes;
+  for (const transport::Slot& s : l->slots) {
+    out.slots.push_back(
+        {s.rows, s.cols, s.gradient_offset, s.update_offset, s.bytes});
+  }
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const std::string& address, ClientOptions options) {

@@ -1,19 +1,51 @@
 // dmuon C++ client: connects a trainer rank to dmuond.
 //
 //   auto client = dmuon::Client::Connect("127.0.0.1:50051");
-//   auto session = (*client)->OpenSession(spec);           // the parameter
-//   table for each step:
+//   auto session = (*client)->OpenSession(spec);  // the parameter table
+//   for each step:
 //     copy param i's gradient into session->gradient(i), then
-//     session->GradientReady(i);                            // as backward
-//     produces it session->WaitUpdate(i);  // update(i) = lr_scale *
-//     NS(momentum step) W_i <- W_i * (1 - lr * wd) - lr * update(i) // the
-//     trainer applies it session->FinishStep();
+//     session->GradientReady(i);      // as backward produces it
+//     session->WaitUpdate(i);         // update(i) = lr_scale * NS(momentum)
+//     W_i <- W_i * (1 - lr * wd) - lr * update(i)   // the trainer applies it
+//     session->FinishStep();
 //
-// Transports are picked automatically: shared memory when the daemon is on
-// this host (gradients and updates are written in place), inline (bytes in
-// the Step stream) otherwise or when shm cannot be mapped. Every call returns
-// a Status carrying the daemon's message; nothing throws across this API.
-// A Session is used by one trainer thread (its stream reader is internal).
+// Transports. kAuto picks shared memory when the daemon is on this host
+// (gradients and updates are written in place) and inline (bytes in the Step
+// stream) otherwise or when shm cannot be mapped. kAuto never picks a GPU
+// transport: only the caller knows its tensors are on a GPU.
+//
+// GPU transports (kCudaIpc, kNccl; served by dmuond_cuda). The client links
+// neither CUDA nor NCCL: the caller owns the GPU memory and the NCCL
+// communicator (from Python through torch; from C++ through
+// client/cuda/device_region.h). The region is laid out as for every transport
+// (Client::ComputeRegionLayout: all gradient slots, then all update slots,
+// fp32, 64-byte aligned), so the caller allocates it before OpenSession.
+// gradient(i)/update(i) are then empty: the tensors are the caller's GPU
+// memory at layout() offsets.
+//   kCudaIpc (same host): allocate layout().total_bytes of GPU memory, export
+//     it (cudaIpcGetMemHandle, optionally an interprocess event) into
+//     SessionSpec::cuda_ipc. Per step: write the gradients, record the
+//     exported event on the writing stream (or synchronize) and only then call
+//     GradientReady/GradientsReady; the daemon reads them in place and writes
+//     each update in place before announcing it (WaitUpdate, NextAnnounced).
+//   kNccl (any host): after OpenSession join the communicator of nccl()
+//     (ncclCommInitRank(nranks, unique_id, rank); the daemon is daemon_rank).
+//     Per GradientsReady call: first post ONE ncclGroupStart/End group with an
+//     ncclSend (fp32, the slot's elements) to daemon_rank of each listed
+//     gradient slot, in the call's order, then call GradientsReady with the
+//     same ids in the same order (GradientReady(i): a group of one). Once
+//     every gradient of the step is declared, loop on NextAnnounced(): for
+//     each vector it returns post one group of ncclRecv of those update
+//     slots from daemon_rank, in that order, until it returns an empty
+//     vector; then FinishStep. (transport/nccl.h: both sides post each
+//     pair's transfers in one order, the step's gradients, then its updates.)
+//     A closed session ends the job's communicator: reopen every rank.
+// Pools (ConnectPool of several daemons) refuse GPU transports
+// (UNIMPLEMENTED): each daemon would need its own region and communicator.
+//
+// Every call returns a Status carrying the daemon's message; nothing throws
+// across this API. A Session is used by one trainer thread (its stream reader
+// is internal).
 
 #ifndef DMUON_CLIENT_CLIENT_H_
 #define DMUON_CLIENT_CLIENT_H_
@@ -36,7 +68,7 @@ class ChannelCredentials;
 namespace dmuon {
 
 enum class Sharding { kReplicated, kRows, kUnreduced };
-enum class TransportChoice { kAuto, kShm, kInline };
+enum class TransportChoice { kAuto, kShm, kInline, kCudaIpc, kNccl };
 
 struct ParamSpec {
   std::string name;
@@ -60,6 +92,18 @@ struct GroupSpec {
   double eps = 1e-7;
 };
 
+// kCudaIpc: the caller's region in GPU memory, exported (the proto's
+// CudaIpcExport; strings hold raw bytes). transport/cuda_ipc.h ExportCudaIpc
+// fills one from a device pointer.
+struct CudaIpcRegion {
+  std::string mem_handle;    // cudaIpcMemHandle_t (64 bytes) of the allocation
+  uint64_t offset = 0;       // region byte 0 = allocation base + offset (% 64)
+  uint64_t bytes = 0;        // exported size, >= the layout's total_bytes
+  std::string event_handle;  // cudaIpcEventHandle_t recorded after writing
+                             // gradients; empty: the caller synchronizes
+  std::string device_uuid;   // cudaDeviceProp.uuid (16 bytes)
+};
+
 struct SessionSpec {
   std::string job_id;
   int rank = 0;
@@ -67,6 +111,31 @@ struct SessionSpec {
   std::vector<ParamSpec> params;
   std::vector<GroupSpec> groups;  // empty: one group of defaults
   TransportChoice transport = TransportChoice::kAuto;
+  CudaIpcRegion cuda_ipc;  // kCudaIpc only (ignored otherwise)
+};
+
+// Where one parameter's two tensors sit in the session's region: this rank's
+// view (its rows for kRows), fp32 row-major, offsets in bytes from region
+// byte 0 (multiples of 64).
+struct RegionSlot {
+  int64_t rows = 0, cols = 0;
+  uint64_t gradient_offset = 0, update_offset = 0;
+  uint64_t bytes = 0;  // of each tensor: rows * cols * 4
+};
+struct RegionLayout {
+  uint64_t total_bytes = 0;
+  std::vector<RegionSlot> slots;  // by parameter index
+};
+bool operator==(const RegionSlot& a, const RegionSlot& b);
+bool operator==(const RegionLayout& a, const RegionLayout& b);
+
+// kNccl: the job's communicator (OpenSessionResponse.nccl). Trainer rank r
+// joins as NCCL rank r of `nranks` (= world_size + 1); the daemon is
+// `daemon_rank` (= world_size).
+struct NcclInfo {
+  std::string unique_id;  // ncclUniqueId (128 bytes), the same on every rank
+  int nranks = 0;
+  int daemon_rank = 0;
 };
 
 struct ClientOptions {
@@ -90,25 +159,50 @@ class Session {
  public:
   virtual ~Session() = default;
   // Where this rank writes parameter `i`'s gradient (its rows for kRows),
-  // fp32 row-major, before GradientReady(i).
+  // fp32 row-major, before GradientReady(i). Empty for GPU transports (the
+  // gradient goes to the caller's GPU memory at layout().slots[i]).
   virtual absl::Span<float> gradient(int i) = 0;
   // Parameter i's update for the current step; valid after WaitUpdate(i).
+  // Empty for GPU transports (see gradient()).
   virtual absl::Span<const float> update(int i) = 0;
   // The step being built (1 for a fresh job; later after a resume).
   virtual int64_t step() const = 0;
-  virtual std::string transport() const = 0;  // "shm" | "inline"
+  // "shm" | "inline" | "cuda_ipc" | "nccl".
+  virtual std::string transport() const = 0;
+  // The region's layout as the daemon answered it (checked equal to
+  // Client::ComputeRegionLayout(spec) at OpenSession). Empty for a pool
+  // session spanning several daemons (each has its own region).
+  virtual const RegionLayout& layout() const = 0;
+  // kNccl: the communicator to join; empty (nranks 0) otherwise.
+  virtual const NcclInfo& nccl() const = 0;
 
-  // Hands gradient i of the current step to the daemon. Non-blocking.
+  // Hands gradients of the current step to the daemon, in `ids` order.
+  // Non-blocking. GPU transports: the caller has first recorded its exported
+  // event (cuda_ipc) or posted its ncclSend group of exactly these ids in
+  // this order (nccl); see the top of this file.
   virtual absl::Status GradientReady(int i) = 0;
   virtual absl::Status GradientsReady(absl::Span<const int> ids) = 0;
+  // The parameter ids of the current step's next UpdatesReady message, in
+  // arrival order; each message is returned exactly once. Blocks until one
+  // has arrived (up to the deadline: DEADLINE_EXCEEDED; a failed stream: its
+  // Status). Returns an empty vector once every update of the step has been
+  // announced and returned. With nccl the caller posts one ncclRecv group
+  // per returned vector, in this order (the daemon sends in that order), and
+  // must have declared every gradient of the step first (the daemon sends no
+  // update before). Works for every transport of a single daemon; a pool
+  // session spanning several daemons answers UNIMPLEMENTED.
+  virtual absl::StatusOr<std::vector<int>> NextAnnounced() = 0;
   // Blocks until update i of the current step is back (or the deadline, or
   // the stream fails: the Status names the daemon's address). A gradient the
   // daemon skipped (non-finite) returns OK with a zero update; skipped(i) says
-  // so.
+  // so. GPU transports: back = announced (cuda_ipc: the bytes are in the
+  // caller's memory; nccl: the caller must still receive them).
   virtual absl::Status WaitUpdate(int i) = 0;
   virtual bool TryUpdate(int i) = 0;
   virtual bool skipped(int i) const = 0;
   // Waits for every update of the current step, then moves to the next.
+  // nccl: the daemon completes the step only once the caller has posted the
+  // receives of every announced update (NextAnnounced).
   virtual absl::Status FinishStep() = 0;
 
   virtual absl::StatusOr<State> GetState() = 0;
@@ -129,8 +223,20 @@ class Client {
       const std::vector<std::string>& addresses, ClientOptions options = {});
   // Which daemon (index into the pool's addresses) owns each parameter.
   static std::vector<int> PlanPool(const SessionSpec& spec, int daemons);
+  // The region layout the daemon will use for `spec` (transport.h
+  // ComputeLayout over this rank's view of each parameter: its rows for
+  // kRows), so a caller can allocate and export GPU memory before
+  // OpenSession. INVALID_ARGUMENT naming the parameter for a non-positive
+  // dimension, a row range outside the matrix, or an overflow.
+  static absl::StatusOr<RegionLayout> ComputeRegionLayout(
+      const SessionSpec& spec);
 
   virtual ~Client() = default;
+  // Opens rank spec.rank's session over spec.transport. GPU transports on a
+  // daemon that does not serve them (a CPU dmuond): UNIMPLEMENTED naming the
+  // transport and the address. kCudaIpc with an export that cannot hold the
+  // layout: INVALID_ARGUMENT before any call. A daemon whose layout differs
+  // from ComputeRegionLayout(spec): INTERNAL naming both sizes.
   virtual absl::StatusOr<std::unique_ptr<Session>> OpenSession(
       const SessionSpec& spec) = 0;
   virtual const std::string& address() const = 0;

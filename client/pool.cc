@@ -1,6 +1,11 @@
 // A pool of daemons behind the Client/Session interface: the table is split
 // by PlanPool, each daemon gets its share as a job of the same id, and every
 // call is routed to the owning daemon's session.
+//
+// GPU transports (cuda_ipc, nccl) need one region (and, for nccl, one
+// communicator) per daemon, which one SessionSpec cannot describe: a pool of
+// several daemons refuses them (UNIMPLEMENTED); a pool of one daemon passes
+// them through, since its session is that daemon's.
 
 #include <memory>
 #include <vector>
@@ -47,6 +52,23 @@ class PoolSession : public Session {
   int64_t step() const override { return subs_.empty() ? 1 : subs_[0]->step(); }
   std::string transport() const override {
     return subs_.empty() ? "" : subs_[0]->transport();
+  }
+  // One daemon: its session's (the pool's table order is its table order).
+  // Several: empty, each daemon has its own region.
+  const RegionLayout& layout() const override {
+    static const RegionLayout* const kNone = new RegionLayout();
+    return subs_.size() == 1 ? subs_[0]->layout() : *kNone;
+  }
+  const NcclInfo& nccl() const override {
+    static const NcclInfo* const kNone = new NcclInfo();
+    return subs_.size() == 1 ? subs_[0]->nccl() : *kNone;
+  }
+  absl::StatusOr<std::vector<int>> NextAnnounced() override {
+    if (subs_.size() == 1) return subs_[0]->NextAnnounced();
+    return absl::UnimplementedError(absl::StrCat(
+        "NextAnnounced is for a session on one daemon; this pool session "
+        "spans ",
+        subs_.size(), " daemons: use WaitUpdate/TryUpdate"));
   }
   absl::Status GradientReady(int i) override {
     if (!valid(i))
@@ -143,6 +165,15 @@ class PoolClient : public Client {
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(
       const SessionSpec& spec) override {
     const int n = static_cast<int>(members_.size());
+    if (n > 1 && (spec.transport == TransportChoice::kCudaIpc ||
+                  spec.transport == TransportChoice::kNccl)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "transport ",
+          spec.transport == TransportChoice::kCudaIpc ? "cuda_ipc" : "nccl",
+          " is not supported by a pool of ", n, " daemons (", address_,
+          "): each daemon would need its own GPU region and communicator; "
+          "connect to one daemon (Client::Connect), or use shm/inline"));
+    }
     const std::vector<int> owner = PlanPool(spec, n);
     std::vector<SessionSpec> parts(n, spec);
     for (auto& p : parts) p.params.clear();

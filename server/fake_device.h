@@ -2,8 +2,21 @@
 // device_transport.h): an executor that holds state and reads "device"
 // memory that is host memory, and GPU transports whose regions are memory
 // the test client owns (cuda_ipc-like: mapped; nccl-like: moved by a
-// transfer thread). fake_daemon.h runs a job through the service with them.
-// Header-only, testonly.
+// transfer thread). fake_daemon.h runs a job through the service with them;
+// fake_gpu_dmuond.cc is a whole daemon made of them. Header-only, testonly.
+//
+// FakeTransports' cuda_ipc.mem_handle (the "GPU memory" the client exports):
+//   exactly sizeof(void*) bytes — the raw address of the client's memory (an
+//     in-process test);
+//   "shm:" + a POSIX shm name ("shm:/seg") — a segment the client process
+//     created (another process: a Python test), mapped by the daemon;
+//   anything else — INVALID_ARGUMENT naming mem_handle.
+// Region byte 0 is that memory + cuda_ipc.offset (a multiple of 64).
+// nccl-like sessions: with cuda_ipc set (pointer mode), the transfer thread
+// copies straight from and to the client's memory; without (what
+// dmuon::Client sends), the slots travel over a FakeNcclLink that the client
+// finds in FakeTransports::fabric by the session's nccl.unique_id and rank,
+// and pushes/pops in the order ncclSend/ncclRecv groups would post them.
 
 #ifndef DMUON_SERVER_FAKE_DEVICE_H_
 #define DMUON_SERVER_FAKE_DEVICE_H_
@@ -11,14 +24,20 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <random>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/service.h"
 #include "transport/transport.h"
 
@@ -130,10 +149,13 @@ class FakeDeviceExecutor : public Executor {
   std::map<StateKey, std::vector<float>> state_;
 };
 
-// "Device" memory the client owns; the request carries its address.
+// "Device" memory the client owns; the request carries its address (or the
+// name of its shm segment, mapped by `mapping`, which the region keeps).
 class ClientMappedRegion : public transport::Region {
  public:
-  ClientMappedRegion(std::byte* base, uint64_t bytes) {
+  ClientMappedRegion(std::byte* base, uint64_t bytes,
+                     std::unique_ptr<transport::Region> mapping = nullptr)
+      : mapping_(std::move(mapping)) {
     view_.base = base;
     view_.bytes = bytes;
   }
@@ -143,18 +165,79 @@ class ClientMappedRegion : public transport::Region {
   const transport::DeviceView* device() const override { return &view_; }
 
  private:
+  std::unique_ptr<transport::Region> mapping_;
   transport::DeviceView view_;
   std::string name_;
 };
 
+// One trainer rank's point-to-point link with the daemon in a fake NCCL
+// communicator: two FIFOs of slots, tagged with their parameter id (real
+// NCCL matches by order alone; the tag lets the fake check that order).
+class FakeNcclLink {
+ public:
+  struct Slot {
+    int param = -1;
+    std::vector<std::byte> data;
+  };
+  // to_daemon: a gradient (the trainer's ncclSend); else an update (the
+  // daemon's ncclSend).
+  void Send(bool to_daemon, Slot slot) {
+    std::lock_guard<std::mutex> l(mu_);
+    (to_daemon ? to_daemon_ : to_client_).push_back(std::move(slot));
+    cv_.notify_all();
+  }
+  // The next slot for the daemon (at_daemon) or the trainer, waiting up to
+  // `timeout`; UNAVAILABLE naming the side when none comes (a peer that
+  // never posted its send).
+  absl::StatusOr<Slot> Receive(bool at_daemon,
+                               std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    std::deque<Slot>& q = at_daemon ? to_daemon_ : to_client_;
+    if (!cv_.wait_for(l, timeout, [&] { return !q.empty(); })) {
+      return absl::UnavailableError(
+          absl::StrCat("fake nccl: no ", at_daemon ? "gradient" : "update",
+                       " sent within ", timeout.count(), " ms"));
+    }
+    Slot s = std::move(q.front());
+    q.pop_front();
+    return s;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Slot> to_daemon_, to_client_;
+};
+
+// The fake communicators: one link per (unique id, trainer rank), made by
+// whichever side asks first.
+class FakeNcclFabric {
+ public:
+  std::shared_ptr<FakeNcclLink> Link(const std::string& unique_id, int rank) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto& link = links_[{unique_id, rank}];
+    if (!link) link = std::make_shared<FakeNcclLink>();
+    return link;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<std::string, int>, std::shared_ptr<FakeNcclLink>> links_;
+};
+
 // nccl-like: the daemon's own memory, filled from the client's and sent back
-// to it by a transfer thread (Region::Pull / Push), in submission order;
-// with `fail` set, transfers fail as a dead peer's would.
+// to it by a transfer thread (Region::Pull / Push), in submission order:
+// straight from and to `client` memory, or (client null) over `link`, where
+// a gradient that is not the next one Pull expects fails the transfer (the
+// order rule of transport/nccl.h broken). With `fail` set, transfers fail as
+// a dead peer's would.
 class FakeMovingRegion : public transport::Region {
  public:
   FakeMovingRegion(std::byte* client, const transport::Layout& layout,
-                   const std::atomic<bool>* fail)
+                   const std::atomic<bool>* fail,
+                   std::shared_ptr<FakeNcclLink> link = nullptr)
       : client_(client),
+        link_(std::move(link)),
         layout_(layout),
         mem_(layout.total_bytes),
         fail_(fail) {
@@ -178,36 +261,59 @@ class FakeMovingRegion : public transport::Region {
   void Pull(int64_t, std::vector<int> params,
             std::function<void(absl::Status)> done) override {
     Queue(
-        [this, params, done] {
+        [this, params]() -> absl::Status {
           for (int p : params) {
             const auto& s = layout_.slots[p];
-            std::memcpy(mem_.data() + s.gradient_offset,
-                        client_ + s.gradient_offset, s.bytes);
+            if (client_ != nullptr) {
+              std::memcpy(mem_.data() + s.gradient_offset,
+                          client_ + s.gradient_offset, s.bytes);
+              continue;
+            }
+            auto got = link_->Receive(/*at_daemon=*/true, kLinkTimeout);
+            if (!got.ok()) return got.status();
+            if (got->param != p || got->data.size() != s.bytes) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "fake nccl: received the gradient of parameter ", got->param,
+                  " (", got->data.size(), " bytes) where parameter ", p, " (",
+                  s.bytes,
+                  " bytes) was expected: sends out of the order of "
+                  "GradientsReady"));
+            }
+            std::memcpy(mem_.data() + s.gradient_offset, got->data.data(),
+                        s.bytes);
           }
+          return absl::OkStatus();
         },
         done);
   }
   void Push(int64_t, std::vector<int> params,
             std::function<void(absl::Status)> done) override {
     Queue(
-        [this, params, done] {
+        [this, params]() -> absl::Status {
           for (int p : params) {
             const auto& s = layout_.slots[p];
-            std::memcpy(client_ + s.update_offset,
-                        mem_.data() + s.update_offset, s.bytes);
+            if (client_ != nullptr) {
+              std::memcpy(client_ + s.update_offset,
+                          mem_.data() + s.update_offset, s.bytes);
+              continue;
+            }
+            const std::byte* u = mem_.data() + s.update_offset;
+            link_->Send(/*to_daemon=*/false,
+                        {p, std::vector<std::byte>(u, u + s.bytes)});
           }
+          return absl::OkStatus();
         },
         done);
   }
 
  private:
-  void Queue(std::function<void()> copy,
+  static constexpr std::chrono::milliseconds kLinkTimeout{10000};
+  void Queue(std::function<absl::Status()> copy,
              std::function<void(absl::Status)> done) {
     std::lock_guard<std::mutex> l(mu_);
     q_.push_back([this, copy, done] {
       if (fail_->load()) return done(absl::UnavailableError("peer gone"));
-      copy();
-      done(absl::OkStatus());
+      done(copy());
     });
     cv_.notify_all();
   }
@@ -224,6 +330,7 @@ class FakeMovingRegion : public transport::Region {
     }
   }
   std::byte* const client_;
+  const std::shared_ptr<FakeNcclLink> link_;
   const transport::Layout layout_;
   std::vector<std::byte> mem_;
   const std::atomic<bool>* fail_;
@@ -236,31 +343,72 @@ class FakeMovingRegion : public transport::Region {
   std::thread thread_;
 };
 
-// cuda_ipc and nccl on host memory. The client's memory address travels in
-// cuda_ipc.mem_handle for both (a test's shortcut).
+// cuda_ipc and nccl on host memory (see the top of this file for what
+// cuda_ipc.mem_handle may hold).
 class FakeTransports : public DeviceTransports {
  public:
   bool Supports(v1::Transport t) const override {
     return t == v1::TRANSPORT_CUDA_IPC || (nccl && t == v1::TRANSPORT_NCCL);
   }
   absl::StatusOr<std::unique_ptr<transport::Region>> Open(
-      uint64_t, const v1::OpenSessionRequest& req,
+      uint64_t job_serial, const v1::OpenSessionRequest& req,
       const transport::Layout& layout, v1::OpenSessionResponse* resp) override {
-    if (req.cuda_ipc().bytes() < layout.total_bytes)
-      return absl::InvalidArgumentError("exported region too small");
-    std::byte* base = nullptr;
-    std::memcpy(&base, req.cuda_ipc().mem_handle().data(), sizeof(base));
     if (req.transport() == v1::TRANSPORT_NCCL) {
-      resp->mutable_nccl()->set_nranks(req.world_size() + 1);
-      return std::unique_ptr<transport::Region>(
-          new FakeMovingRegion(base, layout, &fail));
+      // The communicator, as the real transport answers it.
+      auto* n = resp->mutable_nccl();
+      n->set_nranks(req.world_size() + 1);
+      n->set_daemon_rank(req.world_size());
+      std::string id = absl::StrCat("fake-nccl-job-", job_serial);
+      id.resize(128, '\0');
+      n->set_unique_id(id);
+      if (!req.has_cuda_ipc()) {
+        return std::unique_ptr<transport::Region>(new FakeMovingRegion(
+            nullptr, layout, &fail, fabric->Link(id, req.rank())));
+      }
     }
-    return std::unique_ptr<transport::Region>(
-        new ClientMappedRegion(base, req.cuda_ipc().bytes()));
+    const v1::CudaIpcExport& e = req.cuda_ipc();
+    if (e.bytes() < layout.total_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_ipc.bytes ", e.bytes(), " < the layout's ", layout.total_bytes,
+          " bytes: exported region too small"));
+    }
+    if (e.offset() % transport::kAlignment != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_ipc.offset ", e.offset(), " is not a multiple of 64"));
+    }
+    std::byte* base = nullptr;
+    std::unique_ptr<transport::Region> mapping;
+    const std::string& h = e.mem_handle();
+    if (h.size() == sizeof(base)) {
+      std::memcpy(&base, h.data(), sizeof(base));
+    } else if (h.rfind("shm:", 0) == 0) {
+      auto m = transport::OpenShmRegion(h.substr(4), e.offset() + e.bytes());
+      if (!m.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cuda_ipc.mem_handle '", h,
+            "': cannot map it: ", std::string(m.status().message())));
+      }
+      mapping = std::move(*m);
+      base = mapping->bytes().data();
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda_ipc.mem_handle has ", h.size(),
+                       " bytes: the fake daemon takes a ", sizeof(base),
+                       "-byte address or \"shm:<POSIX shm name>\""));
+    }
+    if (req.transport() == v1::TRANSPORT_NCCL) {
+      return std::unique_ptr<transport::Region>(
+          new FakeMovingRegion(base + e.offset(), layout, &fail));
+    }
+    return std::unique_ptr<transport::Region>(new ClientMappedRegion(
+        base + e.offset(), e.bytes(), std::move(mapping)));
   }
   bool nccl = false;
   std::atomic<bool> fail{false};
   std::atomic<int> dropped{0};
+  // The nccl-like sessions' links (when no cuda_ipc pointer is given).
+  const std::shared_ptr<FakeNcclFabric> fabric =
+      std::make_shared<FakeNcclFabric>();
   void DropJob(uint64_t) override { dropped++; }
 };
 

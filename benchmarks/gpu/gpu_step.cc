@@ -1,7 +1,9 @@
 // The GPU check's optimizer-step tool: starts dmuond_cuda on one GPU and
 // runs steps of a parameter table through it as a trainer rank on the same
 // GPU over TRANSPORT_CUDA_IPC (and, when checking, as a one-rank NCCL job
-// and over shared memory through the C++ client: the executor's host path).
+// and over shared memory: the executor's host path), every session through
+// the C++ client (client/client.h) with the GPU memory and the NCCL
+// communicator of client/cuda/.
 //
 //   smoke:  gpu_step --dmuond=bin/dmuond_cuda --shapes=256x512,512x256*2
 //           every update and the final momentum compared with the CPU fp32
@@ -13,13 +15,13 @@
 // Without a GPU it prints why and exits 0 (nothing to run).
 
 #include <cuda_runtime_api.h>
+#include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -31,12 +33,14 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "benchmarks/gpu/gpu_rank.h"
 #include "benchmarks/gpu/gpu_tool.h"
 #include "client/client.h"
+#include "client/cuda/device_region.h"
+#include "client/cuda/nccl_peer.h"
 #include "kernels/cost_model.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
+#include "proto/dmuon.grpc.pb.h"
 
 ABSL_FLAG(std::string, dmuond, "bin/dmuond_cuda", "the daemon binary");
 ABSL_FLAG(std::string, devices, "cuda:0", "the daemon's --devices");
@@ -93,22 +97,113 @@ absl::StatusOr<std::vector<Matrix>> Table() {
   return t;
 }
 
-v1::OpenSessionRequest Request(const std::vector<Matrix>& t) {
-  v1::OpenSessionRequest r;
-  r.set_protocol_version(v1::PROTOCOL_VERSION_1);
-  r.set_job_id("gpu-step");
-  r.set_rank(0);
-  r.set_world_size(1);
-  r.add_groups();
+// One rank of world 1, replicated matrices in table order, default Muon.
+SessionSpec Spec(const std::vector<Matrix>& t, const std::string& job_id) {
+  SessionSpec spec;
+  spec.job_id = job_id;
   for (size_t i = 0; i < t.size(); ++i) {
-    auto* p = r.add_parameters();
-    p->set_name(t[i].name);
-    p->add_shape(t[i].shape.rows);
-    p->add_shape(t[i].shape.cols);
-    p->set_sharding(v1::SHARDING_REPLICATED);
-    p->set_forward_order(static_cast<int>(i));
+    ParamSpec p;
+    p.name = t[i].name;
+    p.rows = t[i].shape.rows;
+    p.cols = t[i].shape.cols;
+    p.forward_order = static_cast<int>(i);
+    spec.params.push_back(p);
   }
-  return r;
+  return spec;
+}
+
+// A trainer rank over TRANSPORT_CUDA_IPC or TRANSPORT_NCCL: a dmuon::Client
+// session whose region is this process's GPU memory (client/cuda/), on the
+// current CUDA device; gradients are written and updates read on the legacy
+// default stream.
+class GpuRank {
+ public:
+  static absl::StatusOr<std::unique_ptr<GpuRank>> Open(
+      const std::string& address, const SessionSpec& spec, bool nccl) {
+    ClientOptions o;
+    o.deadline = std::chrono::seconds(300);  // the first steps allocate
+    auto client = Client::Connect(address, o);
+    if (!client.ok()) return client.status();
+    auto r = std::unique_ptr<GpuRank>(new GpuRank(std::move(*client)));
+    if (nccl) {
+      auto s = gpu::OpenNcclSession(*r->client_, spec);
+      if (!s.ok()) return s.status();
+      r->region_ = std::move(s->region);
+      r->peer_ = std::move(s->peer);
+      r->session_ = std::move(s->session);
+    } else {
+      auto s = gpu::OpenCudaIpcSession(*r->client_, spec);
+      if (!s.ok()) return s.status();
+      r->region_ = std::move(s->region);
+      r->session_ = std::move(s->session);
+    }
+    return r;
+  }
+  ~GpuRank() {
+    session_.reset();  // closes before the communicator and the memory go
+    peer_.reset();
+  }
+
+  float* gradient(int i) const { return region_->gradient(i); }
+  float* update(int i) const { return region_->update(i); }
+  int64_t elements(int i) const { return region_->elements(i); }
+  Session& session() { return *session_; }
+
+  // Hands over the gradients of `ids` (written on the legacy default
+  // stream) — cuda_ipc: records the exported event; nccl: sends them — and
+  // waits until every update is back (nccl: received as announced) and the
+  // step complete. Returns the seconds from handing over to then; a
+  // parameter the daemon skipped is an error here.
+  absl::StatusOr<double> Step(const std::vector<int>& ids) {
+    const auto t0 = Clock::now();
+    if (peer_ != nullptr) {
+      if (auto st = peer_->HandOver(*session_, *region_, ids); !st.ok())
+        return st;
+      if (auto st = peer_->ReceiveAnnounced(*session_, *region_); !st.ok())
+        return st;
+    } else {
+      if (auto st = region_->GradientsWritten(); !st.ok()) return st;
+      if (auto st = session_->GradientsReady(ids); !st.ok()) return st;
+      for (;;) {
+        auto announced = session_->NextAnnounced();
+        if (!announced.ok()) return announced.status();
+        if (announced->empty()) break;
+      }
+    }
+    for (int i : ids) {
+      if (session_->skipped(i)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", i, ": the daemon skipped it (non-finite gradient)"));
+      }
+    }
+    if (auto st = session_->FinishStep(); !st.ok()) return st;
+    if (const cudaError_t e = cudaStreamSynchronize(0); e != cudaSuccess)
+      return absl::InternalError(cudaGetErrorString(e));
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+ private:
+  explicit GpuRank(std::unique_ptr<Client> client)
+      : client_(std::move(client)) {}
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<gpu::DeviceRegion> region_;
+  std::unique_ptr<gpu::NcclPeer> peer_;  // nccl
+  std::unique_ptr<Session> session_;
+};
+
+// The daemon's Status (executors), over a plain stub.
+absl::StatusOr<v1::StatusResponse> DaemonStatus(const std::string& address) {
+  auto stub = v1::Optimizer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::StatusResponse resp;
+  if (grpc::Status st = stub->Status(&ctx, v1::StatusRequest(), &resp);
+      !st.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                        "Status: " + st.error_message());
+  }
+  return resp;
 }
 
 double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
@@ -138,13 +233,11 @@ std::vector<float> Reference(const Matrix& m, const std::vector<float>& g,
 // momentum against the CPU fp32 path. Writes its figures into `out` under
 // the transport's name; returns whether the checks passed.
 absl::StatusOr<bool> GpuPass(const std::string& address,
-                             const std::vector<Matrix>& table, v1::Transport t,
+                             const std::vector<Matrix>& table, bool nccl,
                              double floor_s, nlohmann::json& out) {
-  const std::string name = t == v1::TRANSPORT_NCCL ? "nccl" : "cuda_ipc";
+  const std::string name = nccl ? "nccl" : "cuda_ipc";
   const bool check = absl::GetFlag(FLAGS_check);
-  v1::OpenSessionRequest req = Request(table);
-  req.set_job_id("gpu-step-" + name);
-  auto rank = GpuRank::Open(address, req, t);
+  auto rank = GpuRank::Open(address, Spec(table, "gpu-step-" + name), nccl);
   if (!rank.ok()) return rank.status();
   std::mt19937_64 rng(11);
   std::normal_distribution<float> nd;
@@ -175,7 +268,7 @@ absl::StatusOr<bool> GpuPass(const std::string& address,
                    std::min(n - k, half) * 4, cudaMemcpyHostToDevice);
       }
     }
-    auto s = (*rank)->Step(step, ids);
+    auto s = (*rank)->Step(ids);
     if (!s.ok()) {
       return absl::Status(
           s.status().code(),
@@ -195,27 +288,18 @@ absl::StatusOr<bool> GpuPass(const std::string& address,
   out[name + "_step_seconds"] = times;
   bool ok = true;
   if (check) {
-    auto state = (*rank)->GetState();
-    double mom_err = state.ok() ? 0 : INFINITY;
-    if (state.ok()) {
-      std::vector<std::vector<float>> got(table.size());
-      for (const auto& c : *state) {
-        if (!c.has_momentum()) continue;
-        auto& v = got[c.momentum().param_id()];
-        const auto& b = c.momentum().data();
-        v.resize(v.size() + b.size() / 4);
-        std::memcpy(v.data() + v.size() - b.size() / 4, b.data(), b.size());
-      }
-      for (size_t i = 0; i < got.size(); ++i)
-        mom_err = std::max(mom_err, RelErr(got[i], mom[i]));
-    }
+    auto state = (*rank)->session().GetState();
+    double mom_err =
+        state.ok() && state->momentum.size() == table.size() ? 0 : INFINITY;
+    for (size_t i = 0; std::isfinite(mom_err) && i < table.size(); ++i)
+      mom_err = std::max(mom_err, RelErr(state->momentum[i], mom[i]));
     out[name + "_max_rel_err"] = worst;
     out[name + "_momentum_max_rel_err"] = mom_err;
     ok = worst < 3e-2 && mom_err < 1e-5;
     std::printf("%s: updates vs CPU fp32 max rel err %.2e, momentum %.2e: %s\n",
                 name.c_str(), worst, mom_err, ok ? "OK" : "FAIL");
   }
-  if (auto st = (*rank)->Status(); st.ok()) {
+  if (auto st = DaemonStatus(address); st.ok()) {
     for (const auto& e : st->executors()) {
       out["executors"].push_back({{"after", name},
                                   {"device", e.device()},
@@ -227,7 +311,7 @@ absl::StatusOr<bool> GpuPass(const std::string& address,
                   e.busy_seconds());
     }
   }
-  if (auto st = (*rank)->Close(); !st.ok()) return st;
+  if (auto st = (*rank)->session().Close(); !st.ok()) return st;
   return ok;
 }
 
@@ -271,7 +355,7 @@ int Run() {
   int failures = 0;
 
   // cuda_ipc: gradients written on the GPU, updates read back from it.
-  auto ipc = GpuPass(d.address(), *table, v1::TRANSPORT_CUDA_IPC, floor_s, out);
+  auto ipc = GpuPass(d.address(), *table, /*nccl=*/false, floor_s, out);
   if (!ipc.ok()) {
     std::fprintf(stderr, "cuda_ipc: %s\n", ipc.status().ToString().c_str());
     return 1;
@@ -287,7 +371,7 @@ int Run() {
         "communicator on one GPU ('Duplicate GPU detected')\n");
   } else if (check && absl::GetFlag(FLAGS_nccl)) {
     cudaSetDevice(1);  // the trainer rank's GPU; the daemon is on cuda:0
-    auto nccl = GpuPass(d.address(), *table, v1::TRANSPORT_NCCL, floor_s, out);
+    auto nccl = GpuPass(d.address(), *table, /*nccl=*/true, floor_s, out);
     cudaSetDevice(0);
     if (!nccl.ok())
       std::fprintf(stderr, "nccl: %s\n", nccl.status().ToString().c_str());

@@ -1,6 +1,9 @@
 // dmuon.Client / dmuon.Session: the C++ client library for Python. Tensor
 // buffers are numpy views over the session's memory (the shm segment the
 // daemon also maps, or the inline transport's heap region): zero-copy.
+// GPU transports ("cuda_ipc", "nccl"; client.h) have no host memory: the
+// caller's GPU tensors sit at layout() offsets of its own region (sized by
+// region_layout() before open_session) and move as client.h prescribes.
 // Blocking calls release the GIL.
 
 #include <pybind11/numpy.h>
@@ -121,6 +124,65 @@ GroupSpec ToGroup(const py::handle& h) {
   return g;
 }
 
+TransportChoice ParseTransport(const std::string& t) {
+  if (t == "auto") return TransportChoice::kAuto;
+  if (t == "shm") return TransportChoice::kShm;
+  if (t == "inline") return TransportChoice::kInline;
+  if (t == "cuda_ipc") return TransportChoice::kCudaIpc;
+  if (t == "nccl") return TransportChoice::kNccl;
+  Throw(absl::InvalidArgumentError(absl::StrCat(
+      "transport '", t, "' is not one of auto, shm, inline, cuda_ipc, nccl")));
+}
+
+// cuda_ipc: a dict with mem_handle (bytes), offset, bytes, event_handle
+// (bytes), device_uuid (bytes).
+CudaIpcRegion ToCudaIpc(const py::handle& h) {
+  CudaIpcRegion r;
+  for (const auto& kv : h.cast<py::dict>()) {
+    const std::string k = kv.first.cast<std::string>();
+    const py::handle v = kv.second;
+    if (k == "mem_handle")
+      r.mem_handle = v.cast<std::string>();
+    else if (k == "offset")
+      r.offset = v.cast<uint64_t>();
+    else if (k == "bytes")
+      r.bytes = v.cast<uint64_t>();
+    else if (k == "event_handle")
+      r.event_handle = v.cast<std::string>();
+    else if (k == "device_uuid")
+      r.device_uuid = v.cast<std::string>();
+    else
+      UnknownKey("cuda_ipc", k);
+  }
+  return r;
+}
+
+std::vector<ParamSpec> ToParams(const py::list& params) {
+  std::vector<ParamSpec> out;
+  int i = 0;
+  for (const auto& h : params) out.push_back(ToParam(h, i++));
+  return out;
+}
+
+// dict(total_bytes=..., slots=[dict(rows, cols, gradient_offset,
+// update_offset, bytes), ...]).
+py::dict LayoutToDict(const RegionLayout& l) {
+  py::list slots;
+  for (const RegionSlot& s : l.slots) {
+    py::dict d;
+    d["rows"] = s.rows;
+    d["cols"] = s.cols;
+    d["gradient_offset"] = s.gradient_offset;
+    d["update_offset"] = s.update_offset;
+    d["bytes"] = s.bytes;
+    slots.append(std::move(d));
+  }
+  py::dict d;
+  d["total_bytes"] = l.total_bytes;
+  d["slots"] = slots;
+  return d;
+}
+
 class PySession {
  public:
   PySession(std::unique_ptr<Session> s, std::vector<ParamSpec> params)
@@ -157,6 +219,12 @@ py::array View(py::object self, int i, bool gradient, bool writable) {
   const auto [rows, cols] = ps.local_shape(i);
   float* data = gradient ? ps.s().gradient(i).data()
                          : const_cast<float*>(ps.s().update(i).data());
+  if (data == nullptr) {
+    Throw(absl::FailedPreconditionError(absl::StrCat(
+        "a ", ps.s().transport(), " session has no host memory: parameter ", i,
+        "'s ", gradient ? "gradient" : "update",
+        " lives in your GPU region at layout()['slots'][", i, "]")));
+  }
   py::array_t<float> a({rows, cols},
                        {cols * static_cast<int64_t>(sizeof(float)),
                         static_cast<int64_t>(sizeof(float))},
@@ -212,6 +280,31 @@ State DictToState(const py::dict& d) {
 }  // namespace
 
 void RegisterClient(py::module_& m) {
+  m.def(
+      "region_layout",
+      [](const py::list& params, int rank, int world_size) {
+        if (world_size < 1 || rank < 0 || rank >= world_size) {
+          Throw(absl::InvalidArgumentError(
+              absl::StrCat("region_layout: rank ", rank,
+                           " is outside [0, world_size=", world_size, ")")));
+        }
+        SessionSpec spec;
+        spec.rank = rank;
+        spec.world_size = world_size;
+        spec.params = ToParams(params);
+        auto l = Client::ComputeRegionLayout(spec);
+        if (!l.ok()) Throw(l.status());
+        return LayoutToDict(*l);
+      },
+      py::arg("params"), py::arg("rank") = 0, py::arg("world_size") = 1,
+      "The region layout dmuond will use for `rank`'s parameter table "
+      "`params` (as open_session takes it; this rank's rows for row-sharded "
+      "ones, from their row_begin/row_end): "
+      "dict(total_bytes, slots=[dict(rows, cols, gradient_offset, "
+      "update_offset, bytes)]), fp32, all gradients then all updates, "
+      "64-byte aligned. Size and export a GPU region with it before "
+      "open_session(transport='cuda_ipc').");
+
   py::class_<Client, std::shared_ptr<Client>>(
       m, "Client",
       "A connection to dmuond. Client(address, deadline=10.0, retries=3, "
@@ -248,22 +341,16 @@ void RegisterClient(py::module_& m) {
           "open_session",
           [](Client& c, const std::string& job_id, const py::list& params,
              const py::object& groups, int rank, int world_size,
-             const std::string& transport) {
+             const std::string& transport, const py::object& cuda_ipc) {
             SessionSpec spec;
             spec.job_id = job_id;
             spec.rank = rank;
             spec.world_size = world_size;
-            int i = 0;
-            for (const auto& h : params) spec.params.push_back(ToParam(h, i++));
+            spec.params = ToParams(params);
             if (!groups.is_none())
               for (const auto& h : groups) spec.groups.push_back(ToGroup(h));
-            if (transport == "shm")
-              spec.transport = TransportChoice::kShm;
-            else if (transport == "inline")
-              spec.transport = TransportChoice::kInline;
-            else if (transport != "auto")
-              Throw(absl::InvalidArgumentError(absl::StrCat(
-                  "transport '", transport, "' is not auto, shm or inline")));
+            spec.transport = ParseTransport(transport);
+            if (!cuda_ipc.is_none()) spec.cuda_ipc = ToCudaIpc(cuda_ipc);
             absl::StatusOr<std::unique_ptr<Session>> s;
             {
               py::gil_scoped_release release;
@@ -275,13 +362,18 @@ void RegisterClient(py::module_& m) {
           },
           py::arg("job_id"), py::arg("params"), py::arg("groups") = py::none(),
           py::arg("rank") = 0, py::arg("world_size") = 1,
-          py::arg("transport") = "auto",
+          py::arg("transport") = "auto", py::arg("cuda_ipc") = py::none(),
           "Opens a session of job `job_id` as `rank` of `world_size` with "
           "the parameter table `params` (each (name, rows, cols) or a dict "
           "with name, rows, cols, sharding='replicated'|'rows'|'unreduced', "
           "row_begin, row_end, forward_order, group) and the Muon groups "
           "(dicts: momentum, nesterov, ns_steps, schedule, coefficients, "
-          "method, adjust_lr_fn, eps).");
+          "method, adjust_lr_fn, eps). transport: 'auto' (shm on this host, "
+          "else inline; never a GPU transport), 'shm', 'inline', 'cuda_ipc' "
+          "(with cuda_ipc=dict(mem_handle=bytes, offset=int, bytes=int, "
+          "event_handle=bytes, device_uuid=bytes): the exported GPU region "
+          "laid out by region_layout(params)) or 'nccl' (then join "
+          "Session.nccl()'s communicator).");
 
   py::class_<PySession>(
       m, "Session", "One rank's session of a job (see Client.open_session).")
@@ -290,6 +382,38 @@ void RegisterClient(py::module_& m) {
       .def_property_readonly("step", [](PySession& s) { return s.s().step(); })
       .def_property_readonly("transport",
                              [](PySession& s) { return s.s().transport(); })
+      .def(
+          "layout", [](PySession& s) { return LayoutToDict(s.s().layout()); },
+          "The region layout the daemon answered (as region_layout()).")
+      .def(
+          "nccl",
+          [](PySession& s) {
+            const NcclInfo& n = s.s().nccl();
+            py::dict d;
+            d["unique_id"] = py::bytes(n.unique_id);
+            d["nranks"] = n.nranks;
+            d["daemon_rank"] = n.daemon_rank;
+            return d;
+          },
+          "transport 'nccl': dict(unique_id=bytes (ncclUniqueId), nranks, "
+          "daemon_rank); this rank joins as NCCL rank `rank`. Otherwise "
+          "nranks is 0.")
+      .def(
+          "next_announced",
+          [](PySession& s) {
+            absl::StatusOr<std::vector<int>> ids;
+            {
+              py::gil_scoped_release release;
+              ids = s.s().NextAnnounced();
+            }
+            if (!ids.ok()) Throw(ids.status());
+            return *ids;
+          },
+          "The parameter ids of the current step's next UpdatesReady "
+          "message, in arrival order, each message once; blocks up to the "
+          "deadline; [] once every update of the step has been returned. "
+          "nccl: post one ncclRecv group per list, in this order, after "
+          "declaring every gradient of the step.")
       .def("local_shape", &PySession::local_shape, py::arg("i"))
       .def(
           "gradient",

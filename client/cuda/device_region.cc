@@ -1,0 +1,87 @@
+// DeviceRegion (device_region.h): cudaMalloc, ExportCudaIpc, the event.
+
+#include "client/cuda/device_region.h"
+
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+#include "kernels/cuda/check.h"
+#include "transport/cuda_ipc.h"
+
+namespace dmuon::gpu {
+
+absl::StatusOr<std::unique_ptr<DeviceRegion>> DeviceRegion::Allocate(
+    const RegionLayout& layout, bool export_ipc) {
+  if (layout.total_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "DeviceRegion: the layout is empty (a table without parameters?)");
+  }
+  int device = 0;
+  DMUON_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  std::unique_ptr<DeviceRegion> r(new DeviceRegion(layout, device));
+  DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&r->base_, layout.total_bytes));
+  DMUON_CUDA_RETURN_IF_ERROR(cudaMemset(r->base_, 0, layout.total_bytes));
+  if (export_ipc) {
+    auto e = transport::ExportCudaIpc(r->base_, layout.total_bytes, &r->event_);
+    if (!e.ok()) return e.status();
+    r->export_.mem_handle = std::move(e->mem_handle);
+    r->export_.offset = e->offset;
+    r->export_.bytes = e->bytes;
+    r->export_.event_handle = std::move(e->event_handle);
+    r->export_.device_uuid = std::move(e->device_uuid);
+  }
+  return r;
+}
+
+DeviceRegion::~DeviceRegion() {
+  if (event_ != nullptr)
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  if (base_ != nullptr) (void)cudaFree(base_);
+}
+
+float* DeviceRegion::gradient(int i) const {
+  if (i < 0 || i >= static_cast<int>(layout_.slots.size())) return nullptr;
+  return reinterpret_cast<float*>(static_cast<char*>(base_) +
+                                  layout_.slots[i].gradient_offset);
+}
+
+float* DeviceRegion::update(int i) const {
+  if (i < 0 || i >= static_cast<int>(layout_.slots.size())) return nullptr;
+  return reinterpret_cast<float*>(static_cast<char*>(base_) +
+                                  layout_.slots[i].update_offset);
+}
+
+int64_t DeviceRegion::elements(int i) const {
+  if (i < 0 || i >= static_cast<int>(layout_.slots.size())) return 0;
+  return layout_.slots[i].rows * layout_.slots[i].cols;
+}
+
+absl::Status DeviceRegion::GradientsWritten(void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (event_ == nullptr) {
+    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return absl::OkStatus();
+  }
+  DMUON_CUDA_RETURN_IF_ERROR(
+      cudaEventRecord(static_cast<cudaEvent_t>(event_), s));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaIpcSession> OpenCudaIpcSession(Client& client,
+                                                  SessionSpec spec) {
+  spec.transport = TransportChoice::kCudaIpc;
+  auto layout = Client::ComputeRegionLayout(spec);
+  if (!layout.ok()) return layout.status();
+  CudaIpcSession out;
+  auto region = DeviceRegion::Allocate(*layout, /*export_ipc=*/true);
+  if (!region.ok()) return region.status();
+  out.region = std::move(*region);
+  spec.cuda_ipc = out.region->cuda_ipc();
+  auto session = client.OpenSession(spec);
+  if (!session.ok()) return session.status();
+  out.session = std::move(*session);
+  return out;
+}
+
+}  // namespace dmuon::gpu

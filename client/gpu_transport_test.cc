@@ -1,0 +1,475 @@
+// The client's GPU transports (client.h: kCudaIpc, kNccl) end to end on the
+// CPU: dmuon::Client over real gRPC on loopback to an in-process daemon
+// whose executors are FakeDeviceExecutors and whose GPU transports are
+// FakeTransports (server/fake_device.h). The "GPU memory" is a host buffer
+// laid out by Client::ComputeRegionLayout: cuda_ipc exports its address,
+// nccl moves its slots over a fake communicator in the order NCCL groups
+// would. Every update is compared with the fp64 reference Muon of
+// tests/muon_job.h (2 ranks, several steps, replicated, row-sharded and
+// unreduced parameters).
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "proto/dmuon.grpc.pb.h"
+#include "server/fake_device.h"
+#include "server/grpc_service.h"
+#include "server/service.h"
+#include "tests/muon_job.h"
+
+namespace dmuon {
+namespace {
+
+using server::testing::FakeDeviceExecutor;
+using server::testing::FakeNcclLink;
+using server::testing::FakeTransports;
+
+::testing::AssertionResult Has(const std::string& text,
+                               const std::string& part) {
+  if (text.find(part) != std::string::npos)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "'" << text << "' does not contain '" << part << "'";
+}
+
+constexpr uint64_t kSeed = 7;
+constexpr double kTolerance = 1e-4;  // fp32 NS vs the fp64 oracle
+
+// Wraps the daemon's gRPC service (e.g. to corrupt its answers).
+using Wrapper =
+    std::function<std::unique_ptr<grpc::Service>(server::GrpcOptimizer* real)>;
+
+// A daemon in this process, served over gRPC on 127.0.0.1:<free port>: fake
+// GPU executors and transports (`gpu`), or a CPU daemon without GPU
+// transports.
+class Daemon {
+ public:
+  explicit Daemon(bool gpu, const Wrapper& wrap = nullptr) {
+    std::vector<std::unique_ptr<server::Executor>> ex;
+    for (int i = 0; i < 2; ++i) {
+      if (gpu) {
+        ex.push_back(std::make_unique<FakeDeviceExecutor>(i));
+      } else {
+        ex.push_back(server::NewCpuExecutor(i, 1));
+      }
+    }
+    server::ServiceOptions o;
+    if (gpu) {
+      transports = std::make_shared<FakeTransports>();
+      transports->nccl = true;
+      o.device_transports = transports;
+    }
+    for (const auto& e : ex) o.devices.push_back(e->device());
+    service = std::make_unique<server::OptimizerService>(
+        o, std::make_unique<server::Scheduler>(std::move(ex), 4), nullptr);
+    grpc_ = std::make_unique<server::GrpcOptimizer>(service.get());
+    if (wrap) wrapped_ = wrap(grpc_.get());
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(wrapped_ ? wrapped_.get() : grpc_.get());
+    server_ = b.BuildAndStart();
+    address = absl::StrCat("127.0.0.1:", port);
+  }
+  ~Daemon() {
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(1));
+    server_->Wait();
+  }
+
+  std::shared_ptr<FakeTransports> transports;  // null: a CPU daemon
+  std::unique_ptr<server::OptimizerService> service;
+  std::string address;
+
+ private:
+  std::unique_ptr<server::GrpcOptimizer> grpc_;
+  std::unique_ptr<grpc::Service> wrapped_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+ClientOptions Options() {
+  ClientOptions o;
+  o.deadline = std::chrono::milliseconds(20000);
+  return o;
+}
+
+SessionSpec Spec(const std::string& job, int rank, int world,
+                 TransportChoice t) {
+  SessionSpec spec;
+  spec.job_id = job;
+  spec.rank = rank;
+  spec.world_size = world;
+  spec.params = testing::TestTable(rank, world);
+  spec.transport = t;
+  return spec;
+}
+
+// One trainer rank of the test job over a GPU transport; its "GPU memory" is
+// `mem`, laid out by Client::ComputeRegionLayout.
+struct Rank {
+  SessionSpec spec;
+  std::vector<float> mem;  // float: 4-byte aligned; slots are 64-byte apart
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Session> session;
+  std::shared_ptr<FakeNcclLink> link;  // nccl
+
+  std::byte* base() { return reinterpret_cast<std::byte*>(mem.data()); }
+  bool nccl() const { return spec.transport == TransportChoice::kNccl; }
+
+  absl::Status Open(Daemon& d, const std::string& job, int rank, int world,
+                    TransportChoice t) {
+    spec = Spec(job, rank, world, t);
+    auto layout = Client::ComputeRegionLayout(spec);
+    if (!layout.ok()) return layout.status();
+    mem.assign(layout->total_bytes / sizeof(float), 0.0f);
+    if (t == TransportChoice::kCudaIpc) {
+      std::byte* b = base();
+      spec.cuda_ipc.mem_handle.assign(reinterpret_cast<const char*>(&b),
+                                      sizeof(b));
+      spec.cuda_ipc.bytes = layout->total_bytes;
+    }
+    auto c = Client::Connect(d.address, Options());
+    if (!c.ok()) return c.status();
+    client = std::move(*c);
+    auto s = client->OpenSession(spec);
+    if (!s.ok()) return s.status();
+    session = std::move(*s);
+    if (nccl())
+      link = d.transports->fabric->Link(session->nccl().unique_id, rank);
+    return absl::OkStatus();
+  }
+
+  // Hands over `ids` of `step` as the contract says: gradients written, then
+  // (nccl) one "group" of sends in `ids` order, then GradientsReady.
+  absl::Status HandOver(int64_t step, const std::vector<int>& ids,
+                        const std::vector<int>& send_order) {
+    const RegionLayout& l = session->layout();
+    for (int p : ids) {
+      const auto g = testing::View(
+          testing::Gradient(kSeed, step, p, spec.rank, spec.world_size),
+          spec.params[p]);
+      if (g.size() * sizeof(float) != l.slots[p].bytes)
+        return absl::InternalError("gradient size");
+      std::memcpy(base() + l.slots[p].gradient_offset, g.data(),
+                  l.slots[p].bytes);
+    }
+    if (nccl()) {
+      for (int p : send_order) {
+        const std::byte* g = base() + l.slots[p].gradient_offset;
+        link->Send(/*to_daemon=*/true,
+                   {p, std::vector<std::byte>(g, g + l.slots[p].bytes)});
+      }
+    }
+    return ids.size() == 1 ? session->GradientReady(ids[0])
+                           : session->GradientsReady(ids);
+  }
+
+  // One step: gradients in reverse forward order (as backward makes them),
+  // in groups; then every announcement (nccl: receiving each, in order).
+  // `announced` gets the NextAnnounced vectors.
+  absl::Status Step(int64_t step, std::vector<std::vector<int>>* announced) {
+    const int n = static_cast<int>(spec.params.size());
+    std::vector<std::vector<int>> groups = {{4, 3}, {2}, {1, 0}};
+    for (const auto& g : groups)
+      if (auto st = HandOver(step, g, g); !st.ok()) return st;
+    for (;;) {
+      auto ids = session->NextAnnounced();
+      if (!ids.ok()) return ids.status();
+      if (ids->empty()) break;
+      announced->push_back(*ids);
+      if (!nccl()) continue;
+      for (int p : *ids) {  // one ncclRecv group, in order
+        auto got = link->Receive(/*at_daemon=*/false,
+                                 std::chrono::milliseconds(10000));
+        if (!got.ok()) return got.status();
+        const RegionSlot& s = session->layout().slots[p];
+        if (got->param != p || got->data.size() != s.bytes) {
+          return absl::InternalError(
+              absl::StrCat("the daemon sent parameter ", got->param,
+                           "'s update where ", p, " was announced"));
+        }
+        std::memcpy(base() + s.update_offset, got->data.data(), s.bytes);
+      }
+    }
+    // Announced = ready: WaitUpdate and TryUpdate agree.
+    for (int p = 0; p < n; ++p) {
+      if (auto st = session->WaitUpdate(p); !st.ok()) return st;
+      if (!session->TryUpdate(p)) return absl::InternalError("TryUpdate");
+    }
+    // Every update announced and returned: NextAnnounced stays empty.
+    auto again = session->NextAnnounced();
+    if (!again.ok() || !again->empty())
+      return absl::InternalError("NextAnnounced after the last announcement");
+    return session->FinishStep();
+  }
+
+  std::vector<float> Update(int p) {
+    const RegionSlot& s = session->layout().slots[p];
+    const float* u = reinterpret_cast<const float*>(base() + s.update_offset);
+    return std::vector<float>(u, u + s.bytes / sizeof(float));
+  }
+};
+
+// `steps` steps of a `world`-rank job over `t`, every update vs the fp64
+// reference, every announcement checked.
+void RunJob(TransportChoice t, const std::string& job, int world, int steps) {
+  Daemon d(/*gpu=*/true);
+  std::vector<Rank> ranks(world);
+  for (int r = 0; r < world; ++r)
+    ASSERT_TRUE(ranks[r].Open(d, job, r, world, t).ok());
+  testing::Reference ref(kSeed, world);
+  const int n = static_cast<int>(ranks[0].spec.params.size());
+  for (int64_t step = 1; step <= steps; ++step) {
+    const auto want = ref.Step(step);
+    std::vector<absl::Status> status(world);
+    std::vector<std::vector<std::vector<int>>> announced(world);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back(
+          [&, r] { status[r] = ranks[r].Step(step, &announced[r]); });
+    }
+    for (auto& th : threads) th.join();
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(status[r].ok())
+          << "rank " << r << " step " << step << ": " << status[r];
+      // Every id exactly once per step.
+      std::vector<int> count(n, 0);
+      for (const auto& ids : announced[r]) {
+        EXPECT_FALSE(ids.empty());
+        for (int p : ids) ++count[p];
+      }
+      for (int p = 0; p < n; ++p) EXPECT_EQ(count[p], 1) << "param " << p;
+      for (int p = 0; p < n; ++p) {
+        const double err = testing::RelativeError(
+            ranks[r].Update(p),
+            testing::View(want[p], ranks[r].spec.params[p]));
+        EXPECT_LE(err, kTolerance)
+            << "rank " << r << " step " << step << " param " << p;
+      }
+    }
+  }
+  for (auto& r : ranks) EXPECT_TRUE(r.session->Close().ok());
+}
+
+TEST(ComputeRegionLayout, ThisRanksViewGradientsThenUpdatesAligned) {
+  SessionSpec spec = Spec("j", 1, 2, TransportChoice::kCudaIpc);
+  spec.params = {{"a", 3, 5, Sharding::kReplicated},
+                 {"b", 10, 7, Sharding::kRows, 4, 10},
+                 {"c", 2, 2, Sharding::kUnreduced}};
+  auto l = Client::ComputeRegionLayout(spec);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_EQ(l->slots.size(), 3u);
+  EXPECT_EQ(l->slots[0].rows, 3);
+  EXPECT_EQ(l->slots[1].rows, 6);  // rows [4, 10)
+  EXPECT_EQ(l->slots[1].bytes, 6u * 7 * 4);
+  uint64_t cursor = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const RegionSlot& s : l->slots) {
+      EXPECT_EQ(pass == 0 ? s.gradient_offset : s.update_offset, cursor);
+      cursor = (cursor + s.bytes + 63) / 64 * 64;
+    }
+  }
+  EXPECT_EQ(l->total_bytes, cursor);
+
+  spec.params[1].row_end = 11;
+  EXPECT_TRUE(
+      Has(std::string(Client::ComputeRegionLayout(spec).status().message()),
+          "'b'"));
+  spec.params[1].row_end = 10;
+  spec.params[2].cols = 0;
+  EXPECT_EQ(Client::ComputeRegionLayout(spec).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GpuTransports, CudaIpcMatchesReference) {
+  RunJob(TransportChoice::kCudaIpc, "ipc", 2, 4);
+}
+
+TEST(GpuTransports, NcclMatchesReference) {
+  RunJob(TransportChoice::kNccl, "nccl", 2, 4);
+}
+
+TEST(GpuTransports, SessionDescribesItsRegion) {
+  Daemon d(/*gpu=*/true);
+  Rank ipc, nccl;
+  ASSERT_TRUE(ipc.Open(d, "ipc", 0, 1, TransportChoice::kCudaIpc).ok());
+  ASSERT_TRUE(nccl.Open(d, "nccl", 0, 1, TransportChoice::kNccl).ok());
+  auto want = Client::ComputeRegionLayout(ipc.spec);
+  ASSERT_TRUE(want.ok());
+  EXPECT_TRUE(ipc.session->layout() == *want);
+  EXPECT_TRUE(nccl.session->layout() == *want);
+  EXPECT_EQ(ipc.session->transport(), "cuda_ipc");
+  EXPECT_EQ(nccl.session->transport(), "nccl");
+  EXPECT_TRUE(ipc.session->gradient(0).empty());
+  EXPECT_TRUE(ipc.session->update(0).empty());
+  EXPECT_TRUE(nccl.session->gradient(0).empty());
+  EXPECT_EQ(ipc.session->nccl().nranks, 0);
+  EXPECT_EQ(nccl.session->nccl().nranks, 2);
+  EXPECT_EQ(nccl.session->nccl().daemon_rank, 1);
+  EXPECT_EQ(nccl.session->nccl().unique_id.size(), 128u);
+}
+
+TEST(GpuTransports, NcclSendsOutOfOrderBreakTheJob) {
+  Daemon d(/*gpu=*/true);
+  Rank r;
+  ASSERT_TRUE(r.Open(d, "swap", 0, 1, TransportChoice::kNccl).ok());
+  // Declared [0, 1], sent [1, 0]: the daemon's receives do not match.
+  ASSERT_TRUE(r.HandOver(1, {0, 1}, {1, 0}).ok());
+  auto ids = r.session->NextAnnounced();
+  ASSERT_FALSE(ids.ok());
+  EXPECT_TRUE(Has(std::string(ids.status().message()), "out of the order"));
+  EXPECT_TRUE(Has(std::string(ids.status().message()), d.address));
+}
+
+TEST(GpuTransports, NextAnnouncedWorksOverShmToo) {
+  Daemon d(/*gpu=*/true);
+  auto c = Client::Connect(d.address, Options());
+  ASSERT_TRUE(c.ok());
+  // kAuto never picks a GPU transport, even on a daemon that serves them.
+  auto s = (*c)->OpenSession(Spec("auto", 0, 1, TransportChoice::kAuto));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->transport(), "shm");
+  EXPECT_EQ((*s)->layout().slots.size(), 5u);
+  const int n = 5;
+  for (int p = n - 1; p >= 0; --p) ASSERT_TRUE((*s)->GradientReady(p).ok());
+  std::vector<int> count(n, 0);
+  for (;;) {
+    auto ids = (*s)->NextAnnounced();
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    if (ids->empty()) break;
+    for (int p : *ids) ++count[p];
+  }
+  for (int p = 0; p < n; ++p) EXPECT_EQ(count[p], 1);
+  ASSERT_TRUE((*s)->FinishStep().ok());
+}
+
+TEST(GpuTransports, CpuDaemonRefusesThemNamingTransportAndAddress) {
+  Daemon d(/*gpu=*/false);
+  auto c = Client::Connect(d.address, Options());
+  ASSERT_TRUE(c.ok());
+  SessionSpec spec = Spec("cpu", 0, 1, TransportChoice::kCudaIpc);
+  auto layout = Client::ComputeRegionLayout(spec);
+  ASSERT_TRUE(layout.ok());
+  spec.cuda_ipc.mem_handle.assign(64, '\1');
+  spec.cuda_ipc.bytes = layout->total_bytes;
+  auto s = (*c)->OpenSession(spec);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(Has(std::string(s.status().message()), "cuda_ipc"));
+  EXPECT_TRUE(Has(std::string(s.status().message()), d.address));
+  spec.transport = TransportChoice::kNccl;
+  s = (*c)->OpenSession(spec);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(Has(std::string(s.status().message()), "nccl"));
+  EXPECT_EQ(d.service->open_sessions(), 0);
+}
+
+TEST(GpuTransports, BadExportIsAClearError) {
+  Daemon d(/*gpu=*/true);
+  auto c = Client::Connect(d.address, Options());
+  ASSERT_TRUE(c.ok());
+  SessionSpec spec = Spec("bad", 0, 1, TransportChoice::kCudaIpc);
+  auto layout = Client::ComputeRegionLayout(spec);
+  ASSERT_TRUE(layout.ok());
+  std::vector<float> mem(layout->total_bytes / 4);
+  // No export at all.
+  auto s = (*c)->OpenSession(spec);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(std::string(s.status().message()), "mem_handle"));
+  // Too small for the layout: refused before any call.
+  float* base = mem.data();
+  spec.cuda_ipc.mem_handle.assign(reinterpret_cast<const char*>(&base),
+                                  sizeof(base));
+  spec.cuda_ipc.bytes = layout->total_bytes - 64;
+  s = (*c)->OpenSession(spec);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(std::string(s.status().message()),
+                  absl::StrCat(layout->total_bytes)));
+  // A handle the daemon cannot use: its message, with the context.
+  spec.cuda_ipc.bytes = layout->total_bytes;
+  spec.cuda_ipc.mem_handle = "12345";
+  s = (*c)->OpenSession(spec);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(std::string(s.status().message()), "cuda_ipc.mem_handle"));
+  EXPECT_TRUE(Has(std::string(s.status().message()), d.address));
+  EXPECT_EQ(d.service->open_sessions(), 0);
+}
+
+// Forwards OpenSession (with a layout 64 bytes too large) and CloseSession.
+class WrongLayout : public v1::Optimizer::Service {
+ public:
+  explicit WrongLayout(server::GrpcOptimizer* real) : real_(real) {}
+  grpc::Status OpenSession(grpc::ServerContext* ctx,
+                           const v1::OpenSessionRequest* req,
+                           v1::OpenSessionResponse* resp) override {
+    grpc::Status st = real_->OpenSession(ctx, req, resp);
+    resp->mutable_layout()->set_total_bytes(resp->layout().total_bytes() + 64);
+    return st;
+  }
+  grpc::Status CloseSession(grpc::ServerContext* ctx,
+                            const v1::CloseSessionRequest* req,
+                            v1::CloseSessionResponse* resp) override {
+    return real_->CloseSession(ctx, req, resp);
+  }
+
+ private:
+  server::GrpcOptimizer* const real_;
+};
+
+TEST(GpuTransports, LayoutMismatchIsInternalNamingBothSizes) {
+  Daemon d(/*gpu=*/true, [](server::GrpcOptimizer* real) {
+    return std::make_unique<WrongLayout>(real);
+  });
+  Rank r;
+  const absl::Status st = r.Open(d, "wrong", 0, 1, TransportChoice::kCudaIpc);
+  ASSERT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  const uint64_t total = r.mem.size() * sizeof(float);
+  EXPECT_TRUE(Has(std::string(st.message()), absl::StrCat(total)));
+  EXPECT_TRUE(Has(std::string(st.message()), absl::StrCat(total + 64)));
+  EXPECT_EQ(d.service->open_sessions(), 0);  // the client closed it
+}
+
+TEST(GpuTransports, PoolsOfSeveralDaemonsRefuseThem) {
+  Daemon a(/*gpu=*/true), b(/*gpu=*/true);
+  auto pool = Client::ConnectPool({a.address, b.address}, Options());
+  ASSERT_TRUE(pool.ok());
+  SessionSpec spec = Spec("pool", 0, 1, TransportChoice::kNccl);
+  auto s = (*pool)->OpenSession(spec);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(Has(std::string(s.status().message()), "pool"));
+  // A pool of one daemon is that daemon.
+  Rank r;
+  auto one = Client::ConnectPool({a.address}, Options());
+  ASSERT_TRUE(one.ok());
+  r.spec = Spec("pool1", 0, 1, TransportChoice::kCudaIpc);
+  auto layout = Client::ComputeRegionLayout(r.spec);
+  ASSERT_TRUE(layout.ok());
+  r.mem.assign(layout->total_bytes / 4, 0.0f);
+  std::byte* base = r.base();
+  r.spec.cuda_ipc.mem_handle.assign(reinterpret_cast<const char*>(&base),
+                                    sizeof(base));
+  r.spec.cuda_ipc.bytes = layout->total_bytes;
+  auto ps = (*one)->OpenSession(r.spec);
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  r.session = std::move(*ps);
+  EXPECT_TRUE(r.session->layout() == *layout);
+  std::vector<std::vector<int>> announced;
+  ASSERT_TRUE(r.Step(1, &announced).ok());
+  testing::Reference ref(kSeed, 1);
+  const auto want = ref.Step(1);
+  for (int p = 0; p < 5; ++p)
+    EXPECT_LE(testing::RelativeError(r.Update(p), want[p]), kTolerance);
+}
+
+}  // namespace
+}  // namespace dmuon

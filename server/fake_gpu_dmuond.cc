@@ -1,0 +1,59 @@
+// fake_gpu_dmuond: a TEST DOUBLE of dmuond_cuda, for testing GPU-transport
+// clients on machines without a GPU. Never deploy it: its "GPU" is host
+// memory.
+//
+// It is dmuond (daemon_main.h: same flags, --listen, --port-file, ...) whose
+// executors are FakeDeviceExecutors and whose GPU transports are
+// FakeTransports (server/fake_device.h):
+//   cuda_ipc: the client's "GPU memory" is a POSIX shared-memory segment the
+//     client process created; cuda_ipc.mem_handle = "shm:" + its shm_open
+//     name (e.g. "shm:/psm_1234"), offset a multiple of 64, bytes >= the
+//     layout's total_bytes; the daemon maps [0, offset + bytes) of it and
+//     reads gradients / writes updates in place, as dmuond_cuda does with
+//     CUDA IPC memory. (An 8-byte mem_handle is an address in the daemon's
+//     own process: useless from another process.) event_handle and
+//     device_uuid are ignored.
+//   nccl: not served (UNIMPLEMENTED), as on a daemon without CUDA devices;
+//     in-process tests use FakeTransports' fake communicators directly.
+// --devices: 'auto' (the default here) or 'cuda' = two fake executors,
+// 'cuda:0,1,...' = one per listed ordinal, 'cpu' = a plain CPU dmuond (no
+// GPU transports).
+
+#include <string>
+#include <vector>
+
+#include "server/daemon_main.h"
+#include "server/fake_device.h"
+#include "server/gpu_logic.h"
+
+int main(int argc, char** argv) {
+  using dmuon::server::testing::FakeDeviceExecutor;
+  using dmuon::server::testing::FakeTransports;
+  dmuon::server::GpuSupport gpu;
+  gpu.executors = [](const std::string& devices, bool bf16_momentum,
+                     std::string* why)
+      -> absl::StatusOr<std::vector<std::unique_ptr<dmuon::server::Executor>>> {
+    if (bf16_momentum) {
+      return absl::InvalidArgumentError(
+          "fake_gpu_dmuond keeps fp32 momentum (no --momentum-dtype=bf16)");
+    }
+    auto spec = dmuon::server::ParseDeviceSpec(devices);
+    if (!spec.ok()) return spec.status();
+    const int n =
+        spec->ordinals.empty() ? 2 : static_cast<int>(spec->ordinals.size());
+    std::vector<std::unique_ptr<dmuon::server::Executor>> ex;
+    for (int i = 0; i < n; ++i)
+      ex.push_back(std::make_unique<FakeDeviceExecutor>(i));
+    return ex;
+  };
+  gpu.transports = [](const std::vector<std::string>&) {
+    return std::make_shared<FakeTransports>();
+  };
+  // --devices=auto unless the command line says otherwise (a later flag
+  // wins).
+  std::vector<char*> args(argv, argv + argc);
+  std::string devices = "--devices=auto";
+  args.insert(args.begin() + 1, devices.data());
+  args.push_back(nullptr);
+  return dmuon::server::DaemonMain(argc + 1, args.data(), &gpu);
+}
