@@ -5,7 +5,7 @@ collective check that every rank got its session."""
 import os
 import socket
 
-from . import _ddp, _native
+from . import _ddp, _gpu, _native
 from ._daemon import LocalDaemon
 
 _ext = _native.load()
@@ -25,9 +25,51 @@ def private_flags(flags, world):
     return flags
 
 
+def _open(client, address, job_id, table, groups, rank, world, transport, device):
+    """(session, GPU region or None, why host staging was chosen or None).
+
+    CUDA tensors (device) use a GPU transport (_gpu.choose: cuda_ipc on this
+    host, nccl elsewhere); with transport="auto" a daemon that offers none
+    (a CPU dmuond answers UNIMPLEMENTED) gets the tensors staged through host
+    memory instead, and the reason is returned for the routing table."""
+    kind, pool = transport, not isinstance(address, str)
+    if device is not None and pool and transport == "auto":
+        kind = "auto"
+        note = ("CUDA tensors staged through host memory: a pool of daemons takes "
+                "no GPU transport")
+        return client.open_session(job_id, table, groups, rank=rank, world_size=world,
+                                   transport=kind), None, note
+    if device is not None:
+        kind = _gpu.choose(transport, device, address)
+    if kind not in ("cuda_ipc", "nccl"):
+        return client.open_session(job_id, table, groups, rank=rank, world_size=world,
+                                   transport=kind), None, None
+    layout = _ext.region_layout(table, rank=rank, world_size=world)
+    region = _gpu.new_region(kind, layout, device)
+    try:
+        session = client.open_session(job_id, table, groups, rank=rank,
+                                      world_size=world, transport=kind,
+                                      cuda_ipc=region.export())
+        region.join(session, rank)
+        return session, region, None
+    except _ext.Error as e:
+        region.close()
+        if transport != "auto" or getattr(e, "code", "") != "UNIMPLEMENTED":
+            raise
+        why = (f"CUDA tensors staged through host memory: dmuond at "
+               f"{address} offers no {kind} transport")
+        return client.open_session(job_id, table, groups, rank=rank, world_size=world,
+                                   transport="auto"), None, why
+    except BaseException:
+        region.close()
+        raise
+
+
 def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_flags,
-                 table, groups):
-    """Returns (session, private daemon or None, address, job id)."""
+                 table, groups, device=None):
+    """Returns (session, GPU region or None, staging note or None, private
+    daemon or None, address, job id). device: the Muon parameters' CUDA
+    device, or None (CPU tensors, or tensors on several devices)."""
     daemon, err, address = None, None, server
     if server == "auto":
         if world > 1:
@@ -50,12 +92,12 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
         job_id = job_id or _ddp.new_job_id()
     if err is not None and world == 1:
         raise err
-    session = None
+    session = region = note = None
     if address is not None:
         try:
             client = _ext.Client(address, deadline=float(timeout))
-            session = client.open_session(job_id, table, groups, rank=rank,
-                                          world_size=world, transport=transport)
+            session, region, note = _open(client, address, job_id, table, groups, rank,
+                                          world, transport, device)
         except Exception as e:  # noqa: BLE001 - reported on every rank
             err = e
     elif err is None:
@@ -65,6 +107,8 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
         bad = [(r, m) for r, m in enumerate(_ddp.gather(report, pg, world)) if m]
         if bad and err is None:
             session.close()
+            if region is not None:
+                region.close()
             err = _ext.FailedPreconditionError(
                 f"DMuon: rank {bad[0][0]} of job '{job_id}' could not open its "
                 f"dmuond session: {bad[0][1]}")
@@ -72,11 +116,12 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
         if daemon is not None:
             daemon.stop()
         raise err
-    return session, daemon, address, job_id
+    return session, region, note, daemon, address, job_id
 
 
-def close(holder, daemon):
-    """Closes the session `holder` holds, then stops the private daemon."""
+def close(holder, daemon, region=None):
+    """Closes the session `holder` holds, frees its GPU region, then stops the
+    private daemon."""
     while holder:
         session = holder.pop()
         try:
@@ -84,5 +129,7 @@ def close(holder, daemon):
         except Exception:  # noqa: BLE001 - the daemon may be gone already
             pass
         del session
+    if region is not None:
+        region.close()
     if daemon is not None:
         daemon.stop()

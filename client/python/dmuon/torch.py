@@ -114,12 +114,13 @@ class DMuon(torch.optim.Optimizer):
         self._relink_adamw()
         self._plan_sharding(reduce_in_daemon, overlap, module)
         self._session, self._daemon, self.address, self.job_id = None, None, None, None
-        self._grad = self._upd = None
+        self._grad = self._upd = self._region = self._staging = None
         if self._muon:
-            session, self._daemon, self.address, self.job_id = _session.open_session(
+            (session, self._region, self._staging, self._daemon, self.address,
+             self.job_id) = _session.open_session(
                 self._pg, self._rank, self._world, server, job_id, timeout, transport,
                 daemon_flags, _groups.table(self._muon, group_of),
-                _groups.specs(self.param_groups, group_of))
+                _groups.specs(self.param_groups, group_of), self._cuda_device(transport))
             self._attach(session)
             self._install_hooks(module, overlap)
         self._reset_step()
@@ -167,15 +168,34 @@ class DMuon(torch.optim.Optimizer):
             _DDP._set_params_and_buffers_to_ignore_for_model(
                 module, sorted(set(old) | set(mark)))
 
+    def _cuda_device(self, transport):
+        """The one CUDA device of the Muon parameters (a GPU transport moves
+        them without host staging), else None."""
+        devices = {r.param.device for r in self._muon}
+        if transport in ("cuda_ipc", "nccl") and len(devices) > 1:
+            raise ValueError(f"DMuon: transport='{transport}' needs every Muon "
+                             f"parameter on one CUDA device; they are on "
+                             f"{sorted(str(d) for d in devices)}")
+        device = next(iter(devices))
+        if device.type == "cuda" or transport in ("cuda_ipc", "nccl"):
+            return device  # a CPU device with a GPU transport: open_session says so
+        return None
+
     def _attach(self, session):
         self._session = session
         n = len(self._muon)
-        self._grad = [torch.from_numpy(session.gradient(i)) for i in range(n)]
-        self._upd = [torch.from_numpy(session.update(i, writable=True)) for i in range(n)]
+        if self._region is not None:  # GPU memory of this process
+            self._grad, self._upd = list(self._region.grad), list(self._region.upd)
+        else:
+            self._grad = [torch.from_numpy(session.gradient(i)) for i in range(n)]
+            self._upd = [torch.from_numpy(session.update(i, writable=True))
+                         for i in range(n)]
         self._opened = _groups.specs(self.param_groups, self._group_of)
         # The finalizer owns the session through a list: close() empties it so
-        # the channel is gone before the private daemon is told to stop.
-        self._finalizer = weakref.finalize(self, _session.close, [session], self._daemon)
+        # the channel is gone before the private daemon is told to stop (and
+        # before the GPU region the daemon may still map is freed).
+        self._finalizer = weakref.finalize(self, _session.close, [session], self._daemon,
+                                           self._region)
 
     def _install_hooks(self, module, overlap):
         ref = weakref.ref(self)
@@ -217,6 +237,7 @@ class DMuon(torch.optim.Optimizer):
     def _reset_step(self):
         n = len(self._muon)
         self._handed, self._applied = [False] * n, [False] * n
+        self._received = [False] * n  # nccl: update received
         self._step_lr = [(0.0, 0.0)] * n
         self._pending = False
 
@@ -284,6 +305,8 @@ class DMuon(torch.optim.Optimizer):
             buf.zero_()
         elif not (r.sharding == "replicated" and self._rank != 0):
             buf.copy_(grad.detach().reshape(buf.shape))  # rank 0's is the one used
+        if self._region is not None:
+            self._region.handed([i])  # cuda_ipc: event after the copy; nccl: send
         self._session.gradient_ready(i)
         self._handed[i] = True
         self.stats["handoff_seconds"] += time.perf_counter() - t0
@@ -293,6 +316,8 @@ class DMuon(torch.optim.Optimizer):
             return
         r = self._muon[i]
         t0 = time.perf_counter()
+        if self._region is not None and self._region.kind == "nccl":
+            self._receive_until(i)
         self._session.wait_update(i)
         self._wait += time.perf_counter() - t0
         lr, wd = self._step_lr[i]
@@ -310,6 +335,19 @@ class DMuon(torch.optim.Optimizer):
                     p.mul_(1 - lr * wd)
                 p.add_(u.view(p.shape), alpha=-lr)
         self._applied[i] = True
+
+    def _receive_until(self, i):
+        """nccl: posts the update receives in the order dmuond announces them
+        (one group per announcement) until update i's is posted; torch's
+        stream orders the receive before the update is applied."""
+        while not self._received[i]:
+            ids = self._session.next_announced()
+            if not ids:
+                raise RuntimeError(f"DMuon: dmuond announced every update of step "
+                                   f"{self._session.step} but not {self._muon[i].name}'s")
+            self._region.receive(ids)
+            for j in ids:
+                self._received[j] = True
 
     def _apply_pending(self, ids):
         if self._pending:
@@ -441,11 +479,21 @@ class DMuon(torch.optim.Optimizer):
 
     @property
     def routing_table(self):
-        return _routing.format_table(self._routes)
+        table = _routing.format_table(self._routes)
+        return f"{table}\ntransport to dmuond: {self.transport}" if self._session else table
 
     @property
     def session(self):
         return self._session
+
+    @property
+    def transport(self):
+        """How the Muon tensors travel: "cuda_ipc" | "nccl" | "shm" | "inline",
+        with the reason when CUDA tensors are staged through host memory."""
+        if self._session is None:
+            return None
+        t = self._session.transport
+        return f"{t} ({self._staging})" if self._staging else t
 
     def close(self):
         """Closes the dmuond session and stops a private dmuond."""
@@ -453,6 +501,6 @@ class DMuon(torch.optim.Optimizer):
             h.remove()
         self._handles = []
         self._closed = True
-        self._session, self._grad, self._upd = None, None, None
+        self._session, self._grad, self._upd, self._region = None, None, None, None
         if self._finalizer is not None:
             self._finalizer()

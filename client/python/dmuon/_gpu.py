@@ -1,0 +1,287 @@
+"""DMuon's GPU transports: CUDA tensors go to dmuond without host staging.
+
+The daemon lays a session's tensors out in one region (fp32 gradient and
+update slots, 64-byte aligned: `_native.region_layout`). For CUDA tensors
+that region is GPU memory of this process, allocated here with cudaMalloc
+(not torch's caching allocator: CUDA IPC exports whole allocations, and an
+allocator with expandable segments cannot export at all) and wrapped as one
+uint8 tensor through __cuda_array_interface__:
+
+  cuda_ipc (dmuond on this host): the allocation is exported with
+    cudaIpcGetMemHandle and an interprocess event at OpenSession. A gradient
+    is copied into its slot on torch's current stream, the event is recorded
+    after it, then the gradient is declared: the daemon waits on the event,
+    reads in place and writes the update in place, synchronized before it
+    announces the update.
+  nccl (dmuond anywhere): the rank joins the job's communicator (unique id
+    from OpenSession; trainer rank r is NCCL rank r, the daemon the last
+    rank). A gradient is sent with ncclSend (one group per declaration) on
+    torch's current stream, then declared; once a step's gradients are all
+    declared, the updates are received in the order dmuond announces them
+    (one ncclRecv group per announcement: transport/nccl.h's order).
+
+CUDA and NCCL are reached through ctypes on the libraries torch itself
+loaded (libcudart, libnccl), so the extension links neither. Nothing here
+runs without a GPU; the logic around it (what is exported, when events are
+recorded, the receive order) is the same code a host-memory stand-in drives
+in client/python/tests/test_gpu_transport.py against a fake GPU daemon.
+"""
+
+import ctypes
+import os
+import socket
+
+import torch
+
+_ADDR_LOCAL = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
+
+
+def is_local(address):
+    """True when `address` (host:port or unix:path) is this host."""
+    if address.startswith("unix:"):
+        return True
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    host = host.strip("[]")
+    if host in _ADDR_LOCAL or host.startswith("127."):
+        return True
+    try:
+        mine = {socket.gethostname(), socket.getfqdn()}
+        mine |= {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None)}
+        theirs = {a[4][0] for a in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return host in mine or bool(theirs & mine)
+
+
+def choose(transport, device, address):
+    """The transport for Muon parameters on `device` (a torch.device):
+    "cuda_ipc" | "nccl" for CUDA tensors (same host: cuda_ipc), the user's
+    choice otherwise. Raises ValueError for a GPU transport with CPU tensors."""
+    if transport in ("cuda_ipc", "nccl"):
+        if device.type != "cuda":
+            raise ValueError(f"DMuon: transport='{transport}' needs the Muon "
+                             f"parameters on a CUDA device; they are on {device}")
+        return transport
+    if transport == "auto" and device.type == "cuda":
+        return "cuda_ipc" if address is None or is_local(address) else "nccl"
+    return transport
+
+
+def _loaded(stem):
+    """The path of a library this process already mapped (torch's own)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rsplit(None, 1)[-1]
+                if os.path.basename(path).startswith(stem):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+class _Lib:
+    """A CUDA-family library by ctypes with one error check per library."""
+
+    def __init__(self, stem, fallback, what):
+        torch.cuda.init()
+        path = _loaded(stem) or fallback
+        try:
+            self.lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise RuntimeError(f"DMuon: cannot load {what} ({path}): {e}") from e
+        self.what = what
+
+    def check(self, name, *args):
+        rc = getattr(self.lib, name)(*args)
+        if rc != 0:
+            raise RuntimeError(f"DMuon: {name} failed with {self.what} error {rc}"
+                               f"{self._describe(rc)}")
+
+    def _describe(self, rc):
+        for fn in ("cudaGetErrorString", "ncclGetErrorString"):
+            f = getattr(self.lib, fn, None)
+            if f is not None:
+                f.restype = ctypes.c_char_p
+                return f" ({f(rc).decode(errors='replace')})"
+        return ""
+
+
+_cudart = None
+
+
+def cudart():
+    global _cudart
+    if _cudart is None:
+        _cudart = _Lib("libcudart", "libcudart.so", "the CUDA runtime")
+    return _cudart
+
+
+class _DeviceBuffer:
+    """cudaMalloc'ed bytes on the current device, seen by torch as a uint8
+    tensor (zero copy, through __cuda_array_interface__)."""
+
+    def __init__(self, nbytes, device):
+        self.rt, self.ptr = cudart(), ctypes.c_void_p()
+        with torch.cuda.device(device):
+            self.rt.check("cudaMalloc", ctypes.byref(self.ptr), ctypes.c_size_t(nbytes))
+            self.rt.check("cudaMemset", self.ptr, 0, ctypes.c_size_t(nbytes))
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (self.ptr.value, False),
+            "version": 2, "strides": None}
+        self.tensor = torch.as_tensor(self, device=device)
+
+    def free(self):
+        if self.ptr:
+            torch.cuda.synchronize(self.tensor.device)
+            self.tensor = None
+            self.rt.check("cudaFree", self.ptr)
+            self.ptr = ctypes.c_void_p()
+
+
+def _views(flat, layout):
+    grads, upds = [], []
+    for s in layout["slots"]:
+        shape = (s["rows"], s["cols"])
+        n = s["rows"] * s["cols"] * 4
+        grads.append(flat[s["gradient_offset"]:s["gradient_offset"] + n]
+                     .view(torch.float32).view(shape))
+        upds.append(flat[s["update_offset"]:s["update_offset"] + n]
+                    .view(torch.float32).view(shape))
+    return grads, upds
+
+
+class Region:
+    """What DMuon needs of a session's region, whatever moves it:
+    grad[i] / upd[i] tensors; export() before OpenSession (cuda_ipc);
+    join(session, rank) after it (nccl); handed(ids) after writing gradients
+    and before declaring them; receive(ids) per announcement (nccl)."""
+
+    kind = None
+    grad = upd = ()
+
+    def export(self):
+        return None
+
+    def join(self, session, rank):
+        pass
+
+    def handed(self, ids):
+        pass
+
+    def receive(self, ids):
+        pass
+
+    def close(self):
+        pass
+
+
+class _GpuRegion(Region):
+    """The region in this process's GPU memory, as slot views."""
+
+    def __init__(self, layout, device):
+        self.device = torch.device(device)
+        self.bytes = layout["total_bytes"]
+        self.buf = _DeviceBuffer(self.bytes, self.device)
+        self.grad, self.upd = _views(self.buf.tensor, layout)
+
+    def close(self):
+        self.buf.free()
+
+
+class CudaIpcRegion(_GpuRegion):
+    kind = "cuda_ipc"
+
+    def __init__(self, layout, device):
+        super().__init__(layout, device)
+        with torch.cuda.device(self.device):
+            self.event = torch.cuda.Event(enable_timing=False, interprocess=True)
+            self.event.record()  # an IPC handle needs an event recorded once
+
+    def export(self):
+        rt = cudart()
+        handle = (ctypes.c_char * 64)()
+        rt.check("cudaIpcGetMemHandle", ctypes.byref(handle), self.buf.ptr)
+        return dict(mem_handle=bytes(handle), offset=0, bytes=self.bytes,
+                    event_handle=bytes(self.event.ipc_handle()),
+                    device_uuid=device_uuid(self.device))
+
+    def handed(self, ids):
+        # After the copies into the slots, on the stream that made them (in a
+        # backward hook: the stream autograd set for that node).
+        self.event.record(torch.cuda.current_stream(self.device))
+
+
+def device_uuid(device):
+    """cudaDeviceProp.uuid: 16 bytes after the 256-byte name."""
+    rt = cudart()
+    props = ctypes.create_string_buffer(8192)  # larger than any cudaDeviceProp
+    fn = "cudaGetDeviceProperties_v2" if hasattr(
+        rt.lib, "cudaGetDeviceProperties_v2") else "cudaGetDeviceProperties"
+    rt.check(fn, props, ctypes.c_int(device.index or 0))
+    return props.raw[256:272]
+
+
+class _NcclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+_NCCL_FLOAT32 = 7  # ncclFloat32
+
+
+class NcclRegion(_GpuRegion):
+    kind = "nccl"
+
+    def __init__(self, layout, device):
+        super().__init__(layout, device)
+        self.nccl = _Lib("libnccl", "libnccl.so.2", "NCCL")
+        self.comm = ctypes.c_void_p()
+        self.peer = None
+
+    def join(self, session, rank):
+        info = session.nccl()
+        if len(info["unique_id"]) != 128:
+            raise RuntimeError("DMuon: dmuond returned no NCCL unique id")
+        uid = _NcclUniqueId()
+        ctypes.memmove(uid.internal, info["unique_id"], 128)
+        with torch.cuda.device(self.device):
+            # Blocks until every rank and dmuond (which joins when the job's
+            # first session opens) have joined.
+            self.nccl.check("ncclCommInitRank", ctypes.byref(self.comm),
+                            ctypes.c_int(info["nranks"]), uid, ctypes.c_int(rank))
+        self.peer = info["daemon_rank"]
+
+    def _group(self, fn, tensors):
+        stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+        self.nccl.check("ncclGroupStart")
+        first = None
+        for t in tensors:
+            try:
+                self.nccl.check(fn, ctypes.c_void_p(t.data_ptr()),
+                                ctypes.c_size_t(t.numel()), ctypes.c_int(_NCCL_FLOAT32),
+                                ctypes.c_int(self.peer), self.comm, stream)
+            except RuntimeError as e:
+                first = first or e
+        self.nccl.check("ncclGroupEnd")
+        if first is not None:
+            raise first
+
+    def handed(self, ids):
+        self._group("ncclSend", [self.grad[i] for i in ids])
+
+    def receive(self, ids):
+        self._group("ncclRecv", [self.upd[i] for i in ids])
+
+    def close(self):
+        if self.comm:
+            self.nccl.lib.ncclCommAbort(self.comm)
+            self.comm = ctypes.c_void_p()
+        super().close()
+
+
+_KINDS = {"cuda_ipc": CudaIpcRegion, "nccl": NcclRegion}
+
+
+def new_region(kind, layout, device):
+    """The region for `kind` ("cuda_ipc" | "nccl"); tests replace this."""
+    return _KINDS[kind](layout, device)
