@@ -14,9 +14,10 @@ targets=(
   //benchmarks:kernels_bench_cuda
   //server:cuda_executor_test
   //server:dmuond_cuda
+  //server:dmuond
   //benchmarks/gpu:gpu_step
 )
-bazel build --config=cuda "${targets[@]}" >&2
+bazel build --config=cuda "${targets[@]}" //client/python:_dmuon.so >&2
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 bins=()
@@ -26,7 +27,10 @@ for t in "${targets[@]}"; do
   bins+=("$path")
   cp -L "$path" "$out/bin/"
 done
-cp benchmarks/gpu/run.sh benchmarks/gpu/compare_torch.py "$out/"
+cp benchmarks/gpu/run.sh benchmarks/gpu/compare_torch.py benchmarks/gpu/torch_train.py "$out/"
+# The Python extension is rebuilt there for the machine's CPython (3.12 with
+# torch 2.x; Debian's here is 3.11): stage its sources, headers and objects.
+benchmarks/gpu/stage_ext.sh "$out" >&2
 mkdir -p "$out/data"
 cp benchmarks/data/llama3-8b.json "$out/data/"
 # Libraries resolved by the loader here; keep the ones the GPU image lacks.
@@ -42,6 +46,7 @@ done
 strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
 # The device tool carries at most 64 MiB: everything but run.sh travels as one
 # xz archive (about a fifth of the size), which run.sh unpacks on the device.
-tar -C "$out" -cf - bin lib data compare_torch.py | xz -T0 -6 >"$out/payload.tar.xz"
-rm -rf "$out/bin" "$out/lib" "$out/data" "$out/compare_torch.py"
+parts=(bin lib data ext python compare_torch.py torch_train.py)
+tar -C "$out" -cf - "${parts[@]}" | xz -T0 -6 >"$out/payload.tar.xz"
+(cd "$out" && rm -rf "${parts[@]}")
 du -sh "$out" >&2

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The GPU check: runs on a machine with one H200, the CUDA driver, python3
-# with torch, nothing else installed and no network. It builds nothing: it
-# takes the bundle made here by `./dmuon bundle` (carried to the machine),
-# runs every GPU test, the kernel benchmark, and a comparison with torch's
-# own Muon orthogonalization, the CUDA executor's tests, a dmuond_cuda smoke
-# step over CUDA IPC (every update checked against the CPU path) and the
-# Llama-3-8B optimizer step through dmuond_cuda timed against its flop floor;
-# writes results under $OUT, and prints a short table. Budget: well inside 8
-# minutes — every step's timeout is capped by what is left of 7 minutes.
+# with torch, nothing else installed and no network. It builds nothing but
+# the Python extension's four pybind11 files (for the machine's CPython; the
+# rest comes prebuilt): it takes the bundle made here by `./dmuon bundle`
+# (carried to the machine), runs every GPU test, the kernel benchmark, a
+# comparison with torch's own Muon orthogonalization, the CUDA executor's
+# tests, a dmuond_cuda smoke step over CUDA IPC (every update checked against
+# the CPU path), the Llama-3-8B optimizer step through dmuond_cuda timed
+# against its flop floor, DMuon training a small transformer on CUDA in
+# lockstep with torch.optim.Muon (timed against it and fused AdamW), and the
+# Python client's tests on the machine's torch; writes results under $OUT,
+# and prints a short table. Budget: 8 minutes — every step's timeout is
+# capped by what is left of them.
 #   usage (on the device, from the repository root):  bundle/run.sh
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -47,8 +51,8 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "no GPU here (nvidia-smi -L failed): every step below skips with its reason"
 fi
 
-# Seconds for a step: at most $1, and never past the 7-minute deadline.
-deadline=$((SECONDS + 420))
+# Seconds for a step: at most $1, and never past the 8-minute deadline.
+deadline=$((SECONDS + 480))
 cap() {
   local left=$((deadline - SECONDS))
   ((left < 10)) && left=10
@@ -95,9 +99,24 @@ step "Llama-3-8B step via dmuond_cuda" 150 "$here/bin/gpu_step" \
 if ((have_gpu)); then
   step "torch.optim.Muon comparison" 120 "$py" "$here/compare_torch.py" \
     --tool "$here/bin/ns_tool" --out "$OUT/torch-compare.json"
+  # The Python client on this machine's CPython and torch: the extension is
+  # compiled here from the staged sources (stage_ext.sh), then DMuon trains a
+  # small transformer on CUDA through dmuond_cuda (cuda_ipc) in lockstep with
+  # torch.optim.Muon, and the client's test suite runs on this torch (CPU
+  # dmuond: the torch 2.x hooks, DDP, state_dict paths).
+  step "Python extension ($("$py" -V 2>&1))" 120 \
+    "$here/ext/build_ext.sh" "$here" "$here/ext/built" "$py"
+  export DMUON_EXTENSION_DIR=$here/ext/built PYTHONPATH=$here/python
+  step "DMuon on CUDA vs torch.optim.Muon" 150 "$py" "$here/torch_train.py" \
+    --dmuond "$here/bin/dmuond_cuda" --out "$OUT/torch-train.json"
+  step "pytest on this torch (CPU dmuond)" 150 env DMUON_DMUOND="$here/bin/dmuond" \
+    "$py" -m pytest -q -p no:cacheprovider "$here/python/tests" \
+    --junitxml="$OUT/pytest.xml"
 else
-  echo "== torch.optim.Muon comparison: SKIP (no GPU)"
-  summary+=("$(printf '%-34s skipped (no GPU)' "torch.optim.Muon comparison")")
+  for s in "torch.optim.Muon comparison" "DMuon on CUDA vs torch.optim.Muon"; do
+    echo "== $s: SKIP (no GPU)"
+    summary+=("$(printf '%-34s skipped (no GPU)' "$s")")
+  done
 fi
 
 step "kernels benchmark" 240 bash -c \

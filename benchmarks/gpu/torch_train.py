@@ -1,0 +1,180 @@
+"""The GPU check's training run: a small GPT-style transformer on CUDA,
+trained with dmuon.torch.DMuon (through dmuond_cuda over CUDA IPC) in
+lockstep with torch.optim.Muon (torch's own, bf16 Newton-Schulz) and with
+the fp32 Muon of char_gpt.py, from one initialization on the same batches;
+then each optimizer timed on its own, torch.optim.AdamW(fused=True) too.
+
+Per step it records the relative distance ||W_dmuon - W_ref|| / ||W_ref||
+over the Muon matrices, and the losses. Pass: DMuon stays within bf16
+tolerance of torch.optim.Muon at every step (--tol, default 2e-2 relative;
+torch's NS runs in bf16) and closer to the fp32 reference than that.
+
+  python3 torch_train.py --dmuond bin/dmuond_cuda --out OUT/train.json
+(python/ of the bundle on PYTHONPATH and $DMUON_EXTENSION_DIR set: run.sh)
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _d in (os.path.join(_HERE, "python"),  # the bundle
+           os.path.join(_HERE, "..", "..", "client", "python")):  # a checkout
+    if os.path.isdir(os.path.join(_d, "examples")):
+        sys.path[:0] = [_d, os.path.join(_d, "examples")]
+        break
+import char_gpt  # noqa: E402
+from dmuon.torch import DMuon  # noqa: E402
+
+MUON, ADAMW = char_gpt.MUON, char_gpt.ADAMW
+HAVE_MUON = hasattr(torch.optim, "Muon")  # torch >= 2.9
+
+
+def build(kind, model, flags):
+    mats = model.matrices()
+    ids = {id(p) for p in mats}
+    others = [p for p in model.parameters() if id(p) not in ids]
+    if kind == "adamw_fused":
+        fused = dict(fused=True) if model.head.weight.is_cuda else {}
+        return [torch.optim.AdamW(model.parameters(), **fused, **ADAMW)]
+    if kind == "torch_muon":
+        return [torch.optim.Muon(mats, **MUON), torch.optim.AdamW(others, **ADAMW)]
+    if kind == "fp32_muon":
+        return [char_gpt.InProcessMuon(mats, others, adamw=ADAMW, **MUON)]
+    if kind == "dmuon":
+        return [DMuon(model, adamw=[model.head], adamw_lr=ADAMW["lr"],
+                      adamw_betas=ADAMW["betas"], adamw_eps=ADAMW["eps"],
+                      adamw_wd=ADAMW["weight_decay"], daemon_flags=flags, **MUON)]
+    raise ValueError(kind)
+
+
+def fresh(corpus, args):
+    torch.manual_seed(0)
+    return char_gpt.GPT(corpus.vocab, d=args.width, layers=args.layers).to(args.device)
+
+
+def sync(args):
+    if args.device.startswith("cuda"):
+        sync(args)
+
+
+def one_step(model, opts, x, y):
+    loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    loss.backward()
+    for o in opts:
+        o.step()
+    for o in opts:
+        o.zero_grad()
+    return loss.item()
+
+
+def distance(a, b):
+    num = sum(float((p - q).float().norm() ** 2) for p, q in zip(a, b)) ** 0.5
+    den = sum(float(q.float().norm() ** 2) for q in b) ** 0.5
+    return num / max(den, 1e-30)
+
+
+def lockstep(corpus, args, flags):
+    kinds = ["dmuon", "torch_muon", "fp32_muon"] if HAVE_MUON else ["dmuon", "fp32_muon"]
+    models = {k: fresh(corpus, args) for k in kinds}
+    opts = {k: build(k, models[k], flags) for k in kinds}
+    transport = opts["dmuon"][0].transport
+    rows = []
+    for s in range(args.steps):
+        x, y = corpus.batch(s, batch=args.batch)
+        losses = {k: one_step(models[k], opts[k], x, y) for k in kinds}
+        mats = {k: models[k].matrices() for k in kinds}
+        row = dict(step=s + 1, loss=losses, vs_fp32=distance(mats["dmuon"], mats["fp32_muon"]))
+        if HAVE_MUON:
+            row.update(vs_torch_muon=distance(mats["dmuon"], mats["torch_muon"]),
+                       torch_vs_fp32=distance(mats["torch_muon"], mats["fp32_muon"]))
+        rows.append(row)
+    opts["dmuon"][0].close()
+    return rows, transport
+
+
+def timed(kind, corpus, args, flags):
+    model = fresh(corpus, args)
+    opts = build(kind, model, flags)
+    step_t, iter_t = [], []
+    for s in range(args.warmup + args.timed):
+        x, y = corpus.batch(s, batch=args.batch)
+        sync(args)
+        t0 = time.perf_counter()
+        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        sync(args)
+        t1 = time.perf_counter()
+        for o in opts:
+            o.step()
+        sync(args)
+        t2 = time.perf_counter()
+        for o in opts:
+            o.zero_grad()
+        if s >= args.warmup:
+            step_t.append(t2 - t1)
+            iter_t.append(t2 - t0)
+    if kind == "dmuon":
+        opts[0].close()
+    return dict(step_ms=1e3 * statistics.median(step_t),
+                iter_ms=1e3 * statistics.median(iter_t))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dmuond", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--timed", type=int, default=20)
+    ap.add_argument("--tol", type=float, default=2e-2)
+    ap.add_argument("--device", default="cuda",
+                    help="cpu: a smoke run of this script (no torch.optim.Muon before 2.9)")
+    args = ap.parse_args()
+    os.environ["DMUON_DMUOND"] = args.dmuond
+    flags = ["--devices=cuda:0"] if args.device.startswith("cuda") else []
+    corpus = char_gpt.Corpus(device=args.device)
+    gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None
+    result = dict(torch=torch.__version__, gpu=gpu, device=args.device,
+                  model=dict(width=args.width, layers=args.layers, batch=args.batch,
+                             block=64), tolerance=args.tol)
+    rows, transport = lockstep(corpus, args, flags)
+    ref = "vs_torch_muon" if HAVE_MUON else "vs_fp32"
+    worst = max(r[ref] for r in rows)
+    result.update(transport=transport, steps=rows, reference=ref, worst=worst,
+                  worst_vs_fp32=max(r["vs_fp32"] for r in rows))
+    if HAVE_MUON:
+        result["worst_torch_vs_fp32"] = max(r["torch_vs_fp32"] for r in rows)
+    kinds = ("adamw_fused", "torch_muon", "dmuon") if HAVE_MUON else ("adamw_fused",
+                                                                     "fp32_muon", "dmuon")
+    result["timing"] = {k: timed(k, corpus, args, flags) for k in kinds}
+    ok = worst <= args.tol
+    result["pass"] = ok
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    t = result["timing"]
+    print(f"torch {torch.__version__}, transport {transport}; {args.steps} lockstep "
+          f"steps: worst relative distance {ref} {worst:.2e} (tolerance {args.tol:.0e}), "
+          f"vs fp32 Muon {result['worst_vs_fp32']:.2e}" + (
+              f"; torch.optim.Muon vs fp32 {result['worst_torch_vs_fp32']:.2e}"
+              if HAVE_MUON else " (no torch.optim.Muon in this torch)"))
+    print(f"{'optimizer':<14}{'step() ms':>10}{'iter ms':>10}")
+    for k, v in t.items():
+        print(f"{k:<14}{v['step_ms']:>10.2f}{v['iter_ms']:>10.2f}")
+    muon = "torch_muon" if HAVE_MUON else "fp32_muon"
+    print(f"DMuon step / AdamW: {t['dmuon']['step_ms'] / t['adamw_fused']['step_ms']:.2f}x;"
+          f" {muon} / DMuon: {t[muon]['step_ms'] / t['dmuon']['step_ms']:.2f}x")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
