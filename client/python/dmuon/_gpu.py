@@ -186,6 +186,7 @@ class _GpuRegion(Region):
         self.grad, self.upd = _views(self.buf.tensor, layout)
 
     def close(self):
+        self.grad = self.upd = ()
         self.buf.free()
 
 
