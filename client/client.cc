@@ -136,6 +136,7 @@ v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
     s->set_row_end(p.row_end);
     s->set_forward_order(p.forward_order);
     s->set_group(p.group);
+    if (p.layer >= 0) s->set_layer(p.layer);
   }
   return r;
 }

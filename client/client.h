@@ -77,6 +77,10 @@ struct ParamSpec {
   int64_t row_begin = 0, row_end = 0;  // kRows: this rank's rows
   int forward_order = 0;               // smaller: needed earlier
   int group = 0;
+  // Matrices the next forward needs together (one transformer block's)
+  // share a layer >= 0; the planners spread a layer over devices and
+  // daemons so its updates come back in parallel. -1: none.
+  int layer = -1;
 };
 
 // Muon hyperparameters (torch.optim.Muon's names and defaults). lr and weight
@@ -216,8 +220,9 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, ClientOptions options = {});
   // Several daemons as one pool (e.g. one per node). Each matrix goes to one
-  // daemon by a plan every process computes alike from the same table: LPT
-  // over the cost model's flops, then a swap refinement (server/planner.h).
+  // daemon by a plan every process computes alike from the same table:
+  // server/planner.h PlanBest over the cost model's flops (LPT spreading
+  // each layer, local search, an exact search for small tables).
   // A pool session is used exactly like a single daemon's.
   static absl::StatusOr<std::unique_ptr<Client>> ConnectPool(
       const std::vector<std::string>& addresses, ClientOptions options = {});

@@ -210,7 +210,9 @@ class PoolClient : public Client {
 
 std::vector<int> Client::PlanPool(const SessionSpec& spec, int daemons) {
   std::vector<double> costs;
+  std::vector<int> layers;
   for (const ParamSpec& p : spec.params) {
+    layers.push_back(p.layer);
     kernels::NsOptions o = NsOf(spec, p.group);
     kernels::Shape s{std::max<int64_t>(1, p.rows),
                      std::max<int64_t>(1, p.cols)};
@@ -218,7 +220,7 @@ std::vector<int> Client::PlanPool(const SessionSpec& spec, int daemons) {
       o.method = kernels::CheapestMethod(s, o);
     costs.push_back(kernels::EstimateCost(o.method, s, o).flops);
   }
-  return server::PlanRefined(costs, std::max(1, daemons)).executor_of;
+  return server::PlanBest(costs, layers, std::max(1, daemons)).executor_of;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::ConnectPool(

@@ -207,12 +207,15 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
       job->params[i].arrived.assign(job->world_size, 0);
     }
     const std::vector<double> costs = TuneTable(job->table);
-    job->plan = PlanLpt(costs, scheduler_->executors());
+    std::vector<int> layers;
+    for (const ParamInfo& p : job->table.params) layers.push_back(p.layer);
     if (const std::vector<int> ok = scheduler_->Healthy();
         !ok.empty() && static_cast<int>(ok.size()) < scheduler_->executors()) {
       // New jobs avoid executors that lost their device.
-      job->plan = PlanOn(PlanLpt(costs, static_cast<int>(ok.size())), ok,
-                         scheduler_->executors());
+      job->plan = PlanOn(PlanBest(costs, layers, static_cast<int>(ok.size())),
+                         ok, scheduler_->executors());
+    } else {
+      job->plan = PlanBest(costs, layers, scheduler_->executors());
     }
     job->compute_seconds.assign(scheduler_->executors(), 0.0);
     job->last_step_compute_seconds.assign(scheduler_->executors(), 0.0);

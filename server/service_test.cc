@@ -267,6 +267,21 @@ TEST(Service, TableMismatchNamesParameterAndBothValues) {
           "'layers.3.mlp.w1' shape [64,88] does not match rank 0's [64,112]"),
       std::string::npos)
       << st;
+  // Layers must agree too, unset included.
+  auto with_layer =
+      Request("k", 0, 2, v1::TRANSPORT_INLINE,
+              {{"layers.3.mlp.w1", 64, 112, v1::SHARDING_REPLICATED}});
+  with_layer.mutable_parameters(0)->set_layer(3);
+  Rank c, d;
+  ASSERT_TRUE(c.Open(*svc, with_layer).ok());
+  st = d.Open(*svc,
+              Request("k", 1, 2, v1::TRANSPORT_INLINE,
+                      {{"layers.3.mlp.w1", 64, 112, v1::SHARDING_REPLICATED}}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find(
+                "'layers.3.mlp.w1' layer unset does not match rank 0's 3"),
+            std::string::npos)
+      << st;
 }
 
 TEST(Service, BadRequestsGetFittingCodes) {
@@ -281,6 +296,10 @@ TEST(Service, BadRequestsGetFittingCodes) {
             absl::StatusCode::kFailedPrecondition);
   bad = req;
   bad.mutable_parameters(0)->set_shape(1, 0);
+  EXPECT_EQ(svc->OpenSession(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = req;
+  bad.mutable_parameters(0)->set_layer(-1);
   EXPECT_EQ(svc->OpenSession(bad).status().code(),
             absl::StatusCode::kInvalidArgument);
   bad = req;
@@ -458,12 +477,12 @@ double ModelCost(kernels::Shape shape) {
 TEST(Service, StatusReportsPredictedAndMeasuredLoadPerExecutor) {
   Metrics metrics;
   auto svc = NewService({}, 3, &metrics);
-  // Two matrices on three executors: LPT puts the larger on cpu:0, the
-  // other on cpu:1; cpu:2 stays idle.
+  // Two matrices on three executors: the planner puts the larger on cpu:0,
+  // the other on cpu:1; cpu:2 stays idle.
   const std::vector<Param> ps = {{"big", 96, 64, v1::SHARDING_REPLICATED},
                                  {"small", 40, 40, v1::SHARDING_REPLICATED}};
   const std::vector<double> costs = {ModelCost({96, 64}), ModelCost({40, 40})};
-  const Plan plan = PlanLpt(costs, 3);
+  const Plan plan = PlanBest(costs, {}, 3);
   ASSERT_EQ(plan.executor_of, (std::vector<int>{0, 1}));
   Rank a;
   ASSERT_TRUE(a.Open(*svc, Request("a", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
@@ -620,7 +639,7 @@ TEST(Service, PluggedTuningKeysTheCacheChoosesTheMethodAndCostsThePlan) {
     costs.push_back(
         FakeTuning::Time({ps[i].rows, ps[i].cols}, chosen[i]).seconds);
   EXPECT_EQ(costs, (std::vector<double>{1e-3, 3e-3, 4e-3}));
-  const Plan plan = PlanLpt(costs, 2);
+  const Plan plan = PlanBest(costs, {}, 2);
 
   {
     auto svc = NewService(o);
@@ -703,6 +722,67 @@ TEST(Service, PluggedTuningKeysTheCacheChoosesTheMethodAndCostsThePlan) {
     EXPECT_DOUBLE_EQ(st.executors(e).predicted_step_seconds(),
                      plan.predicted_load[e])
         << e;
+  }
+}
+
+TEST(Service, PlanSpreadsEachLayerOverTheExecutors) {
+  // Four matrices of equal measured cost (a backend timing every shape
+  // alike) but different shapes, so the executors' flops tell which ran
+  // where; layers 0, 1, 0, 1 in table order. By cost alone (ties by index)
+  // cpu:0 would get both of layer 0 and cpu:1 both of layer 1.
+  char tmpl[] = "/tmp/dmuon-layers-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ServiceOptions o;
+  o.autotune_cache = std::string(tmpl) + "/tune.json";
+  o.tuning.device = "fake:uniform";
+  o.tuning.measure = [](kernels::Shape, int64_t, const kernels::NsOptions&) {
+    return kernels::Autotuner::MeasureFn(
+        [](kernels::Method m) -> absl::StatusOr<kernels::Measurement> {
+          kernels::Measurement x;
+          x.seconds = m == kernels::Method::kDirect ? 1e-3 : 2e-3;
+          x.error = 1e-6;
+          return x;
+        });
+  };
+  const std::vector<Param> ps = {{"b0.q", 32, 64, v1::SHARDING_REPLICATED},
+                                 {"b1.q", 40, 64, v1::SHARDING_REPLICATED},
+                                 {"b0.k", 48, 64, v1::SHARDING_REPLICATED},
+                                 {"b1.k", 56, 64, v1::SHARDING_REPLICATED}};
+  const std::vector<int> layers = {0, 1, 0, 1};
+  auto req = Request("j", 0, 1, v1::TRANSPORT_SHM, ps);
+  req.mutable_groups(0)->set_method("auto");
+  for (int i = 0; i < 4; ++i) req.mutable_parameters(i)->set_layer(layers[i]);
+  const std::vector<double> costs(4, 1e-3);
+  const Plan plan = PlanBest(costs, layers, 2);
+  EXPECT_EQ(SameLayerPairs(plan.executor_of, layers), 0);
+  EXPECT_EQ(SameLayerPairs(PlanBest(costs, {}, 2).executor_of, layers), 2);
+
+  auto svc = NewService(o);
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, req).ok());
+  std::mt19937_64 rng(std::random_device{}());
+  ASSERT_TRUE(r.Send(*svc, 1, RandomGradients(ps, rng)).ok());
+  auto msgs = r.sink->WaitStep(1);
+  ASSERT_TRUE(!msgs.empty() && msgs.back().has_step_complete());
+  // An executor counts its matrices just after delivering their updates.
+  v1::StatusResponse st;
+  for (int tries = 0; tries < 2000; ++tries) {
+    st = svc->Status();
+    ASSERT_EQ(st.executors_size(), 2);
+    if (st.executors(0).matrices() + st.executors(1).matrices() == 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<double> want(2, 0.0);
+  for (int i = 0; i < 4; ++i) {
+    want[plan.executor_of[i]] +=
+        kernels::EstimateCost(kernels::Method::kDirect,
+                              {ps[i].rows, ps[i].cols}, kernels::NsOptions())
+            .flops;
+  }
+  for (int e = 0; e < 2; ++e) {
+    EXPECT_EQ(st.executors(e).matrices(), 2u) << e;
+    EXPECT_DOUBLE_EQ(st.executors(e).flops(), want[e]) << e;
+    EXPECT_DOUBLE_EQ(st.executors(e).predicted_step_seconds(), 2e-3) << e;
   }
 }
 

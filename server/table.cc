@@ -146,8 +146,14 @@ absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
           absl::StrCat(who, " group ", s.group(), " does not exist (",
                        groups.size(), " groups)"));
     }
+    if (s.has_layer() && s.layer() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, " layer ", s.layer(),
+                       " is negative (leave it unset for no layer)"));
+    }
     p.forward_order = s.forward_order();
     p.group = s.group();
+    p.layer = s.has_layer() ? s.layer() : -1;
     p.muon = groups[s.group()];
     p.lr_scale = kernels::LrScale(p.muon.adjust, p.shape);
     t.params.push_back(std::move(p));
@@ -188,6 +194,12 @@ absl::Status CompareTables(const Table& ours, int our_rank, const Table& theirs,
       return mismatch(who + " forward_order", absl::StrCat(a.forward_order),
                       absl::StrCat(b.forward_order));
     }
+    if (a.layer != b.layer) {
+      auto name = [](int32_t l) {
+        return l < 0 ? std::string("unset") : absl::StrCat(l);
+      };
+      return mismatch(who + " layer", name(a.layer), name(b.layer));
+    }
     if (a.group != b.group)
       return mismatch(who + " group", absl::StrCat(a.group),
                       absl::StrCat(b.group));
@@ -216,6 +228,7 @@ v1::ParameterSpec ToSpec(const ParamInfo& p) {
   s.set_sharding(p.sharding);
   s.set_forward_order(p.forward_order);
   s.set_group(p.group);
+  if (p.layer >= 0) s.set_layer(p.layer);
   return s;
 }
 

@@ -2,8 +2,9 @@
 //
 // Built from an OpenSessionRequest; every rank of a job must register the
 // same table (same names, whole-matrix shapes, dtypes, sharding modes,
-// forward order and hyperparameters; only the row range of a row-sharded
-// parameter differs per rank). CompareTables names the first difference.
+// forward order, layers and hyperparameters; only the row range of a
+// row-sharded parameter differs per rank). CompareTables names the first
+// difference.
 
 #ifndef DMUON_SERVER_TABLE_H_
 #define DMUON_SERVER_TABLE_H_
@@ -32,6 +33,7 @@ struct ParamInfo {
   v1::Sharding sharding = v1::SHARDING_REPLICATED;
   int32_t forward_order = 0;
   int32_t group = 0;
+  int32_t layer = -1;  // ParameterSpec.layer; -1: unset
   MuonParams muon;
   double lr_scale = 1.0;
 };

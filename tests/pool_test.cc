@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,33 @@ TEST(Pool, EveryProcessPlansTheSameSplit) {
   EXPECT_EQ(Client::PlanPool(spec, 3), a);
   // Every daemon gets work when there is enough of it.
   for (int d = 0; d < 3; ++d) EXPECT_NE(std::count(a.begin(), a.end(), d), 0);
+}
+
+TEST(Pool, PlanSpreadsEachLayerOverTheDaemons) {
+  // Four blocks of three equal matrices on four daemons, listed by kind
+  // (every q, then every k, then every v): by cost alone each block lands
+  // on one daemon; with layers each block's three go to three daemons.
+  SessionSpec spec;
+  for (const char* kind : {"q", "k", "v"}) {
+    for (int b = 0; b < 4; ++b) {
+      ParamSpec p;
+      p.name = "blocks." + std::to_string(b) + "." + kind;
+      p.rows = p.cols = 32;
+      p.layer = b;
+      spec.params.push_back(p);
+    }
+  }
+  auto daemons_of_block = [&](const std::vector<int>& owner, int b) {
+    std::set<int> d;
+    for (size_t i = 0; i < owner.size(); ++i)
+      if (static_cast<int>(i) % 4 == b) d.insert(owner[i]);  // blocks.b.*
+    return d.size();
+  };
+  const std::vector<int> owner = Client::PlanPool(spec, 4);
+  for (int b = 0; b < 4; ++b) EXPECT_EQ(daemons_of_block(owner, b), 3u) << b;
+  EXPECT_EQ(Client::PlanPool(spec, 4), owner);
+  for (ParamSpec& p : spec.params) p.layer = -1;
+  EXPECT_EQ(daemons_of_block(Client::PlanPool(spec, 4), 0), 1u);
 }
 
 }  // namespace

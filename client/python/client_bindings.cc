@@ -47,7 +47,8 @@ Sharding ParseSharding(const std::string& s) {
 }
 
 // A parameter: (name, rows, cols) or a dict with name, rows, cols and
-// optionally sharding, row_begin, row_end, forward_order, group.
+// optionally sharding, row_begin, row_end, forward_order, group, layer
+// (an int >= 0, or None / absent for no layer).
 ParamSpec ToParam(const py::handle& h, int index) {
   ParamSpec p;
   p.forward_order = index;
@@ -71,6 +72,8 @@ ParamSpec ToParam(const py::handle& h, int index) {
         p.forward_order = v.cast<int>();
       else if (k == "group")
         p.group = v.cast<int>();
+      else if (k == "layer")
+        p.layer = v.is_none() ? -1 : v.cast<int>();
       else
         UnknownKey("parameter", k);
     }
@@ -366,7 +369,9 @@ void RegisterClient(py::module_& m) {
           "Opens a session of job `job_id` as `rank` of `world_size` with "
           "the parameter table `params` (each (name, rows, cols) or a dict "
           "with name, rows, cols, sharding='replicated'|'rows'|'unreduced', "
-          "row_begin, row_end, forward_order, group) and the Muon groups "
+          "row_begin, row_end, forward_order, group, layer: matrices the next "
+          "forward needs together share a layer >= 0, which the planner "
+          "spreads over devices) and the Muon groups "
           "(dicts: momentum, nesterov, ns_steps, schedule, coefficients, "
           "method, adjust_lr_fn, eps). transport: 'auto' (shm on this host, "
           "else inline; never a GPU transport), 'shm', 'inline', 'cuda_ipc' "

@@ -71,13 +71,14 @@ def split(groups, routes, shared):
 
 
 def table(muon, group_of):
-    """The daemon's parameter table: Muon parameters in forward order."""
+    """The daemon's parameter table: Muon parameters in forward order, each
+    with its layer (_routing.layer_ids: None = no layer)."""
     order = sorted(set(group_of))
     out = []
     for i, r in enumerate(muon):
         spec = dict(name=r.name, rows=r.matrix[0], cols=r.matrix[1],
                     sharding=r.sharding, forward_order=i,
-                    group=order.index(group_of[i]))
+                    group=order.index(group_of[i]), layer=r.layer)
         if r.row_range:
             spec.update(row_begin=r.row_range[0], row_end=r.row_range[1])
         out.append(spec)

@@ -14,6 +14,10 @@ The output head is not guessed: mark it with adamw=[model.lm_head] (it is 2-D).
 adamw= and muon= entries may be parameters, modules (all their parameters)
 or names (exact, or a prefix ending at a dot: "lm_head" covers
 "lm_head.weight").
+
+Layers (layer_key, layer_ids): each Muon matrix also gets the layer of the
+daemon's table, which the planner spreads over devices so that the matrices
+the next forward needs together come back in parallel (see layer_key).
 """
 
 import dataclasses
@@ -36,6 +40,7 @@ class Route:
     row_range: Optional[Tuple[int, int]] = None  # rows: this rank's [begin, end)
     handoff: str = ""  # hook | ddp | step
     shape0: Tuple[int, ...] = ()  # the shape at construction
+    layer: Optional[int] = None  # Muon: the table's layer id (layer_ids)
 
     @property
     def shape(self):
@@ -72,6 +77,37 @@ def _ids_of(entries, names, what):
                 f"DMuon: {what}= entries are parameters, modules or names, got {type(e)}"
             )
     return ids
+
+
+def layer_key(name):
+    """The layer a parameter belongs to, as a module-name prefix, or None.
+
+    - a name with a purely numeric component: the name up to and including
+      the first one, i.e. the repeated block ("blocks.3.attn.qkv.weight" ->
+      "blocks.3", "model.layers.17.mlp.experts.2.w1" -> "model.layers.17");
+    - otherwise the module enclosing the parameter's own module
+      ("encoder.attn.q.weight" -> "encoder.attn"; "fc1.weight" -> "", the
+      model itself: a model without repeated blocks is one layer, whose
+      spreading costs nothing, since the planner only spreads at the
+      makespan it would reach anyway);
+    - None for a parameter of the model itself ("scale") or without a name
+      ("params[0][1]", no model given): no layer, placed by cost alone.
+    """
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isascii() and part.isdigit():
+            return ".".join(parts[:i + 1])
+    return ".".join(parts[:-2]) if len(parts) >= 2 else None
+
+
+def layer_ids(names):
+    """Layer ids of these names: layer_key values numbered 0, 1, ... in order
+    of first appearance; None where layer_key is None."""
+    ids, out = {}, []
+    for name in names:
+        key = layer_key(name)
+        out.append(None if key is None else ids.setdefault(key, len(ids)))
+    return out
 
 
 def _matrix(p):
@@ -151,6 +187,9 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
                 r.matrix = (total, r.matrix[1])
             r.shape0 = tuple(p.shape)
             routes.append(r)
+    muon_routes = [r for r in routes if r.route == "muon"]  # the table's order
+    for r, layer in zip(muon_routes, layer_ids([m.name for m in muon_routes])):
+        r.layer = layer
     if module is None and any(r.route == "muon" for r in routes):
         for r in routes:
             if r.route == "muon" and r.reason == "2-D weight":

@@ -472,10 +472,11 @@ class DMuon(torch.optim.Optimizer):
     # ------------------------------------------------------------ reporting
     @property
     def routing(self):
-        """Where every parameter went: a list of dicts (name, shape, route, ...)."""
+        """Where every parameter went: a list of dicts (name, shape, route, ...;
+        layer: a Muon matrix's layer in the daemon's table, else None)."""
         return [dict(name=r.name, shape=r.shape, route=r.route, reason=r.reason,
                      matrix=r.matrix, sharding=r.sharding if r.route == "muon" else None,
-                     handoff=r.handoff or None) for r in self._routes]
+                     handoff=r.handoff or None, layer=r.layer) for r in self._routes]
 
     @property
     def routing_table(self):

@@ -2,8 +2,10 @@
 
 import pytest
 
+import dmuon
+from dmuon import _routing
 from dmuon.torch import DMuon
-from helpers import ConvNet
+from helpers import ConvNet, TinyLM
 
 
 def test_routing_table_for_embeddings_norms_biases_and_conv(daemon, capsys):
@@ -90,3 +92,49 @@ def test_frozen_parameters_stay_out_of_the_daemon(daemon):
     assert route["fc.weight"] == "frozen"
     assert opt.session.names == ["conv.weight", "head.weight"]
     opt.close()
+
+
+def test_layer_is_the_enclosing_repeated_block():
+    key = _routing.layer_key
+    assert key("blocks.3.attn.qkv.weight") == "blocks.3"
+    assert key("model.layers.17.mlp.up_proj.weight") == "model.layers.17"
+    assert key("module.model.layers.2.mlp.experts.5.w1.weight") == "module.model.layers.2"
+    assert key("0.weight") == "0"  # nn.Sequential
+    # No numeric component: the module enclosing the parameter's module.
+    assert key("encoder.attn.q.weight") == "encoder.attn"
+    assert key("fc1.weight") == ""  # the model itself
+    # The model's own parameters and unnamed ones have no layer.
+    assert key("scale") is None and key("params[0][1]") is None
+    assert key("blocks.x3.weight") == "blocks"  # "x3" is not a number
+    # Numbered in first-appearance order; None stays None.
+    names = ["layers.1.q.weight", "layers.0.q.weight", "layers.1.k.weight",
+             "fc.weight", "w", "head.weight", "layers.10.q.weight"]
+    assert _routing.layer_ids(names) == [0, 1, 0, 2, None, 2, 3]
+
+
+def test_dmuon_sends_each_matrix_with_its_block_as_layer(daemon):
+    model = TinyLM(layers=3)
+    opt = DMuon(model, server=daemon.address, adamw=[model.head])
+    layers = {r["name"]: r["layer"] for r in opt.routing if r["route"] == "muon"}
+    assert layers == {f"blocks.{b}.{m}.weight": b for b in range(3)
+                      for m in ("qkv", "proj", "fc", "out")}
+    assert all(r["layer"] is None for r in opt.routing if r["route"] != "muon")
+    opt.close()
+    # Without names (no model=), no layers; the daemon takes the table alike.
+    opt = DMuon(list(ConvNet().parameters()), server=daemon.address)
+    muon = [r["layer"] for r in opt.routing if r["route"] == "muon"]
+    assert muon and all(layer is None for layer in muon)
+    opt.close()
+
+
+def test_client_tables_carry_layers_and_ranks_must_agree(daemon):
+    client = dmuon.Client(daemon.address, deadline=5.0)
+    params = [dict(name="blocks.0.q", rows=4, cols=4, layer=0),
+              dict(name="head", rows=4, cols=4, layer=None)]
+    s0 = client.open_session("layers", params, rank=0, world_size=2)
+    other = [dict(p) for p in params]
+    other[0]["layer"] = 1
+    with pytest.raises(ValueError,
+                       match=r"'blocks.0.q' layer 1 does not match rank 0's 0"):
+        client.open_session("layers", other, rank=1, world_size=2)
+    s0.close()
