@@ -60,6 +60,14 @@ ABSL_FLAG(
     "times (empty: the cost model decides)");
 ABSL_FLAG(int, snapshot_every, 0,
           "snapshot each job every N completed steps (0: only at shutdown)");
+ABSL_FLAG(int, job_retention_seconds, 600,
+          "seconds a job whose ranks have all closed keeps its momentum "
+          "in the daemon (device memory on GPUs) for a restarted trainer to "
+          "reopen the same job id and continue; then it is dropped and its "
+          "memory freed. With --state-dir it is snapshotted first and a "
+          "later reopen resumes from the snapshot; WITHOUT --state-dir ITS "
+          "MOMENTUM IS GONE and a reopen starts from zero. 0: drop as soon as "
+          "the last rank closes; >= 0");
 ABSL_FLAG(int, max_sessions, 64,
           "most open sessions; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
@@ -174,6 +182,9 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   opts.snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
   opts.autotune_cache = absl::GetFlag(FLAGS_autotune_cache);
   if (opts.snapshot_every < 0) return Fail("--snapshot-every must be >= 0");
+  opts.job_retention_seconds = absl::GetFlag(FLAGS_job_retention_seconds);
+  if (opts.job_retention_seconds < 0)
+    return Fail("--job-retention-seconds must be >= 0");
   const std::string devices = absl::GetFlag(FLAGS_devices);
   const auto spec = ParseDeviceSpec(devices);
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
@@ -248,6 +259,18 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
       spdlog::warn("{}", st.ToString());
     }
   }
+
+  service.StartReaper([&opts](const dmuon::server::ReapResult& r) {
+    for (const auto& [job, snapshotted] : r.dropped) {
+      spdlog::info(
+          "job '{}' dropped: no rank open for --job-retention-seconds={}{}",
+          job, opts.job_retention_seconds,
+          snapshotted ? "; snapshotted, a reopen resumes from it"
+                      : "; its momentum is released");
+    }
+    for (const absl::Status& st : r.failed)
+      spdlog::error("idle job snapshot: {}", st.ToString());
+  });
 
   std::unique_ptr<prometheus::Exposer> exposer;
   if (const int mp = absl::GetFlag(FLAGS_metrics_port); mp > 0) {

@@ -90,13 +90,19 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
       if (!e.last_error().empty())
         std::printf("  %s\n", e.last_error().c_str());
     }
-    std::printf("\n%-24s %6s %6s %8s %12s %10s\n", "JOB", "RANKS", "OPEN",
-                "PARAMS", "STATE_MB", "STEPS");
+    // DROP_IN_S: a job with no open rank is dropped (its momentum freed,
+    // snapshotted first with --state-dir) in that many seconds; "-" while a
+    // rank is open.
+    std::printf("\n%-24s %6s %6s %8s %12s %10s %10s\n", "JOB", "RANKS", "OPEN",
+                "PARAMS", "STATE_MB", "STEPS", "DROP_IN_S");
     for (const auto& j : s.jobs()) {
-      std::printf("%-24s %6d %6d %8d %12.1f %10lld\n", j.job_id().c_str(),
+      char drop[32] = "-";
+      if (j.ranks_open() == 0)
+        std::snprintf(drop, sizeof(drop), "%.0f", j.drop_in_seconds());
+      std::printf("%-24s %6d %6d %8d %12.1f %10lld %10s\n", j.job_id().c_str(),
                   j.world_size(), j.ranks_open(), j.parameters(),
                   j.state_bytes() / 1e6,
-                  static_cast<long long>(j.completed_steps()));
+                  static_cast<long long>(j.completed_steps()), drop);
     }
     if (!s.errors().empty()) {
       std::printf("\nERRORS");

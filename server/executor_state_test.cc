@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+
 #include "server/fake_daemon.h"
 
 namespace dmuon::server::testing {
@@ -86,6 +88,46 @@ TEST(ExecutorState, SnapshotOfDeviceStateResumesAfterRestart) {
   EXPECT_EQ(again.open[0].next_step(), 3);
   const auto g = Grads(1, 53);
   EXPECT_EQ(cpu.Step(3, g), again.Step(3, g));
+}
+
+TEST(ExecutorState, IdleJobDropReleasesDeviceStateAndResumesFromSnapshot) {
+  char dir[] = "/tmp/dmuon-devidle-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ServiceOptions o;
+  o.state_dir = dir;
+  o.job_retention_seconds = 60;
+  const int world = 2;
+  Daemon cpu(false), dev(true, o);
+  ASSERT_TRUE(cpu.Open(world, false).ok());
+  ASSERT_TRUE(dev.Open(world, true).ok());
+  for (int64_t step = 1; step <= 2; ++step) {
+    const auto g = Grads(world, 300 + step);
+    EXPECT_EQ(cpu.Step(step, g), dev.Step(step, g)) << "step " << step;
+  }
+  for (const auto& open : dev.open)
+    ASSERT_TRUE(dev.svc->CloseSession(open.session_id()).ok());
+  const size_t held = dev.fakes[0]->states() + dev.fakes[1]->states();
+  EXPECT_EQ(held, kTable.size()) << "kept while within the retention";
+  EXPECT_TRUE(dev.svc
+                  ->ReapIdleJobs(std::chrono::steady_clock::now() +
+                                 std::chrono::seconds(59))
+                  .dropped.empty());
+  const ReapResult reap = dev.svc->ReapIdleJobs(
+      std::chrono::steady_clock::now() + std::chrono::seconds(61));
+  ASSERT_EQ(reap.dropped.size(), 1u);
+  EXPECT_TRUE(reap.dropped[0].second);
+  // The executors' and the GPU transports' state of the job is released.
+  EXPECT_EQ(dev.fakes[0]->states() + dev.fakes[1]->states(), 0u);
+  EXPECT_EQ(dev.transports->dropped, 1);
+  EXPECT_EQ(dev.svc->Status().jobs_size(), 0);
+  // Reopened: continues from the snapshot exactly like the job that never
+  // stopped.
+  dev.sinks.clear();
+  ASSERT_TRUE(dev.Open(world, true).ok());
+  EXPECT_EQ(dev.open[0].next_step(), 3);
+  const auto g = Grads(world, 303);
+  EXPECT_EQ(cpu.Step(3, g), dev.Step(3, g));
+  EXPECT_EQ(dev.State(), cpu.State());
 }
 
 TEST(ExecutorState, NewJobsAvoidUnhealthyExecutorsAndStatusSaysSo) {

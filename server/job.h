@@ -78,6 +78,16 @@ struct Job {
   std::vector<double> compute_seconds;
   std::vector<double> last_step_compute_seconds;
   bool broken = false;  // a rank left mid-step: the job can no longer step
+  // When the job, without an open rank, is dropped (ReapIdleJobs): set when
+  // its last rank closes (max() until then); meaningless while a rank is
+  // open, which is what cancels the drop (the next last close sets a new
+  // time). Changed only with the service's mu_ held too, so that a scan of
+  // jobs_ under mu_ sees it settled.
+  std::chrono::steady_clock::time_point drop_at =
+      std::chrono::steady_clock::time_point::max();
+  // Dropped by the reaper: no longer in jobs_, its executors' state released
+  // (nothing may read it: SnapshotAll skips the job).
+  bool dropped = false;
 
   int open_ranks() const {
     int n = 0;

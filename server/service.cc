@@ -106,6 +106,13 @@ OptimizerService::OptimizerService(ServiceOptions options,
 }
 
 OptimizerService::~OptimizerService() {
+  // The reaper first: it may be dropping a job through the scheduler.
+  {
+    std::lock_guard<std::mutex> lock(reaper_mu_);
+    reaper_stop_ = true;
+  }
+  reaper_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
   scheduler_->Shutdown();
   if (metrics_) metrics_->SetExecutorSource(nullptr);
   std::vector<std::unique_ptr<transport::Region>> gpu;
@@ -177,6 +184,9 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
   s->rank = req.rank();
   s->transport = req.transport();
 
+  // A job dropped idle, or snapshotted before a restart, resumes from its
+  // snapshot: read now, before mu_ is taken for good.
+  if (auto st = LoadPendingSnapshot(req.job_id()); !st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
   if (draining_) {
     return absl::UnavailableError(
@@ -407,6 +417,15 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
       scheduler_->DropJob(job->serial);
       if (options_.device_transports)
         options_.device_transports->DropJob(job->serial);
+    } else if (job->open_ranks() == 0) {
+      // Kept for a restarted trainer to reopen, until the reaper drops it.
+      job->drop_at = std::chrono::steady_clock::now() +
+                     std::chrono::seconds(options_.job_retention_seconds);
+      {
+        std::lock_guard<std::mutex> rl(reaper_mu_);
+        reaper_kicked_ = true;
+      }
+      reaper_cv_.notify_all();
     }
   }
   if (s->transport == v1::TRANSPORT_SHM && s->region)
@@ -552,6 +571,11 @@ v1::StatusResponse OptimizerService::Status() const {
         bytes += p.shape.elements() * sizeof(float);
       j->set_state_bytes(bytes);
       j->set_completed_steps(job->completed_steps);
+      if (job->open_ranks() == 0 &&
+          job->drop_at != std::chrono::steady_clock::time_point::max()) {
+        j->set_drop_in_seconds(std::max(
+            0.0, std::chrono::duration<double>(job->drop_at - now).count()));
+      }
       // A job without open ranks (or broken) keeps its listing but no
       // longer loads the executors.
       const bool open = job->open();

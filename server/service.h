@@ -12,12 +12,16 @@
 #define DMUON_SERVER_SERVICE_H_
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -69,6 +73,14 @@ struct ServiceOptions {
   std::string state_dir;  // empty: no snapshots
   int snapshot_every =
       0;  // completed steps between snapshots; 0: shutdown only
+  // Seconds a job with no open rank (every rank closed, cleanly or by its
+  // stream ending between steps) is kept, so that a restarted trainer can
+  // reopen it and continue with the daemon-held momentum; then it is
+  // dropped (ReapIdleJobs), its executors' state released. With `state_dir`
+  // it is snapshotted first and a later reopen resumes from the snapshot;
+  // without, its momentum is gone. 0: dropped as soon as the last rank
+  // closes. >= 0 (an int of seconds past now cannot overflow steady_clock).
+  int job_retention_seconds = 600;
   std::vector<std::string> devices;
   // Autotuner cache file: parameters with method "auto" get the method
   // measured fastest for their shape by `tuning` (once; then cached), and
@@ -93,6 +105,19 @@ class StepSink {
 
 struct Job;
 struct Session;
+
+// What one OptimizerService::ReapIdleJobs pass did.
+struct ReapResult {
+  // Jobs dropped, with whether a snapshot of each was written first (to
+  // --state-dir, which a reopen resumes from).
+  std::vector<std::pair<std::string, bool>> dropped;
+  // Snapshots that failed: those jobs are kept and retried later (their
+  // momentum is not thrown away while --state-dir is asked to hold it).
+  std::vector<absl::Status> failed;
+  // The earliest drop still pending; max() when none.
+  std::chrono::steady_clock::time_point next =
+      std::chrono::steady_clock::time_point::max();
+};
 
 class OptimizerService {
  public:
@@ -127,14 +152,39 @@ class OptimizerService {
   bool Busy() const;
   // Snapshots every job to --state-dir (no-op without one).
   absl::Status SnapshotAll();
-  // Loads --state-dir snapshots so reconnecting jobs resume.
+  // Checks the --state-dir snapshots so reconnecting jobs resume from them
+  // (each file's momentum is read when its job is reopened; a bad file is
+  // reported here, DATA_LOSS, and ignored).
   absl::Status LoadSnapshots();
   // Counts an error by code (the adapter calls this for every failed RPC).
   void CountError(const absl::Status& st) const;
 
+  // Drops every job whose drop time (its last rank's close plus
+  // job_retention_seconds) is at or before `now`: snapshots it to
+  // `state_dir` when there is one (a failed snapshot keeps the job, retried
+  // a minute later), then releases its executors' and GPU transports' state
+  // and forgets it (Status, metrics). A job reopened meanwhile is kept. Disk
+  // writes happen without the service's lock. The reaper thread calls this;
+  // tests call it with a clock of their own.
+  ReapResult ReapIdleJobs(std::chrono::steady_clock::time_point now);
+  // Starts the reaper thread: it sleeps until the next drop time, or until
+  // a job's last rank closes, and runs ReapIdleJobs; `report` (may be
+  // empty) gets each pass that dropped a job or failed a snapshot, on that
+  // thread. The destructor stops it (waiting for a snapshot in progress).
+  // Call at most once.
+  void StartReaper(std::function<void(const ReapResult&)> report);
+
  private:
   friend struct ParamWork;
   std::shared_ptr<Session> FindSession(const std::string& id) const;
+  // Before a job is created: when `job_id` has a snapshot in state_dir not
+  // loaded yet (snapshot_files_), reads it into snapshot_headers_ and
+  // snapshot_momentum_, without mu_ held while reading; concurrent ranks of
+  // the job wait for one read. An unreadable file is an error (the job does
+  // not silently restart from zero); a file that is gone is forgotten.
+  absl::Status LoadPendingSnapshot(const std::string& job_id);
+  // <state_dir>/job-<hex(job id)>.dmst (state.cc).
+  std::string SnapshotPath(const std::string& job_id) const;
   void CloseLocked(std::shared_ptr<Session> s, const absl::Status& why);
   // `compute_seconds`: the parameter's Executor::Compute time this step
   // (Work::Computed), counted in the job's measured load.
@@ -187,6 +237,19 @@ class OptimizerService {
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   std::map<std::string, v1::StateChunk> snapshot_headers_;  // job id -> header
   std::map<std::string, std::vector<std::vector<float>>> snapshot_momentum_;
+  // Snapshot files the next job of that id resumes from, read only then
+  // (LoadPendingSnapshot) so that momentum of jobs nobody reopens stays on
+  // disk: every file found at start (LoadSnapshots), and each idle job
+  // dropped with a snapshot. job id -> path.
+  std::map<std::string, std::string> snapshot_files_;
+  std::set<std::string> snapshot_loading_;   // job ids being read
+  std::condition_variable snapshot_loaded_;  // with mu_
+  // The reaper thread (StartReaper): wakes at `next` or when kicked.
+  std::mutex reaper_mu_;  // after mu_ and the jobs' locks, never before
+  std::condition_variable reaper_cv_;
+  bool reaper_stop_ = false;
+  bool reaper_kicked_ = false;
+  std::thread reaper_;
   mutable std::mutex latency_mu_;
   std::vector<double> latencies_;  // ring of the last kLatencyWindow
   size_t latency_next_ = 0;

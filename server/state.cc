@@ -6,9 +6,12 @@
 //   momentum (row-major) | u32 CRC-32 (zlib) of everything before it.
 // Written to a temporary file, fsynced, renamed over the old one, and the
 // directory fsynced: a crash leaves the old or the new file, never a torn one.
+// Read when a job of that id is next created (LoadPendingSnapshot), not
+// before: a daemon keeps no momentum in memory for jobs nobody reopens.
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -33,6 +36,58 @@ std::string HexOf(const std::string& s) {
     out.push_back(hex[c >> 4]);
     out.push_back(hex[c & 15]);
   }
+  return out;
+}
+
+// A snapshot file's header (in a StateChunk, as snapshot_headers_ keeps
+// it) and momentum, by parameter.
+struct SnapshotFile {
+  v1::StateChunk head;
+  std::vector<std::vector<float>> momentum;
+};
+
+// Reads and checks one snapshot file: NOT_FOUND when it does not exist,
+// DATA_LOSS naming what is wrong with it otherwise.
+absl::StatusOr<SnapshotFile> ReadSnapshotFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT)
+    return absl::NotFoundError(absl::StrCat("snapshot ", path, ": gone"));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::DataLossError(
+        absl::StrCat("snapshot ", path, ": cannot open it"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string data = ss.str();
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("snapshot ", path, ": ", why));
+  };
+  if (data.size() < 8 + 8 + 4 || data.compare(0, 8, kMagic, 8) != 0)
+    return bad("not a dmuon snapshot");
+  uint32_t crc;
+  std::memcpy(&crc, data.data() + data.size() - 4, 4);
+  if (crc !=
+      static_cast<uint32_t>(crc32(
+          0L, reinterpret_cast<const Bytef*>(data.data()), data.size() - 4))) {
+    return bad("checksum mismatch");
+  }
+  uint64_t len;
+  std::memcpy(&len, data.data() + 8, 8);
+  SnapshotFile out;
+  if (16 + len > data.size() - 4 ||
+      !out.head.mutable_header()->ParseFromArray(data.data() + 16, len)) {
+    return bad("unreadable header");
+  }
+  size_t off = 16 + len;
+  for (const auto& p : out.head.header().parameters()) {
+    const uint64_t n = p.shape_size() == 2 ? p.shape(0) * p.shape(1) : 0;
+    if (off + n * 4 > data.size() - 4) return bad("truncated momentum");
+    out.momentum.emplace_back(n);
+    std::memcpy(out.momentum.back().data(), data.data() + off, n * 4);
+    off += n * 4;
+  }
+  if (off != data.size() - 4) return bad("truncated momentum");
   return out;
 }
 
@@ -201,8 +256,7 @@ std::string OptimizerService::SerializeJobLocked(const Job& job) const {
 absl::Status OptimizerService::WriteSnapshot(const std::string& job_id,
                                              const std::string& bytes) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string path =
-      absl::StrCat(options_.state_dir, "/job-", HexOf(job_id), ".dmst");
+  const std::string path = SnapshotPath(job_id);
   const std::string tmp = absl::StrCat(path, ".tmp");
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (fd < 0) {
@@ -250,7 +304,8 @@ absl::Status OptimizerService::SnapshotAll() {
     std::string bytes;
     {
       std::lock_guard<std::mutex> lock(j->mu);
-      if (j->broken || j->mid_step()) continue;  // only consistent states
+      // Only consistent states; a job the reaper dropped saved its own.
+      if (j->broken || j->dropped || j->mid_step()) continue;
       if (auto st = PullStateLocked(*j); !st.ok()) {
         if (first.ok()) first = st;
         continue;
@@ -278,61 +333,67 @@ absl::Status OptimizerService::LoadSnapshots() {
       files.push_back(n);
   }
   ::closedir(d);
+  // Each file is checked now (a bad one is reported at start) but its
+  // momentum is read again only when its job is reopened.
   absl::Status first;
-  auto bad = [&](const std::string& f, const std::string& why) {
-    if (first.ok())
-      first = absl::DataLossError(
-          absl::StrCat("snapshot ", f, ": ", why, "; ignored"));
-  };
   for (const std::string& f : files) {
-    std::ifstream in(absl::StrCat(options_.state_dir, "/", f),
-                     std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string data = ss.str();
-    if (data.size() < 8 + 8 + 4 || data.compare(0, 8, kMagic, 8) != 0) {
-      bad(f, "not a dmuon snapshot");
-      continue;
-    }
-    uint32_t crc;
-    std::memcpy(&crc, data.data() + data.size() - 4, 4);
-    if (crc != static_cast<uint32_t>(
-                   crc32(0L, reinterpret_cast<const Bytef*>(data.data()),
-                         data.size() - 4))) {
-      bad(f, "checksum mismatch");
-      continue;
-    }
-    uint64_t len;
-    std::memcpy(&len, data.data() + 8, 8);
-    v1::StateChunk head;
-    if (16 + len > data.size() - 4 ||
-        !head.mutable_header()->ParseFromArray(data.data() + 16, len)) {
-      bad(f, "unreadable header");
-      continue;
-    }
-    const v1::StateHeader& h = head.header();
-    size_t off = 16 + len;
-    std::vector<std::vector<float>> mom;
-    bool ok = true;
-    for (const auto& p : h.parameters()) {
-      const uint64_t n = p.shape_size() == 2 ? p.shape(0) * p.shape(1) : 0;
-      if (off + n * 4 > data.size() - 4) {
-        ok = false;
-        break;
-      }
-      mom.emplace_back(n);
-      std::memcpy(mom.back().data(), data.data() + off, n * 4);
-      off += n * 4;
-    }
-    if (!ok || off != data.size() - 4) {
-      bad(f, "truncated momentum");
+    const std::string path = absl::StrCat(options_.state_dir, "/", f);
+    auto snap = ReadSnapshotFile(path);
+    if (!snap.ok()) {
+      if (first.ok())
+        first = absl::DataLossError(
+            absl::StrCat(snap.status().message(), "; ignored"));
       continue;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    snapshot_headers_[h.job_id()] = head;
-    snapshot_momentum_[h.job_id()] = std::move(mom);
+    snapshot_files_[snap->head.header().job_id()] = path;
   }
   return first;
+}
+
+std::string OptimizerService::SnapshotPath(const std::string& job_id) const {
+  return absl::StrCat(options_.state_dir, "/job-", HexOf(job_id), ".dmst");
+}
+
+absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  snapshot_loaded_.wait(lock, [&] { return !snapshot_loading_.count(job_id); });
+  auto it = snapshot_files_.find(job_id);
+  if (it == snapshot_files_.end() || jobs_.count(job_id) ||
+      snapshot_headers_.count(job_id)) {
+    return absl::OkStatus();
+  }
+  const std::string path = it->second;
+  snapshot_loading_.insert(job_id);
+  lock.unlock();
+  auto snap = ReadSnapshotFile(path);
+  lock.lock();
+  snapshot_loading_.erase(job_id);
+  snapshot_loaded_.notify_all();
+  if (!snap.ok()) {
+    if (absl::IsNotFound(snap.status())) {
+      // Removed by the operator: the job starts afresh.
+      if (auto f = snapshot_files_.find(job_id);
+          f != snapshot_files_.end() && f->second == path) {
+        snapshot_files_.erase(f);
+      }
+      return absl::OkStatus();
+    }
+    return absl::DataLossError(
+        absl::StrCat("job '", job_id,
+                     "' has a snapshot in --state-dir that cannot be read (",
+                     snap.status().message(), "); remove ", path,
+                     " to start the job from zero momentum, or fix it"));
+  }
+  if (snap->head.header().job_id() != job_id) {
+    return absl::DataLossError(absl::StrCat(
+        "snapshot ", path, " is of job '", snap->head.header().job_id(),
+        "', not '", job_id, "'; remove it to start the job from zero"));
+  }
+  snapshot_files_.erase(job_id);
+  snapshot_headers_[job_id] = std::move(snap->head);
+  snapshot_momentum_[job_id] = std::move(snap->momentum);
+  return absl::OkStatus();
 }
 
 }  // namespace dmuon::server

@@ -9,9 +9,11 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "client/client.h"
 #include "proto/dmuon.grpc.pb.h"
@@ -114,7 +116,8 @@ TEST(Daemon, HealthStatusMetricsAndDrain) {
   const std::string table = Ctl(d.address(), {"status"}, &code);
   EXPECT_EQ(code, 0);
   EXPECT_NE(table.find("cpu:0"), std::string::npos) << table;
-  for (const char* column : {"STEP_PRED_MS", "STEP_MEAS_MS", "MEAS/PRED"})
+  for (const char* column :
+       {"STEP_PRED_MS", "STEP_MEAS_MS", "MEAS/PRED", "DROP_IN_S"})
     EXPECT_NE(table.find(column), std::string::npos) << column << "\n" << table;
   Ctl(d.address(), {"drain"}, &code);
   EXPECT_EQ(code, 0);
@@ -293,6 +296,37 @@ TEST(Daemon, SigtermSnapshotsAndARestartResumes) {
   // uninterrupted reference.
   auto second = Rank(d, "resume", 0, 1, "inline", 6, seed);
   EXPECT_EQ(second->Wait(60), 0) << d.log();
+}
+
+TEST(Daemon, IdleJobIsDroppedAfterItsRetentionAndResumesFromItsSnapshot) {
+  const std::string dir = TempDir("retention");
+  const uint64_t seed = Seed();
+  Daemon d({"--state-dir=" + dir, "--job-retention-seconds=1"});
+  auto first = Rank(d, "idle", 0, 1, "shm", 3, seed);
+  ASSERT_EQ(first->Wait(60), 0) << d.log();
+  // Listed with its drop time, then gone (about a second later).
+  int code;
+  std::string status;
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    status = Ctl(d.address(), {"status", "--json"}, &code);
+    ASSERT_EQ(code, 0) << status;
+  } while (status.find("\"jobId\": \"idle\"") != std::string::npos &&
+           std::chrono::steady_clock::now() < until);
+  EXPECT_EQ(status.find("\"jobId\": \"idle\""), std::string::npos) << status;
+  EXPECT_NE(d.log().find("job 'idle' dropped"), std::string::npos) << d.log();
+  // The trainer comes back: steps 4..6 continue from the snapshot and are
+  // compared with the uninterrupted reference.
+  auto second = Rank(d, "idle", 0, 1, "inline", 6, seed);
+  EXPECT_EQ(second->Wait(60), 0) << d.log();
+  // 3 + 3 steps ran here, not 3 + 6 (a restart from zero).
+  status = Ctl(d.address(), {"status", "--json"}, &code);
+  v1::StatusResponse s;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(status, &s).ok())
+      << status;
+  EXPECT_EQ(s.step_latency().count(), 6u) << status;
 }
 
 }  // namespace

@@ -115,6 +115,7 @@ dmuond's command line: every flag of the daemon, from values.
 - {{ printf "--max-message-bytes=%d" (int64 $d.maxMessageBytes) | quote }}
 {{- end }}
 - {{ printf "--exit-timeout-secs=%d" (int $d.exitTimeoutSecs) | quote }}
+- {{ printf "--job-retention-seconds=%d" (int $d.jobRetentionSeconds) | quote }}
 - {{ printf "--nan-policy=%s" $d.nanPolicy | quote }}
 - {{ printf "--log-level=%s" $d.logLevel | quote }}
 - {{ printf "--log-format=%s" $d.logFormat | quote }}

@@ -113,7 +113,7 @@ to change. Rendered once, from validate.yaml.
 {{- end -}}
 
 {{- /* Flags the chart owns cannot be passed again. */ -}}
-{{- $owned := list "--listen" "--devices" "--cpu-threads" "--cpu-executors" "--max-batch" "--summary-every-secs" "--metrics-port" "--state-dir" "--snapshot-every" "--max-sessions" "--max-message-bytes" "--exit-timeout-secs" "--nan-policy" "--log-level" "--log-format" -}}
+{{- $owned := list "--listen" "--devices" "--cpu-threads" "--cpu-executors" "--max-batch" "--summary-every-secs" "--metrics-port" "--state-dir" "--snapshot-every" "--max-sessions" "--max-message-bytes" "--exit-timeout-secs" "--job-retention-seconds" "--nan-policy" "--log-level" "--log-format" -}}
 {{- range $d.extraArgs -}}
 {{- $flag := regexReplaceAll "^(-{1,2}[^=]+).*$" . "${1}" | replace "_" "-" -}}
 {{- $flag = regexReplaceAll "^-([^-])" $flag "--${1}" -}}
