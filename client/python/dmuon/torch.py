@@ -53,7 +53,10 @@ class DMuon(torch.optim.Optimizer):
     adamw_* included, and may say "use_muon": True/False).
     Muon hyperparameters are torch.optim.Muon's: lr, weight_decay, momentum,
     nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn (None/"original"
-    or "match_rms_adamw"); plus method ("direct", "gram", "auto").
+    or "match_rms_adamw"), use_addmm (accepted so torch.optim.Muon's calls
+    work unchanged; it picks how torch forms the same products, and dmuond's
+    kernels make that choice themselves); plus method ("direct", "gram",
+    "auto").
     server: "auto" (a private dmuond for this process, or for the process
     group, stopped with the optimizer), "host:port" of a running dmuond, or a
     list of addresses (a pool: each matrix goes to one of its daemons).
@@ -61,7 +64,7 @@ class DMuon(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95,
                  nesterov=True, ns_coefficients=CLASSIC, eps=1e-7, ns_steps=5,
-                 adjust_lr_fn=None, *, method="direct", server="auto",
+                 adjust_lr_fn=None, use_addmm=False, *, method="direct", server="auto",
                  adamw_lr=1e-3, adamw_betas=(0.9, 0.999), adamw_eps=1e-8,
                  adamw_wd=0.01, model=None, adamw=(), muon=(), shards=None,
                  overlap=True, overlap_forward=False, reduce_in_daemon=False,
@@ -73,6 +76,8 @@ class DMuon(torch.optim.Optimizer):
             raise ValueError(f"momentum should be in [0, 1) but is: {momentum}")
         if not weight_decay >= 0.0:
             raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
+        if not isinstance(use_addmm, bool):
+            raise ValueError(f"use_addmm should be a bool but is: {use_addmm!r}")
         if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
             raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
         if isinstance(params, nn.Module):
