@@ -65,6 +65,7 @@ std::vector<ParamSpec> ValidationTable(int scale, int layers) {
       p.cols = shapes[j].second;
       p.sharding = Sharding::kUnreduced;  // reduced into the owner
       p.forward_order = 4 * l + j;
+      p.layer = l;
       t.push_back(p);
     }
   }

@@ -342,11 +342,12 @@ absl::StatusOr<PoolResult> SimulatePool(const Timeline& timeline,
   return PoolSim(timeline, tasks, config).Run();
 }
 
-std::vector<int> PlanOwners(const std::vector<double>& seconds, int devices) {
+std::vector<int> PlanOwners(const std::vector<double>& seconds,
+                            const std::vector<int>& layers, int devices) {
   if (seconds.empty()) return {};
   std::vector<double> costs = seconds;
   for (double& c : costs) c = std::max(c, 1e-12);  // the planner wants > 0
-  return server::PlanRefined(costs, std::max(1, devices)).executor_of;
+  return server::PlanBest(costs, layers, std::max(1, devices)).executor_of;
 }
 
 absl::StatusOr<std::vector<StrategyResult>> SimulateStrategies(
@@ -364,10 +365,12 @@ absl::StatusOr<std::vector<StrategyResult>> SimulateStrategies(
   // (a) Every rank, every matrix, after backward.
   double redundant = local, bytes = 0;
   std::vector<double> ours;
+  std::vector<int> layers;  // a segment is one layer's forward and backward
   for (const MatrixCost& m : sc.matrices) {
     redundant += m.redundant_s;
     bytes += m.bytes;
     ours.push_back(m.ours_s);
+    layers.push_back(m.segment);
   }
   serial("redundant", redundant);
   // (b) Matrix i on GPU i mod G, then one all-gather of every update.
@@ -376,7 +379,7 @@ absl::StatusOr<std::vector<StrategyResult>> SimulateStrategies(
   serial("round_robin", local + *std::max_element(load.begin(), load.end()) +
                             AllGather(sc.links, gpus, bytes).total());
   // (c) The pool, both placements.
-  const std::vector<int> owners = PlanOwners(ours, gpus);
+  const std::vector<int> owners = PlanOwners(ours, layers, gpus);
   std::vector<Task> tasks;
   for (size_t i = 0; i < sc.matrices.size(); ++i) {
     const MatrixCost& m = sc.matrices[i];

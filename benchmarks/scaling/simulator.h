@@ -6,7 +6,7 @@
 //                backward, every GPU runs momentum + NS of every matrix.
 //   round_robin  matrix i on GPU i mod G after backward (our kernels),
 //                then one bulk all-gather of the updates.
-//   dmuon        the pool: PlanRefined (server/planner.h) over the G devices,
+//   dmuon        the pool: PlanBest (server/planner.h) over the G devices,
 //                and an event simulation of the overlap (SimulatePool).
 //   adamw        fused AdamW over every parameter on every rank after
 //                backward (memory-bound).
@@ -170,8 +170,10 @@ struct StrategyResult {
 absl::StatusOr<std::vector<StrategyResult>> SimulateStrategies(
     const Scenario& scenario);
 
-// Owners as dmuon plans them: PlanRefined over `seconds` onto `devices`.
-std::vector<int> PlanOwners(const std::vector<double>& seconds, int devices);
+// Owners as dmuon plans them: PlanBest over `seconds` onto `devices`, each
+// layer (`layers[i]`, here the matrix's segment) spread over the devices.
+std::vector<int> PlanOwners(const std::vector<double>& seconds,
+                            const std::vector<int>& layers, int devices);
 
 }  // namespace dmuon::scaling
 
