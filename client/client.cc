@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -371,8 +372,7 @@ class SessionImpl : public Session {
 
   absl::Status Close() override {
     std::lock_guard<std::mutex> w(write_mu_);
-    if (closed_) return absl::OkStatus();
-    closed_ = true;
+    if (closed_.exchange(true)) return absl::OkStatus();
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
     v1::CloseSessionRequest req;
@@ -471,7 +471,9 @@ class SessionImpl : public Session {
   int64_t complete_ = 0;
   absl::Status final_;
   bool ended_ = false;
-  bool closed_ = false;
+  // Set by Close() (under write_mu_), read by the reader thread (under mu_):
+  // atomic, since the two hold different locks.
+  std::atomic<bool> closed_{false};
 };
 
 class ClientImpl : public Client {
