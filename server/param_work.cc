@@ -160,6 +160,7 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
   const ParamInfo& info = job->table.params[param];
   if (nonfinite && metrics_) metrics_->NonFiniteGradient();
   std::string snapshot;
+  int64_t snapshot_steps = 0;
   {
     std::lock_guard<std::mutex> lock(job->mu);
     ParamState& p = job->params[param];
@@ -257,6 +258,7 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
           job->completed_steps % options_.snapshot_every == 0) {
         if (auto st = PullStateLocked(*job); st.ok()) {
           snapshot = SerializeJobLocked(*job);
+          snapshot_steps = job->completed_steps;
         } else {
           CountError(st);
         }
@@ -264,7 +266,9 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
     }
   }
   if (!snapshot.empty()) {
-    if (auto st = WriteSnapshot(job->id, snapshot); !st.ok()) CountError(st);
+    if (auto st = WriteSnapshot(job->id, job->serial, snapshot_steps, snapshot);
+        !st.ok())
+      CountError(st);
   }
 }
 

@@ -48,17 +48,21 @@ ReapResult OptimizerService::ReapIdleJobs(
     absl::Status saved;
     if (!options_.state_dir.empty()) {
       std::string bytes;
+      int64_t steps = 0;
       {
         std::lock_guard<std::mutex> jl(job->mu);
         if (job->open_ranks() > 0 || job->drop_at != at) continue;
         // A broken job's state is not consistent: nothing to keep.
         if (!job->broken) {
           saved = PullStateLocked(*job);
-          if (saved.ok()) bytes = SerializeJobLocked(*job);
+          if (saved.ok()) {
+            bytes = SerializeJobLocked(*job);
+            steps = job->completed_steps;
+          }
         }
       }
       if (!bytes.empty()) {
-        saved = WriteSnapshot(job->id, bytes);
+        saved = WriteSnapshot(job->id, job->serial, steps, bytes);
         snapshotted = saved.ok();
       }
     }

@@ -196,9 +196,13 @@ class OptimizerService {
   std::vector<ExecutorStats> ExecutorStatsWithLoad() const;
   // Snapshot file contents of a job at a step boundary (caller holds job.mu).
   std::string SerializeJobLocked(const Job& job) const;
-  // Atomically writes a snapshot (temp file, fsync, rename).
-  absl::Status WriteSnapshot(const std::string& job_id,
-                             const std::string& bytes);
+  // Atomically writes a snapshot (temp file, fsync, rename) of job
+  // `job_serial` taken after `completed_steps`. Writes are serialized, and
+  // one older than a snapshot of the same job already written is skipped
+  // (OK): a --snapshot-every write, the idle drop and the shutdown snapshot
+  // may race, and the file must end with the newest state.
+  absl::Status WriteSnapshot(const std::string& job_id, uint64_t job_serial,
+                             int64_t completed_steps, const std::string& bytes);
   absl::StatusOr<std::vector<v1::StateChunk>> StateChunksLocked(
       const Job& job) const;
   void RecordLatency(double seconds);
@@ -246,6 +250,9 @@ class OptimizerService {
   std::condition_variable snapshot_loaded_;  // with mu_
   // The reaper thread (StartReaper): wakes at `next` or when kicked.
   std::mutex reaper_mu_;  // after mu_ and the jobs' locks, never before
+  // Held for a whole snapshot write, never with another lock.
+  std::mutex snapshot_mu_;
+  std::map<uint64_t, int64_t> snapshot_steps_;  // by job serial: newest written
   std::condition_variable reaper_cv_;
   bool reaper_stop_ = false;
   bool reaper_kicked_ = false;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -934,6 +935,47 @@ TEST(Service, SnapshotResumesAfterRestart) {
   ASSERT_TRUE(r.Send(*svc, 3, {g[2]}).ok());
   auto msgs = r.sink->WaitStep(3);
   EXPECT_EQ(r.Update(0, msgs), straight);
+}
+
+TEST(Service, RacingSnapshotsEndWithTheNewestState) {
+  // --snapshot-every writes (on the step's thread) race whole-daemon
+  // snapshots (shutdown, here a thread calling SnapshotAll without pause):
+  // every write must succeed and the file must end with the last step.
+  char tmpl[] = "/tmp/dmuon-race-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ServiceOptions o;
+  o.state_dir = tmpl;
+  o.snapshot_every = 1;
+  const std::vector<Param> ps = {{"w", 48, 64, v1::SHARDING_REPLICATED}};
+  std::mt19937_64 rng(std::random_device{}());
+  constexpr int kSteps = 30;
+  {
+    auto svc = NewService(o);
+    Rank r;
+    ASSERT_TRUE(
+        r.Open(*svc, Request("race", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+    std::atomic<bool> stop{false};
+    std::atomic<int> failures{0}, writes{0};
+    std::thread spammer([&] {
+      while (!stop) {
+        if (!svc->SnapshotAll().ok()) failures++;
+        writes++;
+      }
+    });
+    for (int s = 1; s <= kSteps; ++s) {
+      ASSERT_TRUE(r.Send(*svc, s, RandomGradients(ps, rng)).ok());
+      r.sink->WaitStep(s);
+    }
+    stop = true;
+    spammer.join();
+    EXPECT_EQ(failures.load(), 0) << "of " << writes.load();
+    EXPECT_EQ(svc->Status().errors_size(), 0);
+  }
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("race", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+  EXPECT_EQ(r.open.next_step(), kSteps + 1);
 }
 
 // Idle jobs (ServiceOptions::job_retention_seconds): the reaper is driven

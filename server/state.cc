@@ -254,7 +254,14 @@ std::string OptimizerService::SerializeJobLocked(const Job& job) const {
 }
 
 absl::Status OptimizerService::WriteSnapshot(const std::string& job_id,
+                                             uint64_t job_serial,
+                                             int64_t completed_steps,
                                              const std::string& bytes) {
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  if (auto it = snapshot_steps_.find(job_serial);
+      it != snapshot_steps_.end() && it->second > completed_steps) {
+    return absl::OkStatus();  // a newer state of this job is on disk already
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const std::string path = SnapshotPath(job_id);
   const std::string tmp = absl::StrCat(path, ".tmp");
@@ -284,6 +291,7 @@ absl::Status OptimizerService::WriteSnapshot(const std::string& job_id,
     ::fsync(dir);
     ::close(dir);
   }
+  snapshot_steps_[job_serial] = completed_steps;
   if (metrics_) {
     metrics_->Snapshot(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -302,6 +310,7 @@ absl::Status OptimizerService::SnapshotAll() {
   absl::Status first;
   for (auto& j : jobs) {
     std::string bytes;
+    int64_t steps = 0;
     {
       std::lock_guard<std::mutex> lock(j->mu);
       // Only consistent states; a job the reaper dropped saved its own.
@@ -311,8 +320,10 @@ absl::Status OptimizerService::SnapshotAll() {
         continue;
       }
       bytes = SerializeJobLocked(*j);
+      steps = j->completed_steps;
     }
-    if (auto st = WriteSnapshot(j->id, bytes); !st.ok() && first.ok())
+    if (auto st = WriteSnapshot(j->id, j->serial, steps, bytes);
+        !st.ok() && first.ok())
       first = st;
   }
   return first;
