@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
@@ -187,6 +189,17 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
   // A job dropped idle, or snapshotted before a restart, resumes from its
   // snapshot: read now, before mu_ is taken for good.
   if (auto st = LoadPendingSnapshot(req.job_id()); !st.ok()) return st;
+  // A new job's methods and costs are measured (--autotune-cache: on a cache
+  // miss, real kernel runs) before mu_ is taken, so other sessions' calls
+  // and Status are not held up; a rank that finds the job made meanwhile
+  // throws this away.
+  std::optional<std::pair<Table, std::vector<double>>> tuned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (jobs_.count(req.job_id()) == 0)
+      tuned.emplace(*table, std::vector<double>{});
+  }
+  if (tuned) tuned->second = TuneTable(tuned->first);
   std::lock_guard<std::mutex> lock(mu_);
   if (draining_) {
     return absl::UnavailableError(
@@ -206,7 +219,11 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
     job->id = req.job_id();
     job->serial = next_job_serial_++;
     job->world_size = req.world_size();
-    job->table = *table;
+    if (!tuned) {  // the job was dropped between the look and now
+      tuned.emplace(*table, std::vector<double>{});
+      tuned->second = TuneTable(tuned->first);
+    }
+    job->table = std::move(tuned->first);
     job->ranks.resize(job->world_size);
     job->params.resize(job->table.params.size());
     for (size_t i = 0; i < job->table.params.size(); ++i) {
@@ -216,7 +233,7 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
         job->params[i].momentum.assign(p.shape.elements(), 0.0f);
       job->params[i].arrived.assign(job->world_size, 0);
     }
-    const std::vector<double> costs = TuneTable(job->table);
+    const std::vector<double>& costs = tuned->second;
     std::vector<int> layers;
     for (const ParamInfo& p : job->table.params) layers.push_back(p.layer);
     if (const std::vector<int> ok = scheduler_->Healthy();

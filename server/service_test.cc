@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -735,6 +736,54 @@ TEST(Service, PluggedTuningKeysTheCacheChoosesTheMethodAndCostsThePlan) {
                      plan.predicted_load[e])
         << e;
   }
+}
+
+TEST(Service, MeasuringANewTableHoldsNoOtherCallUp) {
+  // The tuning backend blocks until released: while it measures inside one
+  // OpenSession, Status and another job's OpenSession must still answer.
+  char tmpl[] = "/tmp/dmuon-tunelock-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::promise<void> entered, release;
+  std::shared_future<void> go = release.get_future().share();
+  std::atomic<bool> first{true};
+  ServiceOptions o;
+  o.autotune_cache = std::string(tmpl) + "/tune.json";
+  o.tuning.device = "fake:slow";
+  o.tuning.measure = [&](kernels::Shape, int64_t, const kernels::NsOptions&) {
+    return kernels::Autotuner::MeasureFn(
+        [&](kernels::Method m) -> absl::StatusOr<kernels::Measurement> {
+          if (first.exchange(false)) {
+            entered.set_value();
+            go.wait();
+          }
+          kernels::Measurement x;
+          x.seconds = m == kernels::Method::kDirect ? 1e-3 : 2e-3;
+          x.error = 1e-6;
+          return x;
+        });
+  };
+  auto svc = NewService(o);
+  auto slow = Request("slow", 0, 1, v1::TRANSPORT_SHM,
+                      {{"w", 32, 64, v1::SHARDING_REPLICATED}});
+  slow.mutable_groups(0)->set_method("auto");
+  Rank a;
+  std::thread opener([&] { EXPECT_TRUE(a.Open(*svc, slow).ok()); });
+  entered.get_future().wait();
+  auto status = std::async(std::launch::async, [&] { return svc->Status(); });
+  Rank b;  // method "direct": nothing to measure
+  auto other = std::async(std::launch::async, [&] {
+    return b.Open(*svc, Request("other", 0, 1, v1::TRANSPORT_SHM,
+                                {{"v", 16, 16, v1::SHARDING_REPLICATED}}));
+  });
+  const bool answered =
+      status.wait_for(std::chrono::seconds(20)) == std::future_status::ready &&
+      other.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  release.set_value();
+  opener.join();
+  ASSERT_TRUE(answered) << "a call waited for another job's measurement";
+  EXPECT_TRUE(other.get().ok());
+  EXPECT_LE(status.get().jobs_size(), 1);  // "slow" was still being measured
+  EXPECT_EQ(svc->Status().jobs_size(), 2);
 }
 
 TEST(Service, PlanSpreadsEachLayerOverTheExecutors) {
