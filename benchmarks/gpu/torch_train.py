@@ -142,9 +142,12 @@ def main():
     args = ap.parse_args()
     os.environ["DMUON_DMUOND"] = args.dmuond
     flags = ["--devices=cuda:0"] if args.device.startswith("cuda") else []
-    corpus = char_gpt.Corpus(device=args.device)
+    # Debian's GPL-3 text, else any text this machine surely has (the
+    # GPU image need not ship /usr/share/common-licenses).
+    text = next(p for p in (char_gpt.CORPUS, os.__file__, __file__) if os.path.isfile(p))
+    corpus = char_gpt.Corpus(path=text, device=args.device)
     gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None
-    result = dict(torch=torch.__version__, gpu=gpu, device=args.device,
+    result = dict(torch=torch.__version__, gpu=gpu, device=args.device, corpus=text,
                   model=dict(width=args.width, layers=args.layers, batch=args.batch,
                              block=64), tolerance=args.tol)
     rows, transport = lockstep(corpus, args, flags)
