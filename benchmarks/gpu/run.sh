@@ -96,28 +96,28 @@ step "Llama-3-8B step via dmuond_cuda" 150 "$here/bin/gpu_step" \
   --table="$here/data/llama3-8b.json" --check=false --steps=3 \
   --out="$OUT/llama3-8b-step.json"
 
+# The Python client on this machine's CPython and torch: the extension is
+# compiled here from the staged sources (stage_ext.sh; no GPU needed), DMuon
+# trains a small transformer on CUDA through dmuond_cuda (cuda_ipc) in
+# lockstep with torch.optim.Muon, and the client's test suite runs on this
+# torch (CPU dmuond: the torch 2.x hooks, DDP, state_dict paths).
+step "Python extension ($("$py" -V 2>&1))" 120 \
+  "$here/ext/build_ext.sh" "$here" "$here/ext/built" "$py"
+export DMUON_EXTENSION_DIR=$here/ext/built PYTHONPATH=$here/python
 if ((have_gpu)); then
   step "torch.optim.Muon comparison" 120 "$py" "$here/compare_torch.py" \
     --tool "$here/bin/ns_tool" --out "$OUT/torch-compare.json"
-  # The Python client on this machine's CPython and torch: the extension is
-  # compiled here from the staged sources (stage_ext.sh), then DMuon trains a
-  # small transformer on CUDA through dmuond_cuda (cuda_ipc) in lockstep with
-  # torch.optim.Muon, and the client's test suite runs on this torch (CPU
-  # dmuond: the torch 2.x hooks, DDP, state_dict paths).
-  step "Python extension ($("$py" -V 2>&1))" 120 \
-    "$here/ext/build_ext.sh" "$here" "$here/ext/built" "$py"
-  export DMUON_EXTENSION_DIR=$here/ext/built PYTHONPATH=$here/python
   step "DMuon on CUDA vs torch.optim.Muon" 150 "$py" "$here/torch_train.py" \
     --dmuond "$here/bin/dmuond_cuda" --out "$OUT/torch-train.json"
-  step "pytest on this torch (CPU dmuond)" 150 env DMUON_DMUOND="$here/bin/dmuond" \
-    "$py" -m pytest -q -p no:cacheprovider "$here/python/tests" \
-    --junitxml="$OUT/pytest.xml"
 else
   for s in "torch.optim.Muon comparison" "DMuon on CUDA vs torch.optim.Muon"; do
     echo "== $s: SKIP (no GPU)"
     summary+=("$(printf '%-34s skipped (no GPU)' "$s")")
   done
 fi
+step "pytest on this torch (CPU dmuond)" 150 env DMUON_DMUOND="$here/bin/dmuond" \
+  "$py" -m pytest -q -p no:cacheprovider "$here/python/tests" \
+  --junitxml="$OUT/pytest.xml"
 
 step "kernels benchmark" 240 bash -c \
   "'$here/bin/kernels_bench_cuda' --out='$OUT/kernels-gpu.json' > '$OUT/kernels-gpu.txt' 2>&1"
