@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -485,6 +486,34 @@ class ClientImpl : public Client {
         channel_(std::move(ch)),
         stub_(v1::Optimizer::NewStub(channel_)) {}
   const std::string& address() const override { return address_; }
+
+  absl::StatusOr<std::vector<int>> DeviceCounts() override {
+    auto backoff = options_.backoff;
+    for (int attempt = 0;; ++attempt) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+      v1::StatusRequest req;
+      v1::StatusResponse resp;
+      grpc::Status st = stub_->Status(&ctx, req, &resp);
+      if (st.ok()) {
+        int healthy = 0;
+        for (const auto& e : resp.executors()) healthy += e.healthy() ? 1 : 0;
+        // A daemon whose every executor is unhealthy still counts as one
+        // device: it is a pool member, and its own answer to OpenSession
+        // says what is wrong.
+        return std::vector<int>{std::max(1, healthy)};
+      }
+      if (st.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          attempt >= options_.retries) {
+        return absl::Status(
+            static_cast<absl::StatusCode>(st.error_code()),
+            absl::StrCat("asking dmuond at ", address_,
+                         " for its devices (Status): ", st.error_message()));
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff *= 2;
+    }
+  }
 
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(
       const SessionSpec& spec) override {

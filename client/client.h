@@ -116,6 +116,17 @@ struct SessionSpec {
   std::vector<GroupSpec> groups;  // empty: one group of defaults
   TransportChoice transport = TransportChoice::kAuto;
   CudaIpcRegion cuda_ipc;  // kCudaIpc only (ignored otherwise)
+  // A pool (ConnectPool) only; ignored by a single daemon's Client: the
+  // daemon (index into the pool's addresses) of each parameter, used as is.
+  // Empty: the pool plans (Client::PlanPool over each daemon's device count
+  // as its Status RPC reports it). Every rank of a job must split the table
+  // alike, and ranks that each ask the daemons may see different counts if
+  // an executor's health changes between their opens; a trainer that can
+  // compute the split once (e.g. rank 0: PlanPool(spec, DeviceCounts())) and
+  // send it to every rank makes the ranks agree by construction. Checked at
+  // OpenSession: one entry per parameter, each in [0, daemons), else
+  // INVALID_ARGUMENT naming the parameter.
+  std::vector<int> pool_owner;
 };
 
 // Where one parameter's two tensors sit in the session's region: this rank's
@@ -220,13 +231,33 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, ClientOptions options = {});
   // Several daemons as one pool (e.g. one per node). Each matrix goes to one
-  // daemon by a plan every process computes alike from the same table:
-  // server/planner.h PlanBest over the cost model's flops (LPT spreading
-  // each layer, local search, an exact search for small tables).
-  // A pool session is used exactly like a single daemon's.
+  // daemon: SessionSpec::pool_owner when set, else the plan
+  // PlanPool(spec, DeviceCounts()), the counts fetched from the daemons (in
+  // address order) when the pool session opens. A pool session is used
+  // exactly like a single daemon's.
+  //
+  // Ranks that plan separately agree as long as they see the same device
+  // counts. If an executor's health changes between two ranks' opens, they
+  // split the table differently and a daemon refuses the rank that opens
+  // second with its table-mismatch error (INVALID_ARGUMENT "... does not
+  // match rank R's ...", naming the pool member, with a hint to pass
+  // pool_owner); with a table smaller than the pool's devices it may
+  // instead show as the other ranks' deadline. Setting pool_owner on every
+  // rank from one plan avoids both.
   static absl::StatusOr<std::unique_ptr<Client>> ConnectPool(
       const std::vector<std::string>& addresses, ClientOptions options = {});
-  // Which daemon (index into the pool's addresses) owns each parameter.
+  // Which daemon (index into devices_per_daemon) owns each parameter:
+  // server/planner.h PlanBest over the cost model's flops (LPT spreading
+  // each layer, local search, an exact search for small tables) on every
+  // (daemon, device) slot, slots numbered daemon by daemon (daemon 0's
+  // devices first); a matrix's daemon is its slot's. So a daemon of 8
+  // devices gets about twice the work of one of 4. Counts < 1 count as 1.
+  // Deterministic: the same table (names aside; each matrix's whole shape,
+  // group and layer) and counts give the same plan in every process.
+  static std::vector<int> PlanPool(const SessionSpec& spec,
+                                   const std::vector<int>& devices_per_daemon);
+  // `daemons` daemons of one device each: PlanPool(spec, {1, 1, ...}).
+  // (Beware PlanPool(spec, {3}): that is this overload, three daemons.)
   static std::vector<int> PlanPool(const SessionSpec& spec, int daemons);
   // The region layout the daemon will use for `spec` (transport.h
   // ComputeLayout over this rank's view of each parameter: its rows for
@@ -245,6 +276,10 @@ class Client {
   virtual absl::StatusOr<std::unique_ptr<Session>> OpenSession(
       const SessionSpec& spec) = 0;
   virtual const std::string& address() const = 0;
+  // Each daemon's device count, as PlanPool takes it: its healthy executors
+  // in its Status RPC (at least 1). One entry for a single daemon; a pool's
+  // in address order. Errors name the daemon's address.
+  virtual absl::StatusOr<std::vector<int>> DeviceCounts() = 0;
 };
 
 }  // namespace dmuon

@@ -1,15 +1,18 @@
 // A pool of daemons behind the Client/Session interface: the table is split
-// by PlanPool, each daemon gets its share as a job of the same id, and every
-// call is routed to the owning daemon's session.
+// by SessionSpec::pool_owner, or else by PlanPool over every daemon's devices
+// (counted from its Status RPC), each daemon gets its share as a job of the
+// same id, and every call is routed to the owning daemon's session.
 //
 // GPU transports (cuda_ipc, nccl) need one region (and, for nccl, one
 // communicator) per daemon, which one SessionSpec cannot describe: a pool of
 // several daemons refuses them (UNIMPLEMENTED); a pool of one daemon passes
 // them through, since its session is that daemon's.
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "kernels/cost_model.h"
@@ -31,6 +34,26 @@ kernels::NsOptions NsOf(const SessionSpec& spec, int group) {
     if (m.ok()) o.method = *m;
   }
   return o;
+}
+
+// SessionSpec::pool_owner given by the caller: one entry per parameter,
+// each a daemon of the pool.
+absl::Status CheckOwner(const SessionSpec& spec, int daemons) {
+  if (spec.pool_owner.size() != spec.params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool_owner has ", spec.pool_owner.size(), " entries; the table has ",
+        spec.params.size(), " parameters (one daemon index each)"));
+  }
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const int d = spec.pool_owner[i];
+    if (d < 0 || d >= daemons) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool_owner[", i, "] = ", d, " for parameter '", spec.params[i].name,
+          "' is not a daemon of this pool of ", daemons, " (0 to ", daemons - 1,
+          ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 class PoolSession : public Session {
@@ -162,6 +185,21 @@ class PoolClient : public Client {
       : members_(std::move(members)), address_(std::move(address)) {}
   const std::string& address() const override { return address_; }
 
+  // In address order; a member's error names its address.
+  absl::StatusOr<std::vector<int>> DeviceCounts() override {
+    std::vector<int> counts;
+    for (size_t d = 0; d < members_.size(); ++d) {
+      auto c = members_[d]->DeviceCounts();
+      if (!c.ok()) {
+        return absl::Status(
+            c.status().code(),
+            absl::StrCat(c.status().message(), " (pool member ", d, ")"));
+      }
+      counts.insert(counts.end(), c->begin(), c->end());
+    }
+    return counts;
+  }
+
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(
       const SessionSpec& spec) override {
     const int n = static_cast<int>(members_.size());
@@ -174,9 +212,25 @@ class PoolClient : public Client {
           "): each daemon would need its own GPU region and communicator; "
           "connect to one daemon (Client::Connect), or use shm/inline"));
     }
-    const std::vector<int> owner = PlanPool(spec, n);
+    const bool planned = spec.pool_owner.empty();
+    std::vector<int> owner;
+    if (!planned) {
+      if (absl::Status st = CheckOwner(spec, n); !st.ok()) return st;
+      owner = spec.pool_owner;
+    } else if (n == 1) {
+      owner.assign(spec.params.size(), 0);  // no need to ask the daemon
+    } else {
+      // Fetched once per open: every rank asks, so a health change between
+      // two ranks' opens can split them (see client.h ConnectPool).
+      auto counts = DeviceCounts();
+      if (!counts.ok()) return counts.status();
+      owner = PlanPool(spec, *counts);
+    }
     std::vector<SessionSpec> parts(n, spec);
-    for (auto& p : parts) p.params.clear();
+    for (auto& p : parts) {
+      p.params.clear();
+      p.pool_owner.clear();
+    }
     std::vector<int> local(owner.size());
     for (size_t i = 0; i < owner.size(); ++i) {
       local[i] = static_cast<int>(parts[owner[i]].params.size());
@@ -188,9 +242,24 @@ class PoolClient : public Client {
       if (parts[d].params.empty()) continue;  // more daemons than matrices
       auto s = members_[d]->OpenSession(parts[d]);
       if (!s.ok()) {
-        return absl::Status(s.status().code(),
-                            absl::StrCat(s.status().message(), " (pool member ",
-                                         d, ": ", members_[d]->address(), ")"));
+        // The daemon's table-mismatch error (server/table.cc CompareTables)
+        // with a planned split most likely means the ranks planned over
+        // different device counts: say how to make them agree.
+        const bool mismatch =
+            planned && n > 1 &&
+            s.status().code() == absl::StatusCode::kInvalidArgument &&
+            absl::StrContains(s.status().message(), "does not match rank");
+        return absl::Status(
+            s.status().code(),
+            absl::StrCat(
+                s.status().message(), " (pool member ", d, ": ",
+                members_[d]->address(), ")",
+                mismatch ? "; if the ranks' tables are alike, they split them "
+                           "differently over the pool (each planned from the "
+                           "daemons' healthy executors, which changed between "
+                           "their opens?): compute Client::PlanPool once and "
+                           "pass it to every rank as SessionSpec::pool_owner"
+                         : ""));
       }
       remap[d] = static_cast<int>(subs.size());
       subs.push_back(std::move(*s));
@@ -208,7 +277,8 @@ class PoolClient : public Client {
 
 }  // namespace
 
-std::vector<int> Client::PlanPool(const SessionSpec& spec, int daemons) {
+std::vector<int> Client::PlanPool(const SessionSpec& spec,
+                                  const std::vector<int>& devices_per_daemon) {
   std::vector<double> costs;
   std::vector<int> layers;
   for (const ParamSpec& p : spec.params) {
@@ -220,7 +290,21 @@ std::vector<int> Client::PlanPool(const SessionSpec& spec, int daemons) {
       o.method = kernels::CheapestMethod(s, o);
     costs.push_back(kernels::EstimateCost(o.method, s, o).flops);
   }
-  return server::PlanBest(costs, layers, std::max(1, daemons)).executor_of;
+  // Slot k of the plan is a device of daemon_of[k]; daemon 0's come first.
+  std::vector<int> daemon_of;
+  for (size_t d = 0; d < devices_per_daemon.size(); ++d)
+    daemon_of.insert(daemon_of.end(), std::max(1, devices_per_daemon[d]),
+                     static_cast<int>(d));
+  if (daemon_of.empty()) daemon_of.push_back(0);  // no daemons: one
+  std::vector<int> owner =
+      server::PlanBest(costs, layers, static_cast<int>(daemon_of.size()))
+          .executor_of;
+  for (int& o : owner) o = daemon_of[o];
+  return owner;
+}
+
+std::vector<int> Client::PlanPool(const SessionSpec& spec, int daemons) {
+  return PlanPool(spec, std::vector<int>(std::max(1, daemons), 1));
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::ConnectPool(

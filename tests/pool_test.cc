@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <set>
@@ -18,11 +19,16 @@
 namespace dmuon::testing {
 namespace {
 
-void RunPool(int daemons, int world, const std::string& transport) {
+// One daemon per entry of `executors` (its --cpu-executors), `world` rank
+// processes checking every update against the fp64 reference.
+void RunPool(const std::vector<int>& executors, int world,
+             const std::string& transport) {
+  const int daemons = static_cast<int>(executors.size());
   std::vector<std::unique_ptr<Daemon>> pool;
   std::string addresses;
   for (int d = 0; d < daemons; ++d) {
-    pool.push_back(std::make_unique<Daemon>());
+    pool.push_back(std::make_unique<Daemon>(std::vector<std::string>{
+        "--cpu-executors=" + std::to_string(executors[d])}));
     ASSERT_NE(pool.back()->port(), 0);
     addresses += (d ? "," : "") + pool.back()->address();
   }
@@ -36,10 +42,11 @@ void RunPool(int daemons, int world, const std::string& transport) {
         "--seed=" + std::to_string(seed)}));
   }
   for (auto& p : ranks) EXPECT_EQ(p->Wait(240), 0) << "seed " << seed;
-  // Each daemon served its share of the table, and only that.
+  // Each daemon served its share of the table (planned over its executors,
+  // all healthy), and only that.
   SessionSpec spec;
   spec.params = TestTable(0, world);
-  const std::vector<int> owner = Client::PlanPool(spec, daemons);
+  const std::vector<int> owner = Client::PlanPool(spec, executors);
   int total = 0;
   for (int d = 0; d < daemons; ++d) {
     int code;
@@ -58,8 +65,132 @@ void RunPool(int daemons, int world, const std::string& transport) {
   EXPECT_EQ(total, static_cast<int>(spec.params.size()));
 }
 
-TEST(Pool, TwoDaemonsTwoRanksShm) { RunPool(2, 2, "shm"); }
-TEST(Pool, ThreeDaemonsFourRanksInline) { RunPool(3, 4, "inline"); }
+TEST(Pool, TwoDaemonsTwoRanksShm) { RunPool({1, 1}, 2, "shm"); }
+TEST(Pool, ThreeDaemonsFourRanksInline) { RunPool({1, 1, 1}, 4, "inline"); }
+// A 3-executor and a 1-executor daemon: the split follows the devices, and
+// every update still matches the reference.
+TEST(Pool, UnequalDaemonsTwoRanksShm) { RunPool({3, 1}, 2, "shm"); }
+
+// `n` equal matrices (equal cost-model flops).
+SessionSpec EqualTable(int n) {
+  SessionSpec spec;
+  for (int i = 0; i < n; ++i) {
+    ParamSpec p;
+    p.name = "w" + std::to_string(i);
+    p.rows = p.cols = 32;
+    spec.params.push_back(p);
+  }
+  return spec;
+}
+
+TEST(Pool, PlansOverTheDaemonsDevicesAsTheirStatusReportsThem) {
+  Daemon big({"--cpu-executors=3"}), small({"--cpu-executors=1"});
+  ASSERT_NE(big.port(), 0);
+  ASSERT_NE(small.port(), 0);
+  auto client = Client::ConnectPool({big.address(), small.address()});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto counts = (*client)->DeviceCounts();
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(*counts, (std::vector<int>{3, 1}));
+  // Equal matrices: the first daemon's summed cost is within one matrix of
+  // three times the second's (each of the 4 devices gets n/4, +-1).
+  for (int n : {40, 41, 42, 43}) {
+    const std::vector<int> owner = Client::PlanPool(EqualTable(n), *counts);
+    const int on_big =
+        static_cast<int>(std::count(owner.begin(), owner.end(), 0));
+    const int on_small = n - on_big;
+    EXPECT_LE(std::abs(on_big - 3 * on_small), 3) << n;
+    EXPECT_GE(on_big, 3 * (n / 4)) << n;
+  }
+
+  // The pool session opens with that plan: each daemon's job holds its share.
+  SessionSpec spec = EqualTable(41);
+  spec.job_id = "unequal";
+  spec.transport = TransportChoice::kInline;
+  const std::vector<int> owner = Client::PlanPool(spec, *counts);
+  auto s = (*client)->OpenSession(spec);
+  ASSERT_TRUE(s.ok()) << s.status();
+  int code;
+  const int on_big =
+      static_cast<int>(std::count(owner.begin(), owner.end(), 0));
+  std::string st = Ctl(big.address(), {"status", "--json"}, &code);
+  EXPECT_NE(st.find("\"parameters\": " + std::to_string(on_big)),
+            std::string::npos)
+      << st;
+  st = Ctl(small.address(), {"status", "--json"}, &code);
+  EXPECT_NE(st.find("\"parameters\": " + std::to_string(41 - on_big)),
+            std::string::npos)
+      << st;
+  EXPECT_TRUE((*s)->Close().ok());
+}
+
+TEST(Pool, PoolOwnerIsHonouredAndCheckedAsIs) {
+  Daemon a, b;
+  ASSERT_NE(a.port(), 0);
+  ASSERT_NE(b.port(), 0);
+  auto client = Client::ConnectPool({a.address(), b.address()});
+  ASSERT_TRUE(client.ok()) << client.status();
+  SessionSpec spec = EqualTable(5);
+  spec.transport = TransportChoice::kInline;
+  // Not what the planner would do (1 of 5 on daemon 0): used as is.
+  spec.job_id = "owned";
+  spec.pool_owner = {1, 1, 0, 1, 1};
+  {
+    auto s = (*client)->OpenSession(spec);
+    ASSERT_TRUE(s.ok()) << s.status();
+    int code;
+    std::string st = Ctl(a.address(), {"status", "--json"}, &code);
+    EXPECT_NE(st.find("\"parameters\": 1"), std::string::npos) << st;
+    st = Ctl(b.address(), {"status", "--json"}, &code);
+    EXPECT_NE(st.find("\"parameters\": 4"), std::string::npos) << st;
+    // Parameter i is still parameter i: its gradient and update are its own.
+    EXPECT_EQ((*s)->gradient(2).size(), 32u * 32u);
+    EXPECT_TRUE((*s)->Close().ok());
+  }
+  spec.job_id = "bad-size";
+  spec.pool_owner = {0, 1};
+  auto s = (*client)->OpenSession(spec);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.status().message()).find("pool_owner has 2"),
+            std::string::npos)
+      << s.status();
+  spec.job_id = "bad-index";
+  spec.pool_owner = {0, 1, 0, 2, 1};
+  s = (*client)->OpenSession(spec);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.status().message()).find("'w3'"), std::string::npos)
+      << s.status();
+}
+
+TEST(Pool, PlanWithDeviceCountsIsPlanBestOverSlots) {
+  SessionSpec spec;
+  for (int i = 0; i < 23; ++i) {
+    ParamSpec p;
+    p.name = "p" + std::to_string(i);
+    p.rows = 16 + 8 * (i % 5);
+    p.cols = 24 + 16 * (i % 3);
+    p.layer = i / 4;
+    spec.params.push_back(p);
+  }
+  const std::vector<int> counts = {2, 3, 1};
+  const std::vector<int> owner = Client::PlanPool(spec, counts);
+  EXPECT_EQ(Client::PlanPool(spec, counts), owner);  // deterministic
+  // Slots 0-1: daemon 0; 2-4: daemon 1; 5: daemon 2. The slot plan is the
+  // one PlanPool makes over 6 daemons of one device.
+  const std::vector<int> slots = Client::PlanPool(spec, 6);
+  ASSERT_EQ(slots.size(), owner.size());
+  const int daemon_of[] = {0, 0, 1, 1, 1, 2};
+  for (size_t i = 0; i < owner.size(); ++i)
+    EXPECT_EQ(owner[i], daemon_of[slots[i]]) << i;
+  // One device each is the old overload.
+  EXPECT_EQ(Client::PlanPool(spec, std::vector<int>{1, 1}),
+            Client::PlanPool(spec, 2));
+  EXPECT_EQ(Client::PlanPool(spec, std::vector<int>{1, 1, 1}),
+            Client::PlanPool(spec, 3));
+  // Counts below 1 count as 1.
+  EXPECT_EQ(Client::PlanPool(spec, std::vector<int>{0, 1}),
+            Client::PlanPool(spec, 2));
+}
 
 TEST(Pool, EveryProcessPlansTheSameSplit) {
   SessionSpec spec;

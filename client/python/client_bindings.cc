@@ -307,6 +307,24 @@ void RegisterClient(py::module_& m) {
       "update_offset, bytes)]), fp32, all gradients then all updates, "
       "64-byte aligned. Size and export a GPU region with it before "
       "open_session(transport='cuda_ipc').");
+  m.def(
+      "plan_pool",
+      [](const py::list& params, const std::vector<int>& devices_per_daemon,
+         const py::object& groups) {
+        SessionSpec spec;
+        spec.params = ToParams(params);
+        if (!groups.is_none())
+          for (const auto& h : groups) spec.groups.push_back(ToGroup(h));
+        return Client::PlanPool(spec, devices_per_daemon);
+      },
+      py::arg("params"), py::arg("devices_per_daemon"),
+      py::arg("groups") = py::none(),
+      "The daemon (index into the pool's addresses) of each parameter of "
+      "the table `params` (as open_session takes it) with the Muon groups "
+      "`groups`, planned over every (daemon, device) slot "
+      "(Client::PlanPool): devices_per_daemon as Client.device_counts() "
+      "reports them. Deterministic: pass the result to every rank's "
+      "open_session(pool_owner=...) so all ranks split the table alike.");
 
   py::class_<Client, std::shared_ptr<Client>>(
       m, "Client",
@@ -341,10 +359,25 @@ void RegisterClient(py::module_& m) {
            py::arg("max_message_bytes") = uint64_t{64} << 20)
       .def_property_readonly("address", &Client::address)
       .def(
+          "device_counts",
+          [](Client& c) {
+            absl::StatusOr<std::vector<int>> n;
+            {
+              py::gil_scoped_release release;
+              n = c.DeviceCounts();
+            }
+            if (!n.ok()) Throw(n.status());
+            return *n;
+          },
+          "Each daemon's healthy executors (at least 1) from its Status RPC: "
+          "one entry, or a pool's in address order (plan_pool's "
+          "devices_per_daemon).")
+      .def(
           "open_session",
           [](Client& c, const std::string& job_id, const py::list& params,
              const py::object& groups, int rank, int world_size,
-             const std::string& transport, const py::object& cuda_ipc) {
+             const std::string& transport, const py::object& cuda_ipc,
+             const py::object& pool_owner) {
             SessionSpec spec;
             spec.job_id = job_id;
             spec.rank = rank;
@@ -354,6 +387,8 @@ void RegisterClient(py::module_& m) {
               for (const auto& h : groups) spec.groups.push_back(ToGroup(h));
             spec.transport = ParseTransport(transport);
             if (!cuda_ipc.is_none()) spec.cuda_ipc = ToCudaIpc(cuda_ipc);
+            if (!pool_owner.is_none())
+              spec.pool_owner = pool_owner.cast<std::vector<int>>();
             absl::StatusOr<std::unique_ptr<Session>> s;
             {
               py::gil_scoped_release release;
@@ -366,6 +401,7 @@ void RegisterClient(py::module_& m) {
           py::arg("job_id"), py::arg("params"), py::arg("groups") = py::none(),
           py::arg("rank") = 0, py::arg("world_size") = 1,
           py::arg("transport") = "auto", py::arg("cuda_ipc") = py::none(),
+          py::arg("pool_owner") = py::none(),
           "Opens a session of job `job_id` as `rank` of `world_size` with "
           "the parameter table `params` (each (name, rows, cols) or a dict "
           "with name, rows, cols, sharding='replicated'|'rows'|'unreduced', "
@@ -378,7 +414,9 @@ void RegisterClient(py::module_& m) {
           "(with cuda_ipc=dict(mem_handle=bytes, offset=int, bytes=int, "
           "event_handle=bytes, device_uuid=bytes): the exported GPU region "
           "laid out by region_layout(params)) or 'nccl' (then join "
-          "Session.nccl()'s communicator).");
+          "Session.nccl()'s communicator). pool_owner (a pool only): the "
+          "daemon of each parameter, e.g. plan_pool()'s, used as is; None: "
+          "the pool plans from its daemons' device_counts().");
 
   py::class_<PySession>(
       m, "Session", "One rank's session of a job (see Client.open_session).")

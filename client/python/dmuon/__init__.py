@@ -20,6 +20,7 @@ UnavailableError = _ext.UnavailableError
 DeadlineExceededError = _ext.DeadlineExceededError
 FailedPreconditionError = _ext.FailedPreconditionError
 __version__ = _ext.__version__
+plan_pool = _ext.plan_pool
 
 from ._daemon import LocalDaemon, find_dmuond  # noqa: E402
 

@@ -1,5 +1,6 @@
 """Opening DMuon's dmuond session: the daemon (a private one for
-server="auto", started by rank 0), the job id the ranks agree on, and a
+server="auto", started by rank 0), the job id the ranks agree on, a pool's
+split of the table (planned once, by rank 0, and sent to every rank), and a
 collective check that every rank got its session."""
 
 import os
@@ -25,7 +26,17 @@ def private_flags(flags, world):
     return flags
 
 
-def _open(client, address, job_id, table, groups, rank, world, transport, device):
+def plan_pool(client, table, groups):
+    """A pool's split of `table`: the daemon of each parameter, planned over
+    every (daemon, device) slot from the daemons' device counts as they answer
+    now. Each rank asking on its own could see different counts (an executor's
+    health changing in between) and split the table differently, so rank 0
+    plans and broadcasts the result (open_session)."""
+    return list(_ext.plan_pool(table, client.device_counts(), groups))
+
+
+def _open(client, address, job_id, table, groups, rank, world, transport, device,
+          owner=None):
     """(session, GPU region or None, why host staging was chosen or None).
 
     CUDA tensors (device) use a GPU transport (_gpu.choose: cuda_ipc on this
@@ -38,12 +49,12 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
         note = ("CUDA tensors staged through host memory: a pool of daemons takes "
                 "no GPU transport")
         return client.open_session(job_id, table, groups, rank=rank, world_size=world,
-                                   transport=kind), None, note
+                                   transport=kind, pool_owner=owner), None, note
     if device is not None:
         kind = _gpu.choose(transport, device, address)
     if kind not in ("cuda_ipc", "nccl"):
         return client.open_session(job_id, table, groups, rank=rank, world_size=world,
-                                   transport=kind), None, None
+                                   transport=kind, pool_owner=owner), None, None
     layout = _ext.region_layout(table, rank=rank, world_size=world)
     region = _gpu.new_region(kind, layout, device)
     try:
@@ -59,7 +70,7 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
         why = (f"CUDA tensors staged through host memory: dmuond at "
                f"{address} offers no {kind} transport")
         return client.open_session(job_id, table, groups, rank=rank, world_size=world,
-                                   transport="auto"), None, why
+                                   transport="auto", pool_owner=owner), None, why
     except BaseException:
         region.close()
         raise
@@ -68,9 +79,12 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
 def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_flags,
                  table, groups, device=None):
     """Returns (session, GPU region or None, staging note or None, private
-    daemon or None, address, job id). device: the Muon parameters' CUDA
-    device, or None (CPU tensors, or tensors on several devices)."""
+    daemon or None, address, job id, pool owner or None). device: the Muon
+    parameters' CUDA device, or None (CPU tensors, or tensors on several
+    devices). A pool (server a list of addresses): the daemon of each
+    parameter, which rank 0 plans and every rank passes as pool_owner."""
     daemon, err, address = None, None, server
+    pool, owner, client = not isinstance(server, str), None, None
     if server == "auto":
         if world > 1:
             hosts = _ddp.gather(socket.gethostname(), pg, world)
@@ -86,18 +100,30 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
                 address = daemon.address
             except Exception as e:  # noqa: BLE001 - reported on every rank
                 err, address = e, None
+    if pool and rank == 0:
+        try:
+            client = _ext.Client(address, deadline=float(timeout))
+            owner = plan_pool(client, table, groups)
+        except Exception as e:  # noqa: BLE001 - reported on every rank
+            err = e
     if world > 1:
-        address, job_id = _ddp.broadcast((address, job_id or _ddp.new_job_id()), pg)
+        address, job_id, owner = _ddp.broadcast(
+            (address, job_id or _ddp.new_job_id(), owner), pg)
     else:
         job_id = job_id or _ddp.new_job_id()
     if err is not None and world == 1:
         raise err
     session = region = note = None
-    if address is not None:
+    if pool and owner is None:
+        if err is None:
+            err = RuntimeError("DMuon: rank 0 could not plan the pool's split of "
+                               "the parameters")
+    elif address is not None:
         try:
-            client = _ext.Client(address, deadline=float(timeout))
+            if client is None:
+                client = _ext.Client(address, deadline=float(timeout))
             session, region, note = _open(client, address, job_id, table, groups, rank,
-                                          world, transport, device)
+                                          world, transport, device, owner)
         except Exception as e:  # noqa: BLE001 - reported on every rank
             err = e
     elif err is None:
@@ -116,7 +142,7 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
         if daemon is not None:
             daemon.stop()
         raise err
-    return session, region, note, daemon, address, job_id
+    return session, region, note, daemon, address, job_id, owner
 
 
 def close(holder, daemon, region=None):

@@ -59,7 +59,9 @@ class DMuon(torch.optim.Optimizer):
     "auto").
     server: "auto" (a private dmuond for this process, or for the process
     group, stopped with the optimizer), "host:port" of a running dmuond, or a
-    list of addresses (a pool: each matrix goes to one of its daemons).
+    list of addresses (a pool: each matrix goes to one of its daemons, by a
+    plan over their devices that rank 0 makes and sends to every rank; see
+    pool_owner).
     """
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95,
@@ -119,10 +121,13 @@ class DMuon(torch.optim.Optimizer):
         self._relink_adamw()
         self._plan_sharding(reduce_in_daemon, overlap, module)
         self._session, self._daemon, self.address, self.job_id = None, None, None, None
+        # A pool: the daemon (index into server) of each Muon parameter, the
+        # same on every rank (rank 0's plan); None for a single daemon.
+        self.pool_owner = None
         self._grad = self._upd = self._region = self._staging = None
         if self._muon:
             (session, self._region, self._staging, self._daemon, self.address,
-             self.job_id) = _session.open_session(
+             self.job_id, self.pool_owner) = _session.open_session(
                 self._pg, self._rank, self._world, server, job_id, timeout, transport,
                 daemon_flags, _groups.table(self._muon, group_of),
                 _groups.specs(self.param_groups, group_of), self._cuda_device(transport))

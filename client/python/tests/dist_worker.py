@@ -30,13 +30,14 @@ def local(batch, rank, world):
 def run_ddp(args, rank, world):
     torch.manual_seed(0)
     model = TinyLM()
+    server = args.server.split(",") if "," in args.server else args.server
     if args.mode == "ddp_ignore":  # the unwrapped model: DMuon marks, then DDP
-        opt = DMuon(model, server=args.server, adamw=[model.head],
+        opt = DMuon(model, server=server, adamw=[model.head],
                     reduce_in_daemon=True, **HYPER)
         ddp = DDP(model)
     else:
         ddp = DDP(model)
-        opt = DMuon(ddp, server=args.server, adamw=[model.head],
+        opt = DMuon(ddp, server=server, adamw=[model.head],
                     reduce_in_daemon=args.mode in ("ddp_reduce", "ddp_accum"), **HYPER)
     routes = {r["name"]: (r["sharding"], r["handoff"]) for r in opt.routing
               if r["route"] == "muon"}
@@ -57,6 +58,8 @@ def run_ddp(args, rank, world):
                 routes[f"{key}_grads_equal"] = torch.equal(seen[0], seen[1])
         opt.step()
         opt.zero_grad()
+    if args.mode == "ddp_pool":  # server "a,b": the split every rank used
+        routes["pool_owner"] = opt.pool_owner
     opt.close()
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return params, routes

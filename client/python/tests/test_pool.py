@@ -2,11 +2,12 @@
 
 import copy
 
+import pytest
 import torch
 
 import dmuon
 from dmuon.torch import DMuon
-from helpers import TinyLM, lm_batch, train
+from helpers import TinyLM, lm_batch, loss_of, rel_err, train
 
 
 def test_pool_equals_one_daemon_and_checkpoints_move_between_them(daemon):
@@ -31,3 +32,52 @@ def test_pool_equals_one_daemon_and_checkpoints_move_between_them(daemon):
             assert torch.equal(x, y), n
         for o in (o1, o2, op):
             o.close()
+
+
+TABLE = [(f"w{i}", 32, 32) for i in range(9)]
+
+
+def test_plan_pool_follows_device_counts_and_pool_owner_is_used_as_is():
+    with dmuon.LocalDaemon(flags=["--cpu-executors=3"], stop_grace=1.0) as a, \
+            dmuon.LocalDaemon(stop_grace=1.0) as b:
+        client = dmuon.Client([a.address, b.address])
+        assert client.device_counts() == [3, 1]
+        owner = dmuon.plan_pool(TABLE, client.device_counts())
+        assert owner == dmuon.plan_pool(TABLE, [3, 1])  # deterministic
+        assert owner.count(0) in (6, 7) and owner.count(1) in (2, 3)
+        assert dmuon.plan_pool(TABLE, [1, 1]) != owner
+        # Explicit owners are honoured: each daemon holds what it was given.
+        mine = [1, 1, 0, 1, 1, 1, 1, 1, 1]
+        s = client.open_session("owned", TABLE, transport="inline", pool_owner=mine)
+        assert len(s) == len(TABLE)
+        s.close()
+        with pytest.raises(dmuon.InvalidArgumentError, match="pool_owner has 2"):
+            client.open_session("short", TABLE, pool_owner=[0, 1])
+        with pytest.raises(dmuon.InvalidArgumentError, match="'w4'"):
+            client.open_session("range", TABLE, pool_owner=[0, 1, 0, 1, 2, 0, 1, 0, 1])
+
+
+def test_ddp_ranks_share_rank_0s_plan_of_an_unequal_pool(daemon, tmp_path):
+    """2 processes over a 3-executor and a 1-executor daemon: both ranks use
+    the owners rank 0 planned, and train as one process on one daemon does."""
+    import test_distributed as td
+
+    with dmuon.LocalDaemon(flags=["--cpu-executors=3"], stop_grace=1.0) as a, \
+            dmuon.LocalDaemon(stop_grace=1.0) as b:
+        results, logs = td.run_job("ddp_pool", f"{a.address},{b.address}", tmp_path)
+    for rank, r in enumerate(results):
+        assert r["error"] is None, f"rank {rank}: {r['error']}\n{logs[rank]}"
+    owners = [r["routes"]["pool_owner"] for r in results]
+    assert owners[0] is not None and owners[0] == owners[1], owners
+    assert set(owners[0]) == {0, 1} and owners[0].count(0) > owners[0].count(1)
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = DMuon(model, server=daemon.address, adamw=[model.head], **td.HYPER)
+    for s in range(td.STEPS):
+        loss_of(model, lm_batch(s)).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    for name, want in model.named_parameters():
+        for r in results:
+            assert rel_err(r["params"][name], want.detach()) < 1e-5, name
