@@ -197,7 +197,12 @@ class CudaIpcRegion(_GpuRegion):
         super().__init__(layout, device)
         with torch.cuda.device(self.device):
             self.event = torch.cuda.Event(enable_timing=False, interprocess=True)
-            self.event.record()  # an IPC handle needs an event recorded once
+            # Every record is made on this one stream, after it waited for the
+            # stream that wrote the gradient, so the event's latest record
+            # covers every gradient written so far, whichever stream wrote it
+            # (the daemon waits on the latest record only).
+            self.stream = torch.cuda.Stream(self.device)
+            self.event.record(self.stream)  # an IPC handle needs one record
 
     def export(self):
         rt = cudart()
@@ -208,9 +213,10 @@ class CudaIpcRegion(_GpuRegion):
                     device_uuid=device_uuid(self.device))
 
     def handed(self, ids):
-        # After the copies into the slots, on the stream that made them (in a
+        # After the copies into the slots, made on the current stream (in a
         # backward hook: the stream autograd set for that node).
-        self.event.record(torch.cuda.current_stream(self.device))
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        self.event.record(self.stream)
 
 
 def device_uuid(device):

@@ -18,6 +18,7 @@ state_dict, DDP and errors.
 """
 
 import contextlib
+import threading
 import time
 import warnings
 import weakref
@@ -125,6 +126,7 @@ class DMuon(torch.optim.Optimizer):
         # same on every rank (rank 0's plan); None for a single daemon.
         self.pool_owner = None
         self._grad = self._upd = self._region = self._staging = None
+        self._handoff_lock = threading.Lock()
         if self._muon:
             (session, self._region, self._staging, self._daemon, self.address,
              self.job_id, self.pool_owner) = _session.open_session(
@@ -315,9 +317,15 @@ class DMuon(torch.optim.Optimizer):
             buf.zero_()
         elif not (r.sharding == "replicated" and self._rank != 0):
             buf.copy_(grad.detach().reshape(buf.shape))  # rank 0's is the one used
-        if self._region is not None:
-            self._region.handed([i])  # cuda_ipc: event after the copy; nccl: send
-        self._session.gradient_ready(i)
+        if self._region is None:
+            self._session.gradient_ready(i)
+        else:
+            # Hand-offs can come from several threads (autograd's, DDP's comm
+            # hook callbacks); over nccl the daemon receives in declaration
+            # order, so each send and its declaration go together.
+            with self._handoff_lock:
+                self._region.handed([i])  # cuda_ipc: event after the copy; nccl: send
+                self._session.gradient_ready(i)
         self._handed[i] = True
         self.stats["handoff_seconds"] += time.perf_counter() - t0
 
