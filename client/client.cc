@@ -488,31 +488,22 @@ class ClientImpl : public Client {
   const std::string& address() const override { return address_; }
 
   absl::StatusOr<std::vector<int>> DeviceCounts() override {
-    auto backoff = options_.backoff;
-    for (int attempt = 0;; ++attempt) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
-      v1::StatusRequest req;
-      v1::StatusResponse resp;
-      grpc::Status st = stub_->Status(&ctx, req, &resp);
-      if (st.ok()) {
-        int healthy = 0;
-        for (const auto& e : resp.executors()) healthy += e.healthy() ? 1 : 0;
-        // A daemon whose every executor is unhealthy still counts as one
-        // device: it is a pool member, and its own answer to OpenSession
-        // says what is wrong.
-        return std::vector<int>{std::max(1, healthy)};
-      }
-      if (st.error_code() != grpc::StatusCode::UNAVAILABLE ||
-          attempt >= options_.retries) {
-        return absl::Status(
-            static_cast<absl::StatusCode>(st.error_code()),
-            absl::StrCat("asking dmuond at ", address_,
-                         " for its devices (Status): ", st.error_message()));
-      }
-      std::this_thread::sleep_for(backoff);
-      backoff *= 2;
+    v1::StatusResponse resp;
+    grpc::Status st = WithRetries([&](grpc::ClientContext* ctx) {
+      return stub_->Status(ctx, v1::StatusRequest(), &resp);
+    });
+    if (!st.ok()) {
+      return absl::Status(
+          static_cast<absl::StatusCode>(st.error_code()),
+          absl::StrCat("asking dmuond at ", address_,
+                       " for its devices (Status): ", st.error_message()));
     }
+    int healthy = 0;
+    for (const auto& e : resp.executors()) healthy += e.healthy() ? 1 : 0;
+    // A daemon whose every executor is unhealthy still counts as one
+    // device: it is a pool member, and its own answer to OpenSession says
+    // what is wrong.
+    return std::vector<int>{std::max(1, healthy)};
   }
 
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(
@@ -655,16 +646,27 @@ class ClientImpl : public Client {
 
   absl::StatusOr<v1::OpenSessionResponse> Open(
       const v1::OpenSessionRequest& req) {
+    v1::OpenSessionResponse resp;
+    grpc::Status st = WithRetries([&](grpc::ClientContext* ctx) {
+      return stub_->OpenSession(ctx, req, &resp);
+    });
+    if (!st.ok()) return FromGrpc(st, address_);
+    return resp;
+  }
+
+  // Runs `call` (one RPC on the context it is given, each with the
+  // deadline) again after UNAVAILABLE, up to options_.retries times with
+  // doubling backoff: for calls that are safe to repeat.
+  template <typename Call>
+  grpc::Status WithRetries(const Call& call) {
     auto backoff = options_.backoff;
     for (int attempt = 0;; ++attempt) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
-      v1::OpenSessionResponse resp;
-      grpc::Status st = stub_->OpenSession(&ctx, req, &resp);
-      if (st.ok()) return resp;
-      if (st.error_code() != grpc::StatusCode::UNAVAILABLE ||
+      grpc::Status st = call(&ctx);
+      if (st.ok() || st.error_code() != grpc::StatusCode::UNAVAILABLE ||
           attempt >= options_.retries) {
-        return FromGrpc(st, address_);
+        return st;
       }
       std::this_thread::sleep_for(backoff);
       backoff *= 2;
