@@ -1,6 +1,9 @@
 #include "client/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -8,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -87,10 +91,23 @@ absl::Status CheckLayout(const RegionLayout& want, const RegionLayout& got,
                    "; the client and the daemon disagree on the protocol"));
 }
 
-bool IsLocal(const std::string& address) {
-  const std::string host = address.substr(0, address.rfind(':'));
-  return host == "127.0.0.1" || host == "localhost" || host == "[::1]" ||
-         address.rfind("unix:", 0) == 0 || host.rfind("127.", 0) == 0;
+// The numeric addresses `host` resolves to (empty when it does not).
+std::set<std::string> Addresses(const std::string& host) {
+  std::set<std::string> out;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    char buf[NI_MAXHOST];
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, buf, sizeof(buf), nullptr, 0,
+                    NI_NUMERICHOST) == 0) {
+      out.insert(buf);
+    }
+  }
+  freeaddrinfo(res);
+  return out;
 }
 
 v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
@@ -516,7 +533,7 @@ class ClientImpl : public Client {
     }
     // Host transports: a table the client cannot lay out goes to the daemon
     // anyway, whose answer names the problem as for every other rank.
-    const bool local = IsLocal(address_);
+    const bool local = Client::IsLocalAddress(address_);
     v1::Transport t =
         spec.transport == TransportChoice::kInline ? v1::TRANSPORT_INLINE
         : spec.transport == TransportChoice::kShm  ? v1::TRANSPORT_SHM
@@ -688,6 +705,24 @@ class ClientImpl : public Client {
 };
 
 }  // namespace
+
+bool Client::IsLocalAddress(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return true;
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host == "localhost" || host == "::1" || host == "0.0.0.0" ||
+      host.rfind("127.", 0) == 0) {
+    return true;
+  }
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return false;
+  if (host == name) return true;
+  const std::set<std::string> mine = Addresses(name);
+  for (const std::string& a : Addresses(host))
+    if (mine.count(a) > 0) return true;
+  return false;
+}
 
 bool operator==(const RegionSlot& a, const RegionSlot& b) {
   return a.rows == b.rows && a.cols == b.cols &&

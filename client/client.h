@@ -259,6 +259,11 @@ class Client {
   // `daemons` daemons of one device each: PlanPool(spec, {1, 1, ...}).
   // (Beware PlanPool(spec, {3}): that is this overload, three daemons.)
   static std::vector<int> PlanPool(const SessionSpec& spec, int daemons);
+  // Whether `address` ("host:port", "[v6]:port", "unix:path") is this host:
+  // a unix socket, a loopback or wildcard address, localhost, this host's
+  // name, or a name resolving to one of the addresses this host's name
+  // resolves to. kAuto picks shm for such a daemon; DMuon picks cuda_ipc.
+  static bool IsLocalAddress(const std::string& address);
   // The region layout the daemon will use for `spec` (transport.h
   // ComputeLayout over this rank's view of each parameter: its rows for
   // kRows), so a caller can allocate and export GPU memory before

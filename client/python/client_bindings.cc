@@ -307,6 +307,9 @@ void RegisterClient(py::module_& m) {
       "update_offset, bytes)]), fp32, all gradients then all updates, "
       "64-byte aligned. Size and export a GPU region with it before "
       "open_session(transport='cuda_ipc').");
+  m.def("is_local_address", &Client::IsLocalAddress, py::arg("address"),
+        "Whether `address` is this host (Client::IsLocalAddress: a unix "
+        "socket, loopback, this host's name or one of its addresses).");
   m.def(
       "plan_pool",
       [](const py::list& params, const std::vector<int>& devices_per_daemon,

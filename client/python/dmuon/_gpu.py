@@ -29,28 +29,15 @@ in client/python/tests/test_gpu_transport.py against a fake GPU daemon.
 
 import ctypes
 import os
-import socket
 
 import torch
 
-_ADDR_LOCAL = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
-
-
 def is_local(address):
-    """True when `address` (host:port or unix:path) is this host."""
-    if address.startswith("unix:"):
-        return True
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    host = host.strip("[]")
-    if host in _ADDR_LOCAL or host.startswith("127."):
-        return True
-    try:
-        mine = {socket.gethostname(), socket.getfqdn()}
-        mine |= {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None)}
-        theirs = {a[4][0] for a in socket.getaddrinfo(host, None)}
-    except OSError:
-        return False
-    return host in mine or bool(theirs & mine)
+    """True when `address` (host:port or unix:path) is this host, by the C++
+    client's rule (the one that picks shm): Client::IsLocalAddress."""
+    from . import _native
+
+    return _native.load().is_local_address(address)
 
 
 def choose(transport, device, address):
