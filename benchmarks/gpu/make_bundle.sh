@@ -34,15 +34,8 @@ benchmarks/gpu/stage_ext.sh "$out" >&2
 mkdir -p "$out/data"
 cp benchmarks/data/llama3-8b.json "$out/data/"
 # Libraries resolved by the loader here; keep the ones the GPU image lacks.
-skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas|libcublasLt|libnccl|libcudart)'
 # ldd on the binaries where Bazel put them: their rpath finds the _solib_ libraries.
-for b in "${bins[@]}"; do
-  ldd "$b" | awk '/=>/ {print $1, $3}' | while read -r name file; do
-    [[ $name =~ $skip ]] && continue
-    [[ -f $file ]] || { echo "make_bundle: $name not found here (needed by $(basename "$b"))" >&2; continue; }
-    [[ -f $out/lib/$name ]] || cp -L "$file" "$out/lib/$name"
-  done
-done
+benchmarks/gpu/copy_libs.sh "$out/lib" "${bins[@]}"
 strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
 # The device tool carries at most 64 MiB: everything but run.sh travels as one
 # xz archive (about a fifth of the size), which run.sh unpacks on the device.

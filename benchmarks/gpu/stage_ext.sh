@@ -26,11 +26,7 @@ mapfile -t objs < <(grep -E '\.o$' "$params" | grep -v '/client/python/_objs/')
 ar rcs "$out/ext/libdmuon_core.a" "${objs[@]}"
 grep -E '^-l' "$params" | tr '\n' ' ' >"$out/ext/link_flags"
 # The shared libraries _dmuon.so loads, but the base system's and CUDA's.
-skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas|libcublasLt|libnccl|libcudart)'
-ldd bazel-bin/client/python/_dmuon.so | awk '/=>/ {print $1, $3}' | while read -r name file; do
-  [[ $name =~ $skip ]] && continue
-  [[ -f $out/lib/$name ]] || cp -L "$file" "$out/lib/$name"
-done
+benchmarks/gpu/copy_libs.sh "$out/lib" bazel-bin/client/python/_dmuon.so
 cp -r client/python/dmuon client/python/tests client/python/examples "$out/python/"
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
 cp benchmarks/gpu/build_ext.sh "$out/ext/"
