@@ -30,27 +30,25 @@ for _d in (os.path.join(_HERE, "python"),  # the bundle
         sys.path[:0] = [_d, os.path.join(_d, "examples")]
         break
 import char_gpt  # noqa: E402
-from dmuon.torch import DMuon  # noqa: E402
 
 MUON, ADAMW = char_gpt.MUON, char_gpt.ADAMW
 HAVE_MUON = hasattr(torch.optim, "Muon")  # torch >= 2.9
 
 
 def build(kind, model, flags):
-    mats = model.matrices()
-    ids = {id(p) for p in mats}
-    others = [p for p in model.parameters() if id(p) not in ids]
+    """The optimizers of one run (char_gpt's, plus torch's own two)."""
     if kind == "adamw_fused":
         fused = dict(fused=True) if model.head.weight.is_cuda else {}
         return [torch.optim.AdamW(model.parameters(), **fused, **ADAMW)]
     if kind == "torch_muon":
+        mats = model.matrices()
+        ids = {id(p) for p in mats}
+        others = [p for p in model.parameters() if id(p) not in ids]
         return [torch.optim.Muon(mats, **MUON), torch.optim.AdamW(others, **ADAMW)]
     if kind == "fp32_muon":
-        return [char_gpt.InProcessMuon(mats, others, adamw=ADAMW, **MUON)]
+        return [char_gpt.make_optimizer("muon", model)]
     if kind == "dmuon":
-        return [DMuon(model, adamw=[model.head], adamw_lr=ADAMW["lr"],
-                      adamw_betas=ADAMW["betas"], adamw_eps=ADAMW["eps"],
-                      adamw_wd=ADAMW["weight_decay"], daemon_flags=flags, **MUON)]
+        return [char_gpt.make_optimizer("dmuon", model, daemon_flags=flags)]
     raise ValueError(kind)
 
 

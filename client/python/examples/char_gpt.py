@@ -120,7 +120,7 @@ class InProcessMuon:
         self.adamw.zero_grad(set_to_none=True)
 
 
-def make_optimizer(kind, model, server="auto"):
+def make_optimizer(kind, model, server="auto", daemon_flags=()):
     if kind == "adamw":
         return torch.optim.AdamW(model.parameters(), **ADAMW)
     mats = model.matrices()
@@ -133,7 +133,7 @@ def make_optimizer(kind, model, server="auto"):
 
         return DMuon(model, server=server, adamw=[model.head], adamw_lr=ADAMW["lr"],
                      adamw_betas=ADAMW["betas"], adamw_eps=ADAMW["eps"],
-                     adamw_wd=ADAMW["weight_decay"], **MUON)
+                     adamw_wd=ADAMW["weight_decay"], daemon_flags=daemon_flags, **MUON)
     raise ValueError(f"unknown optimizer {kind!r}")
 
 
