@@ -43,18 +43,16 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
     host, nccl elsewhere); with transport="auto" a daemon that offers none
     (a CPU dmuond answers UNIMPLEMENTED) gets the tensors staged through host
     memory instead, and the reason is returned for the routing table."""
-    kind, pool = transport, not isinstance(address, str)
-    if device is not None and pool and transport == "auto":
-        kind = "auto"
-        note = ("CUDA tensors staged through host memory: a pool of daemons takes "
-                "no GPU transport")
+    def host(kind, note=None):  # a host transport (shm/inline, or auto)
         return client.open_session(job_id, table, groups, rank=rank, world_size=world,
                                    transport=kind, pool_owner=owner), None, note
-    if device is not None:
-        kind = _gpu.choose(transport, device, address)
+
+    if device is not None and not isinstance(address, str) and transport == "auto":
+        return host("auto", "CUDA tensors staged through host memory: a pool of "
+                            "daemons takes no GPU transport")
+    kind = transport if device is None else _gpu.choose(transport, device, address)
     if kind not in ("cuda_ipc", "nccl"):
-        return client.open_session(job_id, table, groups, rank=rank, world_size=world,
-                                   transport=kind, pool_owner=owner), None, None
+        return host(kind)
     layout = _ext.region_layout(table, rank=rank, world_size=world)
     region = _gpu.new_region(kind, layout, device)
     try:
@@ -67,10 +65,8 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
         region.close()
         if transport != "auto" or getattr(e, "code", "") != "UNIMPLEMENTED":
             raise
-        why = (f"CUDA tensors staged through host memory: dmuond at "
-               f"{address} offers no {kind} transport")
-        return client.open_session(job_id, table, groups, rank=rank, world_size=world,
-                                   transport="auto", pool_owner=owner), None, why
+        return host("auto", f"CUDA tensors staged through host memory: dmuond at "
+                            f"{address} offers no {kind} transport")
     except BaseException:
         region.close()
         raise
