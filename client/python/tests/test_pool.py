@@ -1,6 +1,7 @@
 """server=[a, b]: one job split over a pool of daemons (each matrix on one)."""
 
 import copy
+import io
 
 import pytest
 import torch
@@ -21,11 +22,18 @@ def test_pool_equals_one_daemon_and_checkpoints_move_between_them(daemon):
         train(pooled, op, 5, lm_batch)
         for (n, x), y in zip(one.named_parameters(), pooled.parameters()):
             assert torch.equal(x, y), n
-        # A pool's checkpoint resumes on a single daemon.
+        # A pool's checkpoint resumes on a single daemon. It goes through
+        # torch.save as a real one does: since torch 2.0, load_state_dict keeps
+        # the tensors it is given (AdamW's step and moments), so an in-process
+        # hand-over would share them with the live optimizer.
+        buf = io.BytesIO()
+        torch.save({"model": pooled.state_dict(), "opt": op.state_dict()}, buf)
+        buf.seek(0)
+        ckpt = torch.load(buf)
         fresh = TinyLM()
-        fresh.load_state_dict(pooled.state_dict())
+        fresh.load_state_dict(ckpt["model"])
         o2 = DMuon(fresh, lr=0.02, server=daemon.address, adamw=[fresh.head])
-        o2.load_state_dict(op.state_dict())
+        o2.load_state_dict(ckpt["opt"])
         train(fresh, o2, 3, lm_batch, start=5)
         train(pooled, op, 3, lm_batch, start=5)
         for (n, x), y in zip(fresh.named_parameters(), pooled.parameters()):
