@@ -92,7 +92,8 @@ struct GroupSpec {
   std::string schedule = "classic";  // classic | polar_express | you | custom
   std::vector<std::array<double, 3>> coefficients;  // custom
   std::string method = "direct";                    // direct | gram | auto
-  std::string adjust_lr_fn = "original";  // original | match_rms_adamw
+  std::string adjust_lr_fn = "original";  // original | match_rms_adamw |
+                                          // spectral_unclamped
   double eps = 1e-7;
 };
 

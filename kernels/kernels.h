@@ -143,7 +143,8 @@ absl::Status MomentumUpdate(absl::Span<const float> grad,
 // torch.optim.Muon's adjust_lr_fn for an A x B parameter:
 //   kOriginal:      sqrt(max(1, A / B))
 //   kMatchRmsAdamW: 0.2 * sqrt(max(A, B))   (Moonlight)
-enum class LrAdjust { kOriginal, kMatchRmsAdamW };
+//   kSpectralUnclamped: sqrt(A / B)          (Bernstein; torch 2.15)
+enum class LrAdjust { kOriginal, kMatchRmsAdamW, kSpectralUnclamped };
 double LrScale(LrAdjust fn, Shape shape);
 absl::StatusOr<LrAdjust> ParseLrAdjust(std::string_view name);
 

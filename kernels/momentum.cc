@@ -47,15 +47,17 @@ absl::Status MomentumUpdate(absl::Span<const float> grad,
 double LrScale(LrAdjust fn, Shape s) {
   const double a = static_cast<double>(s.rows), b = static_cast<double>(s.cols);
   if (fn == LrAdjust::kMatchRmsAdamW) return 0.2 * std::sqrt(std::max(a, b));
+  if (fn == LrAdjust::kSpectralUnclamped) return std::sqrt(a / b);
   return std::sqrt(std::max(1.0, a / b));
 }
 
 absl::StatusOr<LrAdjust> ParseLrAdjust(std::string_view name) {
   if (name == "original") return LrAdjust::kOriginal;
   if (name == "match_rms_adamw") return LrAdjust::kMatchRmsAdamW;
-  return absl::InvalidArgumentError(
-      absl::StrCat("adjust_lr_fn '", std::string(name),
-                   "' is not one of 'original', 'match_rms_adamw'"));
+  if (name == "spectral_unclamped") return LrAdjust::kSpectralUnclamped;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "adjust_lr_fn '", std::string(name),
+      "' is not one of 'original', 'match_rms_adamw', 'spectral_unclamped'"));
 }
 
 }  // namespace dmuon::kernels

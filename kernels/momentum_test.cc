@@ -65,7 +65,10 @@ TEST(LrScale, TorchFormulas) {
   EXPECT_DOUBLE_EQ(LrScale(LrAdjust::kOriginal, {1024, 4096}), 1.0);
   EXPECT_DOUBLE_EQ(LrScale(LrAdjust::kMatchRmsAdamW, {1024, 4096}), 0.2 * 64);
   EXPECT_DOUBLE_EQ(LrScale(LrAdjust::kMatchRmsAdamW, {4096, 1024}), 0.2 * 64);
+  EXPECT_DOUBLE_EQ(LrScale(LrAdjust::kSpectralUnclamped, {1024, 4096}), 0.5);
+  EXPECT_DOUBLE_EQ(LrScale(LrAdjust::kSpectralUnclamped, {4096, 1024}), 2.0);
   EXPECT_TRUE(ParseLrAdjust("match_rms_adamw").ok());
+  EXPECT_EQ(*ParseLrAdjust("spectral_unclamped"), LrAdjust::kSpectralUnclamped);
   EXPECT_FALSE(ParseLrAdjust("sqrt").ok());
 }
 

@@ -7,6 +7,8 @@ CLASSIC = (3.4445, -4.775, 2.0315)
 MUON_KEYS = ("momentum", "nesterov", "ns_coefficients", "eps", "ns_steps",
              "adjust_lr_fn", "method")
 ADAMW_KEYS = ("adamw_lr", "adamw_betas", "adamw_eps", "adamw_wd")
+# torch.optim.Muon's adjust_lr_fn values (None means "original").
+ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
 
 
 def schedule(coefficients, steps):

@@ -29,8 +29,6 @@ from torch import nn
 from . import _ddp, _groups, _routing, _session
 from ._groups import CLASSIC
 
-_POST_ACCUMULATE = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
-
 try:
     from torch.nn.parallel import DistributedDataParallel as _DDP
 except ImportError:  # torch built without distributed
@@ -52,12 +50,14 @@ class DMuon(torch.optim.Optimizer):
     known), an iterable of parameters, of (name, parameter) pairs, or of
     parameter-group dicts (which may override any hyperparameter below,
     adamw_* included, and may say "use_muon": True/False).
-    Muon hyperparameters are torch.optim.Muon's: lr, weight_decay, momentum,
-    nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn (None/"original"
-    or "match_rms_adamw"), use_addmm (accepted so torch.optim.Muon's calls
-    work unchanged; it picks how torch forms the same products, and dmuond's
-    kernels make that choice themselves); plus method ("direct", "gram",
-    "auto").
+    The positional parameters are torch.optim.Muon's, in its order and with
+    its defaults: lr (a float or a 1-element tensor), weight_decay, momentum,
+    nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn (None/"original",
+    "match_rms_adamw" or "spectral_unclamped"). Everything after them is
+    keyword-only and DMuon's own: use_addmm (accepted so calls written for
+    torch versions whose Muon has it work unchanged; it picks how torch forms
+    the same products, and dmuond's kernels make that choice themselves),
+    method ("direct", "gram", "auto"), and the options below.
     server: "auto" (a private dmuond for this process, or for the process
     group, stopped with the optimizer), "host:port" of a running dmuond, or a
     list of addresses (a pool: each matrix goes to one of its daemons, by a
@@ -67,12 +67,14 @@ class DMuon(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95,
                  nesterov=True, ns_coefficients=CLASSIC, eps=1e-7, ns_steps=5,
-                 adjust_lr_fn=None, use_addmm=False, *, method="direct", server="auto",
-                 adamw_lr=1e-3, adamw_betas=(0.9, 0.999), adamw_eps=1e-8,
-                 adamw_wd=0.01, model=None, adamw=(), muon=(), shards=None,
-                 overlap=True, overlap_forward=False, reduce_in_daemon=False,
-                 process_group=None, job_id=None, timeout=60.0,
-                 transport="auto", daemon_flags=(), verbose=False):
+                 adjust_lr_fn=None, *, use_addmm=False, method="direct",
+                 server="auto", adamw_lr=1e-3, adamw_betas=(0.9, 0.999),
+                 adamw_eps=1e-8, adamw_wd=0.01, model=None, adamw=(), muon=(),
+                 shards=None, overlap=True, overlap_forward=False,
+                 reduce_in_daemon=False, process_group=None, job_id=None,
+                 timeout=60.0, transport="auto", daemon_flags=(), verbose=False):
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
         if not lr >= 0.0:
             raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
         if not 0.0 <= momentum < 1.0:
@@ -81,7 +83,7 @@ class DMuon(torch.optim.Optimizer):
             raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
         if not isinstance(use_addmm, bool):
             raise ValueError(f"use_addmm should be a bool but is: {use_addmm!r}")
-        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+        if adjust_lr_fn not in _groups.ADJUST_LR_FNS:
             raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
         if isinstance(params, nn.Module):
             if model is not None and model is not params:
@@ -211,17 +213,10 @@ class DMuon(torch.optim.Optimizer):
 
     def _install_hooks(self, module, overlap):
         ref = weakref.ref(self)
-        self._grad_nodes = []  # 1.13: keep the AccumulateGrad nodes alive
         for i, r in enumerate(self._muon):
-            if r.handoff != "hook":
-                continue
-            fn = _hook(ref, "_on_grad", i)
-            if _POST_ACCUMULATE:
-                self._handles.append(r.param.register_post_accumulate_grad_hook(fn))
-            else:
-                node = r.param.expand_as(r.param).grad_fn.next_functions[0][0]
-                self._grad_nodes.append(node)
-                self._handles.append(node.register_hook(fn))
+            if r.handoff == "hook":  # after .grad holds the whole gradient
+                self._handles.append(r.param.register_post_accumulate_grad_hook(
+                    _hook(ref, "_on_grad", i)))
         if self._ddp is not None:
             try:
                 self._ddp.register_comm_hook(None, _ddp.comm_hook(ref, self._pg, self._world))
@@ -232,8 +227,8 @@ class DMuon(torch.optim.Optimizer):
                     "hook, or pass the unwrapped model with reduce_in_daemon=True"
                 ) from e
         if module is not None:
-            # Before autograd meets a parameter whose shape changed (1.13's held
-            # AccumulateGrad nodes would fail with a shape error of their own).
+            # Before autograd meets a parameter whose shape changed: a clear
+            # error instead of one from inside backward.
             self._handles.append(module.register_forward_pre_hook(
                 _hook(ref, "_check_shapes")))
         if self._overlap_forward:
