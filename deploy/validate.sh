@@ -3,22 +3,30 @@
 # the image recipe; what `./dmuon test` runs for deploy/. No helm, kubectl,
 # cluster or container engine is needed (none can be installed here):
 #
-#  1. tests the renderer (tools/render: Go text/template + sprig + Helm's
-#     functions), then renders the chart, values.schema.json checked, in
-#     strict mode (no reference to a missing value, as `helm lint --strict`)
-#     for every ci/*-values.yaml profile and every examples/values-*.yaml;
-#     each must render;
+#  0. tests the tools themselves: the renderer (tools/render: Go
+#     text/template + sprig + Helm's functions) and the validators
+#     (tools/validate/*_test.py: each check must reject what it is for);
+#  1. renders the chart, values.schema.json checked, in strict mode (no
+#     reference to a missing value, as `helm lint --strict`) for every
+#     ci/*-values.yaml profile and every examples/values-*.yaml, for the
+#     Kubernetes version the schemas are of; each must render;
 #  2. renders every ci/bad/*.yaml; each must fail, with the message its
 #     `# expect: ...` line gives (`# flags: ...` adds renderer flags);
-#  3. validates every rendered object, and the example manifests, against the
-#     Kubernetes and Prometheus-operator schemas (npm kubernetes-models), with
-#     unknown-field detection and cross-object rules (tools/validate);
-#     the example Job's dmuond sidecar must equal the chart's snippet;
+#  3. validates every rendered object, and the example manifests, in strict
+#     mode (unknown fields fail) against the Kubernetes schemas that the PyPI
+#     package kubernetes-validate ships for one stated Kubernetes version and
+#     the Prometheus-operator CRD schemas kept in schemas/, plus API-server and
+#     cross-object rules (tools/validate/validate.py); the example Job's
+#     dmuond sidecar must equal the chart's snippet;
 #  4. lints values, profiles, examples and rendered manifests with yamllint;
+#     values.schema.json must be valid JSON;
 #  5. checks the Dockerfile (COPY sources and Bazel targets exist) and parses
 #     every dmuond/dmuonctl command line of the chart and the Dockerfile with
 #     the real binaries when they are built (bazel-bin/server/, or $DMUOND and
-#     $DMUONCTL), else reports that part as skipped.
+#     $DMUONCTL), else reports that part as skipped (tools/validate/flags.py).
+# Steps 0 and 3-5 run on the project's Python environment (.venv, made by
+# `./dmuon setup` from python/requirements.lock: kubernetes-validate,
+# jsonschema, yamllint, PyYAML, pytest).
 #
 # Usage: deploy/validate.sh [-v]     (-v: print each rendered manifest's path)
 # Env:   DMUON_DEPLOY_NO_INSTALL=1   never apt-get install missing packages
@@ -49,19 +57,12 @@ declare -A NEED=(
   ["$GOSRC/gopkg.in/yaml.v2"]=golang-gopkg-yaml.v2-dev
   ["$GOSRC/gopkg.in/yaml.v3"]=golang-gopkg-yaml.v3-dev
   ["$GOSRC/github.com/xeipuuv/gojsonschema"]=golang-github-xeipuuv-gojsonschema-dev
-  [cmd:yamllint]=yamllint
-  [cmd:node]=nodejs
-  [cmd:npm]=npm
 )
 missing=()
 for what in "${!NEED[@]}"; do
   pkg=${NEED[$what]}
   grep -qx "$pkg" packages.txt || { bad "packages.txt does not list $pkg"; }
-  if [[ $what == cmd:* ]]; then
-    command -v "${what#cmd:}" >/dev/null 2>&1 || missing+=("$pkg")
-  else
-    [[ -e $what ]] || missing+=("$pkg")
-  fi
+  [[ -e $what ]] || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
   mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
@@ -77,6 +78,29 @@ if ((${#missing[@]})); then
   fi
 fi
 
+# The project's Python environment: the validators, yamllint and pytest come
+# from PyPI through python/requirements.lock, nowhere else.
+PY=$ROOT/.venv/bin/python
+if [[ ! -x $PY ]]; then
+  bad "no Python environment at $PY: run ./dmuon setup"
+  summary
+  exit 1
+fi
+if ! pyerr=$("$PY" -c 'import kubernetes_validate, jsonschema, yaml, yamllint, pytest' 2>&1); then
+  bad "$PY lacks a package the checks need (${pyerr##*$'\n'}): run ./dmuon setup (python/requirements.in lists them)"
+  summary
+  exit 1
+fi
+export PYTHONDONTWRITEBYTECODE=1
+VDIR=tools/validate
+# The Kubernetes version the schemas are of; the chart is rendered for it too.
+if ! KUBE_VERSION=$("$PY" "$VDIR/validate.py" --print-kubernetes-version 2>&1); then
+  bad "deploy/$VDIR/validate.py does not start:"
+  printf '%s\n' "$KUBE_VERSION" | sed 's/^/      /'
+  summary
+  exit 1
+fi
+
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 OUT=$WORK/rendered
@@ -86,7 +110,7 @@ mkdir -p "$OUT"
 # The renderer: GOPATH mode against Debian's Go libraries; Go's build cache
 # makes this about a second when warm.
 export GOCACHE=${GOCACHE:-${XDG_CACHE_HOME:-${HOME:-$WORK}/.cache}/go-build}
-if ! GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= "$GO" build -o "$WORK/render" ./tools/render \
+if ! GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS='' "$GO" build -o "$WORK/render" ./tools/render \
   >"$WORK/go.log" 2>&1; then
   bad "building tools/render:"
   sed 's/^/      /' "$WORK/go.log"
@@ -96,23 +120,21 @@ fi
 RENDER=$WORK/render
 # The renderer's own tests (Helm semantics: values coalescing, float64
 # numbers, tpl/include/required/fail, error messages, kubeVersion).
-if GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= "$GO" test ./tools/render >"$WORK/gotest.log" 2>&1; then
+if GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS='' "$GO" test ./tools/render >"$WORK/gotest.log" 2>&1; then
   ok "tools/render tests"
 else
   bad "tools/render tests:"
   sed 's/^/      /' "$WORK/gotest.log"
 fi
 
-# The schema validator's npm packages, pinned by package-lock.json.
-VDIR=tools/validate
-if [[ ! -f $VDIR/node_modules/.package-lock.json || $VDIR/package-lock.json -nt $VDIR/node_modules/.package-lock.json ]]; then
-  log "npm ci in deploy/$VDIR"
-  if ! (cd "$VDIR" && npm ci --no-audit --no-fund --loglevel=error >"$WORK/npm.log" 2>&1); then
-    bad "npm ci in deploy/$VDIR:"
-    sed 's/^/      /' "$WORK/npm.log" | tail -20
-    summary
-    exit 1
-  fi
+# The validators' own tests: each check must reject a hand-made manifest
+# (unknown fields, wrong types, broken cross-object rules, unknown flags with
+# fake binaries) and accept a valid one.
+if "$PY" -m pytest -q -p no:cacheprovider "$VDIR" >"$WORK/pytest.log" 2>&1; then
+  ok "tools/validate tests ($(tail -1 "$WORK/pytest.log"))"
+else
+  bad "tools/validate tests:"
+  sed 's/^/      /' "$WORK/pytest.log"
 fi
 
 # ---------------------------------------------------------------- 1. good profiles
@@ -125,8 +147,8 @@ for f in "$CHART"/ci/*.yaml examples/values-*.yaml; do
   name=$(basename "$f" .yaml)
   [[ $f == examples/* ]] && name=example-$name
   # shellcheck disable=SC2046
-  if "$RENDER" "$CHART" --strict -f "$f" $(flags_of "$f") -o "$OUT/$name.yaml" --notes "$OUT/$name.NOTES.txt" \
-    2>"$WORK/err"; then
+  if "$RENDER" "$CHART" --strict --kube-version "v$KUBE_VERSION.0" -f "$f" $(flags_of "$f") \
+    -o "$OUT/$name.yaml" --notes "$OUT/$name.NOTES.txt" 2>"$WORK/err"; then
     n=$(grep -c '^---$' "$OUT/$name.yaml" || true)
     ok "render $f ($n objects)"
     rendered+=("$OUT/$name.yaml")
@@ -146,7 +168,7 @@ for f in "$CHART"/ci/bad/*.yaml; do
     continue
   fi
   # shellcheck disable=SC2046
-  if "$RENDER" "$CHART" -f "$f" $(flags_of "$f") -o /dev/null 2>"$WORK/err"; then
+  if "$RENDER" "$CHART" --kube-version "v$KUBE_VERSION.0" -f "$f" $(flags_of "$f") -o /dev/null 2>"$WORK/err"; then
     bad "$f rendered, but must fail with: ${expects[0]}"
     continue
   fi
@@ -169,7 +191,7 @@ if ((${#rendered[@]} + ${#manifests[@]})); then
   compare=()
   [[ -f $OUT/example-values-sidecar.yaml && -f examples/training-job.yaml ]] &&
     compare=(--compare-sidecar "$OUT/example-values-sidecar.yaml" examples/training-job.yaml)
-  if node "$VDIR/validate.js" "${compare[@]}" "${rendered[@]}" "${manifests[@]}" >"$WORK/validate.log" 2>&1; then
+  if "$PY" "$VDIR/validate.py" "${compare[@]}" "${rendered[@]}" "${manifests[@]}" >"$WORK/validate.log" 2>&1; then
     ok "schemas: $(tail -1 "$WORK/validate.log")"
     ((VERBOSE)) && sed 's/^/      /' "$WORK/validate.log"
   else
@@ -180,22 +202,23 @@ fi
 
 # ---------------------------------------------------------------- 4. yamllint
 lint=("$CHART/Chart.yaml" "$CHART/values.yaml" "$CHART/ci" examples .yamllint "${rendered[@]}")
-if yamllint -s -f parsable -c .yamllint "${lint[@]}" >"$WORK/lint.log" 2>&1; then
+if "$PY" -m yamllint -s -f parsable -c .yamllint "${lint[@]}" >"$WORK/lint.log" 2>&1; then
   ok "yamllint: chart values, ci profiles, examples and ${#rendered[@]} rendered manifests"
 else
   bad "yamllint:"
   sed "s#$OUT/#rendered/#g; s/^/      /" "$WORK/lint.log"
 fi
-if node -e 'JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))' "$CHART/values.schema.json" 2>"$WORK/err"; then
+if "$PY" -c 'import json, sys; json.load(open(sys.argv[1], encoding="utf-8"))' "$CHART/values.schema.json" \
+  2>"$WORK/err"; then
   ok "values.schema.json is valid JSON"
 else
-  bad "values.schema.json: $(cat "$WORK/err")"
+  bad "values.schema.json: $(tail -1 "$WORK/err")"
 fi
 
 # ---------------------------------------------------------------- 5. image and flags
 DMUOND=${DMUOND:-$ROOT/bazel-bin/server/dmuond}
 DMUONCTL=${DMUONCTL:-$ROOT/bazel-bin/server/dmuonctl}
-node "$VDIR/flags.js" --root "$ROOT" --dockerfile docker/Dockerfile \
+"$PY" "$VDIR/flags.py" --root "$ROOT" --dockerfile docker/Dockerfile \
   --dmuond "$DMUOND" --dmuonctl "$DMUONCTL" "${flagcheck[@]}" >"$WORK/flags.log" 2>&1 || true
 while IFS= read -r line; do
   case $line in
@@ -204,7 +227,7 @@ while IFS= read -r line; do
     "skip "*) skip "${line#skip }" ;;
     "  "*) printf '      %s\n' "${line#  }" ;;
     flags:*) ;;
-    *) bad "flags.js: $line" ;;
+    *) bad "flags.py: $line" ;;
   esac
 done <"$WORK/flags.log"
 
