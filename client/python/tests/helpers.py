@@ -85,13 +85,19 @@ class MLP(nn.Module):
 
 class TinyLM(nn.Module):
     """A GPT-style language model: embeddings, pre-norm blocks with causal
-    self-attention and an MLP, a final norm and an output head."""
+    self-attention and an MLP, a final norm and an output head.
 
-    def __init__(self, vocab=32, d=32, heads=2, layers=2, seq=16):
+    activation: the MLP's; "gelu" makes the loss smooth in the weights, so two
+    fp32 optimizers that differ by roundings stay that close over many steps
+    (with ReLU a unit whose input crosses zero in one run and not the other
+    turns a 1e-6 difference into 1e-4 in one step, whatever the optimizer).
+    """
+
+    def __init__(self, vocab=32, d=32, heads=2, layers=2, seq=16, activation="relu"):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, activation) for _ in range(layers))
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
 
@@ -104,9 +110,10 @@ class TinyLM(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d, heads):
+    def __init__(self, d, heads, activation="relu"):
         super().__init__()
         self.heads = heads
+        self.act = {"relu": torch.relu, "gelu": nn.functional.gelu}[activation]
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.proj = nn.Linear(d, d, bias=False)
@@ -123,7 +130,7 @@ class Block(nn.Module):
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(y)
-        return x + self.out(torch.relu(self.fc(self.ln2(x))))
+        return x + self.out(self.act(self.fc(self.ln2(x))))
 
 
 class ConvNet(nn.Module):
