@@ -138,28 +138,3 @@ def test_client_tables_carry_layers_and_ranks_must_agree(daemon):
                        match=r"'blocks.0.q' layer 1 does not match rank 0's 0"):
         client.open_session("layers", other, rank=1, world_size=2)
     s0.close()
-
-
-# torch.optim.Muon's constructor (torch 2.10): every name and default, so a
-# call written for it works unchanged with DMuon.
-TORCH_MUON_DEFAULTS = dict(lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
-                           ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7,
-                           ns_steps=5, adjust_lr_fn=None, use_addmm=False)
-
-
-def test_signature_is_torch_muons():
-    import inspect
-
-    import torch
-
-    ours = inspect.signature(DMuon).parameters
-    names = list(ours)[:1 + len(TORCH_MUON_DEFAULTS)]
-    assert names == ["params", *TORCH_MUON_DEFAULTS]  # positional order too
-    for name, default in TORCH_MUON_DEFAULTS.items():
-        assert ours[name].default == default, name
-    if hasattr(torch.optim, "Muon"):  # torch >= 2.9: the real one decides
-        theirs = inspect.signature(torch.optim.Muon).parameters
-        for name, p in theirs.items():
-            assert name in ours, f"torch.optim.Muon's {name} is not accepted"
-            if p.default is not inspect.Parameter.empty:
-                assert ours[name].default == p.default, name
