@@ -397,10 +397,19 @@ class SessionImpl : public Session {
     req.set_session_id(open_.session_id());
     v1::CloseSessionResponse resp;
     absl::Status st = FromGrpc(stub_->CloseSession(&ctx, req, &resp), address_);
+    if (st.code() == absl::StatusCode::kNotFound) {
+      // The daemon closed it already (its Step stream ended) and released
+      // its region since.
+      st = absl::OkStatus();
+      released_ = true;
+    } else {
+      released_ = st.ok() && resp.region_released();
+    }
     stream_ctx_.TryCancel();
     if (reader_.joinable()) reader_.join();
-    return st.code() == absl::StatusCode::kNotFound ? absl::OkStatus() : st;
+    return st;
   }
+  bool region_released() const override { return released_; }
 
  private:
   absl::Status stream_status() {
@@ -492,6 +501,8 @@ class SessionImpl : public Session {
   // Set by Close() (under write_mu_), read by the reader thread (under mu_):
   // atomic, since the two hold different locks.
   std::atomic<bool> closed_{false};
+  // Close(): the daemon released the region (region_released()).
+  std::atomic<bool> released_{false};
 };
 
 class ClientImpl : public Client {

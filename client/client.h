@@ -28,6 +28,8 @@
 //     exported event on the writing stream (or synchronize) and only then call
 //     GradientReady/GradientsReady; the daemon reads them in place and writes
 //     each update in place before announcing it (WaitUpdate, NextAnnounced).
+//     At the end Close() the session first and free the memory only once
+//     region_released() is true (the daemon no longer maps it).
 //   kNccl (any host): after OpenSession join the communicator of nccl()
 //     (ncclCommInitRank(nranks, unique_id, rank); the daemon is daemon_rank).
 //     Per GradientsReady call: first post ONE ncclGroupStart/End group with an
@@ -223,7 +225,20 @@ class Session {
 
   virtual absl::StatusOr<State> GetState() = 0;
   virtual absl::Status SetState(const State& state) = 0;
+  // Ends the session: CloseSession (a step in progress breaks the job), then
+  // the Step stream. The daemon answers once it has released the session's
+  // region (region_released()), waiting up to the deadline for a step
+  // computation that still uses it. Only the first call talks to the
+  // daemon; later ones return OK.
   virtual absl::Status Close() = 0;
+  // After Close(): whether the daemon confirmed that it released the
+  // session's region (CloseSessionResponse.region_released: no computation
+  // uses it and it is unmapped), or no longer knew the session (released
+  // before). False before Close() and when Close() failed or the daemon's
+  // wait ran out. Until it is true the daemon may still read and write a
+  // cuda_ipc region: free the exported memory only then
+  // (client/cuda/device_region.h does).
+  virtual bool region_released() const = 0;
 };
 
 class Client {

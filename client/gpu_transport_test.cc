@@ -6,20 +6,27 @@
 // nccl moves its slots over a fake communicator in the order NCCL groups
 // would. Every update is compared with the fp64 reference Muon of
 // tests/muon_job.h (2 ranks, several steps, replicated, row-sharded and
-// unreduced parameters).
+// unreduced parameters). The end of a cuda_ipc session keeps its order: the
+// exported memory is freed only after the daemon released the region
+// (client/cuda/release_gate.h), even with a computation in flight.
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/cuda/release_gate.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "server/fake_device.h"
 #include "server/grpc_service.h"
@@ -57,7 +64,9 @@ class Daemon {
     std::vector<std::unique_ptr<server::Executor>> ex;
     for (int i = 0; i < 2; ++i) {
       if (gpu) {
-        ex.push_back(std::make_unique<FakeDeviceExecutor>(i));
+        auto f = std::make_unique<FakeDeviceExecutor>(i);
+        fakes.push_back(f.get());
+        ex.push_back(std::move(f));
       } else {
         ex.push_back(server::NewCpuExecutor(i, 1));
       }
@@ -87,6 +96,7 @@ class Daemon {
   }
 
   std::shared_ptr<FakeTransports> transports;  // null: a CPU daemon
+  std::vector<FakeDeviceExecutor*> fakes;      // gpu
   std::unique_ptr<server::OptimizerService> service;
   std::string address;
 
@@ -121,6 +131,9 @@ struct Rank {
   std::unique_ptr<Client> client;
   std::unique_ptr<Session> session;
   std::shared_ptr<FakeNcclLink> link;  // nccl
+  // cuda_ipc, when set before Open: the session is guarded by it, as
+  // client/cuda/device_region.h's is (`mem` is the exported memory).
+  std::shared_ptr<gpu::ReleaseGate> gate;
 
   std::byte* base() { return reinterpret_cast<std::byte*>(mem.data()); }
   bool nccl() const { return spec.transport == TransportChoice::kNccl; }
@@ -140,9 +153,13 @@ struct Rank {
     auto c = Client::Connect(d.address, Options());
     if (!c.ok()) return c.status();
     client = std::move(*c);
+    if (gate) gate->Exported();
     auto s = client->OpenSession(spec);
-    if (!s.ok()) return s.status();
-    session = std::move(*s);
+    if (!s.ok()) {
+      if (gate) gate->OpenFailed(s.status());
+      return s.status();
+    }
+    session = gate ? gpu::GuardSession(std::move(*s), gate) : std::move(*s);
     if (nccl())
       link = d.transports->fabric->Link(session->nccl().unique_id, rank);
     return absl::OkStatus();
@@ -296,6 +313,171 @@ TEST(GpuTransports, CudaIpcMatchesReference) {
 
 TEST(GpuTransports, NcclMatchesReference) {
   RunJob(TransportChoice::kNccl, "nccl", 2, 4);
+}
+
+// What happened, in order, across threads.
+class EventLog {
+ public:
+  void Add(const std::string& e) {
+    std::lock_guard<std::mutex> l(mu_);
+    events_.push_back(e);
+  }
+  std::vector<std::string> events() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return events_;
+  }
+  bool Has(const std::string& e) const {
+    std::lock_guard<std::mutex> l(mu_);
+    return std::find(events_.begin(), events_.end(), e) != events_.end();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> events_;
+};
+
+// Frees the rank's exported "GPU memory" the way DeviceRegion's destructor
+// does (FreeWhenReleased), logging it when it happens.
+absl::Status FreeMemory(Rank& r, EventLog& log) {
+  return gpu::FreeWhenReleased(*r.gate, [&] {
+    log.Add("client freed the memory");
+    r.mem = std::vector<float>();
+    return absl::OkStatus();
+  });
+}
+
+constexpr char kReleased[] = "daemon released the region";
+
+TEST(GpuTransports, CudaIpcMemoryIsFreedOnlyAfterTheDaemonReleasedIt) {
+  Daemon d(/*gpu=*/true);
+  EventLog log;
+  d.transports->on_unmap = [&](const std::string&) { log.Add(kReleased); };
+  Rank r;
+  r.gate = std::make_shared<gpu::ReleaseGate>();
+  EXPECT_TRUE(r.gate->may_free()) << "nothing exported yet";
+  ASSERT_TRUE(r.Open(d, "release", 0, 1, TransportChoice::kCudaIpc).ok());
+  std::vector<std::vector<int>> announced;
+  ASSERT_TRUE(r.Step(1, &announced).ok());
+  // Freeing while the session is open is refused: the memory is kept.
+  const absl::Status early = FreeMemory(r, log);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
+  EXPECT_TRUE(Has(std::string(early.message()), "still open")) << early;
+  EXPECT_TRUE(log.events().empty());
+  ASSERT_FALSE(r.mem.empty());
+  // Close: the daemon releases the region before it answers; then free.
+  ASSERT_TRUE(r.session->Close().ok());
+  EXPECT_TRUE(r.session->region_released());
+  ASSERT_TRUE(FreeMemory(r, log).ok());
+  EXPECT_EQ(log.events(),
+            (std::vector<std::string>{kReleased, "client freed the memory"}));
+}
+
+// A rank that closes while a computation still reads and writes its region:
+// the daemon's CloseSession waits for that computation to end before it
+// releases the region and answers, so the client frees only after both.
+TEST(GpuTransports, CudaIpcCloseMidStepWaitsForTheComputationBeforeFreeing) {
+  Daemon d(/*gpu=*/true);
+  EventLog log;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  std::atomic<int> held{0};
+  for (FakeDeviceExecutor* f : d.fakes) {
+    f->on_compute = [&] {
+      if (held++ == 0) log.Add("computation in flight");
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return go; });
+    };
+  }
+  d.transports->on_unmap = [&](const std::string&) { log.Add(kReleased); };
+  Rank r;
+  r.gate = std::make_shared<gpu::ReleaseGate>();
+  ASSERT_TRUE(r.Open(d, "midstep", 0, 1, TransportChoice::kCudaIpc).ok());
+  ASSERT_TRUE(r.HandOver(1, {4, 3, 2, 1, 0}, {4, 3, 2, 1, 0}).ok());
+  for (int i = 0; i < 2000 && held == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_GT(held.load(), 0) << "no computation started";
+  absl::Status closed = absl::UnknownError("not yet");
+  std::atomic<bool> close_returned{false};
+  std::thread closer([&] {
+    closed = r.session->Close();
+    close_returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(close_returned) << "CloseSession answered with a computation "
+                                  "still using the region";
+  EXPECT_FALSE(log.Has(kReleased)) << "released under a computation";
+  EXPECT_EQ(FreeMemory(r, log).code(), absl::StatusCode::kFailedPrecondition);
+  log.Add("computation let go");
+  {
+    std::lock_guard<std::mutex> l(mu);
+    go = true;
+  }
+  cv.notify_all();
+  closer.join();
+  ASSERT_TRUE(closed.ok()) << closed;
+  EXPECT_TRUE(r.session->region_released());
+  ASSERT_TRUE(FreeMemory(r, log).ok());
+  EXPECT_EQ(log.events(), (std::vector<std::string>{
+                              "computation in flight", "computation let go",
+                              kReleased, "client freed the memory"}));
+}
+
+TEST(ReleaseGate, FreesOnlyWhenNoDaemonMayMapTheMemory) {
+  gpu::ReleaseGate g;
+  EXPECT_TRUE(g.may_free());
+  g.Exported();
+  EXPECT_FALSE(g.may_free());
+  // The daemon answered an error: it keeps no mapping.
+  g.OpenFailed(absl::InvalidArgumentError("bad export"));
+  EXPECT_TRUE(g.may_free());
+  g.Exported();
+  g.OpenFailed(absl::UnavailableError("connection refused"));
+  EXPECT_TRUE(g.may_free());
+  // No answer: the daemon may have opened the session.
+  for (const absl::Status& st :
+       {absl::DeadlineExceededError("late"), absl::CancelledError("cancelled"),
+        absl::UnknownError("?")}) {
+    g.Exported();
+    g.OpenFailed(st);
+    EXPECT_FALSE(g.may_free()) << st;
+    EXPECT_TRUE(Has(g.why_not(), "without the daemon's answer")) << st;
+  }
+  g.Opened();
+  EXPECT_FALSE(g.may_free());
+  g.Closed(false);
+  EXPECT_FALSE(g.may_free());
+  EXPECT_TRUE(Has(g.why_not(), "without the daemon confirming"));
+  int freed = 0;
+  EXPECT_EQ(gpu::FreeWhenReleased(g,
+                                  [&] {
+                                    ++freed;
+                                    return absl::OkStatus();
+                                  })
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(freed, 0);
+  g.Closed(true);
+  EXPECT_TRUE(gpu::FreeWhenReleased(g, [&] {
+                ++freed;
+                return absl::OkStatus();
+              }).ok());
+  EXPECT_EQ(freed, 1);
+}
+
+// A daemon that is gone when the session closes cannot confirm the release:
+// the memory is kept.
+TEST(GpuTransports, CudaIpcMemoryIsKeptWhenTheDaemonCannotConfirm) {
+  auto d = std::make_unique<Daemon>(/*gpu=*/true);
+  Rank r;
+  r.gate = std::make_shared<gpu::ReleaseGate>();
+  ASSERT_TRUE(r.Open(*d, "gone", 0, 1, TransportChoice::kCudaIpc).ok());
+  d.reset();
+  EXPECT_FALSE(r.session->Close().ok());
+  EXPECT_FALSE(r.session->region_released());
+  EventLog log;
+  EXPECT_EQ(FreeMemory(r, log).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(r.mem.empty());
 }
 
 TEST(GpuTransports, SessionDescribesItsRegion) {

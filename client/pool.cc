@@ -169,6 +169,11 @@ class PoolSession : public Session {
       if (auto st = s->Close(); !st.ok() && first.ok()) first = st;
     return first;
   }
+  bool region_released() const override {
+    for (const auto& s : subs_)
+      if (!s->region_released()) return false;
+    return true;
+  }
 
  private:
   bool valid(int i) const {

@@ -3,12 +3,14 @@
 #include "server/cuda_executor.h"
 
 #include <cuda_runtime_api.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +32,7 @@ class CudaExecutor final : public Executor {
       : device_(device),
         name_(absl::StrCat("cuda:", device)),
         options_(options),
+        graphs_(options.use_graphs),
         ctx_(std::move(ctx)),
         stream_(static_cast<cudaStream_t>(ctx_->stream())) {
     UpdateMemory();
@@ -49,6 +52,7 @@ class CudaExecutor final : public Executor {
   bool healthy() const override { return health_.healthy(); }
   std::string last_error() const override { return health_.last_error(); }
   uint64_t memory_bytes() const override { return memory_.load(); }
+  uint64_t graph_fallbacks() const override { return graphs_.fallbacks(); }
 
   absl::Status Compute(absl::Span<const ComputeTask> batch) override {
     if (batch.empty()) return absl::OkStatus();
@@ -214,7 +218,11 @@ class CudaExecutor final : public Executor {
       }
     }
 
-    // NS in place, in launches of power-of-two sizes.
+    // NS in place, in launches of power-of-two sizes; a plan whose CUDA
+    // graph fails runs eagerly (GraphFallback) instead of failing the batch.
+    // A failed capture or graph launch executes nothing and NS reads its
+    // input before writing its output in place, so the eager retry sees the
+    // same input.
     const cu::CudaNsOptions ns = ExecutorNsOptions(batch[0].muon->ns, options_);
     int64_t first = 0;
     for (int64_t size : SplitBatch(count, options_.max_launch)) {
@@ -224,7 +232,20 @@ class CudaExecutor final : public Executor {
       b.shape = shape;
       b.batch = size;
       b.bytes = size * n * sizeof(float);
-      if (auto st = ctx_->Orthogonalize(b, b, ns); !st.ok()) return st;
+      const std::string key =
+          GraphKey(shape.rows, shape.cols, size,
+                   absl::StrCat(std::string(kernels::MethodName(ns.ns.method)),
+                                ", ", std::string(cu::DTypeName(ns.compute))));
+      absl::Status st = graphs_.Run(
+          name_, key,
+          [&](bool use_graphs) {
+            cu::CudaNsOptions o = ns;
+            o.use_graphs = use_graphs;
+            return ctx_->Orthogonalize(b, b, o);
+          },
+          [&] { return RecoverFromGraphFailure(); },
+          [](const std::string& warning) { spdlog::warn("{}", warning); });
+      if (!st.ok()) return st;
       first += size;
     }
 
@@ -246,6 +267,23 @@ class CudaExecutor final : public Executor {
       }
     }
     return ctx_->Synchronize();
+  }
+
+  // After a failed graph capture or launch: clears the thread's last
+  // (non-sticky) error and ends a capture the failure left open on the
+  // stream, so the eager retry starts clean. A sticky error shows up in the
+  // retry itself.
+  absl::Status RecoverFromGraphFailure() {
+    (void)cudaGetLastError();
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream_, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) {
+      cudaGraph_t graph = nullptr;
+      (void)cudaStreamEndCapture(stream_, &graph);
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+    }
+    return absl::OkStatus();
   }
 
   // The pool entry of t.state, created (and loaded from t.momentum, or
@@ -331,6 +369,7 @@ class CudaExecutor final : public Executor {
   const int device_;
   const std::string name_;
   const CudaExecutorOptions options_;
+  GraphFallback graphs_;
   const std::unique_ptr<cu::Context> ctx_;
   const cudaStream_t stream_;
   Health health_;

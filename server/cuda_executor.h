@@ -23,6 +23,11 @@
 // marks the executor unhealthy (gpu_logic.h Health): out of memory until a
 // batch succeeds, any other error for good — its later batches then fail at
 // once with UNAVAILABLE, and the daemon keeps serving jobs on the others.
+// Except a failed CUDA graph: when a plan's graph capture (or replay) fails
+// and the same launch then succeeds eagerly, that plan runs eagerly from
+// then on, the batch succeeds, the executor stays healthy, the daemon logs a
+// warning once per cause and Status/metrics count the plan
+// (graph_fallbacks; gpu_logic.h GraphFallback).
 
 #ifndef DMUON_SERVER_CUDA_EXECUTOR_H_
 #define DMUON_SERVER_CUDA_EXECUTOR_H_

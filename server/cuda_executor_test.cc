@@ -123,6 +123,11 @@ TEST_F(CudaExecutorTest, HostTasksMatchTheCpuExecutorOverSteps) {
   }
   EXPECT_GT(gpu_->memory_bytes(), 3u * 96 * 64 * 4);
   EXPECT_TRUE(gpu_->healthy());
+  // Three steps on one buffer pair: run, capture, replay. A failed capture
+  // would fall back to eager launches (still correct, checked above).
+  EXPECT_EQ(gpu_->graph_fallbacks(), 0u)
+      << "a CUDA graph failed and its plan runs eagerly (the warning is in "
+         "the log above)";
 }
 
 TEST_F(CudaExecutorTest, WriteStateReplacesAndDropJobForgets) {

@@ -89,6 +89,12 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
           e.measured_step_seconds() * 1e3, ratio, e.healthy() ? "yes" : "NO");
       if (!e.last_error().empty())
         std::printf("  %s\n", e.last_error().c_str());
+      if (e.graph_fallbacks() > 0) {
+        std::printf(
+            "  %llu kernel plan(s) run eagerly: their CUDA graph "
+            "failed (see the daemon's log)\n",
+            static_cast<unsigned long long>(e.graph_fallbacks()));
+      }
     }
     // DROP_IN_S: a job with no open rank is dropped (its momentum freed,
     // snapshotted first with --state-dir) in that many seconds; "-" while a

@@ -130,6 +130,9 @@ class Executor {
   virtual std::string last_error() const { return ""; }
   // Device memory the executor holds (state pool, staging, kernel plans).
   virtual uint64_t memory_bytes() const { return 0; }
+  // Kernel plans whose CUDA graph failed and that run eagerly instead
+  // (gpu_logic.h GraphFallback); the executor stays in service.
+  virtual uint64_t graph_fallbacks() const { return 0; }
 };
 
 // `threads` OpenBLAS threads for this executor's products (0: all cores).

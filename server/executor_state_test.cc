@@ -145,6 +145,62 @@ TEST(ExecutorState, NewJobsAvoidUnhealthyExecutorsAndStatusSaysSo) {
   EXPECT_EQ(s.executors(2).memory_bytes(), 4096u);
 }
 
+// A CUDA graph capture that fails (injected through the fake) falls back to
+// eager launches: every step completes with the CPU service's results, the
+// executors stay healthy, the fallback is warned once per cause and counted
+// in Status and /metrics.
+TEST(ExecutorState, FailedGraphCaptureRunsEagerlyAndKeepsTheExecutorHealthy) {
+  const int world = 2;
+  Metrics metrics;
+  Daemon cpu(false), dev(true, {}, 2, &metrics);
+  const std::vector<FakeDeviceExecutor*> fakes = dev.fakes;
+  for (auto* f : fakes) f->fail_graph_captures = true;
+  ASSERT_TRUE(cpu.Open(world, false).ok());
+  ASSERT_TRUE(dev.Open(world, true).ok());
+  for (int64_t step = 1; step <= 3; ++step) {
+    const auto g = Grads(world, 500 + step);
+    std::vector<std::vector<v1::StepResponse>> msgs;
+    EXPECT_EQ(cpu.Step(step, g), dev.Step(step, g, &msgs)) << "step " << step;
+    for (const auto& rank : msgs)
+      for (const auto& m : rank) EXPECT_FALSE(m.has_error()) << m.DebugString();
+  }
+  EXPECT_EQ(dev.State(), cpu.State());
+  const v1::StatusResponse s = dev.svc->Status();
+  uint64_t fallbacks = 0;
+  for (int i = 0; i < 2; ++i) {
+    const v1::ExecutorStatus& e = s.executors(i);
+    EXPECT_TRUE(e.healthy()) << e.device() << ": " << e.last_error();
+    EXPECT_TRUE(e.last_error().empty()) << e.last_error();
+    EXPECT_EQ(e.graph_fallbacks(), fakes[i]->graph_fallbacks());
+    fallbacks += e.graph_fallbacks();
+    // Once per cause: one warning however many plans fell back.
+    const auto w = fakes[i]->warnings();
+    EXPECT_EQ(w.size(), e.graph_fallbacks() > 0 ? 1u : 0u) << e.device();
+    if (!w.empty()) {
+      EXPECT_NE(w[0].find("cudaErrorStreamCaptureUnsupported"),
+                std::string::npos)
+          << w[0];
+      EXPECT_NE(w[0].find(e.device()), std::string::npos) << w[0];
+    }
+  }
+  // Every matrix of the table ran on one of them (the four shapes or launch
+  // sizes are plans of their own, each counted once).
+  EXPECT_GE(fallbacks, 2u);
+  const std::string text = metrics.Render();
+  EXPECT_NE(
+      text.find("dmuon_executor_graph_fallbacks_total{device=\"fake:0\"} " +
+                std::to_string(s.executors(0).graph_fallbacks())),
+      std::string::npos)
+      << text;
+  // Captures that work again change nothing: the fallen-back plans stay
+  // eager, the results stay the CPU's.
+  for (auto* f : fakes) f->fail_graph_captures = false;
+  const auto g = Grads(world, 599);
+  EXPECT_EQ(cpu.Step(4, g), dev.Step(4, g));
+  EXPECT_EQ(dev.svc->Status().executors(0).graph_fallbacks(),
+            s.executors(0).graph_fallbacks());
+}
+
 TEST(ExecutorState, GpuTransportRulesAtOpenSession) {
   // A CPU daemon keeps answering UNIMPLEMENTED, even with transports given.
   Daemon cpu(false);

@@ -45,7 +45,8 @@ struct Daemon {
   std::vector<std::vector<std::byte>> client_mem;  // device regions
   std::vector<std::shared_ptr<Sink>> sinks;
 
-  Daemon(bool device, ServiceOptions o = {}, int executors = 2) {
+  Daemon(bool device, ServiceOptions o = {}, int executors = 2,
+         Metrics* metrics = nullptr) {
     std::vector<std::unique_ptr<Executor>> ex;
     for (int i = 0; i < executors; ++i) {
       if (device) {
@@ -59,7 +60,7 @@ struct Daemon {
     transports = std::make_shared<FakeTransports>();
     o.device_transports = transports;
     svc = std::make_unique<OptimizerService>(
-        o, std::make_unique<Scheduler>(std::move(ex), 4), nullptr);
+        o, std::make_unique<Scheduler>(std::move(ex), 4), metrics);
   }
 
   v1::OpenSessionRequest Request(int rank, int world, v1::Transport t) {

@@ -1,9 +1,11 @@
 // Test doubles for the service's GPU paths on the CPU (executor.h,
 // device_transport.h): an executor that holds state and reads "device"
-// memory that is host memory, and GPU transports whose regions are memory
-// the test client owns (cuda_ipc-like: mapped; nccl-like: moved by a
-// transfer thread). fake_daemon.h runs a job through the service with them;
-// fake_gpu_dmuond.cc is a whole daemon made of them. Header-only, testonly.
+// memory that is host memory (with the CUDA executor's health rules and
+// graph fallback, gpu_logic.h, and injectable graph-capture failures), and
+// GPU transports whose regions are memory the test client owns
+// (cuda_ipc-like: mapped; nccl-like: moved by a transfer thread).
+// fake_daemon.h runs a job through the service with them; fake_gpu_dmuond.cc
+// is a whole daemon made of them. Header-only, testonly.
 //
 // FakeTransports' cuda_ipc.mem_handle (the "GPU memory" the client exports):
 //   exactly sizeof(void*) bytes — the raw address of the client's memory (an
@@ -12,6 +14,9 @@
 //     created (another process: a Python test), mapped by the daemon;
 //   anything else — INVALID_ARGUMENT naming mem_handle.
 // Region byte 0 is that memory + cuda_ipc.offset (a multiple of 64).
+// FakeTransports::on_unmap hears of each such region's release (the moment
+// dmuond_cuda closes the IPC handle), for tests of the order the client
+// frees its memory in.
 // nccl-like sessions: with cuda_ipc set (pointer mode), the transfer thread
 // copies straight from and to the client's memory; without (what
 // dmuon::Client sends), the slots travel over a FakeNcclLink that the client
@@ -29,6 +34,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -38,11 +44,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/gpu_logic.h"
 #include "server/service.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
 
+// The CUDA executor's contract on the CPU. Its "Newton–Schulz launch" (the
+// CPU executor's compute of the batch) goes through a GraphFallback and its
+// results through Health, as cuda_executor.cc's do: with
+// fail_graph_captures set, every launch with graphs fails before computing
+// anything, as a failed capture does.
 class FakeDeviceExecutor : public Executor {
  public:
   explicit FakeDeviceExecutor(int i)
@@ -50,13 +62,35 @@ class FakeDeviceExecutor : public Executor {
   std::string device() const override { return name_; }
   bool holds_state() const override { return true; }
   bool reads_device_memory() const override { return true; }
-  bool healthy() const override { return healthy_; }
+  bool healthy() const override { return healthy_ && health_.healthy(); }
+  std::string last_error() const override { return health_.last_error(); }
   uint64_t memory_bytes() const override { return 4096; }
+  uint64_t graph_fallbacks() const override { return graphs_.fallbacks(); }
   std::atomic<bool> healthy_{true};
   std::atomic<int> tasks_{0};
+  std::atomic<bool> fail_graph_captures{false};
+  // Set before the first Compute: runs at the start of every Compute (a
+  // test holds a computation in flight with it).
+  std::function<void()> on_compute;
+  std::vector<std::string> warnings() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return warnings_;
+  }
 
   absl::Status Compute(absl::Span<const ComputeTask> batch) override {
+    if (on_compute) on_compute();
     std::lock_guard<std::mutex> lock(mu_);
+    if (health_.out_of_service()) {
+      return absl::UnavailableError(
+          absl::StrCat(name_, " is out of service: ", health_.last_error()));
+    }
+    absl::Status st = ComputeLocked(batch);
+    health_.Record(st);
+    return st;
+  }
+
+ private:
+  absl::Status ComputeLocked(absl::Span<const ComputeTask> batch) {
     std::vector<std::vector<float>> g(batch.size());
     std::vector<ComputeTask> inner;
     for (size_t k = 0; k < batch.size(); ++k) {
@@ -100,7 +134,25 @@ class FakeDeviceExecutor : public Executor {
       c.device_io = nullptr;
       inner.push_back(c);
     }
-    if (auto st = cpu_->Compute(inner); !st.ok()) return st;
+    if (!inner.empty()) {
+      const kernels::Shape shape = inner[0].shape;
+      absl::Status st = graphs_.Run(
+          name_,
+          GraphKey(shape.rows, shape.cols, static_cast<int64_t>(inner.size()),
+                   std::string(kernels::MethodName(inner[0].muon->ns.method))),
+          [&](bool use_graphs) {
+            if (use_graphs && fail_graph_captures) {
+              return absl::InternalError(
+                  "fake_device.h:1: cudaStreamEndCapture failed: "
+                  "cudaErrorStreamCaptureUnsupported (operation not permitted "
+                  "when stream is capturing)");
+            }
+            return cpu_->Compute(inner);
+          },
+          [] { return absl::OkStatus(); },
+          [&](const std::string& w) { warnings_.push_back(w); });
+      if (!st.ok()) return st;
+    }
     for (size_t k = 0; k < batch.size(); ++k) {
       const ComputeTask& t = batch[k];
       if (t.device_io == nullptr) {
@@ -118,6 +170,8 @@ class FakeDeviceExecutor : public Executor {
     }
     return absl::OkStatus();
   }
+
+ public:
   absl::Status ReadState(const StateKey& key, absl::Span<float> host) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(key);
@@ -145,19 +199,29 @@ class FakeDeviceExecutor : public Executor {
  private:
   std::unique_ptr<Executor> cpu_;
   const std::string name_;
+  Health health_;
+  GraphFallback graphs_{true};
   std::mutex mu_;
   std::map<StateKey, std::vector<float>> state_;
+  std::vector<std::string> warnings_;  // GraphFallback's, guarded by mu_
 };
 
 // "Device" memory the client owns; the request carries its address (or the
 // name of its shm segment, mapped by `mapping`, which the region keeps).
+// `on_release` runs when the region is gone (the mapping closed), as
+// cudaIpcCloseMemHandle would be.
 class ClientMappedRegion : public transport::Region {
  public:
   ClientMappedRegion(std::byte* base, uint64_t bytes,
-                     std::unique_ptr<transport::Region> mapping = nullptr)
-      : mapping_(std::move(mapping)) {
+                     std::unique_ptr<transport::Region> mapping = nullptr,
+                     std::function<void()> on_release = nullptr)
+      : mapping_(std::move(mapping)), on_release_(std::move(on_release)) {
     view_.base = base;
     view_.bytes = bytes;
+  }
+  ~ClientMappedRegion() override {
+    mapping_.reset();
+    if (on_release_) on_release_();
   }
   absl::Span<std::byte> bytes() override { return {}; }
   absl::Status Check() const override { return absl::OkStatus(); }
@@ -166,6 +230,7 @@ class ClientMappedRegion : public transport::Region {
 
  private:
   std::unique_ptr<transport::Region> mapping_;
+  const std::function<void()> on_release_;
   transport::DeviceView view_;
   std::string name_;
 };
@@ -400,11 +465,16 @@ class FakeTransports : public DeviceTransports {
       return std::unique_ptr<transport::Region>(
           new FakeMovingRegion(base + e.offset(), layout, &fail));
     }
+    std::function<void()> release;
+    if (on_unmap) release = [f = on_unmap, h] { f(h); };
     return std::unique_ptr<transport::Region>(new ClientMappedRegion(
-        base + e.offset(), e.bytes(), std::move(mapping)));
+        base + e.offset(), e.bytes(), std::move(mapping), std::move(release)));
   }
   bool nccl = false;
   std::atomic<bool> fail{false};
+  // Set before the first Open: called with the request's mem_handle when a
+  // cuda_ipc-like region is released (its mapping closed).
+  std::function<void(const std::string& mem_handle)> on_unmap;
   std::atomic<int> dropped{0};
   // The nccl-like sessions' links (when no cuda_ipc pointer is given).
   const std::shared_ptr<FakeNcclFabric> fabric =

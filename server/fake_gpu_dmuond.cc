@@ -13,12 +13,25 @@
 //     CUDA IPC memory. (An 8-byte mem_handle is an address in the daemon's
 //     own process: useless from another process.) event_handle and
 //     device_uuid are ignored.
+//     When it releases such a region (the moment dmuond_cuda closes the IPC
+//     handle: every computation using it ended), it prints to stderr
+//       fake_gpu_dmuond: released cuda_ipc region shm:/NAME; the client's
+//       segment is still there
+//     or, when the client unlinked the segment before that (it freed its
+//     memory before the daemon released it: the order is broken),
+//       ... the client's segment is GONE (freed before the release)
+//     so client tests can check the order in the daemon's log.
 //   nccl: not served (UNIMPLEMENTED), as on a daemon without CUDA devices;
 //     in-process tests use FakeTransports' fake communicators directly.
 // --devices: 'auto' (the default here) or 'cuda' = two fake executors,
 // 'cuda:0,1,...' = one per listed ordinal, 'cpu' = a plain CPU dmuond (no
 // GPU transports).
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -47,7 +60,20 @@ int main(int argc, char** argv) {
     return ex;
   };
   gpu.transports = [](const std::vector<std::string>&) {
-    return std::make_shared<FakeTransports>();
+    auto t = std::make_shared<FakeTransports>();
+    t->on_unmap = [](const std::string& handle) {
+      if (handle.rfind("shm:", 0) != 0) return;
+      const std::string name = handle.substr(4);
+      const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+      if (fd >= 0) close(fd);
+      std::fprintf(stderr,
+                   "fake_gpu_dmuond: released cuda_ipc region %s; the "
+                   "client's segment is %s\n",
+                   handle.c_str(),
+                   fd >= 0 ? "still there" : "GONE (freed before the release)");
+      std::fflush(stderr);
+    };
+    return t;
   };
   // --devices=auto unless the command line says otherwise (a later flag
   // wins).

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace dmuon::server {
@@ -129,6 +132,81 @@ std::vector<int64_t> SplitBatch(int64_t n, int64_t max_launch) {
     n -= cap;
   }
   return out;
+}
+
+bool GraphFallback::use_graphs(const std::string& key) const {
+  if (!enabled_) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return eager_.count(key) == 0;
+}
+
+absl::Status GraphFallback::Run(
+    const std::string& what, const std::string& key,
+    const std::function<absl::Status(bool use_graphs)>& launch,
+    const std::function<absl::Status()>& recover,
+    const std::function<void(const std::string&)>& warn) {
+  const bool graphs = use_graphs(key);
+  absl::Status st = launch(graphs);
+  if (st.ok() || !graphs) return st;
+  const Fault fault = ClassifyFault(st);
+  if (fault == Fault::kInput || fault == Fault::kOutOfMemory) return st;
+  if (absl::Status r = recover(); !r.ok()) return r;
+  if (absl::Status eager = launch(false); !eager.ok()) return eager;
+  const std::string cause = GraphFailureCause(st);
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    eager_.insert(key);
+    first = causes_.insert(cause).second;
+  }
+  if (first && warn) {
+    warn(absl::StrCat(what, ": a CUDA graph failed for ", key, " (",
+                      st.message(),
+                      "); it ran eagerly and succeeded, so launches of this "
+                      "plan run eagerly from now on (slower; the executor "
+                      "stays in service). Later plans that fail for this "
+                      "cause fall back without this warning; Status and "
+                      "/metrics count them (graph_fallbacks)."));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t GraphFallback::fallbacks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return eager_.size();
+}
+
+std::string GraphKey(int64_t rows, int64_t cols, int64_t batch,
+                     const std::string& method) {
+  return absl::StrCat(batch, " x ", rows, "x", cols, " (", method, ")");
+}
+
+namespace {
+
+// "dir/file.cc:123:" and the like: a source position.
+bool IsSourcePosition(absl::string_view token) {
+  if (!absl::ConsumeSuffix(&token, ":")) return false;
+  const size_t colon = token.rfind(':');
+  if (colon == absl::string_view::npos || colon + 1 == token.size())
+    return false;
+  for (char c : token.substr(colon + 1))
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  const absl::string_view file = token.substr(0, colon);
+  for (const char* ext : {".cc", ".cu", ".h", ".cuh", ".cpp"})
+    if (absl::EndsWith(file, ext)) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string GraphFailureCause(const absl::Status& status) {
+  std::vector<absl::string_view> kept;
+  for (absl::string_view t :
+       absl::StrSplit(status.message(), ' ', absl::SkipEmpty())) {
+    if (!IsSourcePosition(t)) kept.push_back(t);
+  }
+  return absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
+                      absl::StrJoin(kept, " "));
 }
 
 RowBytes RowsOf(int64_t row_begin, int64_t row_end, int64_t cols) {

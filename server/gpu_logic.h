@@ -1,11 +1,14 @@
 // Plain C++ logic of the CUDA executors (cuda_executor.h), tested on the CPU:
-// the --devices spec, the health rules, and how a batch is cut into launches.
+// the --devices spec, the health rules, how a batch is cut into launches, and
+// the fallback from CUDA graphs to eager launches.
 
 #ifndef DMUON_SERVER_GPU_LOGIC_H_
 #define DMUON_SERVER_GPU_LOGIC_H_
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -66,6 +69,59 @@ class Health {
 // builds kernel plans for at most log2(max_launch) + 1 batch sizes per shape
 // instead of one per size. n <= 0: none.
 std::vector<int64_t> SplitBatch(int64_t n, int64_t max_launch);
+
+// CUDA graphs with an eager fallback. Newton–Schulz launches replay a CUDA
+// graph per plan (kernels/cuda/plan.h: a plan's first run for a buffer pair
+// executes directly, the second captures, later ones replay). A capture can
+// fail where the same work runs fine eagerly (a driver, library call or
+// process setting that refuses capture or instantiation); that must not take
+// the executor out of service. One GraphFallback per executor decides, per
+// plan key (GraphKey), whether launches use graphs. Thread-safe.
+class GraphFallback {
+ public:
+  explicit GraphFallback(bool use_graphs) : enabled_(use_graphs) {}
+
+  // Whether launches of `key` replay graphs now.
+  bool use_graphs(const std::string& key) const;
+
+  // Runs launch(use_graphs(key)). When that fails with graphs on, and the
+  // status is neither an input error (INVALID_ARGUMENT) nor out of memory
+  // (RESOURCE_EXHAUSTED), the graph path is suspect: `recover` runs (it
+  // clears the device's non-sticky error state and any capture left open;
+  // its failure is returned as it is), then launch(false). When the eager
+  // launch succeeds, `key` stays eager from then on, the fallback is counted
+  // and `warn` gets a message naming `what`, the key and the cause — once
+  // per cause (GraphFailureCause) for the executor's life, however many keys
+  // hit it — and OK is returned. When it fails too, its status is returned
+  // (a device fault, for Health to judge).
+  //
+  // `launch` must leave its input intact when it fails on the graph path (a
+  // failed capture or graph launch executes nothing), so running it again
+  // eagerly computes the same result.
+  absl::Status Run(const std::string& what, const std::string& key,
+                   const std::function<absl::Status(bool use_graphs)>& launch,
+                   const std::function<absl::Status()>& recover,
+                   const std::function<void(const std::string&)>& warn);
+
+  // Plan keys that fell back to eager launches (each counted once).
+  uint64_t fallbacks() const;
+
+ private:
+  const bool enabled_;
+  mutable std::mutex mu_;
+  std::set<std::string> eager_;   // keys that fell back
+  std::set<std::string> causes_;  // causes already warned about
+};
+
+// The plan key of a Newton–Schulz launch: what the kernels cache a plan (and
+// its graphs) by, as far as the executor chooses it.
+std::string GraphKey(int64_t rows, int64_t cols, int64_t batch,
+                     const std::string& method);
+
+// A failure's cause for "warn once per cause": the status code and message
+// without "file.cc:123: " source positions, so one CUDA error met by several
+// plans (whose messages differ only there) is one cause.
+std::string GraphFailureCause(const absl::Status& status);
 
 // Byte ranges of one rank's rows when rows [row_begin, row_end) of a
 // rows x cols fp32 matrix are gathered (or scattered) contiguously.

@@ -93,5 +93,140 @@ TEST(RowsOf, ByteRangeOfARowShard) {
   EXPECT_EQ(r.bytes, 2u * 10 * 4);
 }
 
+// A launch that fails on the graph path the way kernels/cuda/plan.cc reports
+// a failed capture, and computes (counts) on the eager one.
+struct FakeLaunch {
+  absl::Status graph_error = absl::InternalError(
+      "kernels/cuda/plan.cc:212: cudaStreamEndCapture failed: "
+      "cudaErrorStreamCaptureInvalidated (operation failed due to a previous "
+      "error during capture)");
+  absl::Status eager_error;
+  int graph_calls = 0, eager_calls = 0, recovers = 0;
+  std::vector<std::string> warnings;
+
+  absl::Status Run(GraphFallback& g, const std::string& key) {
+    return g.Run(
+        "cuda:0", key,
+        [&](bool graphs) {
+          ++(graphs ? graph_calls : eager_calls);
+          return graphs ? graph_error : eager_error;
+        },
+        [&] {
+          ++recovers;
+          return absl::OkStatus();
+        },
+        [&](const std::string& w) { warnings.push_back(w); });
+  }
+};
+
+TEST(GraphFallback, AFailedCaptureRunsEagerlyFromThenOnWarnedOncePerCause) {
+  GraphFallback g(true);
+  FakeLaunch f;
+  const std::string a = GraphKey(64, 96, 4, "direct");
+  EXPECT_TRUE(g.use_graphs(a));
+  ASSERT_TRUE(f.Run(g, a).ok());
+  EXPECT_EQ(f.graph_calls, 1);
+  EXPECT_EQ(f.eager_calls, 1);
+  EXPECT_EQ(f.recovers, 1);
+  EXPECT_FALSE(g.use_graphs(a));
+  EXPECT_EQ(g.fallbacks(), 1u);
+  ASSERT_EQ(f.warnings.size(), 1u);
+  EXPECT_NE(f.warnings[0].find("cuda:0"), std::string::npos) << f.warnings[0];
+  EXPECT_NE(f.warnings[0].find(a), std::string::npos) << f.warnings[0];
+  EXPECT_NE(f.warnings[0].find("cudaErrorStreamCaptureInvalidated"),
+            std::string::npos);
+  // That key never tries a graph again.
+  ASSERT_TRUE(f.Run(g, a).ok());
+  EXPECT_EQ(f.graph_calls, 1);
+  EXPECT_EQ(f.eager_calls, 2);
+  // Another key with the same cause (another source line): counted, not
+  // warned again.
+  f.graph_error = absl::InternalError(
+      "kernels/cuda/plan.cc:230: cudaStreamEndCapture failed: "
+      "cudaErrorStreamCaptureInvalidated (operation failed due to a previous "
+      "error during capture)");
+  const std::string b = GraphKey(64, 96, 2, "direct");
+  ASSERT_TRUE(f.Run(g, b).ok());
+  EXPECT_EQ(g.fallbacks(), 2u);
+  EXPECT_EQ(f.warnings.size(), 1u);
+  // A new cause warns once more.
+  f.graph_error = absl::InternalError(
+      "kernels/cuda/plan.cc:240: cudaGraphInstantiate failed: "
+      "cudaErrorNotSupported (operation not supported)");
+  ASSERT_TRUE(f.Run(g, GraphKey(8, 8, 1, "gram")).ok());
+  EXPECT_EQ(g.fallbacks(), 3u);
+  EXPECT_EQ(f.warnings.size(), 2u);
+}
+
+TEST(GraphFallback, EagerFailureInputErrorsAndOutOfMemoryAreReturned) {
+  GraphFallback g(true);
+  FakeLaunch f;
+  // Eager fails too: a device fault, returned; the key keeps graphs.
+  f.eager_error = absl::InternalError("cudaErrorIllegalAddress");
+  const std::string k = GraphKey(8, 8, 1, "direct");
+  EXPECT_EQ(f.Run(g, k).message(), "cudaErrorIllegalAddress");
+  EXPECT_TRUE(g.use_graphs(k));
+  EXPECT_EQ(g.fallbacks(), 0u);
+  EXPECT_TRUE(f.warnings.empty());
+  // Input errors and out of memory are not graph failures: no retry.
+  f = FakeLaunch();
+  for (const absl::Status& st :
+       {absl::InvalidArgumentError("bad shape"),
+        absl::ResourceExhaustedError("cudaErrorMemoryAllocation")}) {
+    f.graph_error = st;
+    EXPECT_EQ(f.Run(g, k), st);
+  }
+  EXPECT_EQ(f.eager_calls, 0);
+  EXPECT_EQ(f.recovers, 0);
+  // A failing recovery is returned as it is, without an eager launch.
+  const absl::Status stuck = absl::InternalError("capture still open");
+  int eager = 0;
+  EXPECT_EQ(g.Run(
+                "cuda:0", k,
+                [&](bool graphs) {
+                  eager += graphs ? 0 : 1;
+                  return graphs ? FakeLaunch().graph_error : absl::OkStatus();
+                },
+                [&] { return stuck; }, nullptr),
+            stuck);
+  EXPECT_EQ(eager, 0);
+  EXPECT_TRUE(g.use_graphs(k));
+}
+
+TEST(GraphFallback, DisabledGraphsAndSuccessNeverRetry) {
+  GraphFallback off(false);
+  FakeLaunch f;
+  f.eager_error = absl::InternalError("eager failed");
+  EXPECT_FALSE(off.use_graphs("k"));
+  EXPECT_EQ(f.Run(off, "k").message(), "eager failed");
+  EXPECT_EQ(f.graph_calls, 0);
+  EXPECT_EQ(f.recovers, 0);
+  GraphFallback on(true);
+  f = FakeLaunch();
+  f.graph_error = absl::OkStatus();
+  EXPECT_TRUE(f.Run(on, "k").ok());
+  EXPECT_EQ(f.eager_calls, 0);
+  EXPECT_EQ(on.fallbacks(), 0u);
+}
+
+TEST(GraphFailureCause, DropsSourcePositionsOnly) {
+  const absl::Status a = absl::InternalError(
+      "ns3: kernels/cuda/lt_matmul.cc:88: cublasLtMatmul failed: "
+      "CUBLAS_STATUS_NOT_SUPPORTED (the functionality requested is not "
+      "supported)");
+  const absl::Status b = absl::InternalError(
+      "ns3: kernels/cuda/lt_matmul.cc:91: cublasLtMatmul failed: "
+      "CUBLAS_STATUS_NOT_SUPPORTED (the functionality requested is not "
+      "supported)");
+  EXPECT_EQ(GraphFailureCause(a), GraphFailureCause(b));
+  EXPECT_EQ(GraphFailureCause(a),
+            "INTERNAL: ns3: cublasLtMatmul failed: CUBLAS_STATUS_NOT_SUPPORTED "
+            "(the functionality requested is not supported)");
+  EXPECT_NE(GraphFailureCause(a),
+            GraphFailureCause(absl::UnknownError(std::string(a.message()))));
+  EXPECT_EQ(GraphFailureCause(absl::InternalError("x.cc: 12: y:3: z")),
+            "INTERNAL: x.cc: 12: y:3: z");
+}
+
 }  // namespace
 }  // namespace dmuon::server

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -9,6 +11,12 @@
 
 namespace dmuon::server {
 namespace {
+
+// CloseSession waits for the session's region to be released (every step
+// computation using it ended, the mapping closed) until kReleaseMargin
+// before the caller's deadline, and at most kMaxReleaseWait.
+constexpr std::chrono::milliseconds kMaxReleaseWait{30000};
+constexpr std::chrono::milliseconds kReleaseMargin{200};
 
 // Step responses queued by the service, written by one thread per stream.
 class QueueSink : public StepSink {
@@ -175,9 +183,28 @@ grpc::Status GrpcOptimizer::SetState(grpc::ServerContext* ctx,
 
 grpc::Status GrpcOptimizer::CloseSession(grpc::ServerContext* ctx,
                                          const v1::CloseSessionRequest* req,
-                                         v1::CloseSessionResponse*) {
-  absl::Status st = service_->CloseSession(req->session_id());
-  if (st.ok()) spdlog::info("session closed by {}", ctx->peer());
+                                         v1::CloseSessionResponse* resp) {
+  // Wait for the region's release until shortly before the caller's
+  // deadline, and at most kMaxReleaseWait.
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        ctx->deadline() - std::chrono::system_clock::now()) -
+                    kReleaseMargin;
+  const auto wait = std::clamp<std::chrono::milliseconds>(
+      left, std::chrono::milliseconds(0), kMaxReleaseWait);
+  bool released = false;
+  absl::Status st = service_->CloseSession(
+      req->session_id(), std::chrono::steady_clock::now() + wait, &released);
+  if (st.ok()) {
+    resp->set_region_released(released);
+    if (released) {
+      spdlog::info("session closed by {}", ctx->peer());
+    } else {
+      spdlog::warn(
+          "session closed by {}: its region is still in use by a step "
+          "computation; told the client not to free it",
+          ctx->peer());
+    }
+  }
   return Done("CloseSession", ctx, st);
 }
 

@@ -5,6 +5,7 @@
 #define DMUON_SERVER_JOB_H_
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -24,7 +25,45 @@ inline bool IsDeviceTransport(v1::Transport t) {
   return t == v1::TRANSPORT_CUDA_IPC || t == v1::TRANSPORT_NCCL;
 }
 
+// Set once a session's region is gone: destroyed with the Session, i.e. when
+// nothing holds the session any more — neither the service's tables nor a
+// step computation reading or writing the region (ParamWork holds the
+// sessions of its GPU I/O until it finishes). What CloseSession waits for.
+class RegionRelease {
+ public:
+  void Set() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool done() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return done_;
+  }
+  // Whether it was set by `t`.
+  bool WaitUntil(std::chrono::steady_clock::time_point t) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_until(l, t, [&] { return done_; });
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
 struct Session {
+  Session() = default;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  // The region first (cuda_ipc: its mapping closed), then the release.
+  ~Session() {
+    region.reset();
+    release->Set();
+  }
+
   std::string id;
   std::weak_ptr<Job> job;
   int rank = 0;
@@ -46,6 +85,8 @@ struct Session {
   bool closed = false;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
+  const std::shared_ptr<RegionRelease> release =
+      std::make_shared<RegionRelease>();
 };
 
 struct ParamState {

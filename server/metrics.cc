@@ -55,6 +55,10 @@ class ExecutorCollectable : public prometheus::Collectable {
         "Planner's per-step cost of the open jobs' matrices on each executor "
         "(autotuned seconds, or cost-model flops at 1e11 flop/s)",
         prometheus::MetricType::Gauge);
+    auto fallbacks = family(
+        "dmuon_executor_graph_fallbacks_total",
+        "Kernel plans whose CUDA graph failed and that run eagerly instead",
+        prometheus::MetricType::Counter);
     auto measured = family(
         "dmuon_executor_measured_step_seconds",
         "Compute seconds each executor spent on the open jobs' matrices in "
@@ -69,6 +73,8 @@ class ExecutorCollectable : public prometheus::Collectable {
       matrices.metric.push_back(m);
       m.counter.value = s.flops;
       flops.metric.push_back(m);
+      m.counter.value = static_cast<double>(s.graph_fallbacks);
+      fallbacks.metric.push_back(m);
       prometheus::ClientMetric g;
       g.label = m.label;
       g.gauge.value = s.queue_depth;
@@ -82,7 +88,8 @@ class ExecutorCollectable : public prometheus::Collectable {
       g.gauge.value = s.measured_step_seconds;
       measured.metric.push_back(g);
     }
-    return {busy, depth, matrices, flops, memory, healthy, predicted, measured};
+    return {busy,    depth,     matrices, flops,    memory,
+            healthy, predicted, measured, fallbacks};
   }
 
  private:

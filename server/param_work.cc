@@ -102,6 +102,7 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
     // GPU transports: the executor gathers on the device and checks
     // finiteness there (nonfinite is set before Finish).
     io = DeviceIoOf(ranks, param, info.sharding);
+    sessions = ranks;
     t.device_io = &io;
     t.nonfinite = &nonfinite;
     return t;
@@ -152,6 +153,8 @@ void ParamWork::Finish(absl::Status status) {
         step, " has a non-finite value (NaN or Inf; found on the device)"));
   }
   service->Deliver(job, param, step, status, nonfinite, compute_seconds);
+  // The executor is done with the regions: a closed rank's may go now.
+  sessions.clear();
 }
 
 void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,

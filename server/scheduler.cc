@@ -41,6 +41,7 @@ std::vector<ExecutorStats> Scheduler::Stats() const {
     out.back().healthy = w->executor->healthy();
     out.back().memory_bytes = w->executor->memory_bytes();
     out.back().last_error = w->executor->last_error();
+    out.back().graph_fallbacks = w->executor->graph_fallbacks();
   }
   return out;
 }

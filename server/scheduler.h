@@ -49,9 +49,10 @@ struct ExecutorStats {
   uint64_t matrices = 0;
   uint64_t batches = 0;
   double flops = 0;
-  bool healthy = true;        // Executor::healthy() when read
-  uint64_t memory_bytes = 0;  // Executor::memory_bytes() when read
-  std::string last_error;     // Executor::last_error() when read
+  bool healthy = true;           // Executor::healthy() when read
+  uint64_t memory_bytes = 0;     // Executor::memory_bytes() when read
+  std::string last_error;        // Executor::last_error() when read
+  uint64_t graph_fallbacks = 0;  // Executor::graph_fallbacks() when read
   // Per-step load over the open jobs (ExecutorStatus in dmuon.proto): the
   // service fills these in; Scheduler::Stats() leaves them 0.
   double predicted_step_seconds = 0;

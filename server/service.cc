@@ -402,18 +402,38 @@ bool OptimizerService::Detach(const std::string& session_id,
   return true;
 }
 
-absl::Status OptimizerService::CloseSession(const std::string& session_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(session_id);
-  if (it == sessions_.end())
-    return absl::NotFoundError("no open session with this session_id");
-  CloseLocked(it->second, absl::OkStatus());
+absl::Status OptimizerService::CloseSession(
+    const std::string& session_id,
+    std::chrono::steady_clock::time_point release_by, bool* released) {
+  std::shared_ptr<RegionRelease> release;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = sessions_.find(session_id); it != sessions_.end()) {
+      release = it->second->release;
+      CloseLocked(it->second, absl::OkStatus());
+    } else if (auto c = closing_.find(session_id); c != closing_.end()) {
+      release = c->second;  // closed when its Step stream ended
+    } else {
+      return absl::NotFoundError("no open session with this session_id");
+    }
+  }
+  // Without mu_: the step computations that still hold the session finish
+  // (Deliver takes only the job's lock), and the last one releases it.
+  const bool done = release->WaitUntil(release_by);
+  if (done) {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_.erase(session_id);
+  }
+  if (released != nullptr) *released = done;
   return absl::OkStatus();
 }
 
 void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
                                    const absl::Status& why) {
   sessions_.erase(s->id);
+  for (auto it = closing_.begin(); it != closing_.end();)
+    it = it->second->done() ? closing_.erase(it) : std::next(it);
+  closing_[s->id] = s->release;
   auto job = s->job.lock();
   if (job) {
     std::lock_guard<std::mutex> jl(job->mu);
@@ -626,6 +646,7 @@ v1::StatusResponse OptimizerService::Status() const {
     x->set_healthy(e.healthy);
     x->set_memory_bytes(e.memory_bytes);
     x->set_last_error(e.last_error);
+    x->set_graph_fallbacks(e.graph_fallbacks);
     x->set_predicted_step_seconds(e.predicted_step_seconds);
     x->set_measured_step_seconds(e.measured_step_seconds);
   }

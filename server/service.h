@@ -105,6 +105,7 @@ class StepSink {
 
 struct Job;
 struct Session;
+class RegionRelease;
 
 // What one OptimizerService::ReapIdleJobs pass did.
 struct ReapResult {
@@ -137,7 +138,17 @@ class OptimizerService {
   // The stream ended (client closed it or died): the session is reclaimed.
   // Returns false when it was already closed.
   bool Detach(const std::string& session_id, const absl::Status& why);
-  absl::Status CloseSession(const std::string& session_id);
+  // Closes the session (a step in progress breaks the job), then waits until
+  // `release_by` for its region to be released: every step computation that
+  // used it has ended and the daemon no longer maps it (cuda_ipc: the IPC
+  // memory handle is closed; the client may free the memory it exported).
+  // `*released` (when not null) says whether it was by then. A session whose
+  // Step stream ended already (Detach) is waited for alike; NOT_FOUND when
+  // the id is unknown: never opened, or closed and released before.
+  absl::Status CloseSession(const std::string& session_id,
+                            std::chrono::steady_clock::time_point release_by =
+                                std::chrono::steady_clock::time_point::min(),
+                            bool* released = nullptr);
 
   absl::StatusOr<std::vector<v1::StateChunk>> GetState(
       const std::string& session_id);
@@ -238,6 +249,10 @@ class OptimizerService {
   bool draining_ = false;
   uint64_t next_job_serial_ = 1;
   std::map<std::string, std::shared_ptr<Session>> sessions_;
+  // Closed sessions whose region may still be in use (CloseLocked adds them;
+  // released ones are pruned there and by CloseSession). session id ->
+  // its release.
+  std::map<std::string, std::shared_ptr<RegionRelease>> closing_;
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   std::map<std::string, v1::StateChunk> snapshot_headers_;  // job id -> header
   std::map<std::string, std::vector<std::vector<float>>> snapshot_momentum_;

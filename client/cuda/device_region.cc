@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
+#include <string>
 #include <utility>
 
 #include "kernels/cuda/check.h"
@@ -35,9 +37,17 @@ absl::StatusOr<std::unique_ptr<DeviceRegion>> DeviceRegion::Allocate(
 }
 
 DeviceRegion::~DeviceRegion() {
-  if (event_ != nullptr)
-    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
-  if (base_ != nullptr) (void)cudaFree(base_);
+  const absl::Status st = FreeWhenReleased(*gate_, [&] {
+    if (event_ != nullptr)
+      (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+    if (base_ != nullptr) (void)cudaFree(base_);
+    return absl::OkStatus();
+  });
+  if (!st.ok()) {
+    std::fprintf(stderr, "dmuon: DeviceRegion of %llu bytes on cuda:%d: %s\n",
+                 static_cast<unsigned long long>(layout_.total_bytes), device_,
+                 std::string(st.message()).c_str());
+  }
 }
 
 float* DeviceRegion::gradient(int i) const {
@@ -78,9 +88,14 @@ absl::StatusOr<CudaIpcSession> OpenCudaIpcSession(Client& client,
   if (!region.ok()) return region.status();
   out.region = std::move(*region);
   spec.cuda_ipc = out.region->cuda_ipc();
+  const std::shared_ptr<ReleaseGate>& gate = out.region->gate();
+  gate->Exported();
   auto session = client.OpenSession(spec);
-  if (!session.ok()) return session.status();
-  out.session = std::move(*session);
+  if (!session.ok()) {
+    gate->OpenFailed(session.status());
+    return session.status();
+  }
+  out.session = GuardSession(std::move(*session), gate);
   return out;
 }
 

@@ -10,6 +10,9 @@
 //     s->session->GradientsReady(ids);
 //     ... s->session->WaitUpdate(i) / NextAnnounced(); read
 //     s->region->update(i); s->session->FinishStep();
+//   at the end: destroy s (or s->session, then s->region): the session is
+//     closed first and the memory freed only once the daemon confirmed it
+//     released the region (release_gate.h).
 //
 // nccl_peer.h adds the communicator for kNccl. No CUDA type appears in
 // these headers (streams and events are void*).
@@ -23,12 +26,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "client/cuda/release_gate.h"
 
 namespace dmuon::gpu {
 
 // A session's region in this process's GPU memory, laid out by a
-// RegionLayout (Client::ComputeRegionLayout). Freed on destruction: destroy
-// it only after the session is closed. Thread-compatible.
+// RegionLayout (Client::ComputeRegionLayout). Freed on destruction, when
+// gate() allows it: an exported region whose cuda_ipc session has not been
+// closed with the daemon's confirmation that it released the region is kept
+// instead (the driver frees it at process exit) and the reason printed to
+// stderr, so the daemon never maps freed memory. OpenCudaIpcSession wires
+// the gate to the session. Thread-compatible.
 class DeviceRegion {
  public:
   // `layout.total_bytes` of zeroed device memory on the current CUDA device.
@@ -43,6 +51,9 @@ class DeviceRegion {
   const RegionLayout& layout() const { return layout_; }
   // For SessionSpec::cuda_ipc; empty unless exported.
   const CudaIpcRegion& cuda_ipc() const { return export_; }
+  // Whether the memory may be freed (release_gate.h); shared with the
+  // session opened over it.
+  const std::shared_ptr<ReleaseGate>& gate() const { return gate_; }
   int device() const { return device_; }  // CUDA ordinal
 
   // Parameter i's slots (device pointers, fp32, this rank's view); null for
@@ -65,9 +76,12 @@ class DeviceRegion {
   void* base_ = nullptr;
   void* event_ = nullptr;  // cudaEvent_t, interprocess; exported regions
   CudaIpcRegion export_;
+  const std::shared_ptr<ReleaseGate> gate_ = std::make_shared<ReleaseGate>();
 };
 
-// A kCudaIpc session and its region. Members are destroyed session first.
+// A kCudaIpc session and its region. Members are destroyed session first:
+// the session (guarded, release_gate.h) closes and records whether the
+// daemon released the region, then the region is freed if it did.
 struct CudaIpcSession {
   std::unique_ptr<DeviceRegion> region;
   std::unique_ptr<Session> session;
@@ -75,7 +89,8 @@ struct CudaIpcSession {
 
 // Lays out `spec`, allocates and exports its region on the current device
 // and opens the session over kCudaIpc (spec.transport and spec.cuda_ipc are
-// set here).
+// set here). The session is GuardSession's: its Close() (or destruction)
+// tells the region's gate whether the daemon released the region.
 absl::StatusOr<CudaIpcSession> OpenCudaIpcSession(Client& client,
                                                   SessionSpec spec);
 

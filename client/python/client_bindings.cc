@@ -428,6 +428,13 @@ void RegisterClient(py::module_& m) {
       .def_property_readonly("step", [](PySession& s) { return s.s().step(); })
       .def_property_readonly("transport",
                              [](PySession& s) { return s.s().transport(); })
+      .def_property_readonly(
+          "region_released",
+          [](PySession& s) { return s.s().region_released(); },
+          "After close(): whether dmuond confirmed it released the "
+          "session's region (no computation uses it, its mapping is "
+          "closed). A cuda_ipc client frees the GPU memory it exported only "
+          "then.")
       .def(
           "layout", [](PySession& s) { return LayoutToDict(s.s().layout()); },
           "The region layout the daemon answered (as region_layout()).")

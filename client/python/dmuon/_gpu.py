@@ -20,6 +20,13 @@ uint8 tensor through __cuda_array_interface__:
     declared, the updates are received in the order dmuond announces them
     (one ncclRecv group per announcement: transport/nccl.h's order).
 
+The end keeps an order (_session.release): the session is closed first, and
+cuda_ipc memory is freed only once dmuond confirmed it released the region
+(Session.region_released: no computation uses it, the IPC mapping is
+closed), or once the private daemon that mapped it has exited. Otherwise it
+is kept (Region.keep; the driver frees it when the process exits) rather
+than freed under the daemon's mapping.
+
 CUDA and NCCL are reached through ctypes on the libraries torch itself
 loaded (libcudart, libnccl), so the extension links neither. Nothing here
 runs without a GPU; the logic around it (what is exported, when events are
@@ -142,9 +149,13 @@ class Region:
     """What DMuon needs of a session's region, whatever moves it:
     grad[i] / upd[i] tensors; export() before OpenSession (cuda_ipc);
     join(session, rank) after it (nccl); handed(ids) after writing gradients
-    and before declaring them; receive(ids) per announcement (nccl)."""
+    and before declaring them; receive(ids) per announcement (nccl); at the
+    end close() (free it) or, when the daemon may still map it, keep(why).
+    mapped_by_daemon: the daemon maps this memory (cuda_ipc), so it is freed
+    only after the daemon released the session's region."""
 
     kind = None
+    mapped_by_daemon = False
     grad = upd = ()
 
     def export(self):
@@ -162,6 +173,10 @@ class Region:
     def close(self):
         pass
 
+    def keep(self, why):
+        """Drops the views but not the memory (the daemon may still map it)."""
+        self.grad = self.upd = ()
+
 
 class _GpuRegion(Region):
     """The region in this process's GPU memory, as slot views."""
@@ -176,9 +191,23 @@ class _GpuRegion(Region):
         self.grad = self.upd = ()
         self.buf.free()
 
+    def keep(self, why):
+        import warnings
+
+        self.grad = self.upd = ()
+        _kept.append(self.buf)  # never freed: released with the process
+        self.buf = None
+        warnings.warn(f"DMuon: {self.bytes} bytes of {self.kind} GPU memory kept "
+                      f"until the process exits, not freed: {why}", RuntimeWarning,
+                      stacklevel=2)
+
+
+_kept = []  # GPU buffers a daemon may still map (Region.keep)
+
 
 class CudaIpcRegion(_GpuRegion):
     kind = "cuda_ipc"
+    mapped_by_daemon = True
 
     def __init__(self, layout, device):
         super().__init__(layout, device)

@@ -55,6 +55,7 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
         return host(kind)
     layout = _ext.region_layout(table, rank=rank, world_size=world)
     region = _gpu.new_region(kind, layout, device)
+    session = None
     try:
         session = client.open_session(job_id, table, groups, rank=rank,
                                       world_size=world, transport=kind,
@@ -62,13 +63,19 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
         region.join(session, rank)
         return session, region, None
     except _ext.Error as e:
-        region.close()
+        if session is None:
+            release([], region, open_error=e)
+        else:
+            release([session], region)
         if transport != "auto" or getattr(e, "code", "") != "UNIMPLEMENTED":
             raise
         return host("auto", f"CUDA tensors staged through host memory: dmuond at "
                             f"{address} offers no {kind} transport")
-    except BaseException:
-        region.close()
+    except BaseException as e:
+        if session is None:
+            release([], region, open_error=e)
+        else:
+            release([session], region)
         raise
 
 
@@ -128,9 +135,7 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
         report = None if err is None else f"{type(err).__name__}: {err}"
         bad = [(r, m) for r, m in enumerate(_ddp.gather(report, pg, world)) if m]
         if bad and err is None:
-            session.close()
-            if region is not None:
-                region.close()
+            daemon = release([session], region, daemon)
             err = _ext.FailedPreconditionError(
                 f"DMuon: rank {bad[0][0]} of job '{job_id}' could not open its "
                 f"dmuond session: {bad[0][1]}")
@@ -141,17 +146,50 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
     return session, region, note, daemon, address, job_id, owner
 
 
-def close(holder, daemon, region=None):
-    """Closes the session `holder` holds, frees its GPU region, then stops the
-    private daemon."""
+# OpenSession failures after which the daemon may have opened the session
+# (and mapped a cuda_ipc region) without answering.
+_UNANSWERED = ("DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN")
+
+
+def release(holder, region, daemon=None, open_error=None):
+    """Ends a session in order: closes the session `holder` holds (a list it
+    empties), then frees its GPU region. Memory the daemon maps (cuda_ipc) is
+    freed only once the daemon confirmed it released the region
+    (Session.region_released: no computation uses it, the IPC mapping is
+    closed), or once `daemon` (the private one, which mapped it) has exited;
+    otherwise it is kept (Region.keep). open_error: OpenSession failed with it
+    (no session): the daemon answered, so it maps nothing, unless it did not
+    answer (_UNANSWERED). Returns `daemon` if it is still running."""
+    released, why = True, None
     while holder:
         session = holder.pop()
         try:
             session.close()
-        except Exception:  # noqa: BLE001 - the daemon may be gone already
-            pass
+            released = session.region_released
+            why = None if released else (
+                "dmuond did not confirm that it released the region (a step "
+                "computation still used it when its wait ran out)")
+        except Exception as e:  # noqa: BLE001 - the daemon may be gone already
+            released, why = False, f"closing the session failed ({e})"
         del session
-    if region is not None:
+    if open_error is not None and getattr(open_error, "code", None) in _UNANSWERED:
+        released, why = False, (f"OpenSession ended without dmuond's answer "
+                                f"({open_error}): it may have mapped the region")
+    if region is None:
+        return daemon
+    if not released and region.mapped_by_daemon and daemon is not None:
+        daemon.stop()  # its mapping ends with it
+        daemon, released = None, True
+    if released or not region.mapped_by_daemon:
         region.close()
+    else:
+        region.keep(why)
+    return daemon
+
+
+def close(holder, daemon, region=None):
+    """Closes the session `holder` holds, frees its GPU region in the order
+    release() keeps, then stops the private daemon."""
+    daemon = release(holder, region, daemon)
     if daemon is not None:
         daemon.stop()

@@ -206,8 +206,10 @@ class DMuon(torch.optim.Optimizer):
                          for i in range(n)]
         self._opened = _groups.specs(self.param_groups, self._group_of)
         # The finalizer owns the session through a list: close() empties it so
-        # the channel is gone before the private daemon is told to stop (and
-        # before the GPU region the daemon may still map is freed).
+        # the channel is gone before the private daemon is told to stop; the
+        # GPU region is freed only after the daemon released it
+        # (_session.release: closed with region_released, or the private
+        # daemon exited).
         self._finalizer = weakref.finalize(self, _session.close, [session], self._daemon,
                                            self._region)
 

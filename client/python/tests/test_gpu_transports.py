@@ -88,6 +88,17 @@ def fake_gpu_dmuond():
     return path
 
 
+def released_line(daemon, seg_name):
+    """fake_gpu_dmuond's log line for the release of the cuda_ipc region in
+    shm segment `seg_name` (None before the release): it closed its mapping,
+    and says whether the client's segment was still there then."""
+    with open(daemon.log_path, errors="replace") as f:
+        for line in f:
+            if f"released cuda_ipc region shm:/{seg_name};" in line:
+                return line.strip()
+    return None
+
+
 def test_cuda_ipc_step_on_the_fake_gpu_daemon():
     d = dmuon.LocalDaemon(binary=fake_gpu_dmuond(), stop_grace=1.0)
     params = [("a", 40, 24), ("b", 24, 40), ("c", 32, 32)]
@@ -130,7 +141,13 @@ def test_cuda_ipc_step_on_the_fake_gpu_daemon():
                 want = newton_schulz(0.05 * g + 0.95 * m) * lr_scale(r, c_, None)
                 got = torch.from_numpy(view(layout["slots"][i], "update_offset").copy())
                 assert ((got - want).norm() / want.norm()).item() < 1e-4, (step, i)
+        assert not s.region_released
+        assert released_line(d, seg.name) is None  # mapped while open
+        # close() answers once the daemon released the region: the segment
+        # (the "GPU memory") is still there when it does.
         s.close()
+        assert s.region_released
+        assert "segment is still there" in released_line(d, seg.name)
     finally:
         seg.close()
         seg.unlink()
@@ -144,14 +161,17 @@ class ShmRegion(_gpu.Region):
     order DMuon follows: copy, then handed(), then declare."""
 
     kind = "cuda_ipc"
+    mapped_by_daemon = True
     made = []
+    daemon = None  # the fake_gpu_dmuond, whose log says when it released us
 
     def __init__(self, layout, device):
         self.layout = layout
         self.seg = shared_memory.SharedMemory(create=True, size=layout["total_bytes"])
         flat = torch.frombuffer(self.seg.buf, dtype=torch.uint8)
         self.grad, self.upd = _gpu._views(flat, layout)
-        self.handed_ids, self.closed = [], False
+        self.handed_ids, self.closed, self.kept = [], False, None
+        self.released_before_free = None
         ShmRegion.made.append(self)
 
     def export(self):
@@ -162,12 +182,19 @@ class ShmRegion(_gpu.Region):
     def handed(self, ids):
         self.handed_ids += ids
 
-    def close(self):
+    def close(self):  # frees the "GPU memory"
         if not self.closed:
             self.closed = True
+            self.released_before_free = released_line(self.daemon, self.seg.name) is not None
             self.grad = self.upd = None
             self.seg.close()
             self.seg.unlink()
+
+    def keep(self, why):  # kept, as CudaIpcRegion would be (unlinked anyway here)
+        self.kept = why
+        self.grad = self.upd = None
+        self.seg.close()
+        self.seg.unlink()
 
 
 def test_dmuon_over_cuda_ipc_matches_the_reference(monkeypatch):
@@ -184,6 +211,7 @@ def test_dmuon_over_cuda_ipc_matches_the_reference(monkeypatch):
     monkeypatch.setattr(_gpu, "choose", lambda transport, device, address: "cuda_ipc")
     ShmRegion.made = []
     d = dmuon.LocalDaemon(binary=fake_gpu_dmuond(), stop_grace=1.0)
+    ShmRegion.daemon = d
     try:
         torch.manual_seed(0)
         ref_model = TinyLM()
@@ -204,10 +232,39 @@ def test_dmuon_over_cuda_ipc_matches_the_reference(monkeypatch):
         assert sorted(region.handed_ids) == sorted(list(range(n)) * 6)
         assert max_rel_err(dm_model, ref_model) < 1e-5
         assert max(abs(a - b) / abs(b) for a, b in zip(dm_l, ref_l)) < 1e-5
+        # The end in order: the session closes, the daemon releases the region
+        # (its mapping of the "GPU memory"), and only then is the memory freed.
         opt.close()
-        assert region.closed
+        assert region.closed and region.kept is None
+        assert region.released_before_free, "freed before dmuond released the region"
+        assert "segment is still there" in released_line(d, region.seg.name)
     finally:
         d.stop()
+
+
+def test_dmuon_keeps_cuda_ipc_memory_the_daemon_did_not_release(monkeypatch):
+    """A daemon that cannot confirm the release (gone when DMuon closes; not a
+    private one, whose exit DMuon could wait for): the memory is kept, not
+    freed under a mapping that may still exist."""
+    from dmuon.torch import DMuon
+    from helpers import TinyLM
+
+    monkeypatch.setattr(_gpu, "new_region",
+                        lambda kind, layout, device: ShmRegion(layout, device))
+    monkeypatch.setattr(_gpu, "choose", lambda transport, device, address: "cuda_ipc")
+    ShmRegion.made = []
+    d = dmuon.LocalDaemon(binary=fake_gpu_dmuond(), stop_grace=1.0)
+    ShmRegion.daemon = d
+    try:
+        model = TinyLM()
+        opt = DMuon(model, server=d.address, adamw=[model.head], transport="cuda_ipc",
+                    timeout=5)
+        (region,) = ShmRegion.made
+    finally:
+        d.stop()
+    opt.close()
+    assert not region.closed
+    assert "closing the session failed" in region.kept
 
 
 def test_gpu_transport_with_cpu_tensors_is_refused(daemon):
