@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/cuda/accuracy.h"
+
 namespace dmuon::kernels::cuda {
 namespace {
 
@@ -17,12 +19,21 @@ TEST(AutotuneCuda, MeasuresBothMethodsAndPicksAnAccurateOne) {
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   CudaNsOptions o;
   o.compute = DType::kF16;
-  auto measure = CudaMeasure(ctx->get(), {256, 1024}, 4, o, 3);
+  const Shape shape{256, 1024};
+  auto measure = CudaMeasure(ctx->get(), shape, 4, o, 3);
   for (Method m : {Method::kDirect, Method::kGram}) {
     auto got = measure(m);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_GT(got->seconds, 0);
-    EXPECT_LT(got->error, 2e-2) << MethodName(m);
+    // The measured error is against the CPU fp32 direct path on the fp32
+    // input the device holds rounded to fp16: accuracy.h's bound with that
+    // input rounding (direct 8.4e-3, Gram 2.4e-2; emulated on the same
+    // input by emulated_precision_test: 1.4e-3 and 1.6e-3).
+    CudaNsOptions om = o;
+    om.ns.method = m;
+    EXPECT_LE(got->error,
+              accuracy::ErrorBound(shape, om, DType::kF16, DType::kF16))
+        << MethodName(m);
   }
   Autotuner tuner("");
   TuneKey key;

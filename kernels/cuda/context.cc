@@ -12,29 +12,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/cost_model.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/context_impl.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/ns_kernels.h"
 #include "kernels/cuda/plan.h"
 #include "kernels/cuda/plan_logic.h"
+#include "kernels/cuda/resolve_logic.h"
 
 namespace dmuon::kernels::cuda {
-
-std::string_view DTypeName(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-  }
-  return "invalid";
-}
-
-size_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 absl::StatusOr<int> DeviceCount() {
   int count = 0;
@@ -167,24 +153,13 @@ absl::Status ContextImpl::Orthogonalize(const DeviceBatch& in,
     return absl::InvalidArgumentError(absl::StrCat(
         "out.batch ", out.batch, " differs from in.batch ", in.batch));
   }
-  Method method = options.ns.method;
-  if (method == Method::kAuto) method = CheapestMethod(in.shape, options.ns);
-
-  plan::PlanSpec spec;
-  spec.rows = in.shape.rows;
-  spec.cols = in.shape.cols;
-  spec.batch = in.batch;
-  spec.algo = method == Method::kGram ? plan::Algo::kGram : plan::Algo::kDirect;
-  for (const StepCoefficients& s : options.ns.schedule.steps) {
-    spec.steps.push_back({s.a, s.b, s.c});
-  }
-  spec.norm_safety = options.ns.schedule.norm_safety;
-  spec.eps = options.ns.eps;
-  spec.gram_restart_after = options.ns.gram_restart_after;
-  spec.symmetric = options.symmetric;
+  // kAuto resolved by the cost model; Gram computes in fp16 where bf16 was
+  // asked for (resolve_logic.h says why).
+  const ResolvedNs resolved = ResolveNs(in.shape, options);
+  const plan::PlanSpec spec = MakePlanSpec(in.shape, in.batch, options);
 
   DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  auto plan = GetPlan(spec, in.dtype, out.dtype, options.compute);
+  auto plan = GetPlan(spec, in.dtype, out.dtype, resolved.compute);
   if (!plan.ok()) return plan.status();
   // `in` is read only by the first two operations and `out` written only by
   // the last, so in and out may overlap.

@@ -1,9 +1,12 @@
-// dmuon kernels, CUDA implementation (built only with --config=cuda).
+// dmuon kernels, CUDA implementation (the Context is built only with
+// --config=cuda; this header's dtypes and options build everywhere, with
+// resolve_logic.h, which decides what a call runs).
 //
 // Newton–Schulz on device buffers in bf16, fp16 or fp32, with the semantics
 // of the CPU implementation (kernels/kernels.h), which is its oracle:
-//   - products through cuBLASLt in the compute dtype (bf16 or fp16) with fp32
-//     accumulation; the normalization (Frobenius norm) in fp32;
+//   - products through cuBLASLt in the compute dtype (bf16 or fp16; Gram in
+//     fp16, see CudaNsOptions::compute) with fp32 accumulation; the
+//     normalization (Frobenius norm) in fp32;
 //   - symmetric products (X X^T, A A, and every m x m product in Gram mode)
 //     compute only the row panels of the upper triangle (kernels/tiling.h)
 //     and a mirror kernel fills the lower one;
@@ -53,7 +56,10 @@ struct CudaNsOptions {
   NsOptions ns;
   // Dtype of the iterates and of every product's inputs and outputs
   // (accumulation is always fp32). kF32 runs fp32 products (a slow
-  // reference path). Gram is published stable in fp16, not bf16.
+  // reference path). Whenever the method resolves to Gram (kGram, or kAuto
+  // choosing it) bf16 is replaced by fp16: Gram squares the condition
+  // number and needs fp16's 3 more mantissa bits (kernels/cuda/
+  // resolve_logic.h, ResolveNs).
   DType compute = DType::kBF16;
   bool symmetric = true;   // triangle-only products where results are symmetric
   bool use_graphs = true;  // capture and replay a CUDA graph per plan

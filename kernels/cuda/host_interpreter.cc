@@ -1,5 +1,6 @@
 #include "kernels/cuda/host_interpreter.h"
 
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,9 +19,31 @@ std::vector<Coefficients> YouCoefficients() {
           {2.8366, -3.0525, 1.2012}};
 }
 
+double RoundTo(double v, Format f) {
+  if (f == Format::kF64 || !std::isfinite(v) || v == 0) return v;
+  if (f == Format::kF32) return static_cast<double>(static_cast<float>(v));
+  // Significant bits (with the implicit one), the exponent of the smallest
+  // normal number, the largest finite value.
+  const bool bf16 = f == Format::kBF16;
+  const int digits = bf16 ? 8 : 11;
+  const int min_exp = bf16 ? -126 : -14;
+  const double max = bf16 ? std::ldexp(2.0 - std::ldexp(1.0, -7), 127) : 65504;
+  int e = 0;
+  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
+  // Spacing of the representable numbers around v; below the smallest
+  // normal it stays that of the subnormals.
+  const double quantum = std::ldexp(1.0, std::max(e - 1, min_exp) - digits + 1);
+  const double r = std::nearbyint(v / quantum) * quantum;  // ties to even
+  return std::fabs(r) > max
+             ? std::copysign(std::numeric_limits<double>::infinity(), v)
+             : r;
+}
+
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double F32(double v) { return RoundTo(v, Format::kF32); }
 
 Matrix MatMul(const Matrix& a, const Matrix& b, int64_t r, int64_t k,
               int64_t c) {
@@ -61,13 +84,16 @@ Matrix ReferenceNs(const Matrix& g, int64_t rows, int64_t cols,
   return tall ? Transpose(x, m, n) : x;
 }
 
-HostExecutor::HostExecutor(const PlanSpec& spec, const Matrix& input)
-    : spec_(spec) {
+HostExecutor::HostExecutor(const PlanSpec& spec, const Matrix& input,
+                           Precision precision)
+    : spec_(spec), precision_(precision) {
   for (int b = 0; b < static_cast<int>(Buf::kCount); ++b) {
     bufs_[b].assign(spec.batch * BufferElements(spec, static_cast<Buf>(b)),
                     kNaN);
   }
-  bufs_[static_cast<int>(Buf::kIn)] = input;
+  Matrix& in = bufs_[static_cast<int>(Buf::kIn)];
+  in = input;
+  for (double& v : in) v = RoundTo(v, precision.in);
 }
 
 void HostExecutor::Run(const OpList& list) {
@@ -103,7 +129,8 @@ void HostExecutor::Norm(const Op& op) {
     double s = 0;
     for (int64_t i = 0; i < e; ++i)
       s += B(op.src)[t * e + i] * B(op.src)[t * e + i];
-    norms_[t] = std::sqrt(s);
+    // The device sums squares in fp64 and stores the norm in fp32.
+    norms_[t] = precision_.exact() ? std::sqrt(s) : F32(std::sqrt(s));
   }
 }
 
@@ -118,6 +145,7 @@ void HostExecutor::Convert(Buf src, Buf dst, bool normalize, double safety,
       ASSERT_EQ(norms_.size(), static_cast<size_t>(spec_.batch))
           << "normalize before norm";
       scale = std::max(norms_[t] * safety, eps);
+      if (!precision_.exact()) scale = F32(scale);  // an fp32 divisor
     }
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < cols; ++j) {
@@ -125,9 +153,11 @@ void HostExecutor::Convert(Buf src, Buf dst, bool normalize, double safety,
         // when the input is tall.
         const int64_t io = i * cols + j, xo = spec_.tall() ? j * rows + i : io;
         if (normalize) {
-          B(dst)[t * e + xo] = B(src)[t * e + io] / scale;
+          const double v = B(src)[t * e + io] / scale;
+          B(dst)[t * e + xo] =
+              precision_.exact() ? v : RoundTo(F32(v), precision_.compute);
         } else {
-          B(dst)[t * e + io] = B(src)[t * e + xo];
+          B(dst)[t * e + io] = RoundTo(B(src)[t * e + xo], precision_.out);
         }
       }
     }
@@ -158,6 +188,10 @@ void HostExecutor::RunGemm(const Gemm& g) {
   if (g.c.buf == g.d.buf) {
     ASSERT_EQ(g.c.offset, g.d.offset);
   }
+  if (!precision_.exact()) {
+    EmulatedGemm(g);
+    return;
+  }
   const Matrix& a = B(g.a.buf);
   const Matrix& b = B(g.b.buf);
   const Matrix& c = B(g.c.buf);
@@ -187,6 +221,45 @@ void HostExecutor::RunGemm(const Gemm& g) {
   }
 }
 
+// cuBLASLt with CUBLAS_COMPUTE_32F: fp32 products, sums, alpha and beta;
+// every element of D rounded once to the compute dtype. The operands hold
+// compute-dtype values, which fp32 represents exactly.
+void HostExecutor::EmulatedGemm(const Gemm& g) {
+  auto to_float = [](const Matrix& m, int64_t begin, int64_t n) {
+    std::vector<float> f(n);
+    for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(m[begin + i]);
+    return f;
+  };
+  const int64_t ea = BufferElements(spec_, g.a.buf);
+  const int64_t eb = BufferElements(spec_, g.b.buf);
+  const int64_t ed = BufferElements(spec_, g.d.buf);
+  Matrix& d = B(g.d.buf);
+  for (int64_t t = 0; t < g.batch; ++t) {
+    const std::vector<float> fa = to_float(B(g.a.buf), t * ea, ea);
+    const std::vector<float> fb = to_float(B(g.b.buf), t * eb, eb);
+    std::vector<float> fd(ed, 0.0f);  // D's region is zero when beta == 0
+    if (g.beta != 0) {
+      const Matrix& c = B(g.c.buf);
+      for (int64_t j = 0; j < g.n; ++j)
+        for (int64_t i = 0; i < g.m; ++i)
+          fd[g.d.offset + i + j * g.d.ld] = static_cast<float>(
+              c[t * g.c.stride + g.c.offset + i + j * g.c.ld]);
+    }
+    cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                g.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+                static_cast<int>(g.n), static_cast<int>(g.k),
+                static_cast<float>(g.alpha), fa.data() + g.a.offset,
+                static_cast<int>(g.a.ld), fb.data() + g.b.offset,
+                static_cast<int>(g.b.ld), static_cast<float>(g.beta),
+                fd.data() + g.d.offset, static_cast<int>(g.d.ld));
+    for (int64_t j = 0; j < g.n; ++j)
+      for (int64_t i = 0; i < g.m; ++i) {
+        const int64_t o = g.d.offset + i + j * g.d.ld;
+        d[t * ed + o] = RoundTo(fd[o], precision_.compute);
+      }
+  }
+}
+
 void HostExecutor::Mirror(Buf buf) {
   const int64_t m = spec_.m();
   for (int64_t t = 0; t < spec_.batch; ++t) {
@@ -202,7 +275,12 @@ void HostExecutor::AddDiag(Buf src, Buf dst, double value) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < m; ++j) {
         const int64_t o = t * m * m + i * m + j;
-        B(dst)[o] = B(src)[o] + (i == j ? value : 0.0);
+        if (precision_.exact()) {
+          B(dst)[o] = B(src)[o] + (i == j ? value : 0.0);
+        } else {  // fp32 sum with an fp32 value, stored in the compute dtype
+          B(dst)[o] = RoundTo(
+              F32(B(src)[o] + (i == j ? F32(value) : 0.0)), precision_.compute);
+        }
       }
     }
   }
@@ -238,6 +316,13 @@ double RunPlan(const PlanSpec& spec, const OpList& ops, const Matrix& input) {
   HostExecutor ex(spec, input);
   ex.Run(ops);
   return BatchError(spec, input, ex.buffer(Buf::kOut));
+}
+
+Matrix RunEmulated(const PlanSpec& spec, const OpList& ops,
+                   const Matrix& input, Precision precision) {
+  HostExecutor ex(spec, input, precision);
+  ex.Run(ops);
+  return ex.buffer(Buf::kOut);
 }
 
 }  // namespace dmuon::kernels::cuda::plan

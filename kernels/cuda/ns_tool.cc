@@ -8,8 +8,9 @@
 //
 // FILE holds batch x rows x cols little-endian fp32 values, row-major. The
 // input is uploaded as --io_dtype (default f32), orthogonalized with
-// products in --dtype (default bf16), and the output downloaded and written
-// as fp32. With --repeat N > 1 the call is timed N more times (after the
+// products in --dtype (default bf16; Gram, asked or chosen by auto, computes
+// in fp16 when bf16 is asked: CudaNsOptions::compute), and the output
+// downloaded and written as fp32. With --repeat N > 1 the call is timed N more times (after the
 // first) and the median per call printed. Exit status 0 on success, 1 on
 // any error (with the message on stderr), 2 for bad usage.
 
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/resolve_logic.h"
 #include "kernels/kernels.h"
 
 namespace {
@@ -177,12 +179,15 @@ int main(int argc, char** argv) {
   }
   std::fclose(f);
   std::sort(ms.begin(), ms.end());
+  const cu::ResolvedNs ran = cu::ResolveNs(shape, o);  // what was run
   std::printf(
-      "ns_tool: %s %lldx%lld batch %lld method %s dtype %s io %s steps %lld "
-      "schedule %s: median %.3f ms over %zu call(s)\n",
+      "ns_tool: %s %lldx%lld batch %lld method %s (ran %s) dtype %s (ran %s) "
+      "io %s steps %lld schedule %s: median %.3f ms over %zu call(s)\n",
       c.DeviceDescription().c_str(), rows, cols, batch, flags["method"].c_str(),
-      flags["dtype"].c_str(), flags["io_dtype"].c_str(), steps,
-      flags["schedule"].c_str(), ms[ms.size() / 2], ms.size());
+      std::string(k::MethodName(ran.method)).c_str(), flags["dtype"].c_str(),
+      std::string(cu::DTypeName(ran.compute)).c_str(),
+      flags["io_dtype"].c_str(), steps, flags["schedule"].c_str(),
+      ms[ms.size() / 2], ms.size());
   (void)c.Free(*in);
   (void)c.Free(*out);
   return 0;

@@ -1,0 +1,81 @@
+#include "kernels/cuda/accuracy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "kernels/cuda/resolve_logic.h"
+
+namespace dmuon::kernels::cuda::accuracy {
+
+double UnitRoundoff(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return std::ldexp(1.0, -24);
+    case DType::kBF16:
+      return std::ldexp(1.0, -8);
+    case DType::kF16:
+      return std::ldexp(1.0, -11);
+  }
+  return 1;
+}
+
+int Roundings(const plan::OpList& ops) {
+  int n = 0;
+  for (const plan::Op& op : ops.ops) {
+    switch (op.kind) {
+      case plan::OpKind::kNormalize:
+      case plan::OpKind::kAddDiag:
+        ++n;
+        break;
+      case plan::OpKind::kGemm:
+        // One per product: a dense product, or the first panel of a
+        // triangle-only one (the only panel whose D starts at element 0).
+        if (op.gemm.d.offset == 0) ++n;
+        break;
+      default:
+        break;
+    }
+  }
+  return n;
+}
+
+double ErrorBound(Shape shape, const CudaNsOptions& options, DType out,
+                  DType input_rounding) {
+  const ResolvedNs r = ResolveNs(shape, options);
+  const int n_round = Roundings(plan::BuildOps(MakePlanSpec(shape, 1, options)));
+  const double u = UnitRoundoff(r.compute), u32 = UnitRoundoff(DType::kF32);
+  const double f = r.method == Method::kGram ? 2 : 1;
+  double bound = f * n_round * u +
+                 2 * n_round * std::sqrt(static_cast<double>(shape.n())) * u32;
+  if (UnitRoundoff(out) > u) bound += UnitRoundoff(out);
+  if (input_rounding != DType::kF32) bound += UnitRoundoff(input_rounding);
+  return bound;
+}
+
+const std::vector<Shape>& MatchesCpuShapes() {
+  static const std::vector<Shape>* shapes = new std::vector<Shape>{
+      {64, 64}, {96, 256},   {256, 96},  {1, 300},
+      {300, 1}, {127, 1000}, {640, 1280}};  // 640: two triangle panels
+  return *shapes;
+}
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double RelError(const float* got, const float* want, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double diff = double(got[i]) - double(want[i]);
+    num += diff * diff;
+    den += double(want[i]) * double(want[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace dmuon::kernels::cuda::accuracy
