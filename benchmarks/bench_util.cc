@@ -67,6 +67,18 @@ void PrintTable(const std::vector<Row>& rows) {
   std::fflush(stdout);
 }
 
+void FillRandom(uint64_t seed, absl::Span<float> out) {
+  uint64_t x = seed;
+  for (float& v : out) {
+    // splitmix64, the top 24 bits as a float in [-1, 1)
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    v = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  }
+}
+
 absl::Status WriteJson(const std::string& path, const std::string& name,
                        const nlohmann::json& machine,
                        const std::string& command,

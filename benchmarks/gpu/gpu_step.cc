@@ -9,10 +9,19 @@
 //           every update and the final momentum compared with the CPU fp32
 //           path (bf16 tolerance);
 //   bench:  gpu_step --dmuond=bin/dmuond_cuda --table=llama3-8b.json
-//   --check=false
-//           each step timed against the flop floor: the NS flops of the
-//           method used over the bf16 GEMM rate measured in the same run.
-// Without a GPU it prints why and exits 0 (nothing to run).
+//           --check=false --methods=auto,direct
+//           each method a job of its own on the same daemon, each step
+//           timed against its flop floor: the NS flops of the methods the
+//           daemon runs (method "auto": the cost model's choice per shape,
+//           as dmuond_cuda resolves it without --autotune-cache) over the
+//           bf16 GEMM rate measured in the same run on random operands.
+// Gradients: random values uploaded once to the GPU and tiled into the
+// region on the device each step (the bench); the smoke's come from the
+// host, as the CPU reference needs them there. The --out JSON is rewritten
+// after every step and every pass, failed ones included ("error"), so a
+// crash or a timeout keeps what was measured; "done" is true once the run
+// ended. stdout is line-buffered. Without a GPU it prints SKIP and exits 0
+// (run.sh's probe decides whether that may happen).
 
 #include <cuda_runtime_api.h>
 #include <grpcpp/grpcpp.h>
@@ -33,6 +42,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "benchmarks/bench_util.h"
 #include "benchmarks/gpu/gpu_tool.h"
 #include "client/client.h"
 #include "client/cuda/device_region.h"
@@ -49,7 +59,12 @@ ABSL_FLAG(std::string, shapes, "", "RxC[*count],... (instead of --table)");
 ABSL_FLAG(std::string, table, "",
           "JSON with muon_matrices[].shape, or a model_shapes.json (--model)");
 ABSL_FLAG(std::string, model, "llama-3-8b", "the model of a model_shapes.json");
-ABSL_FLAG(int, steps, 3, "steps (the first is a warm-up in the timings)");
+ABSL_FLAG(int, steps, 5,
+          "timed steps per pass (odd: the median is then one of them)");
+ABSL_FLAG(int, warmup, 1, "untimed steps before them (the first allocates)");
+ABSL_FLAG(std::string, methods, "direct",
+          "comma-separated NS methods (direct|gram|auto), one cuda_ipc pass "
+          "each");
 ABSL_FLAG(bool, check, true, "compare with the CPU fp32 path");
 ABSL_FLAG(bool, shm, true, "also run the shm transport (with --check)");
 ABSL_FLAG(bool, nccl, true, "also run a one-rank NCCL job (with --check)");
@@ -97,10 +112,14 @@ absl::StatusOr<std::vector<Matrix>> Table() {
   return t;
 }
 
-// One rank of world 1, replicated matrices in table order, default Muon.
-SessionSpec Spec(const std::vector<Matrix>& t, const std::string& job_id) {
+// One rank of world 1, replicated matrices in table order, default Muon but
+// for the NS method.
+SessionSpec Spec(const std::vector<Matrix>& t, const std::string& job_id,
+                 const std::string& method) {
   SessionSpec spec;
   spec.job_id = job_id;
+  spec.groups.emplace_back();
+  spec.groups[0].method = method;
   for (size_t i = 0; i < t.size(); ++i) {
     ParamSpec p;
     p.name = t[i].name;
@@ -228,16 +247,114 @@ std::vector<float> Reference(const Matrix& m, const std::vector<float>& g,
   return u;
 }
 
-// Steps of `table` as one rank over `t`, gradients written on the GPU and
+// The --out JSON, rewritten whole (through a temporary and a rename, so a
+// reader never sees half a file) every time a figure is added.
+class Results {
+ public:
+  explicit Results(std::string path) : path_(std::move(path)) {}
+  nlohmann::json& operator*() { return j_; }
+  nlohmann::json* operator->() { return &j_; }
+  void Save() const {
+    if (path_.empty()) return;
+    const std::string tmp = path_ + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << j_.dump(1) << "\n";
+      if (!f) {
+        std::fprintf(stderr, "cannot write %s\n", tmp.c_str());
+        return;
+      }
+    }
+    if (std::rename(tmp.c_str(), path_.c_str()) != 0)
+      std::fprintf(stderr, "cannot write %s\n", path_.c_str());
+  }
+
+ private:
+  std::string path_;
+  nlohmann::json j_;
+};
+
+// The method the daemon runs for `m` under `method` ("auto": the cost
+// model's choice, as OptimizerService::TuneTable resolves it without an
+// autotuner).
+kernels::Method Resolved(const std::string& method, const Matrix& m) {
+  auto parsed = kernels::ParseMethod(method);
+  const kernels::NsOptions ns;
+  if (!parsed.ok() || *parsed == kernels::Method::kAuto)
+    return kernels::CheapestMethod(m.shape, ns);
+  return *parsed;
+}
+
+// The NS flops of `table` under `method` with triangle-only symmetric
+// products: what the floor counts.
+double NsFlops(const std::vector<Matrix>& table, const std::string& method) {
+  double flops = 0;
+  for (const Matrix& m : table)
+    flops += kernels::EstimateCost(Resolved(method, m), m.shape, {}, 0.5).flops;
+  return flops;
+}
+
+// Random gradients on the device: 64 MiB of random values uploaded once,
+// copied into every gradient slot (tiled, at an offset that changes with
+// the step and the matrix) on the legacy default stream. Filling 28 GB from
+// pageable host memory every step would cost seconds; this, milliseconds.
+class DeviceGradients {
+ public:
+  ~DeviceGradients() {
+    if (chunk_ != nullptr) cudaFree(chunk_);
+  }
+  absl::Status Init() {
+    std::vector<float> host(kChunk);
+    FillRandom(11, absl::MakeSpan(host));
+    for (float& x : host) x *= 1.7320508f;  // unit variance, as randn's
+    if (const cudaError_t e =
+            cudaMalloc(reinterpret_cast<void**>(&chunk_), kChunk * 4);
+        e != cudaSuccess)
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMalloc: ", cudaGetErrorString(e)));
+    if (const cudaError_t e =
+            cudaMemcpy(chunk_, host.data(), kChunk * 4, cudaMemcpyHostToDevice);
+        e != cudaSuccess)
+      return absl::InternalError(
+          absl::StrCat("cudaMemcpy: ", cudaGetErrorString(e)));
+    return absl::OkStatus();
+  }
+  // Gradient `i` of `n` elements at `dst` for step `step`.
+  absl::Status Fill(float* dst, int64_t n, int step, size_t i) const {
+    const int64_t half = kChunk / 2;
+    const int64_t off = (step * 7919 + static_cast<int64_t>(i) * 104729) % half;
+    for (int64_t k = 0; k < n; k += half) {
+      if (const cudaError_t e =
+              cudaMemcpyAsync(dst + k, chunk_ + off, std::min(n - k, half) * 4,
+                              cudaMemcpyDeviceToDevice, /*stream=*/0);
+          e != cudaSuccess)
+        return absl::InternalError(
+            absl::StrCat("cudaMemcpyAsync: ", cudaGetErrorString(e)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr int64_t kChunk = int64_t{1} << 24;  // floats
+  float* chunk_ = nullptr;
+};
+
+// Warm-up and timed steps of `table` as one rank, one job, NS method
+// `method`, over cuda_ipc (or nccl): gradients written on the GPU and
 // updates read back from it; with --check every update and the final
-// momentum against the CPU fp32 path. Writes its figures into `out` under
-// the transport's name; returns whether the checks passed.
+// momentum against the CPU fp32 path. Its figures go into `pass` (saved
+// through `results` after every step); returns whether the checks passed.
 absl::StatusOr<bool> GpuPass(const std::string& address,
                              const std::vector<Matrix>& table, bool nccl,
-                             double floor_s, nlohmann::json& out) {
+                             const std::string& method, double floor_s,
+                             nlohmann::json& pass, const Results& results) {
   const std::string name = nccl ? "nccl" : "cuda_ipc";
   const bool check = absl::GetFlag(FLAGS_check);
-  auto rank = GpuRank::Open(address, Spec(table, "gpu-step-" + name), nccl);
+  const int warmup = absl::GetFlag(FLAGS_warmup),
+            steps = absl::GetFlag(FLAGS_steps);
+  auto rank = GpuRank::Open(
+      address,
+      Spec(table, absl::StrCat("gpu-step-", name, "-", method), method), nccl);
   if (!rank.ok()) return rank.status();
   std::mt19937_64 rng(11);
   std::normal_distribution<float> nd;
@@ -246,46 +363,71 @@ absl::StatusOr<bool> GpuPass(const std::string& address,
     mom[i].assign(table[i].shape.elements(), 0.0f);
   std::vector<int> ids(table.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
-  std::vector<float> chunk(1 << 24);  // 64 MiB of random values, tiled
-  for (float& x : chunk) x = nd(rng);
-  std::vector<double> times;
+  DeviceGradients device_grads;
+  if (!check) {
+    if (auto st = device_grads.Init(); !st.ok()) return st;
+  }
+  std::vector<double> warm, times;
   double worst = 0;
-  for (int step = 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
+  for (int step = 1; step <= warmup + steps; ++step) {
     std::vector<std::vector<float>> grads(check ? table.size() : 0);
     for (size_t i = 0; i < table.size(); ++i) {
       const int64_t n = (*rank)->elements(i);
-      if (check) {
-        grads[i].resize(n);
-        for (float& x : grads[i]) x = nd(rng);
-        cudaMemcpy((*rank)->gradient(i), grads[i].data(), n * 4,
-                   cudaMemcpyHostToDevice);
+      if (!check) {
+        if (auto st = device_grads.Fill((*rank)->gradient(i), n, step, i);
+            !st.ok())
+          return st;
         continue;
       }
-      const int64_t half = static_cast<int64_t>(chunk.size() / 2);
-      const size_t off = (step * 7919 + i * 104729) % half;
-      for (int64_t k = 0; k < n; k += half) {
-        cudaMemcpy((*rank)->gradient(i) + k, chunk.data() + off,
-                   std::min(n - k, half) * 4, cudaMemcpyHostToDevice);
-      }
+      grads[i].resize(n);
+      for (float& x : grads[i]) x = nd(rng);
+      if (const cudaError_t e =
+              cudaMemcpy((*rank)->gradient(i), grads[i].data(), n * 4,
+                         cudaMemcpyHostToDevice);
+          e != cudaSuccess)
+        return absl::InternalError(
+            absl::StrCat("cudaMemcpy: ", cudaGetErrorString(e)));
     }
+    // The gradients are in place before the clock starts.
+    if (const cudaError_t e = cudaStreamSynchronize(0); e != cudaSuccess)
+      return absl::InternalError(cudaGetErrorString(e));
     auto s = (*rank)->Step(ids);
     if (!s.ok()) {
       return absl::Status(
           s.status().code(),
           absl::StrCat("step ", step, ": ", s.status().message()));
     }
-    times.push_back(*s);
-    std::printf("%s step %d: %.4f s (floor %.4f s, %.2fx)\n", name.c_str(),
-                step, *s, floor_s, *s / floor_s);
+    const bool timed = step > warmup;
+    (timed ? times : warm).push_back(*s);
+    std::printf("%s %s step %d%s: %.4f s (floor %.4f s, %.2fx)\n", name.c_str(),
+                method.c_str(), step, timed ? "" : " (warm-up)", *s, floor_s,
+                *s / floor_s);
     for (size_t i = 0; check && i < table.size(); ++i) {
       std::vector<float> got(grads[i].size());
-      cudaMemcpy(got.data(), (*rank)->update(i), got.size() * 4,
-                 cudaMemcpyDeviceToHost);
+      if (const cudaError_t e =
+              cudaMemcpy(got.data(), (*rank)->update(i), got.size() * 4,
+                         cudaMemcpyDeviceToHost);
+          e != cudaSuccess)
+        return absl::InternalError(
+            absl::StrCat("cudaMemcpy: ", cudaGetErrorString(e)));
       worst =
           std::max(worst, RelErr(got, Reference(table[i], grads[i], mom[i])));
     }
+    pass["warmup_seconds"] = warm;
+    pass["step_seconds"] = times;
+    if (!times.empty()) {
+      std::vector<double> sorted = times;
+      std::sort(sorted.begin(), sorted.end());
+      // Odd counts: the middle sample; even: the mean of the middle two.
+      const size_t h = sorted.size() / 2;
+      const double median =
+          sorted.size() % 2 == 1 ? sorted[h] : (sorted[h - 1] + sorted[h]) / 2;
+      pass["median_seconds"] = median;
+      pass["vs_floor"] = median / floor_s;
+    }
+    if (check) pass["max_rel_err"] = worst;
+    results.Save();
   }
-  out[name + "_step_seconds"] = times;
   bool ok = true;
   if (check) {
     auto state = (*rank)->session().GetState();
@@ -293,19 +435,17 @@ absl::StatusOr<bool> GpuPass(const std::string& address,
         state.ok() && state->momentum.size() == table.size() ? 0 : INFINITY;
     for (size_t i = 0; std::isfinite(mom_err) && i < table.size(); ++i)
       mom_err = std::max(mom_err, RelErr(state->momentum[i], mom[i]));
-    out[name + "_max_rel_err"] = worst;
-    out[name + "_momentum_max_rel_err"] = mom_err;
+    pass["momentum_max_rel_err"] = mom_err;
     ok = worst < 3e-2 && mom_err < 1e-5;
     std::printf("%s: updates vs CPU fp32 max rel err %.2e, momentum %.2e: %s\n",
                 name.c_str(), worst, mom_err, ok ? "OK" : "FAIL");
   }
   if (auto st = DaemonStatus(address); st.ok()) {
     for (const auto& e : st->executors()) {
-      out["executors"].push_back({{"after", name},
-                                  {"device", e.device()},
-                                  {"healthy", e.healthy()},
-                                  {"memory_bytes", e.memory_bytes()},
-                                  {"busy_seconds", e.busy_seconds()}});
+      pass["executors"].push_back({{"device", e.device()},
+                                   {"healthy", e.healthy()},
+                                   {"memory_bytes", e.memory_bytes()},
+                                   {"busy_seconds", e.busy_seconds()}});
       std::printf("executor %s healthy=%d memory %.2f GB busy %.2f s\n",
                   e.device().c_str(), e.healthy(), e.memory_bytes() / 1e9,
                   e.busy_seconds());
@@ -316,79 +456,145 @@ absl::StatusOr<bool> GpuPass(const std::string& address,
 }
 
 int Run() {
-  auto count = cu::DeviceCount();
-  if (!count.ok() || *count == 0) {
-    std::printf("SKIP gpu_step: no CUDA device (%s)\n",
-                count.ok() ? "0 devices"
-                           : std::string(count.status().message()).c_str());
-    return 0;
-  }
+  Results out(absl::GetFlag(FLAGS_out));
+  *out = {{"done", false}};
   auto table = Table();
   if (!table.ok())
     return std::fprintf(stderr, "%s\n", table.status().ToString().c_str()), 2;
-  const bool check = absl::GetFlag(FLAGS_check);
-  nlohmann::json out = {{"matrices", table->size()}};
-  double floor_flops = 0;
-  uint64_t elements = 0;
-  for (const Matrix& m : *table) {
-    floor_flops +=
-        kernels::EstimateCost(kernels::Method::kDirect, m.shape, {}, 0.5).flops;
-    elements += m.shape.elements();
+  const std::vector<std::string> methods =
+      absl::StrSplit(absl::GetFlag(FLAGS_methods), ',', absl::SkipEmpty());
+  for (const std::string& m : methods) {
+    if (!kernels::ParseMethod(m).ok())
+      return std::fprintf(stderr, "--methods: '%s' is not direct|gram|auto\n",
+                          m.c_str()),
+             2;
   }
+  if (methods.empty() || absl::GetFlag(FLAGS_steps) < 1 ||
+      absl::GetFlag(FLAGS_warmup) < 0)
+    return std::fprintf(stderr,
+                        "--methods must name one, --steps >= 1, --warmup >= "
+                        "0\n"),
+           2;
+  auto count = cu::DeviceCount();
+  if (!count.ok() || *count == 0) {
+    const std::string why =
+        count.ok() ? "0 devices" : std::string(count.status().message());
+    std::printf("SKIP gpu_step: no CUDA device (%s)\n", why.c_str());
+    *out = {{"done", true}, {"skipped", why}};
+    out.Save();
+    return 0;
+  }
+  const bool check = absl::GetFlag(FLAGS_check);
+  uint64_t elements = 0;
+  for (const Matrix& m : *table) elements += m.shape.elements();
+  (*out)["matrices"] = table->size();
+  (*out)["gradient_gb"] = elements * 4 / 1e9;
+  (*out)["warmup"] = absl::GetFlag(FLAGS_warmup);
+  (*out)["steps"] = absl::GetFlag(FLAGS_steps);
+  // What torch.optim.Muon executes: direct NS with dense products.
+  double dense = 0;
+  for (const Matrix& m : *table)
+    dense +=
+        kernels::EstimateCost(kernels::Method::kDirect, m.shape, {}, 1.0).flops;
+  (*out)["dense_direct_ns_tflop"] = dense / 1e12;
   auto rate = Bf16GemmRate(0);
-  if (!rate.ok())
-    return std::fprintf(stderr, "GEMM: %s\n", rate.status().ToString().c_str()),
-           1;
-  const double floor_s = floor_flops / *rate;
-  out["gemm_tflops"] = *rate / 1e12;
-  out["ns_tflop"] = floor_flops / 1e12;
-  out["floor_seconds"] = floor_s;
+  if (!rate.ok()) {
+    std::fprintf(stderr, "GEMM: %s\n", rate.status().ToString().c_str());
+    (*out)["error"] = absl::StrCat("GEMM: ", rate.status().ToString());
+    out.Save();
+    return 1;
+  }
+  (*out)["gemm_tflops"] = *rate / 1e12;
+  std::printf("bf16 GEMM 8192^3 on random operands: %.1f TFLOP/s\n",
+              *rate / 1e12);
+  out.Save();
 
   DaemonProcess d;
+  // --job-retention-seconds=0: a pass's momentum leaves the GPU when the
+  // pass closes, before the next method's job allocates its own.
   if (auto st = d.Start(
           absl::GetFlag(FLAGS_dmuond),
           {"--log-level=warn", "--summary-every-secs=0",
+           "--job-retention-seconds=0",
            "--devices=" + absl::GetFlag(FLAGS_devices),
            absl::StrCat("--max-batch=", absl::GetFlag(FLAGS_max_batch))});
-      !st.ok())
-    return std::fprintf(stderr, "%s\n", st.ToString().c_str()), 1;
-  int failures = 0;
-
-  // cuda_ipc: gradients written on the GPU, updates read back from it.
-  auto ipc = GpuPass(d.address(), *table, /*nccl=*/false, floor_s, out);
-  if (!ipc.ok()) {
-    std::fprintf(stderr, "cuda_ipc: %s\n", ipc.status().ToString().c_str());
+      !st.ok()) {
+    std::fprintf(stderr, "%s\n", st.ToString().c_str());
+    (*out)["error"] = st.ToString();
+    out.Save();
     return 1;
   }
-  failures += !*ipc;
-  const std::vector<double> times = out["cuda_ipc_step_seconds"];
+  int failures = 0;
+  nlohmann::json& passes = (*out)["passes"];
+
+  // cuda_ipc, one job per method: gradients written on the GPU, updates
+  // read back from it.
+  for (const std::string& method : methods) {
+    const std::string key = "cuda_ipc/" + method;
+    const double flops = NsFlops(*table, method);
+    const double floor_s = flops / *rate;
+    passes[key] = {{"method", method},
+                   {"ns_tflop", flops / 1e12},
+                   {"floor_seconds", floor_s}};
+    if (method == "auto") {
+      nlohmann::json chosen;
+      for (const Matrix& m : *table)
+        chosen[absl::StrCat(m.shape.rows, "x", m.shape.cols)] =
+            std::string(kernels::MethodName(Resolved(method, m)));
+      passes[key]["resolved"] = chosen;
+    }
+    out.Save();
+    auto ipc = GpuPass(d.address(), *table, /*nccl=*/false, method, floor_s,
+                       passes[key], out);
+    if (!ipc.ok()) {
+      std::fprintf(stderr, "%s: %s\n", key.c_str(),
+                   ipc.status().ToString().c_str());
+      passes[key]["error"] = ipc.status().ToString();
+    }
+    passes[key]["ok"] = ipc.ok() && *ipc;
+    failures += !ipc.ok() || !*ipc;
+    if (passes[key].contains("median_seconds")) {
+      const double median = passes[key]["median_seconds"];
+      std::printf(
+          "optimizer step, method %s (%zu matrices, %.1f GB of fp32 "
+          "gradients): median of %d %.4f s; floor %.4f s (%.1f TFLOP at %.0f "
+          "TFLOP/s bf16 GEMM): %.2fx the floor\n",
+          method.c_str(), table->size(), elements * 4 / 1e9,
+          absl::GetFlag(FLAGS_steps), median, floor_s, flops / 1e12,
+          *rate / 1e12, median / floor_s);
+    }
+    out.Save();
+  }
   // nccl: a job of one rank on another GPU, the daemon its second NCCL rank
   // (NCCL refuses two ranks of one communicator on one GPU).
+  const std::string method0 = methods.front();
   if (check && absl::GetFlag(FLAGS_nccl) && *count < 2) {
-    out["nccl"] = "skipped: one GPU (NCCL refuses two ranks on one GPU)";
+    passes["nccl"] = {
+        {"skipped", "one GPU (NCCL refuses two ranks on one GPU)"}};
     std::printf(
         "SKIP nccl: one GPU here, and NCCL refuses two ranks of a "
         "communicator on one GPU ('Duplicate GPU detected')\n");
   } else if (check && absl::GetFlag(FLAGS_nccl)) {
+    const std::string key = "nccl/" + method0;
+    passes[key] = {{"method", method0}};
     cudaSetDevice(1);  // the trainer rank's GPU; the daemon is on cuda:0
-    auto nccl = GpuPass(d.address(), *table, /*nccl=*/true, floor_s, out);
+    auto nccl = GpuPass(d.address(), *table, /*nccl=*/true, method0,
+                        NsFlops(*table, method0) / *rate, passes[key], out);
     cudaSetDevice(0);
-    if (!nccl.ok())
+    if (!nccl.ok()) {
       std::fprintf(stderr, "nccl: %s\n", nccl.status().ToString().c_str());
+      passes[key]["error"] = nccl.status().ToString();
+    }
+    passes[key]["ok"] = nccl.ok() && *nccl;
     failures += !nccl.ok() || !*nccl;
   }
-  std::mt19937_64 rng(12);
-  std::normal_distribution<float> nd;
-  std::vector<std::vector<float>> mom(table->size());
-  std::vector<double> timed(times.begin() + (times.size() > 1), times.end());
-  std::sort(timed.begin(), timed.end());
-  const double median = timed.empty() ? 0 : timed[timed.size() / 2];
-  out["cuda_ipc_median_seconds"] = median;
-  out["cuda_ipc_vs_floor"] = median / floor_s;
-  out["gradient_gb"] = elements * 4 / 1e9;
+  out.Save();
 
   // shm: the CUDA executor's host path, through the C++ client.
   if (check && absl::GetFlag(FLAGS_shm)) {
+    std::mt19937_64 rng(12);
+    std::normal_distribution<float> nd;
+    std::vector<std::vector<float>> mom(table->size());
     auto client = Client::Connect(d.address());
     SessionSpec spec;
     spec.job_id = "gpu-step-shm";
@@ -419,23 +625,20 @@ int Run() {
       }
       (void)(*session)->FinishStep();
     }
-    if (!session.ok())
+    if (!session.ok()) {
       std::fprintf(stderr, "shm: %s\n", session.status().ToString().c_str());
+      passes["shm"]["error"] = session.status().ToString();
+    }
     const bool ok = err < 3e-2;
     failures += !ok;
-    out["shm_max_rel_err"] = err;
+    passes["shm"]["max_rel_err"] = err;
+    passes["shm"]["ok"] = ok;
     std::printf("shm: updates vs CPU fp32 max rel err %.2e: %s\n", err,
                 ok ? "OK" : "FAIL");
   }
-  std::printf(
-      "optimizer step (%zu matrices, %.1f GB of fp32 gradients): median %.4f "
-      "s; floor %.4f s (%.1f TFLOP at %.0f TFLOP/s bf16 GEMM): %.2fx the "
-      "floor\n",
-      table->size(), elements * 4 / 1e9, median, floor_s, floor_flops / 1e12,
-      *rate / 1e12, median / floor_s);
-  out["ok"] = failures == 0;
-  if (const std::string p = absl::GetFlag(FLAGS_out); !p.empty())
-    std::ofstream(p) << out.dump(1) << "\n";
+  (*out)["ok"] = failures == 0;
+  (*out)["done"] = true;
+  out.Save();
   return failures == 0 ? 0 : 1;
 }
 
@@ -443,6 +646,7 @@ int Run() {
 }  // namespace dmuon::bench
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed run keeps its lines
   absl::ParseCommandLine(argc, argv);
   return dmuon::bench::Run();
 }

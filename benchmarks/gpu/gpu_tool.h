@@ -33,7 +33,7 @@ class DaemonProcess {
 };
 
 // The best of a few timed runs of an 8192^3 bf16 GEMM (cuBLASLt, fp32
-// accumulation) on CUDA ordinal `device`, in flop/s.
+// accumulation) on CUDA ordinal `device`, in flop/s, on random operands.
 absl::StatusOr<double> Bf16GemmRate(int device);
 
 }  // namespace dmuon::bench

@@ -16,6 +16,7 @@ targets=(
   //server:dmuond_cuda
   //server:dmuond
   //benchmarks/gpu:gpu_step
+  //benchmarks/gpu:gpu_probe
 )
 bazel build --config=cuda "${targets[@]}" //client/python:_dmuon.so >&2
 rm -rf "$out"
@@ -27,7 +28,8 @@ for t in "${targets[@]}"; do
   bins+=("$path")
   cp -L "$path" "$out/bin/"
 done
-cp benchmarks/gpu/run.sh benchmarks/gpu/compare_torch.py benchmarks/gpu/torch_train.py "$out/"
+scripts=(compare_torch.py torch_train.py torch_step.py)
+cp benchmarks/gpu/run.sh "${scripts[@]/#/benchmarks/gpu/}" "$out/"
 # The Python extension is rebuilt there for the machine's CPython (3.12 with
 # torch 2.x; Debian's here is 3.11): stage its sources, headers and objects.
 benchmarks/gpu/stage_ext.sh "$out" >&2
@@ -39,7 +41,7 @@ benchmarks/gpu/copy_libs.sh "$out/lib" "${bins[@]}"
 strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
 # The device tool carries at most 64 MiB: everything but run.sh travels as one
 # xz archive (about a fifth of the size), which run.sh unpacks on the device.
-parts=(bin lib data ext python compare_torch.py torch_train.py)
+parts=(bin lib data ext python "${scripts[@]}")
 tar -C "$out" -cf - "${parts[@]}" | xz -T0 -6 >"$out/payload.tar.xz"
 (cd "$out" && rm -rf "${parts[@]}")
 du -sh "$out" >&2

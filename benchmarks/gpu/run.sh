@@ -1,129 +1,229 @@
 #!/usr/bin/env bash
-# The GPU check: runs on a machine with one H200, the CUDA driver, python3
-# with torch, nothing else installed and no network. It builds nothing but
-# the Python extension's four pybind11 files (for the machine's CPython; the
-# rest comes prebuilt): it takes the bundle made here by `./dmuon bundle`
-# (carried to the machine), runs every GPU test, the kernel benchmark, a
-# comparison with torch's own Muon orthogonalization, the CUDA executor's
-# tests, a dmuond_cuda smoke step over CUDA IPC (every update checked against
-# the CPU path), the Llama-3-8B optimizer step through dmuond_cuda timed
-# against its flop floor, DMuon training a small transformer on CUDA in
-# lockstep with torch.optim.Muon (timed against it and fused AdamW), and the
-# Python client's tests on the machine's torch; writes results under $OUT,
-# and prints a short table. Budget: 8 minutes — every step's timeout is
-# capped by what is left of them.
-#   usage (on the device, from the repository root):  bundle/run.sh
+# The GPU check, on a machine with one H200, its driver, python3 with torch
+# and no network. It builds nothing but the Python extension (build_ext.sh,
+# for that machine's Python); the rest comes prebuilt in the bundle made here
+# by `./dmuon bundle` and carried there. In this order:
+#   1. probe: versions, driver, ldd of every binary, gpu_probe (real CUDA
+#      calls). A GPU that nvidia-smi sees but CUDA cannot use, or a library
+#      a binary cannot find, ends the run here, non-zero, with the reason.
+#   2. headline figures: kernel tests, kernel benchmark, the Llama-3-8B step
+#      through dmuond_cuda (methods auto and direct), then torch.optim.Muon
+#      and fused AdamW on the same parameters (one process each, one after
+#      the other: neither fits beside dmuond_cuda's state, nor both at once);
+#   3. the rest: dmuond_cuda smoke step, CUDA executor and autotuner tests,
+#      the Python extension, the NS comparison with torch's, torch_train;
+#   4. the client's pytest suite (CPU dmuond), only if time remains.
+# Every step runs under `timeout -k`, capped by its phase's deadline, and
+# appends its line to $OUT/summary.txt as it ends; the tools rewrite their
+# JSON as they go; all output is teed to $OUT/run.log. $OUT ends with at most
+# 8 files (the device tool brings back no more): run.log, summary.txt,
+# kernels-gpu.json, llama3-8b-step.json, torch-llama.json, smoke.json,
+# torch-compare.json, torch-train.json.
+#
+#   usage (from the repository root): bundle/run.sh [--budget S] [--device D]
+#     --budget S  seconds for the whole run (default 300); the headline
+#                 figures must be in by 60% of it (180 s by default)
+#     --device D  cuda (default), or cpu: a rehearsal where no GPU is: the
+#                 torch scripts run on the CPU, and the GPU binaries run
+#                 only to print SKIP (their flags and files are exercised)
+#   exit: 0 every step passed; 1 a step failed or ran out of time;
+#         2 no GPU here (without --device cpu); 3 the probe failed: a GPU is
+#         visible but CUDA cannot use it, or a binary misses a library.
 set -uo pipefail
+budget=300 device=cuda
+while (($#)); do
+  case $1 in
+    --budget) budget=${2:?}; shift 2 ;;
+    --budget=*) budget=${1#*=}; shift ;;
+    --device) device=${2:?}; shift 2 ;;
+    --device=*) device=${1#*=}; shift ;;
+    *) echo "usage: run.sh [--budget SECONDS] [--device cuda|cpu]" >&2; exit 64 ;;
+  esac
+done
+[[ $budget =~ ^[0-9]+$ && ($device == cuda || $device == cpu) ]] ||
+  { echo "run.sh: --budget takes seconds, --device cuda or cpu" >&2; exit 64; }
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$here/out}
 mkdir -p "$OUT"
-py=$(command -v python3)
-# make_bundle.sh packs binaries, libraries and data into payload.tar.xz.
-if [[ -f $here/payload.tar.xz ]]; then
-  unpacked=${TMPDIR:-/tmp}/dmuon-bundle.$$
-  rm -rf "$unpacked" && mkdir -p "$unpacked"
-  trap 'rm -rf "$unpacked"' EXIT
-  "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-    "$here/payload.tar.xz" "$unpacked" || { echo "cannot unpack the payload"; exit 1; }
-  here=$unpacked
-fi
+summary=$OUT/summary.txt
+py=$(command -v python3) || { echo "run.sh: no python3 on PATH" >&2; exit 64; }
 
-# cuBLAS/cuBLASLt and NCCL: the machine's toolkit, else the torch wheels'
-# nvidia/ tree.
-libdirs=$("$py" - <<'PY'
+headline_until=$((budget * 6 / 10))
+status=0
+
+# note TEXT: a line in summary.txt, now.
+note() { printf '%s\n' "$*" >>"$summary"; }
+
+# step NAME UNTIL CAP CMD...: runs CMD under `timeout -k`, for at most CAP
+# seconds and never past second UNTIL of the run (less 10 s for the kill);
+# appends NAME's line (exit code, seconds) to summary.txt when it ends.
+step() {
+  local name=$1 until=$2 cap=$3 limit rc=0 t0=$SECONDS what=""
+  shift 3
+  limit=$((until - SECONDS - 10))
+  ((cap < limit)) && limit=$cap
+  if ((limit < 5)); then
+    echo "== $name: not run, no time left"
+    note "$(printf '%-44s not run: no time left' "$name")"
+    status=1
+    return 1
+  fi
+  echo "== $name (timeout ${limit}s, at ${SECONDS}s)"
+  timeout -k 10 "$limit" "$@" || rc=$?
+  ((rc == 124 || rc == 137)) && what="  timed out"
+  ((rc == 0)) || status=1
+  rm -f "$OUT"/*.tmp  # a tool killed while rewriting its JSON
+  note "$(printf '%-44s rc=%-3d %4ds%s' "$name" "$rc" $((SECONDS - t0)) "$what")"
+  return "$rc"
+}
+
+# finish CODE WHY: the last summary line, the summary, the files; exits.
+finish() {
+  note "$(printf 'end at %ds: exit %d: %s' "$SECONDS" "$1" "$2")"
+  echo
+  echo "== summary ($summary)"
+  cat "$summary"
+  local files
+  files=$(find "$OUT" -type f | wc -l)
+  echo "$files files under \$OUT: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
+  ((files <= 8)) || echo "WARNING: more than 8 files: the device tool brings back 8"
+  exit "$1"
+}
+
+main() {
+  : >"$summary"
+  note "GPU check $(date -u +%FT%TZ), budget ${budget}s (headline by ${headline_until}s), --device $device"
+  # make_bundle.sh packs binaries, libraries and data into payload.tar.xz.
+  if [[ -f $here/payload.tar.xz ]]; then
+    local unpacked=${TMPDIR:-/tmp}/dmuon-bundle.$$
+    rm -rf "$unpacked" && mkdir -p "$unpacked"
+    trap 'rm -rf "$unpacked"' EXIT
+    "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$here/payload.tar.xz" "$unpacked" || finish 3 "cannot unpack the payload"
+    here=$unpacked
+  fi
+  local bin=$here/bin table=$here/data/llama3-8b.json
+
+  # cuBLAS/cuBLASLt and NCCL: the machine's toolkit, else the torch wheels'
+  # nvidia/ tree.
+  local libdirs
+  libdirs=$("$py" - <<'PY'
 import glob, os, site
 dirs = set()
-roots = ["/usr/local/cuda/lib64"] + site.getsitepackages()
-for r in roots:
+for r in ["/usr/local/cuda/lib64"] + site.getsitepackages():
     for lib in ("libcublasLt.so*", "libnccl.so*"):
         for f in glob.glob(os.path.join(r, "**", lib), recursive=True):
             dirs.add(os.path.dirname(f))
 print(":".join(sorted(dirs)))
 PY
 )
-echo "cuBLAS and NCCL from: $libdirs"
-export LD_LIBRARY_PATH="$here/lib:$libdirs:${LD_LIBRARY_PATH:-}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  export LD_LIBRARY_PATH="$here/lib:$libdirs:${LD_LIBRARY_PATH:-}"
+  export PYTHONUNBUFFERED=1
 
-have_gpu=1
-if ! nvidia-smi -L >/dev/null 2>&1; then
-  have_gpu=0
-  echo "no GPU here (nvidia-smi -L failed): every step below skips with its reason"
-fi
-
-# Seconds for a step: at most $1, and never past the 8-minute deadline.
-deadline=$((SECONDS + 480))
-cap() {
-  local left=$((deadline - SECONDS))
-  ((left < 10)) && left=10
-  echo $(($1 < left ? $1 : left))
-}
-
-status=0
-summary=()
-step() {  # step NAME CAP CMD...: runs CMD under its capped timeout
-  local name=$1 limit
-  limit=$(cap "$2")
-  shift 2
-  echo "== $name (timeout ${limit}s)"
-  local t0=$SECONDS rc=0
-  timeout "$limit" "$@" || rc=$?
-  ((rc == 0)) || status=1
-  summary+=("$(printf '%-34s rc=%-3d %4ds' "$name" "$rc" $((SECONDS - t0)))")
-}
-
-step "GPU kernel tests" 150 bash -c \
-  "'$here/bin/cuda_kernels_test' --gtest_output='json:$OUT/gpu-tests.json' 2>&1 | tail -n 40; exit \${PIPESTATUS[0]}"
-
-step "CUDA autotuner test" 45 bash -c \
-  "'$here/bin/autotune_cuda_test' 2>&1 | tail -n 10; exit \${PIPESTATUS[0]}"
-
-step "CUDA executor tests" 90 bash -c \
-  "'$here/bin/cuda_executor_test' --gtest_output='json:$OUT/executor-tests.json' 2>&1 | tail -n 30; exit \${PIPESTATUS[0]}"
-
-# dmuond_cuda on cuda:0, a trainer rank on the same GPU over CUDA IPC, as a
-# one-rank NCCL job, and over shm (the executor's host path); every update and
-# the momentum vs the CPU fp32 path.
-step "dmuond_cuda smoke step" 90 "$here/bin/gpu_step" \
-  --dmuond="$here/bin/dmuond_cuda" --devices=cuda:0 \
-  --shapes=256x512*3,512x256*2,384x384*4,96x1000 --steps=3 \
-  --out="$OUT/smoke.json"
-
-# Llama-3-8B's 224 matrices (random gradients) through dmuond_cuda over CUDA
-# IPC: 28 GB of fp32 gradients, 28 GB of momentum on the GPU.
-step "Llama-3-8B step via dmuond_cuda" 150 "$here/bin/gpu_step" \
-  --dmuond="$here/bin/dmuond_cuda" --devices=cuda:0 --max_batch=8 \
-  --table="$here/data/llama3-8b.json" --check=false --steps=3 \
-  --out="$OUT/llama3-8b-step.json"
-
-# The Python client on this machine's CPython and torch: the extension is
-# compiled here from the staged sources (stage_ext.sh; no GPU needed), DMuon
-# trains a small transformer on CUDA through dmuond_cuda (cuda_ipc) in
-# lockstep with torch.optim.Muon, and the client's test suite runs on this
-# torch (CPU dmuond: the torch 2.x hooks, DDP, state_dict paths).
-step "Python extension ($("$py" -V 2>&1))" 120 \
-  "$here/ext/build_ext.sh" "$here" "$here/ext/built" "$py"
-export DMUON_EXTENSION_DIR=$here/ext/built PYTHONPATH=$here/python
-if ((have_gpu)); then
-  step "torch.optim.Muon comparison" 120 "$py" "$here/compare_torch.py" \
-    --tool "$here/bin/ns_tool" --out "$OUT/torch-compare.json"
-  step "DMuon on CUDA vs torch.optim.Muon" 150 "$py" "$here/torch_train.py" \
-    --dmuond "$here/bin/dmuond_cuda" --out "$OUT/torch-train.json"
-else
-  for s in "torch.optim.Muon comparison" "DMuon on CUDA vs torch.optim.Muon"; do
-    echo "== $s: SKIP (no GPU)"
-    summary+=("$(printf '%-34s skipped (no GPU)' "$s")")
+  # ---- 1. probe -----------------------------------------------------------
+  echo "== probe"
+  uname -srm
+  echo "cuBLAS and NCCL from: ${libdirs:-nowhere}"
+  timeout -k 5 60 "$py" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' ||
+    echo "python3 cannot import torch"
+  local smi_gpus=0
+  if command -v nvidia-smi >/dev/null; then
+    timeout -k 5 30 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,temperature.gpu --format=csv
+    smi_gpus=$(timeout -k 5 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  fi
+  echo "nvidia-smi sees $smi_gpus GPU(s)"
+  local missing
+  for b in "$bin"/*; do
+    echo "-- ldd $(basename "$b")"
+    ldd "$b"
   done
-fi
-step "pytest on this torch (CPU dmuond)" 150 env DMUON_DMUOND="$here/bin/dmuond" \
-  "$py" -m pytest -q -p no:cacheprovider "$here/python/tests" \
-  --junitxml="$OUT/pytest.xml"
+  missing=$(for b in "$bin"/*; do ldd "$b" | sed -n "s|^\s*\(\S*\) => not found|$(basename "$b"): \1|p"; done | tr '\n' ' ')
+  [[ -z $missing ]] || finish 3 "binaries miss libraries here: $missing"
+  local probe_out probe_rc=0 mark=""
+  probe_out=$(timeout -k 5 60 "$bin/gpu_probe" 2>&1) || probe_rc=$?
+  echo "$probe_out"
+  local verdict
+  verdict=$(tail -n 1 <<<"$probe_out")
+  note "$(printf '%-44s rc=%-3d %s' "probe (gpu_probe)" "$probe_rc" "$verdict")"
+  if ((probe_rc != 0)); then
+    ((smi_gpus > 0)) &&
+      finish 3 "nvidia-smi sees $smi_gpus GPU(s) but CUDA cannot use them: $verdict"
+    [[ $device == cpu ]] ||
+      finish 2 "no GPU here (nvidia-smi sees none; $verdict): nothing measured (--device cpu rehearses the rest)"
+    mark=" [no GPU: SKIP]"
+    echo "no GPU: a rehearsal; the GPU binaries only print SKIP"
+  fi
 
-step "kernels benchmark" 240 bash -c \
-  "'$here/bin/kernels_bench_cuda' --out='$OUT/kernels-gpu.json' > '$OUT/kernels-gpu.txt' 2>&1"
-tail -n 30 "$OUT/kernels-gpu.txt" 2>/dev/null
+  # ---- 2. headline figures ------------------------------------------------
+  local by=$headline_until shrink=()
+  [[ $device == cpu ]] && shrink=(--shrink 16)
+  step "GPU kernel tests$mark" "$by" 60 "$bin/cuda_kernels_test"
+  step "kernel benchmark$mark" "$by" 75 \
+    "$bin/kernels_bench_cuda" --out="$OUT/kernels-gpu.json"
+  # 1 warm-up + 5 timed steps a method: 5 is odd, so the median is one of
+  # them, and 2 can be off on either side without moving it.
+  step "Llama-3-8B step, auto and direct$mark" "$by" 90 \
+    "$bin/gpu_step" --dmuond="$bin/dmuond_cuda" --devices=cuda:0 \
+    --max_batch=8 --table="$table" --check=false --methods=auto,direct \
+    --warmup=1 --steps=5 --out="$OUT/llama3-8b-step.json"
+  step "torch.optim.Muon, Llama-3-8B ($device)" "$by" 60 \
+    "$py" "$here/torch_step.py" --optimizer muon --table "$table" \
+    --device "$device" "${shrink[@]}" --out "$OUT/torch-llama.json"
+  step "fused AdamW, Llama-3-8B ($device)" "$by" 40 \
+    "$py" "$here/torch_step.py" --optimizer adamw_fused --table "$table" \
+    --device "$device" "${shrink[@]}" --out "$OUT/torch-llama.json"
+  note "headline figures in at ${SECONDS}s"
 
-echo
-echo "== summary"
-printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
-exit $status
+  # ---- 3. the rest --------------------------------------------------------
+  by=$budget
+  # dmuond_cuda on cuda:0, a trainer rank on the same GPU over CUDA IPC (and
+  # over shm): every update and the momentum vs the CPU fp32 path.
+  step "dmuond_cuda smoke step$mark" "$by" 60 \
+    "$bin/gpu_step" --dmuond="$bin/dmuond_cuda" --devices=cuda:0 \
+    --shapes=256x512*3,512x256*2,384x384*4,96x1000 --warmup=1 --steps=3 \
+    --out="$OUT/smoke.json"
+  step "CUDA executor tests$mark" "$by" 60 "$bin/cuda_executor_test"
+  step "CUDA autotuner test$mark" "$by" 45 "$bin/autotune_cuda_test"
+  local ext=0
+  # Into the package, with a dmuond beside it, as a wheel installs them:
+  # test_symbols.py runs workers with neither $DMUON_EXTENSION_DIR nor
+  # $DMUON_DMUOND nor $LD_LIBRARY_PATH.
+  step "Python extension ($("$py" -V 2>&1))" "$by" 90 \
+    "$here/ext/build_ext.sh" "$here" "$here/python/dmuon" "$py" && ext=1
+  mkdir -p "$here/python/dmuon/bin"
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' \
+    "$LD_LIBRARY_PATH" "$bin/dmuond" >"$here/python/dmuon/bin/dmuond"
+  chmod +x "$here/python/dmuon/bin/dmuond"
+  export PYTHONPATH=$here/python
+  local shapes=()  # the default's 4096^2 fp64 SVD takes minutes on a CPU
+  [[ $device == cpu ]] && shapes=(--shapes "256x256,256x1024,1024x256,127x1000")
+  step "NS vs torch.optim.Muon's ($device)" "$by" 60 \
+    "$py" "$here/compare_torch.py" --tool "$bin/ns_tool" --device "$device" \
+    "${shapes[@]}" --out "$OUT/torch-compare.json"
+  local small=()
+  [[ $device == cpu ]] && small=(--steps 3 --width 64 --layers 2 --batch 8 --warmup 1 --timed 2)
+  if ((ext)); then
+    step "DMuon vs torch.optim.Muon, training ($device)" "$by" 120 \
+      "$py" "$here/torch_train.py" --device "$device" "${small[@]}" \
+      --dmuond "$bin/$([[ $device == cpu ]] && echo dmuond || echo dmuond_cuda)" \
+      --out "$OUT/torch-train.json"
+  else
+    note "DMuon vs torch.optim.Muon, training: not run (no extension)"
+    status=1
+  fi
+
+  # ---- 4. CPU-only pytest, if time remains --------------------------------
+  local left=$((budget - SECONDS - 10))
+  if ((ext && left >= 60)); then
+    # test_wheel.py builds the wheel with Bazel: a checkout's test only.
+    step "pytest on this torch (CPU dmuond)" "$budget" "$left" \
+      env DMUON_DMUOND="$bin/dmuond" "$py" -m pytest -q -p no:cacheprovider \
+      --ignore="$here/python/tests/test_wheel.py" "$here/python/tests"
+  else
+    note "pytest: not run (${left}s left, extension built: $ext)"
+  fi
+  finish "$status" "$( ((status == 0)) && echo "every step passed" || echo "a step failed or ran out of time")$mark"
+}
+
+main 2>&1 | tee "$OUT/run.log"
+exit "${PIPESTATUS[0]}"

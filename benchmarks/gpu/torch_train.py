@@ -9,6 +9,10 @@ over the Muon matrices, and the losses. Pass: DMuon stays within bf16
 tolerance of torch.optim.Muon at every step (--tol, default 2e-2 relative;
 torch's NS runs in bf16) and closer to the fp32 reference than that.
 
+--out is rewritten after every lockstep step and every timing phase (and
+with "error" when something raises), so a crash or a timeout keeps what was
+measured; "done" is true once the run ended.
+
   python3 torch_train.py --dmuond bin/dmuond_cuda --out OUT/train.json
 (python/ of the bundle on PYTHONPATH and $DMUON_EXTENSION_DIR set: run.sh)
 """
@@ -19,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 
 import torch
 from torch import nn
@@ -32,14 +37,14 @@ for _d in (os.path.join(_HERE, "python"),  # the bundle
 import char_gpt  # noqa: E402
 
 MUON, ADAMW = char_gpt.MUON, char_gpt.ADAMW
-HAVE_MUON = hasattr(torch.optim, "Muon")  # torch >= 2.9
+KINDS = ("dmuon", "torch_muon", "fp32_muon")  # trained in lockstep
+TIMED = ("adamw_fused", "torch_muon", "dmuon")
 
 
 def build(kind, model, flags):
     """The optimizers of one run (char_gpt's, plus torch's own two)."""
     if kind == "adamw_fused":
-        fused = dict(fused=True) if model.head.weight.is_cuda else {}
-        return [torch.optim.AdamW(model.parameters(), **fused, **ADAMW)]
+        return [torch.optim.AdamW(model.parameters(), fused=True, **ADAMW)]
     if kind == "torch_muon":
         mats = model.matrices()
         ids = {id(p) for p in mats}
@@ -59,7 +64,7 @@ def fresh(corpus, args):
 
 def sync(args):
     if args.device.startswith("cuda"):
-        sync(args)
+        torch.cuda.synchronize()
 
 
 def one_step(model, opts, x, y):
@@ -72,34 +77,58 @@ def one_step(model, opts, x, y):
     return loss.item()
 
 
+@torch.no_grad()
 def distance(a, b):
     num = sum(float((p - q).float().norm() ** 2) for p, q in zip(a, b)) ** 0.5
     den = sum(float(q.float().norm() ** 2) for q in b) ** 0.5
     return num / max(den, 1e-30)
 
 
-def lockstep(corpus, args, flags):
-    kinds = ["dmuon", "torch_muon", "fp32_muon"] if HAVE_MUON else ["dmuon", "fp32_muon"]
-    models = {k: fresh(corpus, args) for k in kinds}
-    opts = {k: build(k, models[k], flags) for k in kinds}
-    transport = opts["dmuon"][0].transport
-    rows = []
-    for s in range(args.steps):
-        x, y = corpus.batch(s, batch=args.batch)
-        losses = {k: one_step(models[k], opts[k], x, y) for k in kinds}
-        mats = {k: models[k].matrices() for k in kinds}
-        row = dict(step=s + 1, loss=losses, vs_fp32=distance(mats["dmuon"], mats["fp32_muon"]))
-        if HAVE_MUON:
-            row.update(vs_torch_muon=distance(mats["dmuon"], mats["torch_muon"]),
-                       torch_vs_fp32=distance(mats["torch_muon"], mats["fp32_muon"]))
-        rows.append(row)
-    opts["dmuon"][0].close()
-    return rows, transport
+def save(result, path):
+    """Writes `result` whole through a temporary and a rename."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, path)
+
+
+def lockstep(corpus, args, flags, result):
+    """Trains KINDS from one initialization on the same batches; appends each
+    step's row to result["steps"] and saves it."""
+    models = {k: fresh(corpus, args) for k in KINDS}
+    opts = {k: build(k, models[k], flags) for k in KINDS}
+    result["transport"] = opts["dmuon"][0].transport
+    rows = result.setdefault("steps", [])
+    try:
+        for s in range(args.steps):
+            x, y = corpus.batch(s, batch=args.batch)
+            losses = {k: one_step(models[k], opts[k], x, y) for k in KINDS}
+            mats = {k: models[k].matrices() for k in KINDS}
+            rows.append(dict(
+                step=s + 1, loss=losses,
+                vs_torch_muon=distance(mats["dmuon"], mats["torch_muon"]),
+                vs_fp32=distance(mats["dmuon"], mats["fp32_muon"]),
+                torch_vs_fp32=distance(mats["torch_muon"], mats["fp32_muon"])))
+            result["worst"] = max(r["vs_torch_muon"] for r in rows)
+            result["worst_vs_fp32"] = max(r["vs_fp32"] for r in rows)
+            result["worst_torch_vs_fp32"] = max(r["torch_vs_fp32"] for r in rows)
+            save(result, args.out)
+    finally:
+        opts["dmuon"][0].close()
 
 
 def timed(kind, corpus, args, flags):
+    """Median step() and iteration times of `kind` trained on its own."""
     model = fresh(corpus, args)
     opts = build(kind, model, flags)
+    try:
+        return timed_steps(model, opts, corpus, args)
+    finally:
+        if kind == "dmuon":
+            opts[0].close()
+
+
+def timed_steps(model, opts, corpus, args):
     step_t, iter_t = [], []
     for s in range(args.warmup + args.timed):
         x, y = corpus.batch(s, batch=args.batch)
@@ -118,8 +147,6 @@ def timed(kind, corpus, args, flags):
         if s >= args.warmup:
             step_t.append(t2 - t1)
             iter_t.append(t2 - t0)
-    if kind == "dmuon":
-        opts[0].close()
     return dict(step_ms=1e3 * statistics.median(step_t),
                 iter_ms=1e3 * statistics.median(iter_t))
 
@@ -136,7 +163,7 @@ def main():
     ap.add_argument("--timed", type=int, default=20)
     ap.add_argument("--tol", type=float, default=2e-2)
     ap.add_argument("--device", default="cuda",
-                    help="cpu: a smoke run of this script (no torch.optim.Muon before 2.9)")
+                    help="cpu: a rehearsal of this script (DMuon through a CPU dmuond)")
     args = ap.parse_args()
     os.environ["DMUON_DMUOND"] = args.dmuond
     flags = ["--devices=cuda:0"] if args.device.startswith("cuda") else []
@@ -147,33 +174,33 @@ def main():
     gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None
     result = dict(torch=torch.__version__, gpu=gpu, device=args.device, corpus=text,
                   model=dict(width=args.width, layers=args.layers, batch=args.batch,
-                             block=64), tolerance=args.tol)
-    rows, transport = lockstep(corpus, args, flags)
-    ref = "vs_torch_muon" if HAVE_MUON else "vs_fp32"
-    worst = max(r[ref] for r in rows)
-    result.update(transport=transport, steps=rows, reference=ref, worst=worst,
-                  worst_vs_fp32=max(r["vs_fp32"] for r in rows))
-    if HAVE_MUON:
-        result["worst_torch_vs_fp32"] = max(r["torch_vs_fp32"] for r in rows)
-    kinds = ("adamw_fused", "torch_muon", "dmuon") if HAVE_MUON else ("adamw_fused",
-                                                                     "fp32_muon", "dmuon")
-    result["timing"] = {k: timed(k, corpus, args, flags) for k in kinds}
+                             block=64), tolerance=args.tol, reference="vs_torch_muon",
+                  done=False)
+    save(result, args.out)
+    try:
+        lockstep(corpus, args, flags, result)
+        worst = result["worst"]
+        print(f"torch {torch.__version__}, transport {result['transport']}; {args.steps} "
+              f"lockstep steps: worst relative distance to torch.optim.Muon {worst:.2e} "
+              f"(tolerance {args.tol:.0e}), to fp32 Muon {result['worst_vs_fp32']:.2e}; "
+              f"torch.optim.Muon to fp32 {result['worst_torch_vs_fp32']:.2e}")
+        t = result["timing"] = {}
+        for k in TIMED:
+            t[k] = timed(k, corpus, args, flags)
+            save(result, args.out)
+    except Exception:
+        result["error"] = traceback.format_exc()
+        result["done"] = True
+        save(result, args.out)
+        raise
     ok = worst <= args.tol
-    result["pass"] = ok
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    t = result["timing"]
-    print(f"torch {torch.__version__}, transport {transport}; {args.steps} lockstep "
-          f"steps: worst relative distance {ref} {worst:.2e} (tolerance {args.tol:.0e}), "
-          f"vs fp32 Muon {result['worst_vs_fp32']:.2e}" + (
-              f"; torch.optim.Muon vs fp32 {result['worst_torch_vs_fp32']:.2e}"
-              if HAVE_MUON else " (no torch.optim.Muon in this torch)"))
+    result.update({"pass": ok, "done": True})
+    save(result, args.out)
     print(f"{'optimizer':<14}{'step() ms':>10}{'iter ms':>10}")
     for k, v in t.items():
         print(f"{k:<14}{v['step_ms']:>10.2f}{v['iter_ms']:>10.2f}")
-    muon = "torch_muon" if HAVE_MUON else "fp32_muon"
     print(f"DMuon step / AdamW: {t['dmuon']['step_ms'] / t['adamw_fused']['step_ms']:.2f}x;"
-          f" {muon} / DMuon: {t[muon]['step_ms'] / t['dmuon']['step_ms']:.2f}x")
+          f" torch_muon / DMuon: {t['torch_muon']['step_ms'] / t['dmuon']['step_ms']:.2f}x")
     sys.exit(0 if ok else 1)
 
 
