@@ -43,7 +43,8 @@ int Roundings(const plan::OpList& ops) {
 double ErrorBound(Shape shape, const CudaNsOptions& options, DType out,
                   DType input_rounding) {
   const ResolvedNs r = ResolveNs(shape, options);
-  const int n_round = Roundings(plan::BuildOps(MakePlanSpec(shape, 1, options)));
+  const int n_round =
+      Roundings(plan::BuildOps(MakePlanSpec(shape, 1, options)));
   const double u = UnitRoundoff(r.compute), u32 = UnitRoundoff(DType::kF32);
   const double f = r.method == Method::kGram ? 2 : 1;
   double bound = f * n_round * u +

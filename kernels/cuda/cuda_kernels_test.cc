@@ -194,8 +194,8 @@ TEST_F(CudaKernelsTest, BatchEqualsOneByOne) {
   for (Method method : {Method::kDirect, Method::kGram}) {
     for (const Shape shape : accuracy::kBatchShapes) {
       const int64_t e = shape.elements();
-      const std::vector<float> host = RoundTrip(
-          Random(batch * e, accuracy::kBatchSeed), DType::kF16);
+      const std::vector<float> host =
+          RoundTrip(Random(batch * e, accuracy::kBatchSeed), DType::kF16);
       CudaNsOptions o;
       o.compute = DType::kF16;
       o.ns.method = method;

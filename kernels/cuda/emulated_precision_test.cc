@@ -99,7 +99,8 @@ double WorstError(const std::vector<float>& got, const std::vector<float>& want,
 // Worst errors of one case over its seeds, checked and printed.
 class Case {
  public:
-  Case(std::string name, double bound) : name_(std::move(name)), bound_(bound) {}
+  Case(std::string name, double bound)
+      : name_(std::move(name)), bound_(bound) {}
   void Add(double error) {
     worst_ = std::max(worst_, error);
     ++runs_;
@@ -227,17 +228,17 @@ TEST(EmulatedPrecision, GramComputesInFp16) {
 TEST(EmulatedPrecision, RoundingCounts) {
   CudaNsOptions o;
   o.ns.method = Method::kDirect;
-  EXPECT_EQ(accuracy::Roundings(plan::BuildOps(MakePlanSpec({640, 1280}, 1, o))),
-            16);
+  EXPECT_EQ(
+      accuracy::Roundings(plan::BuildOps(MakePlanSpec({640, 1280}, 1, o))), 16);
   o.symmetric = false;
-  EXPECT_EQ(accuracy::Roundings(plan::BuildOps(MakePlanSpec({640, 1280}, 1, o))),
-            16);
+  EXPECT_EQ(
+      accuracy::Roundings(plan::BuildOps(MakePlanSpec({640, 1280}, 1, o))), 16);
   o.ns.method = Method::kGram;
-  EXPECT_EQ(accuracy::Roundings(plan::BuildOps(MakePlanSpec({640, 1280}, 1, o))),
-            24);
+  EXPECT_EQ(
+      accuracy::Roundings(plan::BuildOps(MakePlanSpec({640, 1280}, 1, o))), 24);
   o.symmetric = true;
-  EXPECT_EQ(accuracy::Roundings(plan::BuildOps(MakePlanSpec({640, 1280}, 1, o))),
-            24);
+  EXPECT_EQ(
+      accuracy::Roundings(plan::BuildOps(MakePlanSpec({640, 1280}, 1, o))), 24);
 }
 
 // cuda_kernels_test MatchesCpu: its own inputs, then kExtraSeeds more each.
@@ -282,8 +283,7 @@ TEST(EmulatedPrecision, OptionsAndDTypesCalls) {
                    Describe(DType::kBF16, method, shape, o),
                ErrorBound(shape, o, DType::kF32));
         for (uint32_t s : {accuracy::kOptionsSeed, 7001u, 7002u, 7003u}) {
-          const std::vector<float> host =
-              accuracy::Random(shape.elements(), s);
+          const std::vector<float> host = accuracy::Random(shape.elements(), s);
           c.Add(WorstError(Emulate(host, shape, 1, DType::kF32, DType::kF32, o),
                            Cpu(host, shape, 1, o.ns), shape, 1));
         }
@@ -312,8 +312,8 @@ TEST(EmulatedPrecision, BatchCalls) {
              ErrorBound(shape, o, DType::kF16));
       const int64_t b = accuracy::kBatch;
       for (uint32_t s : {accuracy::kBatchSeed, 9001u, 9002u}) {
-        const std::vector<float> host = Rounded(
-            accuracy::Random(b * shape.elements(), s), DType::kF16);
+        const std::vector<float> host =
+            Rounded(accuracy::Random(b * shape.elements(), s), DType::kF16);
         c.Add(WorstError(Emulate(host, shape, b, DType::kF16, DType::kF16, o),
                          Cpu(host, shape, b, o.ns), shape, b));
       }

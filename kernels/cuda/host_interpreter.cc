@@ -154,7 +154,8 @@ void HostExecutor::Convert(Buf src, Buf dst, bool normalize, double safety,
         const int64_t io = i * cols + j, xo = spec_.tall() ? j * rows + i : io;
         if (normalize) {
           const double v = B(src)[t * e + io] / scale;
-          B(dst)[t * e + xo] =
+          B(dst)
+          [t * e + xo] =
               precision_.exact() ? v : RoundTo(F32(v), precision_.compute);
         } else {
           B(dst)[t * e + io] = RoundTo(B(src)[t * e + xo], precision_.out);
@@ -278,8 +279,9 @@ void HostExecutor::AddDiag(Buf src, Buf dst, double value) {
         if (precision_.exact()) {
           B(dst)[o] = B(src)[o] + (i == j ? value : 0.0);
         } else {  // fp32 sum with an fp32 value, stored in the compute dtype
-          B(dst)[o] = RoundTo(
-              F32(B(src)[o] + (i == j ? F32(value) : 0.0)), precision_.compute);
+          B(dst)
+          [o] = RoundTo(F32(B(src)[o] + (i == j ? F32(value) : 0.0)),
+                        precision_.compute);
         }
       }
     }
@@ -318,8 +320,8 @@ double RunPlan(const PlanSpec& spec, const OpList& ops, const Matrix& input) {
   return BatchError(spec, input, ex.buffer(Buf::kOut));
 }
 
-Matrix RunEmulated(const PlanSpec& spec, const OpList& ops,
-                   const Matrix& input, Precision precision) {
+Matrix RunEmulated(const PlanSpec& spec, const OpList& ops, const Matrix& input,
+                   Precision precision) {
   HostExecutor ex(spec, input, precision);
   ex.Run(ops);
   return ex.buffer(Buf::kOut);

@@ -46,8 +46,7 @@ struct Precision {
   Format compute = Format::kF64;
   Format out = Format::kF64;
   bool exact() const {
-    return in == Format::kF64 && compute == Format::kF64 &&
-           out == Format::kF64;
+    return in == Format::kF64 && compute == Format::kF64 && out == Format::kF64;
   }
 };
 
@@ -90,8 +89,8 @@ double BatchError(const PlanSpec& spec, const Matrix& input, const Matrix& out);
 // Interprets `ops` on `input` and returns BatchError against ReferenceNs.
 double RunPlan(const PlanSpec& spec, const OpList& ops, const Matrix& input);
 // Interprets `ops` on `input` with `precision` and returns the output.
-Matrix RunEmulated(const PlanSpec& spec, const OpList& ops,
-                   const Matrix& input, Precision precision);
+Matrix RunEmulated(const PlanSpec& spec, const OpList& ops, const Matrix& input,
+                   Precision precision);
 
 }  // namespace dmuon::kernels::cuda::plan
 

@@ -10,9 +10,9 @@
 // input is uploaded as --io_dtype (default f32), orthogonalized with
 // products in --dtype (default bf16; Gram, asked or chosen by auto, computes
 // in fp16 when bf16 is asked: CudaNsOptions::compute), and the output
-// downloaded and written as fp32. With --repeat N > 1 the call is timed N more times (after the
-// first) and the median per call printed. Exit status 0 on success, 1 on
-// any error (with the message on stderr), 2 for bad usage.
+// downloaded and written as fp32. With --repeat N > 1 the call is timed N more
+// times (after the first) and the median per call printed. Exit status 0 on
+// success, 1 on any error (with the message on stderr), 2 for bad usage.
 
 #include <algorithm>
 #include <chrono>
