@@ -18,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "benchmarks/bench_util.h"
+#include "benchmarks/gpu/gpu_tool.h"
 #include "kernels/cost_model.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
@@ -40,19 +41,6 @@ namespace cu = kernels::cuda;
 using kernels::Method;
 using kernels::Shape;
 
-struct Buffers {
-  cu::Context* ctx;
-  std::vector<void*> ptrs;
-  ~Buffers() {
-    for (void* p : ptrs) (void)ctx->Free(p);
-  }
-  absl::StatusOr<void*> Get(size_t bytes) {
-    auto p = ctx->Allocate(bytes);
-    if (p.ok()) ptrs.push_back(*p);
-    return p;
-  }
-};
-
 // Measures every shape, appending rows; `saved` runs after each row.
 absl::Status Run(cu::Context& ctx, std::vector<Row>& rows,
                  const std::function<void()>& saved) {
@@ -66,7 +54,7 @@ absl::Status Run(cu::Context& ctx, std::vector<Row>& rows,
     const int64_t batch = m <= absl::GetFlag(FLAGS_batch_max_edge)
                               ? absl::GetFlag(FLAGS_batch)
                               : 1;
-    Buffers buf{&ctx, {}};
+    DeviceBuffers buf{&ctx, {}};
     // One random matrix, repeated over the batch (the rates do not depend
     // on the values being distinct; the error is measured on matrix 0).
     std::vector<float> host(e);

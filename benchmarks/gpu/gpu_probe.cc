@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "benchmarks/bench_util.h"
+#include "benchmarks/gpu/gpu_tool.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
 
@@ -41,20 +42,6 @@ int Fail(const std::string& why) {
   return 1;
 }
 
-// Device buffers freed on every path.
-struct Buffers {
-  cu::Context* ctx;
-  std::vector<void*> ptrs;
-  ~Buffers() {
-    for (void* p : ptrs) (void)ctx->Free(p);
-  }
-  absl::StatusOr<void*> Get(size_t bytes) {
-    auto p = ctx->Allocate(bytes);
-    if (p.ok()) ptrs.push_back(*p);
-    return p;
-  }
-};
-
 // C = A B^T in bf16 (1024^3) vs the host product of the same bf16 values
 // (as Download returns them) at 64 sampled entries.
 absl::Status CheckGemm(cu::Context& ctx) {
@@ -62,7 +49,7 @@ absl::Status CheckGemm(cu::Context& ctx) {
   std::vector<float> a(n * n), b(n * n);
   FillRandom(1, absl::MakeSpan(a));
   FillRandom(2, absl::MakeSpan(b));
-  Buffers buf{&ctx, {}};
+  DeviceBuffers buf{&ctx, {}};
   auto da = buf.Get(n * n * 2), db = buf.Get(n * n * 2),
        dc = buf.Get(n * n * 2);
   for (auto* p : {&da, &db, &dc})
@@ -110,7 +97,7 @@ absl::Status CheckNs(cu::Context& ctx) {
                                        {shape, absl::MakeSpan(want)});
       !st.ok())
     return st;
-  Buffers buf{&ctx, {}};
+  DeviceBuffers buf{&ctx, {}};
   auto di = buf.Get(e * 4), dout = buf.Get(e * 4);
   for (auto* p : {&di, &dout})
     if (!p->ok()) return p->status();

@@ -1,5 +1,6 @@
-// Helpers of the GPU check's tools: a dmuond_cuda child process, and the
-// bf16 GEMM rate that floors are measured against.
+// Helpers of the GPU check's tools: a dmuond_cuda child process, the bf16
+// GEMM rate that floors are measured against, and device buffers freed on
+// every path.
 
 #ifndef DMUON_BENCHMARKS_GPU_GPU_TOOL_H_
 #define DMUON_BENCHMARKS_GPU_GPU_TOOL_H_
@@ -11,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 namespace dmuon::bench {
 
@@ -35,6 +37,20 @@ class DaemonProcess {
 // The best of a few timed runs of an 8192^3 bf16 GEMM (cuBLASLt, fp32
 // accumulation) on CUDA ordinal `device`, in flop/s, on random operands.
 absl::StatusOr<double> Bf16GemmRate(int device);
+
+// Device allocations of one Context, all freed when this goes out of scope.
+struct DeviceBuffers {
+  kernels::cuda::Context* ctx;
+  std::vector<void*> ptrs;
+  ~DeviceBuffers() {
+    for (void* p : ptrs) (void)ctx->Free(p);
+  }
+  absl::StatusOr<void*> Get(size_t bytes) {
+    auto p = ctx->Allocate(bytes);
+    if (p.ok()) ptrs.push_back(*p);
+    return p;
+  }
+};
 
 }  // namespace dmuon::bench
 
