@@ -1,5 +1,5 @@
 """The GPU check's training run: a small GPT-style transformer on CUDA,
-trained with dmuon.torch.DMuon (through dmuond_cuda over CUDA IPC) in
+trained with dmuon.optim.DMuon (through dmuond_cuda over CUDA IPC) in
 lockstep with torch.optim.Muon (torch's own, bf16 Newton-Schulz) and with
 the fp32 Muon of char_gpt.py, from one initialization on the same batches;
 then each optimizer timed on its own, torch.optim.AdamW(fused=True) too.

@@ -3,12 +3,15 @@
     .venv/bin/python client/python/make_wheel.py [--out DIR] [--plat TAG]
 
 (`./dmuon wheel` builds the binaries first, then runs this into dist/.)
-Inputs: the dmuon package (client/python/dmuon) and the Bazel output of
+Inputs: the dmuon package (client/python/dmuon), its metadata
+(client/python/pyproject.toml: name, summary, Requires-Python, dependencies,
+extras, console scripts; the version from module.cc, as pyproject.toml says)
+and the Bazel output of
 `bazel build //client/python:_dmuon.so //server:dmuond //server:dmuonctl`.
 Output: DIR/dmuon-VERSION-cp311-cp311-manylinux_2_35_x86_64.whl (earlier
 dmuon-VERSION wheels in DIR are removed), which holds
 
-    dmuon/              the Python package (dmuon.torch.DMuon, LocalDaemon, ...)
+    dmuon/              the Python package (dmuon.optim.DMuon, LocalDaemon, ...)
     dmuon/_dmuon.so     the native extension (pybind11, for CPython 3.11;
                         OpenBLAS linked in statically: client/python/BUILD)
     dmuon/bin/dmuond    the daemon: what server="auto" starts, and `dmuond`
@@ -19,9 +22,10 @@ dmuon-VERSION wheels in DIR are removed), which holds
                         dmuond OpenBLAS 0.3.21 with libgfortran, spdlog, fmt,
                         prometheus-cpp, civetweb), taken from Debian 12
     console scripts     dmuond, dmuonctl (dmuon/_cli.py execs dmuon/bin/*)
-    metadata            Requires-Python ==3.11.*, Requires-Dist numpy, and
-                        the extra [torch]: torch>=2.9 (the first torch with
-                        torch.optim.Muon, whose signature DMuon copies)
+    metadata            pyproject.toml's [project]: Requires-Python ==3.11.*,
+                        Requires-Dist numpy, and the extra [torch]: torch>=2.9
+                        (the first torch with torch.optim.Muon, whose
+                        signature DMuon copies)
 
 How. Bazel links the binaries against Debian 12's shared libraries. This
 script writes a plain linux_x86_64 wheel of them, then runs `auditwheel
@@ -60,23 +64,60 @@ import stat
 import subprocess
 import sys
 import tempfile
+import tomllib
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-NAME = "dmuon"
 PLAT = "manylinux_2_35_x86_64"
-TORCH = "torch>=2.9"  # torch.optim.Muon, whose signature DMuon copies, is 2.9's
-ENTRY_POINTS = """\
-[console_scripts]
-dmuonctl = dmuon._cli:dmuonctl
-dmuond = dmuon._cli:dmuond
-"""
 
 
-def version():
-    with open(os.path.join(HERE, "module.cc")) as f:
-        return re.search(r'__version__"\) = "([^"]+)"', f.read()).group(1)
+def project():
+    """pyproject.toml's [project] table, and its [tool.dmuon]."""
+    with open(os.path.join(HERE, "pyproject.toml"), "rb") as f:
+        toml = tomllib.load(f)
+    return toml["project"], toml.get("tool", {}).get("dmuon", {})
+
+
+def version(tool):
+    """The version: pyproject.toml declares it dynamic, kept in module.cc
+    ([tool.dmuon] version-file), where the extension's __version__ is set."""
+    path = os.path.join(HERE, tool.get("version-file", "module.cc"))
+    with open(path) as f:
+        m = re.search(r'__version__"\) = "([^"]+)"', f.read())
+    if not m:
+        sys.exit(f"make_wheel: no __version__ in {path}")
+    return m.group(1)
+
+
+def check_python(requires):
+    """Requires-Python must admit this interpreter, whose tag the wheel carries
+    (pyproject.toml states the project's one: ==X.Y.*)."""
+    py = sys.version_info
+    m = re.fullmatch(r"==(\d+)\.(\d+)\.\*", requires.replace(" ", ""))
+    if not m or (int(m.group(1)), int(m.group(2))) != (py.major, py.minor):
+        sys.exit(f"make_wheel: pyproject.toml's requires-python is {requires!r}; this "
+                 f"interpreter ({sys.executable}) is {py.major}.{py.minor}, whose tag the "
+                 f"wheel would carry: state =={py.major}.{py.minor}.* there, or build "
+                 "with the project's interpreter")
+
+
+def requires_dist(proj):
+    """Requires-Dist lines: the dependencies, then each extra's, marked."""
+    lines = [f"Requires-Dist: {d}" for d in proj.get("dependencies", [])]
+    for extra, deps in proj.get("optional-dependencies", {}).items():
+        lines.append(f"Provides-Extra: {extra}")
+        for d in deps:
+            req, _, marker = d.partition(";")
+            marker = f"({marker.strip()}) and " if marker.strip() else ""
+            lines.append(f'Requires-Dist: {req.strip()}; {marker}extra == "{extra}"')
+    return lines
+
+
+def entry_points(proj):
+    scripts = proj.get("scripts", {})
+    return "".join(["[console_scripts]\n"] +
+                   [f"{k} = {scripts[k]}\n" for k in sorted(scripts)])
 
 
 def python_tag():
@@ -101,28 +142,26 @@ def check_extension(path):
                  + r.stderr.strip())
 
 
-def write_wheel(out_dir, ver, tag, files):
+def write_wheel(out_dir, proj, ver, tag, files):
     """A wheel of `files` ((path in the wheel, bytes, executable)) plus its
-    dist-info; returns its path."""
-    info = f"{NAME}-{ver}.dist-info"
-    with open(os.path.join(HERE, "README.md"), "rb") as f:
+    dist-info (from pyproject.toml's [project], `proj`); returns its path."""
+    name = proj["name"]
+    info = f"{name}-{ver}.dist-info"
+    readme_file = proj.get("readme", "README.md")
+    with open(os.path.join(HERE, readme_file), "rb") as f:
         readme = f.read().decode()
-    py = sys.version_info
+    license_ = proj.get("license", {}).get("text")
     metadata = "\n".join([
         "Metadata-Version: 2.1",
-        f"Name: {NAME}",
+        f"Name: {name}",
         f"Version: {ver}",
-        "Summary: Distributed Muon: the dmuond optimizer service, its client, "
-        "and dmuon.torch.DMuon (a drop-in for torch.optim.Muon)",
-        "License: Apache-2.0",
-        "Classifier: Operating System :: POSIX :: Linux",
-        f"Classifier: Programming Language :: Python :: {py.major}.{py.minor}",
-        "Classifier: Programming Language :: Python :: Implementation :: CPython",
-        f"Requires-Python: =={py.major}.{py.minor}.*",
-        "Requires-Dist: numpy",
-        "Provides-Extra: torch",
-        f"Requires-Dist: {TORCH}; extra == \"torch\"",
-        "Description-Content-Type: text/markdown",
+        f"Summary: {proj['description']}",
+        *([f"License: {license_}"] if license_ else []),
+        *[f"Classifier: {c}" for c in proj.get("classifiers", [])],
+        f"Requires-Python: {proj['requires-python']}",
+        *requires_dist(proj),
+        "Description-Content-Type: " + ("text/markdown" if readme_file.endswith(".md")
+                                        else "text/plain"),
         "",
         readme,
     ])
@@ -130,11 +169,11 @@ def write_wheel(out_dir, ver, tag, files):
                        "Root-Is-Purelib: false", f"Tag: {tag}", ""])
     files = files + [(f"{info}/METADATA", metadata.encode(), False),
                      (f"{info}/WHEEL", wheel.encode(), False),
-                     (f"{info}/entry_points.txt", ENTRY_POINTS.encode(), False),
-                     (f"{info}/top_level.txt", f"{NAME}\n".encode(), False)]
+                     (f"{info}/entry_points.txt", entry_points(proj).encode(), False),
+                     (f"{info}/top_level.txt", f"{name}\n".encode(), False)]
     record = [record_line(p, d) for p, d, _ in files] + [f"{info}/RECORD,,"]
     files.append((f"{info}/RECORD", ("\n".join(record) + "\n").encode(), False))
-    out = os.path.join(out_dir, f"{NAME}-{ver}-{tag}.whl")
+    out = os.path.join(out_dir, f"{name}-{ver}-{tag}.whl")
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         for path, data, executable in files:
             zi = zipfile.ZipInfo(path, date_time=(2024, 1, 1, 0, 0, 0))
@@ -144,7 +183,7 @@ def write_wheel(out_dir, ver, tag, files):
     return out
 
 
-def repair(raw, plat, out_dir):
+def repair(raw, name, plat, out_dir):
     """auditwheel repair: bundles the libraries, retags; returns the new path."""
     try:
         import auditwheel  # noqa: F401
@@ -165,7 +204,7 @@ def repair(raw, plat, out_dir):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"make_wheel: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
-    made = glob.glob(os.path.join(out_dir, f"{NAME}-*.whl"))
+    made = glob.glob(os.path.join(out_dir, f"{name}-*.whl"))
     if len(made) != 1:
         sys.exit(f"make_wheel: auditwheel repair wrote {made}:\n{r.stdout}{r.stderr}")
     return made[0]
@@ -180,16 +219,19 @@ def main():
                     help=f"auditwheel's platform tag (default: {PLAT}; auto: "
                     "the most compatible one the binaries allow)")
     args = ap.parse_args()
-    ver = version()
+    proj, tool = project()
+    dist = proj["name"]  # also the package directory's name
+    ver = version(tool)
+    check_python(proj["requires-python"])
     files = []  # (path in the wheel, bytes, executable)
-    pkg = os.path.join(HERE, NAME)
+    pkg = os.path.join(HERE, dist)
     for name in sorted(os.listdir(pkg)):
         if name.endswith(".py"):
             with open(os.path.join(pkg, name), "rb") as f:
-                files.append((f"{NAME}/{name}", f.read(), False))
-    binaries = ((("client", "python", "_dmuon.so"), f"{NAME}/_dmuon.so"),
-                (("server", "dmuond"), f"{NAME}/bin/dmuond"),
-                (("server", "dmuonctl"), f"{NAME}/bin/dmuonctl"))
+                files.append((f"{dist}/{name}", f.read(), False))
+    binaries = ((("client", "python", "_dmuon.so"), f"{dist}/_dmuon.so"),
+                (("server", "dmuond"), f"{dist}/bin/dmuond"),
+                (("server", "dmuonctl"), f"{dist}/bin/dmuonctl"))
     for parts, dst in binaries:
         src = os.path.join(args.bazel_bin, *parts)
         if not os.path.isfile(src):
@@ -200,11 +242,11 @@ def main():
     check_extension(os.path.join(args.bazel_bin, "client", "python", "_dmuon.so"))
     py = python_tag()
     with tempfile.TemporaryDirectory(prefix="dmuon-wheel-") as tmp:
-        raw = write_wheel(tmp, ver, f"{py}-{py}-linux_x86_64", files)
+        raw = write_wheel(tmp, proj, ver, f"{py}-{py}-linux_x86_64", files)
         os.makedirs(os.path.join(tmp, "repaired"))
-        made = repair(raw, args.plat, os.path.join(tmp, "repaired"))
+        made = repair(raw, dist, args.plat, os.path.join(tmp, "repaired"))
         os.makedirs(args.out, exist_ok=True)
-        for old in glob.glob(os.path.join(args.out, f"{NAME}-{ver}-*.whl")):
+        for old in glob.glob(os.path.join(args.out, f"{dist}-{ver}-*.whl")):
             os.remove(old)
         out = os.path.join(args.out, os.path.basename(made))
         shutil.move(made, out)

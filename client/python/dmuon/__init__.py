@@ -2,13 +2,23 @@
 
     dmuon.orthogonalize(x)              Newton-Schulz on a numpy array or CPU tensor
     dmuon.Client / dmuon.Session        the C++ client (talk to dmuond directly)
-    dmuon.torch.DMuon                   a torch.optim.Optimizer (import dmuon.torch)
+    dmuon.optim.DMuon                   a torch.optim.Optimizer (import dmuon.optim;
+                                        dmuon.torch is its old, deprecated name)
     dmuon.LocalDaemon                   a private dmuond for this process
 
 See client/python/README.md.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
+
 from . import _native
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 _ext = _native.load()
 
@@ -25,7 +35,18 @@ plan_pool = _ext.plan_pool
 from ._daemon import LocalDaemon, find_dmuond  # noqa: E402
 
 
-def orthogonalize(array, steps=5, coefficients=None, method="auto", eps=1e-7):
+# numpy float32/float64 arrays or CPU torch tensors: the result has the type
+# of the input.
+ArrayT = TypeVar("ArrayT", "np.ndarray", "torch.Tensor")
+
+
+def orthogonalize(
+    array: ArrayT,
+    steps: int = 5,
+    coefficients: str | Sequence[float] | Sequence[Sequence[float]] | None = None,
+    method: str = "auto",
+    eps: float = 1e-7,
+) -> ArrayT:
     """The approximate polar factor of `array` by Newton-Schulz (Muon's NS).
 
     array: a 2-D matrix or a 3-D batch of matrices, numpy float32/float64 or a

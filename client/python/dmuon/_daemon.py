@@ -8,6 +8,8 @@ parent (PR_SET_PDEATHSIG), and is stopped by `stop()`, when the object is
 garbage-collected, or at interpreter exit, whichever comes first.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
 import shutil
@@ -16,11 +18,13 @@ import subprocess
 import tempfile
 import time
 import weakref
+from collections.abc import Sequence
 
 from . import _native
 
 
-def find_dmuond():
+def find_dmuond() -> str:
+    """The dmuond binary server="auto" starts (the order: the module docstring)."""
     tried = []
     env = os.environ.get("DMUON_DMUOND")
     if env:
@@ -71,7 +75,8 @@ def _stop(proc, workdir, grace):
 class LocalDaemon:
     """Starts dmuond on 127.0.0.1 with a free port; `address` is where it is."""
 
-    def __init__(self, binary=None, flags=(), start_timeout=30.0, stop_grace=5.0):
+    def __init__(self, binary: str | None = None, flags: Sequence[str] = (),
+                 start_timeout: float = 30.0, stop_grace: float = 5.0) -> None:
         self.binary = binary or find_dmuond()
         self.workdir = tempfile.mkdtemp(prefix="dmuond-")
         port_file = os.path.join(self.workdir, "port")
@@ -127,25 +132,25 @@ class LocalDaemon:
         self.address = f"127.0.0.1:{port}"
 
     @property
-    def pid(self):
+    def pid(self) -> int:
         return self.process.pid
 
-    def alive(self):
+    def alive(self) -> bool:
         return self.process.poll() is None
 
-    def log_tail(self, lines=20):
+    def log_tail(self, lines: int = 20) -> str:
         try:
             with open(self.log_path, errors="replace") as f:
                 return "".join(f.readlines()[-lines:]).strip() or "(no output)"
         except OSError:
             return "(no log)"
 
-    def stop(self):
+    def stop(self) -> None:
         """Stops the daemon (SIGTERM, then SIGKILL after the grace period)."""
         self._finalizer()
 
-    def __enter__(self):
+    def __enter__(self) -> LocalDaemon:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -31,7 +31,7 @@ CUDA and NCCL are reached through ctypes on the libraries torch itself
 loaded (libcudart, libnccl), so the extension links neither. Nothing here
 runs without a GPU; the logic around it (what is exported, when events are
 recorded, the receive order) is the same code a host-memory stand-in drives
-in client/python/tests/test_gpu_transport.py against a fake GPU daemon.
+in client/python/tests/test_gpu_transports.py against a fake GPU daemon.
 """
 
 import ctypes

@@ -4,7 +4,7 @@ the three optimizers the demo and the client benchmark compare:
   adamw  torch.optim.AdamW on every parameter
   muon   in-process Muon written here in plain torch (torch.optim.Muon's
          update, fp32 Newton-Schulz) on the matrices + AdamW on the rest
-  dmuon  dmuon.torch.DMuon: the matrices through dmuond, AdamW on the rest
+  dmuon  dmuon.optim.DMuon: the matrices through dmuond, AdamW on the rest
 """
 
 import math
@@ -129,7 +129,7 @@ def make_optimizer(kind, model, server="auto", daemon_flags=()):
     if kind == "muon":
         return InProcessMuon(mats, others, adamw=ADAMW, **MUON)
     if kind == "dmuon":
-        from dmuon.torch import DMuon
+        from dmuon.optim import DMuon
 
         return DMuon(model, server=server, adamw=[model.head], adamw_lr=ADAMW["lr"],
                      adamw_betas=ADAMW["betas"], adamw_eps=ADAMW["eps"],

@@ -1,5 +1,5 @@
 """./dmuon demo: a small GPT-style character model trained three ways —
-AdamW, in-process Muon, and dmuon.torch.DMuon through a dmuond started for
+AdamW, in-process Muon, and dmuon.optim.DMuon through a dmuond started for
 it — with a table, the DMuon-vs-Muon loss agreement, a loss plot and a JSON.
 
   /usr/bin/python3 client/python/examples/demo.py [--steps 300] [--device auto]

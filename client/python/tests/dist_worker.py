@@ -14,7 +14,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from dmuon.torch import DMuon  # noqa: E402
+from dmuon.optim import DMuon  # noqa: E402
 from helpers import MLP, TinyLM, lm_batch, loss_of  # noqa: E402
 
 STEPS = 8

@@ -1,6 +1,7 @@
 """Models, data and an independent reference Muon for the tests.
 
-The reference follows DESIGN.md section 2 literally, in plain torch fp32:
+The reference follows docs/design.md ("The math of a Muon step") literally,
+in plain torch fp32:
     M  <- mu * M + (1 - mu) * G
     U  <- nesterov ? (1 - mu) * G + mu * M : M
     O  <- NS(U)      (transpose so rows <= cols; X = U / max(||U||_F, eps);

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from dmuon.torch import DMuon
+from dmuon.optim import DMuon
 from helpers import TinyLM, lm_batch, loss_of, rel_err
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dmuon
-from dmuon.torch import DMuon
+from dmuon.optim import DMuon
 from helpers import MLP, TinyLM, lm_batch, loss_of, mlp_batch, train
 
 

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from dmuon.torch import DMuon
+from dmuon.optim import DMuon
 from helpers import (MLP, ReferenceMuon, TinyLM, lm_batch, max_rel_err, mlp_batch,
                      muon_split, train)
 

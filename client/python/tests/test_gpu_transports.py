@@ -203,7 +203,7 @@ def test_dmuon_over_cuda_ipc_matches_the_reference(monkeypatch):
     standing in for the GPU region and fake_gpu_dmuond for dmuond_cuda."""
     import copy
 
-    from dmuon.torch import DMuon
+    from dmuon.optim import DMuon
     from helpers import ReferenceMuon, TinyLM, lm_batch, max_rel_err, muon_split, train
 
     monkeypatch.setattr(_gpu, "new_region",
@@ -246,7 +246,7 @@ def test_dmuon_keeps_cuda_ipc_memory_the_daemon_did_not_release(monkeypatch):
     """A daemon that cannot confirm the release (gone when DMuon closes; not a
     private one, whose exit DMuon could wait for): the memory is kept, not
     freed under a mapping that may still exist."""
-    from dmuon.torch import DMuon
+    from dmuon.optim import DMuon
     from helpers import TinyLM
 
     monkeypatch.setattr(_gpu, "new_region",
@@ -268,7 +268,7 @@ def test_dmuon_keeps_cuda_ipc_memory_the_daemon_did_not_release(monkeypatch):
 
 
 def test_gpu_transport_with_cpu_tensors_is_refused(daemon):
-    from dmuon.torch import DMuon
+    from dmuon.optim import DMuon
     from helpers import TinyLM
 
     with pytest.raises(ValueError, match="transport='nccl' needs the Muon parameters "

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dmuon
-from dmuon.torch import DMuon
+from dmuon.optim import DMuon
 from helpers import TinyLM, lm_batch, loss_of, rel_err, train
 
 

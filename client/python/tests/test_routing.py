@@ -4,7 +4,7 @@ import pytest
 
 import dmuon
 from dmuon import _routing
-from dmuon.torch import DMuon
+from dmuon.optim import DMuon
 from helpers import ConvNet, TinyLM
 
 

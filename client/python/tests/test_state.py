@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import dmuon
-from dmuon.torch import DMuon
+from dmuon.optim import DMuon
 from helpers import TinyLM, lm_batch, train
 
 HYPER = dict(lr=0.02, weight_decay=0.05, adamw_lr=3e-3)
@@ -140,7 +140,7 @@ def test_private_daemon_stops_with_the_optimizer():
 
 def test_private_daemon_stops_at_exit_without_close():
     here = os.path.dirname(os.path.abspath(__file__))
-    code = ("import sys; sys.path.insert(0, %r); import torch; from dmuon.torch import "
+    code = ("import sys; sys.path.insert(0, %r); import torch; from dmuon.optim import "
             "DMuon; opt = DMuon(torch.nn.Linear(4, 4)); print(opt._daemon.pid)"
             % os.path.dirname(here))
     pid = int(subprocess.check_output([sys.executable, "-c", code], timeout=60))

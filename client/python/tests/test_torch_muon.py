@@ -20,7 +20,7 @@ import inspect
 import pytest
 import torch
 
-from dmuon.torch import DMuon
+from dmuon.optim import DMuon
 from helpers import TinyLM, lm_batch, loss_of, muon_split, rel_err
 
 _muon = pytest.importorskip("torch.optim._muon", reason="torch.optim.Muon needs torch >= 2.9")

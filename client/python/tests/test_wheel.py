@@ -136,7 +136,7 @@ def test_wheel_file(wheel):
         entry_points = z.read(f"{info}/entry_points.txt").decode()
         modes = {n: z.getinfo(n).external_attr >> 16 for n in names}
     for f in ("dmuon/_dmuon.so", "dmuon/bin/dmuond", "dmuon/bin/dmuonctl", "dmuon/_cli.py",
-              "dmuon/torch.py"):
+              "dmuon/optim.py", "dmuon/torch.py"):
         assert f in names, f
     for f in ("dmuon/bin/dmuond", "dmuon/bin/dmuonctl"):
         assert modes[f] & 0o111, f
@@ -346,7 +346,7 @@ TRAIN = r'''
 import copy, json, os, sys
 import torch
 import dmuon
-from dmuon.torch import DMuon
+from dmuon.optim import DMuon
 from helpers import MLP, ReferenceMuon, max_rel_err, mlp_batch, muon_split, train
 
 pkg = os.path.join(sys.argv[1], "dmuon")
