@@ -263,7 +263,7 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> ConnectPool(
       const std::vector<std::string>& addresses, ClientOptions options = {});
   // Which daemon (index into devices_per_daemon) owns each parameter:
-  // server/planner.h PlanBest over the cost model's flops (LPT spreading
+  // planner/planner.h PlanBest over the cost model's flops (LPT spreading
   // each layer, local search, an exact search for small tables) on every
   // (daemon, device) slot, slots numbered daemon by daemon (daemon 0's
   // devices first); a matrix's daemon is its slot's. So a daemon of 8

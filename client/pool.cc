@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "kernels/cost_model.h"
-#include "server/planner.h"
+#include "planner/planner.h"
 
 namespace dmuon {
 namespace {
@@ -302,7 +302,7 @@ std::vector<int> Client::PlanPool(const SessionSpec& spec,
                      static_cast<int>(d));
   if (daemon_of.empty()) daemon_of.push_back(0);  // no daemons: one
   std::vector<int> owner =
-      server::PlanBest(costs, layers, static_cast<int>(daemon_of.size()))
+      planner::PlanBest(costs, layers, static_cast<int>(daemon_of.size()))
           .executor_of;
   for (int& o : owner) o = daemon_of[o];
   return owner;

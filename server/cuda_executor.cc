@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/check.h"
+#include "base/cuda_status.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "server/cuda_executor_io.h"
 #include "server/cuda_executor_kernels.h"
@@ -65,7 +65,7 @@ class CudaExecutor final : public Executor {
     }
     absl::Status st = ComputeLocked(batch);
     if (!st.ok()) {
-      (void)cudaGetLastError();  // clear a non-sticky error (out of memory)
+      base::ClearLastCudaError();  // clear a non-sticky error (out of memory)
       st = absl::Status(st.code(),
                         absl::StrCat(name_, ": batch of ", batch.size(), " x ",
                                      kernels::ShapeString(batch[0].shape), ": ",
@@ -274,14 +274,14 @@ class CudaExecutor final : public Executor {
   // stream, so the eager retry starts clean. A sticky error shows up in the
   // retry itself.
   absl::Status RecoverFromGraphFailure() {
-    (void)cudaGetLastError();
+    base::ClearLastCudaError();
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     DMUON_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream_, &capturing));
     if (capturing != cudaStreamCaptureStatusNone) {
       cudaGraph_t graph = nullptr;
       (void)cudaStreamEndCapture(stream_, &graph);
       if (graph != nullptr) (void)cudaGraphDestroy(graph);
-      (void)cudaGetLastError();
+      base::ClearLastCudaError();
     }
     return absl::OkStatus();
   }
@@ -296,7 +296,7 @@ class CudaExecutor final : public Executor {
     s.bytes = s.n * (options_.bf16_momentum ? 2 : 4);
     const cudaError_t e = cudaMalloc(&s.ptr, s.bytes);
     if (e != cudaSuccess) {
-      (void)cudaGetLastError();
+      base::ClearLastCudaError();
       return absl::Status(
           e == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
                                          : absl::StatusCode::kInternal,
@@ -311,8 +311,8 @@ class CudaExecutor final : public Executor {
     } else if (const cudaError_t z =
                    cudaMemsetAsync(s.ptr, 0, s.bytes, stream_);
                z != cudaSuccess) {
-      st = cu::internal::CudaErrorStatus(z, "cudaMemsetAsync(momentum)",
-                                         __FILE__, __LINE__);
+      st = base::CudaErrorStatus(z, "cudaMemsetAsync(momentum)", __FILE__,
+                                 __LINE__);
     }
     if (!st.ok()) {
       (void)cudaFree(s.ptr);

@@ -2,7 +2,7 @@
 
 #include "server/cuda_executor_io.h"
 
-#include "kernels/cuda/check.h"
+#include "base/cuda_status.h"
 #include "server/cuda_executor_kernels.h"
 #include "server/gpu_logic.h"
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "planner/planner.h"
 #include "proto/dmuon.pb.h"
-#include "server/planner.h"
 #include "server/service.h"
 #include "server/table.h"
 #include "transport/transport.h"
@@ -105,7 +105,7 @@ struct Job {
   uint64_t serial = 0;  // unique in this daemon: the executors' StateKey::job
   int world_size = 1;
   Table table;
-  Plan plan;
+  planner::Plan plan;
 
   std::mutex mu;
   std::vector<std::shared_ptr<Session>> ranks;  // null until that rank opens

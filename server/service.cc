@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
+#include "planner/planner.h"
 #include "server/job.h"
 #include "server/param_work.h"
 
@@ -239,10 +240,11 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
     if (const std::vector<int> ok = scheduler_->Healthy();
         !ok.empty() && static_cast<int>(ok.size()) < scheduler_->executors()) {
       // New jobs avoid executors that lost their device.
-      job->plan = PlanOn(PlanBest(costs, layers, static_cast<int>(ok.size())),
-                         ok, scheduler_->executors());
+      job->plan = planner::PlanOn(
+          planner::PlanBest(costs, layers, static_cast<int>(ok.size())), ok,
+          scheduler_->executors());
     } else {
-      job->plan = PlanBest(costs, layers, scheduler_->executors());
+      job->plan = planner::PlanBest(costs, layers, scheduler_->executors());
     }
     job->compute_seconds.assign(scheduler_->executors(), 0.0);
     job->last_step_compute_seconds.assign(scheduler_->executors(), 0.0);

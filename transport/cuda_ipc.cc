@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/check.h"
+#include "base/cuda_status.h"
 
 namespace dmuon::transport {
 namespace {
@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Region>> OpenCudaIpcRegion(
   if (const cudaError_t err =
           cudaIpcOpenMemHandle(&base, mh, cudaIpcMemLazyEnablePeerAccess);
       err != cudaSuccess) {
-    (void)cudaGetLastError();
+    base::ClearLastCudaError();
     return absl::InvalidArgumentError(absl::StrCat(
         "cudaIpcOpenMemHandle on ", UuidString(e.device_uuid), ": ",
         cudaGetErrorString(err),
@@ -123,7 +123,7 @@ absl::StatusOr<std::unique_ptr<Region>> OpenCudaIpcRegion(
     std::memcpy(&eh, e.event_handle.data(), sizeof(eh));
     if (const cudaError_t err = cudaIpcOpenEventHandle(&event, eh);
         err != cudaSuccess) {
-      (void)cudaGetLastError();
+      base::ClearLastCudaError();
       event = nullptr;
       st = absl::InvalidArgumentError(absl::StrCat(
           "cudaIpcOpenEventHandle: ", cudaGetErrorString(err),

@@ -1,5 +1,5 @@
 // The status macro for NCCL calls (one per foreign library; CUDA's is in
-// kernels/cuda/check.h):
+// base/cuda_status.h):
 //   DMUON_NCCL_RETURN_IF_ERROR(expr)  expr is an ncclResult_t
 // On a result other than ncclSuccess or ncclInProgress (callers of
 // non-blocking communicators handle that one) the enclosing function returns

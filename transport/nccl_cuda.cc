@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/check.h"
+#include "base/cuda_status.h"
 #include "transport/nccl.h"
 #include "transport/nccl_check.h"
 

@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "server/planner.h"
+#include "planner/planner.h"
 
 namespace dmuon::scaling {
 namespace {
@@ -347,7 +347,7 @@ std::vector<int> PlanOwners(const std::vector<double>& seconds,
   if (seconds.empty()) return {};
   std::vector<double> costs = seconds;
   for (double& c : costs) c = std::max(c, 1e-12);  // the planner wants > 0
-  return server::PlanBest(costs, layers, std::max(1, devices)).executor_of;
+  return planner::PlanBest(costs, layers, std::max(1, devices)).executor_of;
 }
 
 absl::StatusOr<std::vector<StrategyResult>> SimulateStrategies(

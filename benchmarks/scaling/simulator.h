@@ -6,7 +6,7 @@
 //                backward, every GPU runs momentum + NS of every matrix.
 //   round_robin  matrix i on GPU i mod G after backward (our kernels),
 //                then one bulk all-gather of the updates.
-//   dmuon        the pool: PlanBest (server/planner.h) over the G devices,
+//   dmuon        the pool: PlanBest (planner/planner.h) over the G devices,
 //                and an event simulation of the overlap (SimulatePool).
 //   adamw        fused AdamW over every parameter on every rank after
 //                backward (memory-bound).

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "kernels/cuda/check.h"
+#include "base/cuda_status.h"
 #include "transport/cuda_ipc.h"
 
 namespace dmuon::gpu {

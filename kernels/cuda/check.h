@@ -1,32 +1,26 @@
 // One status macro per foreign library the CUDA kernels call:
 //   DMUON_CUDA_RETURN_IF_ERROR(expr)    expr is a cudaError_t
+//                                       (base/cuda_status.h)
 //   DMUON_CUBLAS_RETURN_IF_ERROR(expr)  expr is a cublasStatus_t (cuBLASLt)
 // On failure the enclosing function (returning absl::Status or
 // absl::StatusOr<T>) returns RESOURCE_EXHAUSTED for out-of-memory and
 // INTERNAL otherwise, with file, line, the expression and the library's
-// error string in the message.
+// error string in the message. Code that calls the CUDA runtime but not
+// cuBLAS includes base/cuda_status.h alone.
 
 #ifndef DMUON_KERNELS_CUDA_CHECK_H_
 #define DMUON_KERNELS_CUDA_CHECK_H_
 
 #include <cublasLt.h>
-#include <cuda_runtime_api.h>
+
+#include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda_status.h"
 
 namespace dmuon::kernels::cuda::internal {
-
-inline absl::Status CudaErrorStatus(cudaError_t e, const char* expr,
-                                    const char* file, int line) {
-  std::string msg = absl::StrCat(file, ":", line, ": ", expr,
-                                 " failed: ", cudaGetErrorName(e), " (",
-                                 cudaGetErrorString(e), ")");
-  if (e == cudaErrorMemoryAllocation) {
-    return absl::ResourceExhaustedError(std::move(msg));
-  }
-  return absl::InternalError(std::move(msg));
-}
 
 inline absl::Status CublasErrorStatus(cublasStatus_t s, const char* expr,
                                       const char* file, int line) {
@@ -40,15 +34,6 @@ inline absl::Status CublasErrorStatus(cublasStatus_t s, const char* expr,
 }
 
 }  // namespace dmuon::kernels::cuda::internal
-
-#define DMUON_CUDA_RETURN_IF_ERROR(expr)                        \
-  do {                                                          \
-    const cudaError_t dmuon_cuda_error_ = (expr);               \
-    if (dmuon_cuda_error_ != cudaSuccess) {                     \
-      return ::dmuon::kernels::cuda::internal::CudaErrorStatus( \
-          dmuon_cuda_error_, #expr, __FILE__, __LINE__);        \
-    }                                                           \
-  } while (0)
 
 #define DMUON_CUBLAS_RETURN_IF_ERROR(expr)                        \
   do {                                                            \

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/cuda_status.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/context_impl.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -26,7 +27,7 @@ absl::StatusOr<int> DeviceCount() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
-    (void)cudaGetLastError();  // not a device fault: clear it
+    base::ClearLastCudaError();  // not a device fault: clear it
     return absl::FailedPreconditionError(
         absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorString(e)));
   }

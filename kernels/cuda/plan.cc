@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/check.h"
+#include "base/cuda_status.h"
 #include "kernels/cuda/ns_kernels.h"
 
 namespace dmuon::kernels::cuda {
@@ -176,8 +176,7 @@ absl::Status Plan::Enqueue(const void* in, void* out, cudaStream_t stream) {
       }
     }
     if (err != cudaSuccess) {
-      return internal::CudaErrorStatus(err, op.label.c_str(), __FILE__,
-                                       __LINE__);
+      return base::CudaErrorStatus(err, op.label.c_str(), __FILE__, __LINE__);
     }
   }
   return absl::OkStatus();
@@ -192,14 +191,13 @@ absl::Status Plan::Capture(const void* in, void* out, cudaStream_t stream,
   // Always end the capture, so the stream is usable whatever happened.
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   if (st.ok() && end != cudaSuccess) {
-    st = internal::CudaErrorStatus(end, "cudaStreamEndCapture", __FILE__,
-                                   __LINE__);
+    st = base::CudaErrorStatus(end, "cudaStreamEndCapture", __FILE__, __LINE__);
   }
   if (st.ok()) {
     const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
     if (inst != cudaSuccess) {
-      st = internal::CudaErrorStatus(inst, "cudaGraphInstantiate", __FILE__,
-                                     __LINE__);
+      st = base::CudaErrorStatus(inst, "cudaGraphInstantiate", __FILE__,
+                                 __LINE__);
     }
   }
   if (graph != nullptr) (void)cudaGraphDestroy(graph);

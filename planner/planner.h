@@ -25,13 +25,13 @@
 // than a whole layer's. Spreading is secondary: PlanBest never trades
 // makespan for it (fewer same-layer pairs win only at an equal makespan).
 
-#ifndef DMUON_SERVER_PLANNER_H_
-#define DMUON_SERVER_PLANNER_H_
+#ifndef DMUON_PLANNER_PLANNER_H_
+#define DMUON_PLANNER_PLANNER_H_
 
 #include <cstdint>
 #include <vector>
 
-namespace dmuon::server {
+namespace dmuon::planner {
 
 struct Plan {
   std::vector<int> executor_of;        // by matrix index
@@ -114,6 +114,6 @@ struct PlanOptions {
 Plan PlanBest(const std::vector<double>& costs, const std::vector<int>& layers,
               int executors, const PlanOptions& options = {});
 
-}  // namespace dmuon::server
+}  // namespace dmuon::planner
 
-#endif  // DMUON_SERVER_PLANNER_H_
+#endif  // DMUON_PLANNER_PLANNER_H_

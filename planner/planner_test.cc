@@ -1,4 +1,4 @@
-#include "server/planner.h"
+#include "planner/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <numeric>
 #include <random>
 
-namespace dmuon::server {
+namespace dmuon::planner {
 namespace {
 
 // Every matrix on an existing executor, and the loads and makespan are
@@ -276,4 +276,4 @@ TEST(Planner, PlanOnKeepsOptimality) {
 }
 
 }  // namespace
-}  // namespace dmuon::server
+}  // namespace dmuon::planner

@@ -1,4 +1,4 @@
-#include "server/planner.h"
+#include "planner/planner.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -6,14 +6,14 @@
 #include <map>
 #include <numeric>
 
-#include "server/planner_internal.h"
+#include "planner/planner_internal.h"
 
-namespace dmuon::server {
+namespace dmuon::planner {
 namespace {
 
-using planner_internal::ByDecreasingCost;
-using planner_internal::Finish;
-using planner_internal::Tolerance;
+using internal::ByDecreasingCost;
+using internal::Finish;
+using internal::Tolerance;
 
 // Layers renumbered 0..L-1 in first-appearance order (< 0 stays -1), so
 // per-executor counts fit a k x L table whatever ids the caller used.
@@ -381,4 +381,4 @@ Plan PlanBest(const std::vector<double>& costs, const std::vector<int>& layers,
   return best;
 }
 
-}  // namespace dmuon::server
+}  // namespace dmuon::planner

@@ -1,15 +1,15 @@
 // Helpers shared by planner.cc and planner_exact.cc (not a public API).
 
-#ifndef DMUON_SERVER_PLANNER_INTERNAL_H_
-#define DMUON_SERVER_PLANNER_INTERNAL_H_
+#ifndef DMUON_PLANNER_PLANNER_INTERNAL_H_
+#define DMUON_PLANNER_PLANNER_INTERNAL_H_
 
 #include <algorithm>
 #include <numeric>
 #include <vector>
 
-#include "server/planner.h"
+#include "planner/planner.h"
 
-namespace dmuon::server::planner_internal {
+namespace dmuon::planner::internal {
 
 // Two makespans closer than this are equal: a relative 1e-12 of the total
 // cost, far above the rounding of summing a table's costs in another order
@@ -38,6 +38,6 @@ inline Plan Finish(Plan p, const std::vector<double>& costs, int executors) {
   return p;
 }
 
-}  // namespace dmuon::server::planner_internal
+}  // namespace dmuon::planner::internal
 
-#endif  // DMUON_SERVER_PLANNER_INTERNAL_H_
+#endif  // DMUON_PLANNER_PLANNER_INTERNAL_H_

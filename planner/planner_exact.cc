@@ -4,15 +4,15 @@
 #include <cstdint>
 #include <vector>
 
-#include "server/planner.h"
-#include "server/planner_internal.h"
+#include "planner/planner.h"
+#include "planner/planner_internal.h"
 
-namespace dmuon::server {
+namespace dmuon::planner {
 namespace {
 
-using planner_internal::ByDecreasingCost;
-using planner_internal::Finish;
-using planner_internal::Tolerance;
+using internal::ByDecreasingCost;
+using internal::Finish;
+using internal::Tolerance;
 
 class BranchAndBound {
  public:
@@ -128,4 +128,4 @@ Plan PlanExact(const std::vector<double>& costs, int executors,
   return BranchAndBound(costs, k, incumbent, node_budget).Run(nodes);
 }
 
-}  // namespace dmuon::server
+}  // namespace dmuon::planner
