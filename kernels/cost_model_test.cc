@@ -1,4 +1,5 @@
-// The cost model against the closed forms of shared/notes/newton-schulz.md.
+// The cost model against the closed forms of docs/kernels.md ("Cost model
+// and autotuner").
 
 #include "kernels/cost_model.h"
 

@@ -2,7 +2,8 @@
 //
 // Pure compute, no I/O: Newton–Schulz orthogonalization (direct and Gram),
 // the Muon momentum update, and the learning-rate scale functions, with the
-// exact semantics of torch.optim.Muon (see shared DESIGN.md section 2).
+// exact semantics of torch.optim.Muon (docs/design.md, "The math of a Muon
+// step").
 //
 // This header is the CPU implementation (fp32 through OpenBLAS, plus an fp64
 // path used as the oracle in tests). The CUDA implementation lives in

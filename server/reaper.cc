@@ -1,8 +1,6 @@
-// Idle jobs: a job whose ranks have all closed is kept
-// ServiceOptions::job_retention_seconds for its trainer to reopen (the
-// momentum continues), then dropped so that a long-running daemon does not
-// hold the momentum of every job it ever served. With --state-dir it is
-// snapshotted first and a reopen resumes from the file (LoadPendingSnapshot).
+// Idle jobs (the rules: docs/protocol.md "Idle jobs"): a job whose ranks
+// have all closed is dropped after ServiceOptions::job_retention_seconds,
+// snapshotted first with --state-dir (LoadPendingSnapshot reads it back).
 //
 // No thread polls: CloseLocked stores the drop time on the job and kicks the
 // reaper, which sleeps until the earliest drop time or the next kick.

@@ -73,13 +73,8 @@ struct ServiceOptions {
   std::string state_dir;  // empty: no snapshots
   int snapshot_every =
       0;  // completed steps between snapshots; 0: shutdown only
-  // Seconds a job with no open rank (every rank closed, cleanly or by its
-  // stream ending between steps) is kept, so that a restarted trainer can
-  // reopen it and continue with the daemon-held momentum; then it is
-  // dropped (ReapIdleJobs), its executors' state released. With `state_dir`
-  // it is snapshotted first and a later reopen resumes from the snapshot;
-  // without, its momentum is gone. 0: dropped as soon as the last rank
-  // closes. >= 0 (an int of seconds past now cannot overflow steady_clock).
+  // Idle-job retention (ReapIdleJobs; docs/protocol.md "Idle jobs").
+  // >= 0 (an int of seconds past now cannot overflow steady_clock).
   int job_retention_seconds = 600;
   std::vector<std::string> devices;
   // Autotuner cache file: parameters with method "auto" get the method

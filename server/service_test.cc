@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
 #include "kernels/testing/oracle.h"
+#include "planner/planner.h"
 #include "server/metrics.h"
-#include "server/planner.h"
 #include "server/recording_sink.h"
 #include "transport/transport.h"
 
@@ -133,7 +133,7 @@ struct Rank {
   }
 };
 
-// fp64 Muon (DESIGN.md section 2) for one parameter.
+// fp64 Muon (docs/design.md, "The math of a Muon step") for one parameter.
 struct Reference {
   std::vector<double> m;
   std::vector<double> Step(const std::vector<double>& g, kernels::Shape s) {
@@ -485,7 +485,7 @@ TEST(Service, StatusReportsPredictedAndMeasuredLoadPerExecutor) {
   const std::vector<Param> ps = {{"big", 96, 64, v1::SHARDING_REPLICATED},
                                  {"small", 40, 40, v1::SHARDING_REPLICATED}};
   const std::vector<double> costs = {ModelCost({96, 64}), ModelCost({40, 40})};
-  const Plan plan = PlanBest(costs, {}, 3);
+  const planner::Plan plan = planner::PlanBest(costs, {}, 3);
   ASSERT_EQ(plan.executor_of, (std::vector<int>{0, 1}));
   Rank a;
   ASSERT_TRUE(a.Open(*svc, Request("a", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
@@ -642,7 +642,7 @@ TEST(Service, PluggedTuningKeysTheCacheChoosesTheMethodAndCostsThePlan) {
     costs.push_back(
         FakeTuning::Time({ps[i].rows, ps[i].cols}, chosen[i]).seconds);
   EXPECT_EQ(costs, (std::vector<double>{1e-3, 3e-3, 4e-3}));
-  const Plan plan = PlanBest(costs, {}, 2);
+  const planner::Plan plan = planner::PlanBest(costs, {}, 2);
 
   {
     auto svc = NewService(o);
@@ -814,9 +814,11 @@ TEST(Service, PlanSpreadsEachLayerOverTheExecutors) {
   req.mutable_groups(0)->set_method("auto");
   for (int i = 0; i < 4; ++i) req.mutable_parameters(i)->set_layer(layers[i]);
   const std::vector<double> costs(4, 1e-3);
-  const Plan plan = PlanBest(costs, layers, 2);
-  EXPECT_EQ(SameLayerPairs(plan.executor_of, layers), 0);
-  EXPECT_EQ(SameLayerPairs(PlanBest(costs, {}, 2).executor_of, layers), 2);
+  const planner::Plan plan = planner::PlanBest(costs, layers, 2);
+  EXPECT_EQ(planner::SameLayerPairs(plan.executor_of, layers), 0);
+  EXPECT_EQ(planner::SameLayerPairs(planner::PlanBest(costs, {}, 2).executor_of,
+                                    layers),
+            2);
 
   auto svc = NewService(o);
   Rank r;

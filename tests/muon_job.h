@@ -1,8 +1,9 @@
 // The test job shared by the integration tests and their rank processes: a
 // fixed mixed table (replicated, row-sharded, unreduced parameters),
 // gradients every process can regenerate from (seed, step, parameter,
-// rank), and an fp64 Muon reference (DESIGN.md section 2) independent of
-// the daemon: momentum in double, NS from the SVD oracle.
+// rank), and an fp64 Muon reference (docs/design.md, "The math of a Muon
+// step") independent of the daemon: momentum in double, NS from the SVD
+// oracle.
 
 #ifndef DMUON_TESTS_MUON_JOB_H_
 #define DMUON_TESTS_MUON_JOB_H_

@@ -161,7 +161,8 @@ struct OpList {
   std::vector<Buf> work_buffers;  // plan-owned buffers the ops use, sorted
 };
 
-// The operation sequence of `spec` (DESIGN.md section 2, kernels/kernels.h):
+// The operation sequence of `spec` (docs/design.md "The math of a Muon
+// step", kernels/kernels.h):
 // Direct, per step k: A = X X^T; B = b A + c A A; X' = a X + B X.
 // Gram (Dao-AILab gram-newton-schulz): R = X X^T, Q = I; per step k: at a
 // restart (k == gram_restart_after > 0) X = Q X, R = X X^T, Q = I; then
