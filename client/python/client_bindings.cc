@@ -280,9 +280,62 @@ State DictToState(const py::dict& d) {
   return s;
 }
 
-}  // namespace
+// Client(address, ...): one daemon (a str) or a pool (a list of them).
+std::shared_ptr<Client> Connect(const py::object& address, double deadline,
+                                int retries, double backoff,
+                                uint64_t max_bytes) {
+  ClientOptions o;
+  o.deadline = Millis(deadline);
+  o.retries = retries;
+  o.backoff = Millis(backoff);
+  o.max_message_bytes = max_bytes;
+  const bool pool = !py::isinstance<py::str>(address);
+  std::vector<std::string> addresses;
+  if (pool) {
+    addresses = address.cast<std::vector<std::string>>();
+  } else {
+    addresses = {address.cast<std::string>()};
+  }
+  absl::StatusOr<std::unique_ptr<Client>> c;
+  {
+    py::gil_scoped_release release;
+    c = pool ? Client::ConnectPool(addresses, o)
+             : Client::Connect(addresses[0], o);
+  }
+  if (!c.ok()) Throw(c.status());
+  return std::shared_ptr<Client>(std::move(*c));
+}
 
-void RegisterClient(py::module_& m) {
+// Client.open_session(...).
+std::unique_ptr<PySession> OpenSession(Client& c, const std::string& job_id,
+                                       const py::list& params,
+                                       const py::object& groups, int rank,
+                                       int world_size,
+                                       const std::string& transport,
+                                       const py::object& cuda_ipc,
+                                       const py::object& pool_owner) {
+  SessionSpec spec;
+  spec.job_id = job_id;
+  spec.rank = rank;
+  spec.world_size = world_size;
+  spec.params = ToParams(params);
+  if (!groups.is_none())
+    for (const auto& h : groups) spec.groups.push_back(ToGroup(h));
+  spec.transport = ParseTransport(transport);
+  if (!cuda_ipc.is_none()) spec.cuda_ipc = ToCudaIpc(cuda_ipc);
+  if (!pool_owner.is_none())
+    spec.pool_owner = pool_owner.cast<std::vector<int>>();
+  absl::StatusOr<std::unique_ptr<Session>> s;
+  {
+    py::gil_scoped_release release;
+    s = c.OpenSession(spec);
+  }
+  if (!s.ok()) Throw(s.status());
+  return std::make_unique<PySession>(std::move(*s), std::move(spec.params));
+}
+
+// region_layout, is_local_address, plan_pool: the client's static helpers.
+void RegisterLayoutAndPlan(py::module_& m) {
   m.def(
       "region_layout",
       [](const py::list& params, int rank, int world_size) {
@@ -328,36 +381,16 @@ void RegisterClient(py::module_& m) {
       "(Client::PlanPool): devices_per_daemon as Client.device_counts() "
       "reports them. Deterministic: pass the result to every rank's "
       "open_session(pool_owner=...) so all ranks split the table alike.");
+}
 
+// dmuon.Client: connecting (one daemon or a pool) and opening sessions.
+void RegisterClientClass(py::module_& m) {
   py::class_<Client, std::shared_ptr<Client>>(
       m, "Client",
       "A connection to dmuond. Client(address, deadline=10.0, retries=3, "
       "backoff=0.1, max_message_bytes=64 MiB); deadlines in seconds. A list "
       "of addresses is a pool: each matrix goes to one daemon of it.")
-      .def(py::init([](const py::object& address, double deadline, int retries,
-                       double backoff, uint64_t max_bytes) {
-             ClientOptions o;
-             o.deadline = Millis(deadline);
-             o.retries = retries;
-             o.backoff = Millis(backoff);
-             o.max_message_bytes = max_bytes;
-             const bool pool = !py::isinstance<py::str>(address);
-             std::vector<std::string> addresses;
-             if (pool) {
-               addresses = address.cast<std::vector<std::string>>();
-             } else {
-               addresses = {address.cast<std::string>()};
-             }
-             absl::StatusOr<std::unique_ptr<Client>> c;
-             {
-               py::gil_scoped_release release;
-               c = pool ? Client::ConnectPool(addresses, o)
-                        : Client::Connect(addresses[0], o);
-             }
-             if (!c.ok()) Throw(c.status());
-             return std::shared_ptr<Client>(std::move(*c));
-           }),
-           py::arg("address"), py::arg("deadline") = 10.0,
+      .def(py::init(&Connect), py::arg("address"), py::arg("deadline") = 10.0,
            py::arg("retries") = 3, py::arg("backoff") = 0.1,
            py::arg("max_message_bytes") = uint64_t{64} << 20)
       .def_property_readonly("address", &Client::address)
@@ -375,55 +408,30 @@ void RegisterClient(py::module_& m) {
           "Each daemon's healthy executors (at least 1) from its Status RPC: "
           "one entry, or a pool's in address order (plan_pool's "
           "devices_per_daemon).")
-      .def(
-          "open_session",
-          [](Client& c, const std::string& job_id, const py::list& params,
-             const py::object& groups, int rank, int world_size,
-             const std::string& transport, const py::object& cuda_ipc,
-             const py::object& pool_owner) {
-            SessionSpec spec;
-            spec.job_id = job_id;
-            spec.rank = rank;
-            spec.world_size = world_size;
-            spec.params = ToParams(params);
-            if (!groups.is_none())
-              for (const auto& h : groups) spec.groups.push_back(ToGroup(h));
-            spec.transport = ParseTransport(transport);
-            if (!cuda_ipc.is_none()) spec.cuda_ipc = ToCudaIpc(cuda_ipc);
-            if (!pool_owner.is_none())
-              spec.pool_owner = pool_owner.cast<std::vector<int>>();
-            absl::StatusOr<std::unique_ptr<Session>> s;
-            {
-              py::gil_scoped_release release;
-              s = c.OpenSession(spec);
-            }
-            if (!s.ok()) Throw(s.status());
-            return std::make_unique<PySession>(std::move(*s),
-                                               std::move(spec.params));
-          },
-          py::arg("job_id"), py::arg("params"), py::arg("groups") = py::none(),
-          py::arg("rank") = 0, py::arg("world_size") = 1,
-          py::arg("transport") = "auto", py::arg("cuda_ipc") = py::none(),
-          py::arg("pool_owner") = py::none(),
-          "Opens a session of job `job_id` as `rank` of `world_size` with "
-          "the parameter table `params` (each (name, rows, cols) or a dict "
-          "with name, rows, cols, sharding='replicated'|'rows'|'unreduced', "
-          "row_begin, row_end, forward_order, group, layer: matrices the next "
-          "forward needs together share a layer >= 0, which the planner "
-          "spreads over devices) and the Muon groups "
-          "(dicts: momentum, nesterov, ns_steps, schedule, coefficients, "
-          "method, adjust_lr_fn, eps). transport: 'auto' (shm on this host, "
-          "else inline; never a GPU transport), 'shm', 'inline', 'cuda_ipc' "
-          "(with cuda_ipc=dict(mem_handle=bytes, offset=int, bytes=int, "
-          "event_handle=bytes, device_uuid=bytes): the exported GPU region "
-          "laid out by region_layout(params)) or 'nccl' (then join "
-          "Session.nccl()'s communicator). pool_owner (a pool only): the "
-          "daemon of each parameter, e.g. plan_pool()'s, used as is; None: "
-          "the pool plans from its daemons' device_counts().");
+      .def("open_session", &OpenSession, py::arg("job_id"), py::arg("params"),
+           py::arg("groups") = py::none(), py::arg("rank") = 0,
+           py::arg("world_size") = 1, py::arg("transport") = "auto",
+           py::arg("cuda_ipc") = py::none(), py::arg("pool_owner") = py::none(),
+           "Opens a session of job `job_id` as `rank` of `world_size` with "
+           "the parameter table `params` (each (name, rows, cols) or a dict "
+           "with name, rows, cols, sharding='replicated'|'rows'|'unreduced', "
+           "row_begin, row_end, forward_order, group, layer: matrices the next "
+           "forward needs together share a layer >= 0, which the planner "
+           "spreads over devices) and the Muon groups "
+           "(dicts: momentum, nesterov, ns_steps, schedule, coefficients, "
+           "method, adjust_lr_fn, eps). transport: 'auto' (shm on this host, "
+           "else inline; never a GPU transport), 'shm', 'inline', 'cuda_ipc' "
+           "(with cuda_ipc=dict(mem_handle=bytes, offset=int, bytes=int, "
+           "event_handle=bytes, device_uuid=bytes): the exported GPU region "
+           "laid out by region_layout(params)) or 'nccl' (then join "
+           "Session.nccl()'s communicator). pool_owner (a pool only): the "
+           "daemon of each parameter, e.g. plan_pool()'s, used as is; None: "
+           "the pool plans from its daemons' device_counts().");
+}
 
-  py::class_<PySession>(
-      m, "Session", "One rank's session of a job (see Client.open_session).")
-      .def("__len__", &PySession::size)
+// Session: what it is (names, layout, nccl, ...) and its memory (views).
+void AddSessionInfo(py::class_<PySession>& cls) {
+  cls.def("__len__", &PySession::size)
       .def_property_readonly("names", &PySession::names)
       .def_property_readonly("step", [](PySession& s) { return s.s().step(); })
       .def_property_readonly("transport",
@@ -466,8 +474,13 @@ void RegisterClient(py::module_& m) {
           "message, in arrival order, each message once; blocks up to the "
           "deadline; [] once every update of the step has been returned. "
           "nccl: post one ncclRecv group per list, in this order, after "
-          "declaring every gradient of the step.")
-      .def("local_shape", &PySession::local_shape, py::arg("i"))
+          "declaring every gradient of the step.");
+}
+
+// Session: the step protocol, state and closing; blocking calls release the
+// GIL.
+void AddSessionCalls(py::class_<PySession>& cls) {
+  cls.def("local_shape", &PySession::local_shape, py::arg("i"))
       .def(
           "gradient",
           [](py::object self, int i) { return View(self, i, true, true); },
@@ -568,6 +581,17 @@ void RegisterClient(py::module_& m) {
         py::gil_scoped_release release;
         (void)s.s().Close();
       });
+}
+
+}  // namespace
+
+void RegisterClient(py::module_& m) {
+  RegisterLayoutAndPlan(m);
+  RegisterClientClass(m);
+  py::class_<PySession> session(
+      m, "Session", "One rank's session of a job (see Client.open_session).");
+  AddSessionInfo(session);
+  AddSessionCalls(session);
 }
 
 }  // namespace dmuon::python

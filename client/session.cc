@@ -1,0 +1,377 @@
+#include "client/session.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/wire.h"
+#include "proto/dmuon.grpc.pb.h"
+
+namespace dmuon::client_internal {
+namespace {
+
+class SessionImpl final : public Session {
+ public:
+  // `region`: host memory (shm, inline); null for GPU transports.
+  SessionImpl(std::shared_ptr<grpc::Channel> ch, std::string address,
+              ClientOptions o, v1::OpenSessionResponse open,
+              std::unique_ptr<transport::Region> region, RegionLayout layout,
+              NcclInfo nccl)
+      : stub_(v1::Optimizer::NewStub(ch)),
+        address_(std::move(address)),
+        options_(o),
+        open_(std::move(open)),
+        region_(std::move(region)),
+        layout_(std::move(layout)),
+        nccl_(std::move(nccl)),
+        step_(open_.next_step()),
+        n_(open_.layout().slots_size()),
+        ready_(n_, 0),
+        skipped_(n_, 0) {}
+
+  ~SessionImpl() override { (void)Close(); }
+
+  absl::Status Start() {
+    stream_ = stub_->Step(&stream_ctx_);
+    v1::StepRequest a;
+    a.mutable_attach()->set_session_id(open_.session_id());
+    if (!stream_->Write(a)) return Finish("attach");
+    reader_ = std::thread([this] { ReadLoop(); });
+    return absl::OkStatus();
+  }
+
+  absl::Span<float> gradient(int i) override {
+    if (i < 0 || i >= n_ || region_ == nullptr) return {};
+    const auto& s = open_.layout().slots(i);
+    return absl::MakeSpan(
+        reinterpret_cast<float*>(region_->bytes().data() + s.gradient_offset()),
+        s.bytes() / 4);
+  }
+  absl::Span<const float> update(int i) override {
+    if (i < 0 || i >= n_ || region_ == nullptr) return {};
+    const auto& s = open_.layout().slots(i);
+    return absl::MakeConstSpan(reinterpret_cast<const float*>(
+                                   region_->bytes().data() + s.update_offset()),
+                               s.bytes() / 4);
+  }
+  int64_t step() const override { return step_; }
+  std::string transport() const override {
+    return TransportName(open_.transport());
+  }
+  const RegionLayout& layout() const override { return layout_; }
+  const NcclInfo& nccl() const override { return nccl_; }
+
+  absl::Status GradientReady(int i) override { return GradientsReady({i}); }
+
+  absl::Status GradientsReady(absl::Span<const int> ids) override {
+    for (int i : ids) {
+      if (i < 0 || i >= n_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter index ", i, " is outside [0, ", n_, ")"));
+      }
+    }
+    std::lock_guard<std::mutex> w(write_mu_);
+    if (absl::Status st = stream_status(); !st.ok()) return st;
+    if (open_.transport() == v1::TRANSPORT_INLINE) {
+      const uint64_t max =
+          transport::MaxChunkPayload(open_.capabilities().max_message_bytes());
+      for (int i : ids) {
+        const auto& s = open_.layout().slots(i);
+        const char* base = reinterpret_cast<const char*>(
+            region_->bytes().data() + s.gradient_offset());
+        for (const auto& c : transport::SplitChunks(s.bytes(), max)) {
+          v1::StepRequest m;
+          m.mutable_gradient()->set_step(step_);
+          m.mutable_gradient()->set_param_id(i);
+          m.mutable_gradient()->set_offset(c.offset);
+          m.mutable_gradient()->set_data(base + c.offset, c.bytes);
+          if (!stream_->Write(m)) return Broken();
+        }
+      }
+    }
+    v1::StepRequest m;
+    m.mutable_gradients_ready()->set_step(step_);
+    for (int i : ids) m.mutable_gradients_ready()->add_param_ids(i);
+    if (!stream_->Write(m)) return Broken();
+    return absl::OkStatus();
+  }
+
+  absl::Status WaitUpdate(int i) override {
+    if (i < 0 || i >= n_)
+      return absl::InvalidArgumentError(absl::StrCat("parameter index ", i));
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, options_.deadline,
+                      [&] { return ready_[i] || !final_.ok() || ended_; })) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("update of parameter ", i, " (step ", step_,
+                       ") not back from dmuond at ", address_, " within ",
+                       options_.deadline.count(), " ms"));
+    }
+    if (ready_[i]) return absl::OkStatus();
+    return final_.ok() ? absl::AbortedError(absl::StrCat("dmuond at ", address_,
+                                                         " ended the stream"))
+                       : final_;
+  }
+  absl::StatusOr<std::vector<int>> NextAnnounced() override {
+    std::unique_lock<std::mutex> l(mu_);
+    if (announced_returned_ >= n_) return std::vector<int>();
+    const auto has_current = [&] {
+      while (!announced_.empty() && announced_.front().first < step_)
+        announced_.pop_front();  // a finished step's (never for this one)
+      return !announced_.empty() && announced_.front().first == step_;
+    };
+    if (!cv_.wait_for(l, options_.deadline, [&] {
+          return has_current() || !final_.ok() || ended_;
+        })) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no update of step ", step_, " announced by dmuond at ",
+                       address_, " within ", options_.deadline.count(), " ms (",
+                       announced_returned_, " of ", n_,
+                       " returned; with nccl, every gradient of the step "
+                       "must be declared first)"));
+    }
+    if (!has_current()) {
+      return final_.ok() ? absl::AbortedError(absl::StrCat(
+                               "dmuond at ", address_, " ended the stream"))
+                         : final_;
+    }
+    std::vector<int> ids = std::move(announced_.front().second);
+    announced_.pop_front();
+    announced_returned_ += static_cast<int>(ids.size());
+    return ids;
+  }
+  bool TryUpdate(int i) override {
+    std::lock_guard<std::mutex> l(mu_);
+    return i >= 0 && i < n_ && ready_[i];
+  }
+  bool skipped(int i) const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return i >= 0 && i < n_ && skipped_[i];
+  }
+
+  absl::Status FinishStep() override {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, options_.deadline, [&] {
+          return complete_ >= step_ || !final_.ok() || ended_;
+        })) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("step ", step_, " not complete from dmuond at ",
+                       address_, " within ", options_.deadline.count(), " ms"));
+    }
+    if (complete_ < step_)
+      return final_.ok() ? absl::AbortedError("stream ended") : final_;
+    ++step_;
+    announced_.clear();
+    announced_returned_ = 0;
+    std::fill(ready_.begin(), ready_.end(), 0);
+    std::fill(skipped_.begin(), skipped_.end(), 0);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<State> GetState() override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+    v1::GetStateRequest req;
+    req.set_session_id(open_.session_id());
+    auto reader = stub_->GetState(&ctx, req);
+    State s;
+    v1::StateChunk c;
+    while (reader->Read(&c)) {
+      if (c.has_header()) {
+        s.completed_steps = c.header().completed_steps();
+        for (const auto& p : c.header().parameters()) {
+          s.names.push_back(p.name());
+          s.shapes.push_back({p.shape().begin(), p.shape().end()});
+          s.momentum.emplace_back(p.shape(0) * p.shape(1));
+        }
+      } else if (c.has_momentum()) {
+        const auto& m = c.momentum();
+        if (m.param_id() < 0 ||
+            m.param_id() >= static_cast<int>(s.momentum.size()) ||
+            m.offset() + m.data().size() >
+                s.momentum[m.param_id()].size() * 4) {
+          return absl::DataLossError(
+              "GetState: a momentum chunk outside its tensor");
+        }
+        std::memcpy(reinterpret_cast<char*>(s.momentum[m.param_id()].data()) +
+                        m.offset(),
+                    m.data().data(), m.data().size());
+      }
+    }
+    if (absl::Status st = FromGrpc(reader->Finish(), address_); !st.ok())
+      return st;
+    return s;
+  }
+
+  absl::Status SetState(const State& s) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+    v1::SetStateResponse resp;
+    auto writer = stub_->SetState(&ctx, &resp);
+    v1::StateChunk h;
+    h.set_session_id(open_.session_id());
+    h.mutable_header()->set_completed_steps(s.completed_steps);
+    for (size_t i = 0; i < s.names.size(); ++i) {
+      auto* p = h.mutable_header()->add_parameters();
+      p->set_name(s.names[i]);
+      for (int64_t d : s.shapes[i]) p->add_shape(d);
+    }
+    bool ok = writer->Write(h);
+    const uint64_t max = transport::MaxChunkPayload(options_.max_message_bytes);
+    for (size_t i = 0; ok && i < s.momentum.size(); ++i) {
+      const uint64_t bytes = s.momentum[i].size() * 4;
+      const char* base = reinterpret_cast<const char*>(s.momentum[i].data());
+      for (const auto& c : transport::SplitChunks(bytes, max)) {
+        v1::StateChunk m;
+        m.mutable_momentum()->set_param_id(static_cast<int>(i));
+        m.mutable_momentum()->set_offset(c.offset);
+        m.mutable_momentum()->set_total_bytes(bytes);
+        m.mutable_momentum()->set_data(base + c.offset, c.bytes);
+        if (!(ok = writer->Write(m))) break;
+      }
+    }
+    writer->WritesDone();
+    absl::Status st = FromGrpc(writer->Finish(), address_);
+    if (st.ok()) step_ = resp.completed_steps() + 1;
+    return st;
+  }
+
+  absl::Status Close() override {
+    std::lock_guard<std::mutex> w(write_mu_);
+    if (closed_.exchange(true)) return absl::OkStatus();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+    v1::CloseSessionRequest req;
+    req.set_session_id(open_.session_id());
+    v1::CloseSessionResponse resp;
+    absl::Status st = FromGrpc(stub_->CloseSession(&ctx, req, &resp), address_);
+    if (st.code() == absl::StatusCode::kNotFound) {
+      // The daemon closed it already (its Step stream ended) and released
+      // its region since.
+      st = absl::OkStatus();
+      released_ = true;
+    } else {
+      released_ = st.ok() && resp.region_released();
+    }
+    stream_ctx_.TryCancel();
+    if (reader_.joinable()) reader_.join();
+    return st;
+  }
+  bool region_released() const override { return released_; }
+
+ private:
+  absl::Status stream_status() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!final_.ok()) return final_;
+    if (ended_)
+      return absl::AbortedError(
+          absl::StrCat("the Step stream to dmuond at ", address_, " ended"));
+    return absl::OkStatus();
+  }
+  absl::Status Broken() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, options_.deadline, [&] { return ended_; });
+    return final_.ok() ? absl::UnavailableError(absl::StrCat(
+                             "lost the Step stream to dmuond at ", address_))
+                       : final_;
+  }
+  absl::Status Finish(const char* what) {
+    return FromGrpc(stream_->Finish(), address_);
+  }
+
+  void ReadLoop() {
+    v1::StepResponse r;
+    while (stream_->Read(&r)) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (r.has_update()) {
+        const auto& u = r.update();
+        if (u.param_id() < 0 || u.param_id() >= n_ || region_ == nullptr)
+          continue;
+        const auto& s = open_.layout().slots(u.param_id());
+        if (u.offset() + u.data().size() > s.bytes()) continue;
+        std::memcpy(region_->bytes().data() + s.update_offset() + u.offset(),
+                    u.data().data(), u.data().size());
+      } else if (r.has_updates_ready()) {
+        std::vector<int> ids;
+        for (int i : r.updates_ready().param_ids()) {
+          if (i < 0 || i >= n_) continue;
+          ready_[i] = 1;
+          ids.push_back(i);
+        }
+        if (!ids.empty())
+          announced_.emplace_back(r.updates_ready().step(), std::move(ids));
+      } else if (r.has_error()) {
+        const auto& e = r.error();
+        if (e.param_id() >= 0 && e.param_id() < n_ && e.skipped()) {
+          skipped_[e.param_id()] = 1;
+        } else {
+          final_ =
+              WithAddress(absl::Status(static_cast<absl::StatusCode>(e.code()),
+                                       e.message()),
+                          address_);
+        }
+      } else if (r.has_step_complete()) {
+        complete_ = std::max(complete_, r.step_complete().step());
+      }
+      cv_.notify_all();
+    }
+    grpc::Status st = stream_->Finish();
+    std::lock_guard<std::mutex> l(mu_);
+    ended_ = true;
+    if (final_.ok() && !st.ok() && !closed_) final_ = FromGrpc(st, address_);
+    cv_.notify_all();
+  }
+
+  std::unique_ptr<v1::Optimizer::Stub> stub_;
+  const std::string address_;
+  const ClientOptions options_;
+  const v1::OpenSessionResponse open_;
+  std::unique_ptr<transport::Region> region_;  // null: GPU transports
+  const RegionLayout layout_;
+  const NcclInfo nccl_;
+  int64_t step_;
+  const int n_;
+  grpc::ClientContext stream_ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>>
+      stream_;
+  std::thread reader_;
+  std::mutex write_mu_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint8_t> ready_, skipped_;
+  // UpdatesReady messages (step, ids) not yet returned by NextAnnounced, and
+  // how many ids of the current step it has returned.
+  std::deque<std::pair<int64_t, std::vector<int>>> announced_;
+  int announced_returned_ = 0;
+  int64_t complete_ = 0;
+  absl::Status final_;
+  bool ended_ = false;
+  // Set by Close() (under write_mu_), read by the reader thread (under mu_):
+  // atomic, since the two hold different locks.
+  std::atomic<bool> closed_{false};
+  // Close(): the daemon released the region (region_released()).
+  std::atomic<bool> released_{false};
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Session>> StartSession(
+    std::shared_ptr<grpc::Channel> channel, std::string address,
+    ClientOptions options, v1::OpenSessionResponse open,
+    std::unique_ptr<transport::Region> region, RegionLayout layout,
+    NcclInfo nccl) {
+  auto s = std::make_unique<SessionImpl>(
+      std::move(channel), std::move(address), options, std::move(open),
+      std::move(region), std::move(layout), std::move(nccl));
+  if (absl::Status st = s->Start(); !st.ok()) return st;
+  return std::unique_ptr<Session>(std::move(s));
+}
+
+}  // namespace dmuon::client_internal

@@ -1,0 +1,134 @@
+#include "client/wire.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace dmuon::client_internal {
+
+absl::Status WithAddress(const absl::Status& status, absl::string_view address,
+                         absl::string_view doing) {
+  if (status.ok()) return status;
+  return absl::Status(
+      status.code(), absl::StrCat("dmuond at ", address, ": ", doing,
+                                  doing.empty() ? "" : ": ", status.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& st, const std::string& address) {
+  if (st.ok()) return absl::OkStatus();
+  absl::Status s(static_cast<absl::StatusCode>(st.error_code()),
+                 st.error_message());
+  if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return WithAddress(s, address);
+  }
+  return s;
+}
+
+std::string TransportName(v1::Transport t) {
+  switch (t) {
+    case v1::TRANSPORT_SHM:
+      return "shm";
+    case v1::TRANSPORT_INLINE:
+      return "inline";
+    case v1::TRANSPORT_CUDA_IPC:
+      return "cuda_ipc";
+    case v1::TRANSPORT_NCCL:
+      return "nccl";
+    default:
+      return "unspecified";
+  }
+}
+
+RegionLayout FromProto(const v1::RegionLayout& p) {
+  RegionLayout l;
+  l.total_bytes = p.total_bytes();
+  for (const auto& t : p.slots()) {
+    RegionSlot s;
+    s.rows = t.local_shape_size() > 0 ? t.local_shape(0) : 0;
+    s.cols = t.local_shape_size() > 1 ? t.local_shape(1) : 0;
+    s.gradient_offset = t.gradient_offset();
+    s.update_offset = t.update_offset();
+    s.bytes = t.bytes();
+    l.slots.push_back(s);
+  }
+  return l;
+}
+
+absl::Status CheckLayout(const RegionLayout& want, const RegionLayout& got,
+                         const std::string& address) {
+  if (want == got) return absl::OkStatus();
+  std::string where;
+  if (want.slots.size() != got.slots.size()) {
+    where =
+        absl::StrCat(got.slots.size(), " slots, expected ", want.slots.size());
+  } else {
+    for (size_t i = 0; i < want.slots.size() && where.empty(); ++i) {
+      const RegionSlot &a = want.slots[i], &b = got.slots[i];
+      if (a == b) continue;
+      where = absl::StrCat("slot ", i, " is ", b.rows, "x", b.cols,
+                           " at gradient offset ", b.gradient_offset,
+                           ", update offset ", b.update_offset, "; expected ",
+                           a.rows, "x", a.cols, " at ", a.gradient_offset, ", ",
+                           a.update_offset);
+    }
+  }
+  return absl::InternalError(
+      absl::StrCat("dmuond at ", address, " laid out the session's region in ",
+                   got.total_bytes, " bytes; the client computed ",
+                   want.total_bytes, " bytes (Client::ComputeRegionLayout)",
+                   where.empty() ? "" : absl::StrCat(": ", where),
+                   "; the client and the daemon disagree on the protocol"));
+}
+
+v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
+  v1::OpenSessionRequest r;
+  r.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  r.set_job_id(spec.job_id);
+  r.set_rank(spec.rank);
+  r.set_world_size(spec.world_size);
+  r.set_transport(t);
+  if (t == v1::TRANSPORT_CUDA_IPC) {
+    auto* e = r.mutable_cuda_ipc();
+    e->set_mem_handle(spec.cuda_ipc.mem_handle);
+    e->set_offset(spec.cuda_ipc.offset);
+    e->set_bytes(spec.cuda_ipc.bytes);
+    e->set_event_handle(spec.cuda_ipc.event_handle);
+    e->set_device_uuid(spec.cuda_ipc.device_uuid);
+  }
+  for (const GroupSpec& g : spec.groups) {
+    auto* x = r.add_groups();
+    x->set_momentum(g.momentum);
+    x->set_nesterov(g.nesterov);
+    x->set_ns_steps(g.ns_steps);
+    x->set_schedule(g.schedule);
+    for (const auto& c : g.coefficients) {
+      auto* k = x->add_coefficients();
+      k->set_a(c[0]);
+      k->set_b(c[1]);
+      k->set_c(c[2]);
+    }
+    x->set_method(g.method);
+    x->set_adjust_lr_fn(g.adjust_lr_fn);
+    x->set_eps(g.eps);
+  }
+  for (const ParamSpec& p : spec.params) {
+    auto* s = r.add_parameters();
+    s->set_name(p.name);
+    s->add_shape(p.rows);
+    s->add_shape(p.cols);
+    s->set_dtype(v1::DTYPE_F32);
+    s->set_sharding(p.sharding == Sharding::kRows ? v1::SHARDING_ROWS
+                    : p.sharding == Sharding::kUnreduced
+                        ? v1::SHARDING_UNREDUCED
+                        : v1::SHARDING_REPLICATED);
+    s->set_row_begin(p.row_begin);
+    s->set_row_end(p.row_end);
+    s->set_forward_order(p.forward_order);
+    s->set_group(p.group);
+    if (p.layer >= 0) s->set_layer(p.layer);
+  }
+  return r;
+}
+
+}  // namespace dmuon::client_internal
