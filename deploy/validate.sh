@@ -22,7 +22,7 @@
 #     values.schema.json must be valid JSON;
 #  5. checks the Dockerfile (COPY sources and Bazel targets exist) and parses
 #     every dmuond/dmuonctl command line of the chart and the Dockerfile with
-#     the real binaries when they are built (bazel-bin/server/, or $DMUOND and
+#     the real binaries when they are built (bazel-bin/daemon/, or $DMUOND and
 #     $DMUONCTL), else reports that part as skipped (tools/validate/flags.py).
 # Steps 0 and 3-5 run on the project's Python environment (.venv, made by
 # `./dmuon setup` from python/requirements.lock: kubernetes-validate,
@@ -216,8 +216,8 @@ else
 fi
 
 # ---------------------------------------------------------------- 5. image and flags
-DMUOND=${DMUOND:-$ROOT/bazel-bin/server/dmuond}
-DMUONCTL=${DMUONCTL:-$ROOT/bazel-bin/server/dmuonctl}
+DMUOND=${DMUOND:-$ROOT/bazel-bin/daemon/dmuond}
+DMUONCTL=${DMUONCTL:-$ROOT/bazel-bin/daemon/dmuonctl}
 "$PY" "$VDIR/flags.py" --root "$ROOT" --dockerfile docker/Dockerfile \
   --dmuond "$DMUOND" --dmuonctl "$DMUONCTL" "${flagcheck[@]}" >"$WORK/flags.log" 2>&1 || true
 while IFS= read -r line; do

@@ -1,6 +1,6 @@
 // The daemon side of the GPU transports (cuda_ipc, nccl) as the service sees
 // them. A CUDA daemon (dmuond_cuda) passes an implementation in
-// ServiceOptions (server/cuda_transports.cc); a CPU daemon has none and
+// ServiceOptions (server/cuda/cuda_transports.cc); a CPU daemon has none and
 // answers UNIMPLEMENTED for those transports. No CUDA type appears here.
 //
 // Open returns a Region whose device() view holds the session's tensors in

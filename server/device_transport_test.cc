@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "server/fake_daemon.h"
+#include "server/testing/fake_daemon.h"
 
 namespace dmuon::server::testing {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <chrono>
 
-#include "server/fake_daemon.h"
+#include "server/testing/fake_daemon.h"
 
 namespace dmuon::server::testing {
 namespace {

@@ -21,7 +21,7 @@
 #include "kernels/testing/oracle.h"
 #include "planner/planner.h"
 #include "server/metrics.h"
-#include "server/recording_sink.h"
+#include "server/testing/recording_sink.h"
 #include "transport/transport.h"
 
 namespace dmuon::server {

@@ -34,8 +34,9 @@ RULES=(
   "planner/|kernels/ transport/ base/ proto/ server/ client/ tests/ benchmarks/|planner/ is plain C++ with no deps: the daemon, the pool client and the simulator all plan with it"
   "kernels/|transport/ planner/ proto/ server/ client/ tests/ benchmarks/|kernels/ is pure compute, no I/O"
   "transport/|kernels/ planner/ proto/ server/ client/ tests/ benchmarks/|transport/ moves bytes; its CUDA-status macro comes from base/, not kernels/cuda/check.h"
-  "server/|client/ tests/ benchmarks/|server/ and client/ are peers; tests live in tests/"
-  "client/|server/ tests/ benchmarks/|client/ and server/ are peers that share only proto/, planner/, kernels/, transport/ and base/; tests live in tests/"
+  "server/|daemon/ client/ tests/ benchmarks/|server/ is the service logic: the process (daemon/) depends on it, never the reverse; server/ and client/ are peers; tests live in tests/"
+  "daemon/|client/ tests/ benchmarks/|daemon/ is the process around the service (main, flags, gRPC adapter); it never depends on clients; tests live in tests/"
+  "client/|server/ daemon/ tests/ benchmarks/|client/ and server/ are peers that share only proto/, planner/, kernels/, transport/ and base/; tests live in tests/"
 )
 
 fail=0

@@ -1,8 +1,8 @@
 // The client's GPU transports (client.h: kCudaIpc, kNccl) end to end on the
 // CPU: dmuon::Client over real gRPC on loopback to an in-process daemon
 // whose executors are FakeDeviceExecutors and whose GPU transports are
-// FakeTransports (server/fake_device.h). The "GPU memory" is a host buffer
-// laid out by Client::ComputeRegionLayout: cuda_ipc exports its address,
+// FakeTransports (server/testing/fake_device.h). The "GPU memory" is a host
+// buffer laid out by Client::ComputeRegionLayout: cuda_ipc exports its address,
 // nccl moves its slots over a fake communicator in the order NCCL groups
 // would. Every update is compared with the fp64 reference Muon of
 // tests/muon_job.h (2 ranks, several steps, replicated, row-sharded and
@@ -27,10 +27,10 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/cuda/release_gate.h"
+#include "daemon/grpc_service.h"
 #include "proto/dmuon.grpc.pb.h"
-#include "server/fake_device.h"
-#include "server/grpc_service.h"
 #include "server/service.h"
+#include "server/testing/fake_device.h"
 #include "tests/muon_job.h"
 
 namespace dmuon {

@@ -87,7 +87,7 @@ Daemon::Daemon(std::vector<std::string> flags) {
   const std::string port_file = dir + "/port";
   log_path_ = dir + "/log";
   std::vector<std::string> argv = {
-      Runfile("server/dmuond"), "--listen=127.0.0.1:0",
+      Runfile("daemon/dmuond"), "--listen=127.0.0.1:0",
       "--port-file=" + port_file, "--summary-every-secs=0"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   process_ = std::make_unique<Process>(argv, log_path_);
@@ -109,7 +109,7 @@ std::string Daemon::log() const {
 std::string Ctl(const std::string& address,
                 const std::vector<std::string>& args, int* code) {
   const std::string out = TempDir("ctl") + "/out";
-  std::vector<std::string> argv = {Runfile("server/dmuonctl"),
+  std::vector<std::string> argv = {Runfile("daemon/dmuonctl"),
                                    "--server=" + address};
   argv.insert(argv.end(), args.begin(), args.end());
   Process p(argv, out);

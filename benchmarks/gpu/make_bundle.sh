@@ -12,9 +12,9 @@ targets=(
   //kernels/cuda:autotune_cuda_test
   //kernels/cuda:ns_tool
   //benchmarks:kernels_bench_cuda
-  //server:cuda_executor_test
-  //server:dmuond_cuda
-  //server:dmuond
+  //server/cuda:cuda_executor_test
+  //daemon:dmuond_cuda
+  //daemon:dmuond
   //benchmarks/gpu:gpu_step
   //benchmarks/gpu:gpu_probe
 )

@@ -28,7 +28,7 @@
 #include "client/client.h"
 #include "kernels/kernels.h"
 
-ABSL_FLAG(std::string, dmuond, "bazel-bin/server/dmuond", "the daemon binary");
+ABSL_FLAG(std::string, dmuond, "bazel-bin/daemon/dmuond", "the daemon binary");
 ABSL_FLAG(int, scale, 4, "divide GPT-2-small's dimensions by this");
 ABSL_FLAG(int, layers, 12, "transformer layers (4 matrices each)");
 ABSL_FLAG(int, steps, 7, "timed steps per configuration (after a warm-up)");

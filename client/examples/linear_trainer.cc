@@ -1,8 +1,8 @@
 // A complete C++ trainer on dmuon, to copy: fits a two-layer linear model
 // y = W2 W1 x to a fixed random teacher by Muon through a running dmuond.
 //
-//   bazel build //client/examples:linear_trainer //server:dmuond
-//   bazel-bin/server/dmuond --listen=127.0.0.1:50051 &
+//   bazel build //client/examples:linear_trainer //daemon:dmuond
+//   bazel-bin/daemon/dmuond --listen=127.0.0.1:50051 &
 //   bazel-bin/client/examples/linear_trainer --server=127.0.0.1:50051
 //
 // Per step: compute each matrix's gradient straight into the session's

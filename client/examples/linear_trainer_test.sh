@@ -3,7 +3,7 @@
 set -euo pipefail
 R=${TEST_SRCDIR:-$PWD/..}/dmuon
 DIR=$(mktemp -d "${TEST_TMPDIR:-/tmp}/linear.XXXXXX")
-"$R/server/dmuond" --listen=127.0.0.1:0 --port-file="$DIR/port" \
+"$R/daemon/dmuond" --listen=127.0.0.1:0 --port-file="$DIR/port" \
   --summary-every-secs=0 >"$DIR/dmuond.log" 2>&1 &
 DAEMON=$!
 trap 'kill -9 $DAEMON 2>/dev/null || true' EXIT

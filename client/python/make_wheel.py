@@ -7,7 +7,7 @@ Inputs: the dmuon package (client/python/dmuon), its metadata
 (client/python/pyproject.toml: name, summary, Requires-Python, dependencies,
 extras, console scripts; the version from module.cc, as pyproject.toml says)
 and the Bazel output of
-`bazel build //client/python:_dmuon.so //server:dmuond //server:dmuonctl`.
+`bazel build //client/python:_dmuon.so //daemon:dmuond //daemon:dmuonctl`.
 Output: DIR/dmuon-VERSION-cp311-cp311-manylinux_2_35_x86_64.whl (earlier
 dmuon-VERSION wheels in DIR are removed), which holds
 
@@ -230,13 +230,13 @@ def main():
             with open(os.path.join(pkg, name), "rb") as f:
                 files.append((f"{dist}/{name}", f.read(), False))
     binaries = ((("client", "python", "_dmuon.so"), f"{dist}/_dmuon.so"),
-                (("server", "dmuond"), f"{dist}/bin/dmuond"),
-                (("server", "dmuonctl"), f"{dist}/bin/dmuonctl"))
+                (("daemon", "dmuond"), f"{dist}/bin/dmuond"),
+                (("daemon", "dmuonctl"), f"{dist}/bin/dmuonctl"))
     for parts, dst in binaries:
         src = os.path.join(args.bazel_bin, *parts)
         if not os.path.isfile(src):
             sys.exit(f"make_wheel: {src} is missing; build it first (bazel build "
-                     "//client/python:_dmuon.so //server:dmuond //server:dmuonctl)")
+                     "//client/python:_dmuon.so //daemon:dmuond //daemon:dmuonctl)")
         with open(src, "rb") as f:
             files.append((dst, f.read(), True))
     check_extension(os.path.join(args.bazel_bin, "client", "python", "_dmuon.so"))

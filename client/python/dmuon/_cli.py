@@ -7,7 +7,7 @@ line passed through unchanged, the binary's own exit status), so
 
 The binary is looked for inside this package (bin/NAME, as the wheel ships it,
 its shared libraries in ../dmuon.libs), then in the Bazel output of the
-source checkout this package sits in (bazel-bin/server/NAME). Never on $PATH,
+source checkout this package sits in (bazel-bin/daemon/NAME). Never on $PATH,
 where the first `dmuond` is usually this very script, and not $DMUON_DMUOND
 either: that names the daemon `server="auto"` starts, while these scripts
 always run the package's own binaries.
@@ -25,7 +25,7 @@ def binary(name):
     tried = [os.path.join(_native._package_dir(), "bin", name)]
     root = _native.checkout_root()
     if root:
-        tried.append(os.path.join(root, "bazel-bin", "server", name))
+        tried.append(os.path.join(root, "bazel-bin", "daemon", name))
     for path in tried:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path

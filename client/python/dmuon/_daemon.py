@@ -2,7 +2,7 @@
 
 The binary is looked for in $DMUON_DMUOND, inside this package (bin/dmuond,
 as the wheel ships it), in the Bazel output of the source checkout
-(bazel-bin/server/dmuond), then on $PATH. The daemon listens on 127.0.0.1
+(bazel-bin/daemon/dmuond), then on $PATH. The daemon listens on 127.0.0.1
 with a free port (so trainers on this host use shared memory), dies with its
 parent (PR_SET_PDEATHSIG), and is stopped by `stop()`, when the object is
 garbage-collected, or at interpreter exit, whichever comes first.
@@ -37,7 +37,7 @@ def find_dmuond() -> str:
         return here
     root = _native.checkout_root()
     if root:
-        built = os.path.join(root, "bazel-bin", "server", "dmuond")
+        built = os.path.join(root, "bazel-bin", "daemon", "dmuond")
         tried.append(built)
         if os.access(built, os.X_OK):
             return built
@@ -47,7 +47,7 @@ def find_dmuond() -> str:
     raise FileNotFoundError(
         "dmuon: server='auto' needs the dmuond binary and found none (looked at "
         + ", ".join(tried)
-        + ", $PATH); set $DMUON_DMUOND, build it with `bazel build //server:dmuond`, "
+        + ", $PATH); set $DMUON_DMUOND, build it with `bazel build //daemon:dmuond`, "
         "or pass server='host:port' of a running dmuond"
     )
 

@@ -3,7 +3,7 @@ open_session(transport="cuda_ipc"/"nccl"), Session.layout()/nccl()/
 next_announced(). Without a GPU: the layout against an independent
 computation, a CPU dmuond's refusal, and a cuda_ipc step against
 fake_gpu_dmuond, the test double whose "GPU memory" is a POSIX shm segment
-of this process (bazel build //server:fake_gpu_dmuond)."""
+of this process (bazel build //tests:fake_gpu_dmuond)."""
 
 import os
 from multiprocessing import shared_memory
@@ -82,9 +82,9 @@ def test_cpu_dmuond_rejects_cuda_ipc_naming_it(daemon):
 
 def fake_gpu_dmuond():
     root = _native.checkout_root()
-    path = os.path.join(root or "", "bazel-bin", "server", "fake_gpu_dmuond")
+    path = os.path.join(root or "", "bazel-bin", "tests", "fake_gpu_dmuond")
     if not os.access(path, os.X_OK):
-        pytest.skip(f"{path} is not built (bazel build //server:fake_gpu_dmuond)")
+        pytest.skip(f"{path} is not built (bazel build //tests:fake_gpu_dmuond)")
     return path
 
 

@@ -9,7 +9,7 @@ _WHY = ("dmuon is not built by pip: run `./dmuon wheel` at the repository root "
         "(Bazel builds the extension and dmuond; make_wheel.py packages them into "
         "dist/), then `pip install dist/dmuon-*.whl`; or, from a source checkout, "
         "put client/python on PYTHONPATH after `bazel build //client/python:_dmuon.so "
-        "//server:dmuond //server:dmuonctl` (client/python/README.md)")
+        "//daemon:dmuond //daemon:dmuonctl` (client/python/README.md)")
 
 
 def _refuse(*args, **kwargs):

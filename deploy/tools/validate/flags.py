@@ -219,7 +219,7 @@ def check_program(program: str, binary: str | None, lines: CommandLines, report:
     if not binary or not os.path.exists(binary):
         at = f" at {binary}" if binary else ""
         report.say("skip", f"{program}: {len(entries)} command line(s) not checked "
-                           f"(no binary{at}; build //server:{program})")
+                           f"(no binary{at}; build //daemon:{program})")
         return
     help_ = help_of(binary)
     if isinstance(help_, str) or not help_.flags:

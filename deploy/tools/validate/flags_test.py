@@ -49,8 +49,8 @@ def daemonset(args: list[str], probe: list[str]) -> dict[str, Any]:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A build context with what the test Dockerfiles copy and build."""
-    (tmp_path / "server").mkdir()
-    (tmp_path / "server" / "BUILD").write_text('cc_binary(name = "dmuond")\n', encoding="utf-8")
+    (tmp_path / "daemon").mkdir()
+    (tmp_path / "daemon" / "BUILD").write_text('cc_binary(name = "dmuond")\n', encoding="utf-8")
     (tmp_path / "dmuon").write_text("", encoding="utf-8")
     return tmp_path
 
@@ -74,7 +74,7 @@ def run(repo: Path, capsys: pytest.CaptureFixture[str], objs: list[Any], dockerf
 
 GOOD_DOCKERFILE = """FROM debian:12 AS build
 COPY dmuon /src/dmuon
-RUN bazel build //server:dmuond
+RUN bazel build //daemon:dmuond
 HEALTHCHECK --interval=10s \\
   CMD ["dmuonctl", "--server=127.0.0.1:50051", "health"]
 ENTRYPOINT ["dmuond"]
@@ -109,13 +109,13 @@ def test_missing_binary_is_skipped(repo: Path, capsys: pytest.CaptureFixture[str
     rc, out = run(repo, capsys, [daemonset(["--bogus"], ["health"])], binaries=False)
     assert rc == 0
     assert out[0].startswith("skip dmuond: 1 command line(s) not checked (no binary at ")
-    assert out[1] == "skip dmuonctl: 1 command line(s) not checked (no binary; build //server:dmuonctl)"
+    assert out[1] == "skip dmuonctl: 1 command line(s) not checked (no binary; build //daemon:dmuonctl)"
 
 
 def test_dockerfile_problems(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dockerfile = """FROM debian:12
 COPY missing.txt /src/
-RUN bazel build //server:dmuonctl //tools:x
+RUN bazel build //daemon:dmuonctl //tools:x
 ENTRYPOINT dmuond --listen=0.0.0.0:1
 """
     rc, out = run(repo, capsys, [], dockerfile)
@@ -125,6 +125,6 @@ ENTRYPOINT dmuond --listen=0.0.0.0:1
         "  COPY source missing.txt does not exist in the build context (repository root)",
         "  ENTRYPOINT must use the exec (JSON array) form: dmuond --listen=0.0.0.0:1",
         "  ENTRYPOINT must be [\"dmuond\"], got null",
-        "  Bazel target //server:dmuonctl is not defined in server/BUILD",
+        "  Bazel target //daemon:dmuonctl is not defined in daemon/BUILD",
         "  Bazel package //tools has no BUILD file",
     ]

@@ -1,6 +1,6 @@
 // The CUDA executor: one per GPU, on the kernels' CUDA implementation
 // (kernels/cuda/cuda_kernels.h) with its own Context and stream. Built only
-// with --config=cuda (//server:cuda_executor); no CUDA type appears here.
+// with --config=cuda (//server/cuda:cuda_executor); no CUDA type appears here.
 //
 // Per batch of same-shape tasks (executor.h): gradients are staged into one
 // contiguous fp32 device buffer (copied from host memory, or gathered from
@@ -29,8 +29,8 @@
 // warning once per cause and Status/metrics count the plan
 // (graph_fallbacks; gpu_logic.h GraphFallback).
 
-#ifndef DMUON_SERVER_CUDA_EXECUTOR_H_
-#define DMUON_SERVER_CUDA_EXECUTOR_H_
+#ifndef DMUON_SERVER_CUDA_CUDA_EXECUTOR_H_
+#define DMUON_SERVER_CUDA_CUDA_EXECUTOR_H_
 
 #include <memory>
 #include <string>
@@ -69,4 +69,4 @@ absl::StatusOr<std::vector<std::unique_ptr<Executor>>> NewCudaExecutors(
 
 }  // namespace dmuon::server
 
-#endif  // DMUON_SERVER_CUDA_EXECUTOR_H_
+#endif  // DMUON_SERVER_CUDA_CUDA_EXECUTOR_H_

@@ -1,6 +1,6 @@
 // The GPU transports of dmuond_cuda (cuda_transports.h).
 
-#include "server/cuda_transports.h"
+#include "server/cuda/cuda_transports.h"
 
 #include <map>
 #include <memory>

@@ -3,8 +3,8 @@
 // of gathered gradients, and the bf16-momentum step. Each launcher enqueues
 // on `stream` and returns cudaGetLastError(); none synchronizes.
 
-#ifndef DMUON_SERVER_CUDA_EXECUTOR_KERNELS_H_
-#define DMUON_SERVER_CUDA_EXECUTOR_KERNELS_H_
+#ifndef DMUON_SERVER_CUDA_CUDA_EXECUTOR_KERNELS_H_
+#define DMUON_SERVER_CUDA_CUDA_EXECUTOR_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -41,4 +41,4 @@ cudaError_t LaunchFromBf16(const uint16_t* in, float* out, int64_t n,
 
 }  // namespace dmuon::server::gpu
 
-#endif  // DMUON_SERVER_CUDA_EXECUTOR_KERNELS_H_
+#endif  // DMUON_SERVER_CUDA_CUDA_EXECUTOR_KERNELS_H_

@@ -1,7 +1,7 @@
 // The autotuner's CUDA backend (cuda_tuning.h). The GPU parts skip, with the
 // reason, on a machine without one.
 
-#include "server/cuda_tuning.h"
+#include "server/cuda/cuda_tuning.h"
 
 #include <gtest/gtest.h>
 

@@ -14,14 +14,14 @@
 // CPU reference), which runs only on a cache miss. One Context per function
 // also keeps the Context single-threaded, as it must be.
 
-#ifndef DMUON_SERVER_CUDA_TUNING_H_
-#define DMUON_SERVER_CUDA_TUNING_H_
+#ifndef DMUON_SERVER_CUDA_CUDA_TUNING_H_
+#define DMUON_SERVER_CUDA_CUDA_TUNING_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/cuda_executor.h"
+#include "server/cuda/cuda_executor.h"
 #include "server/service.h"
 
 namespace dmuon::server {
@@ -45,4 +45,4 @@ absl::StatusOr<Tuning> NewCudaTuning(const std::vector<std::string>& devices,
 
 }  // namespace dmuon::server
 
-#endif  // DMUON_SERVER_CUDA_TUNING_H_
+#endif  // DMUON_SERVER_CUDA_CUDA_TUNING_H_

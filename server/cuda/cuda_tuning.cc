@@ -1,6 +1,6 @@
 // The autotuner's CUDA backend (cuda_tuning.h).
 
-#include "server/cuda_tuning.h"
+#include "server/cuda/cuda_tuning.h"
 
 #include <memory>
 #include <utility>

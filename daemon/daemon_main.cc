@@ -1,7 +1,7 @@
 // The body of dmuond (daemon_main.h): flags, logging, the service, the gRPC
 // server, metrics, signals and drain. See `dmuond --help` and README.md.
 
-#include "server/daemon_main.h"
+#include "daemon/daemon_main.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -26,10 +26,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "daemon/flags.h"
+#include "daemon/grpc_service.h"
 #include "prometheus/exposer.h"
-#include "server/flags.h"
 #include "server/gpu_logic.h"
-#include "server/grpc_service.h"
 #include "server/service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -143,7 +143,7 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
       "it.\n"
       "  dmuond --listen=127.0.0.1:50051 --metrics-port=9464 "
       "--state-dir=/var/lib/dmuon",
-      "server/daemon_main.cc");
+      "daemon/daemon_main.cc");
 
   // Logging.
   auto logger = spdlog::stdout_logger_mt("dmuond");

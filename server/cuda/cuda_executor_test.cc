@@ -3,7 +3,7 @@
 // skip, out-of-memory health. On a machine without a GPU the device tests
 // skip with the reason and the no-GPU behaviour is checked instead.
 
-#include "server/cuda_executor.h"
+#include "server/cuda/cuda_executor.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

@@ -2,8 +2,8 @@
 // (dmuond_cuda.cc), which differ only in the GpuSupport they pass: flags,
 // logging, the service, the gRPC server, metrics, signals and drain.
 
-#ifndef DMUON_SERVER_DAEMON_MAIN_H_
-#define DMUON_SERVER_DAEMON_MAIN_H_
+#ifndef DMUON_DAEMON_DAEMON_MAIN_H_
+#define DMUON_DAEMON_DAEMON_MAIN_H_
 
 #include <functional>
 #include <memory>
@@ -43,4 +43,4 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu);
 
 }  // namespace dmuon::server
 
-#endif  // DMUON_SERVER_DAEMON_MAIN_H_
+#endif  // DMUON_DAEMON_DAEMON_MAIN_H_

@@ -5,8 +5,8 @@
 // rewrites "--a-b[=v]" to "--a_b[=v]" before absl parses, and serves --help
 // itself, listing the program's own flags in kebab-case with their defaults.
 
-#ifndef DMUON_SERVER_FLAGS_H_
-#define DMUON_SERVER_FLAGS_H_
+#ifndef DMUON_DAEMON_FLAGS_H_
+#define DMUON_DAEMON_FLAGS_H_
 
 #include <string>
 #include <vector>
@@ -23,4 +23,4 @@ std::vector<std::string> ParseFlags(int argc, char** argv,
 
 }  // namespace dmuon::server
 
-#endif  // DMUON_SERVER_FLAGS_H_
+#endif  // DMUON_DAEMON_FLAGS_H_

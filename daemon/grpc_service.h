@@ -3,8 +3,8 @@
 // failures, and converts the result. Step streams get a queue and a writer
 // thread so the service never blocks on a slow client.
 
-#ifndef DMUON_SERVER_GRPC_SERVICE_H_
-#define DMUON_SERVER_GRPC_SERVICE_H_
+#ifndef DMUON_DAEMON_GRPC_SERVICE_H_
+#define DMUON_DAEMON_GRPC_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -52,4 +52,4 @@ class GrpcOptimizer final : public v1::Optimizer::Service {
 
 }  // namespace dmuon::server
 
-#endif  // DMUON_SERVER_GRPC_SERVICE_H_
+#endif  // DMUON_DAEMON_GRPC_SERVICE_H_

@@ -4,7 +4,7 @@
 //
 // It is dmuond (daemon_main.h: same flags, --listen, --port-file, ...) whose
 // executors are FakeDeviceExecutors and whose GPU transports are
-// FakeTransports (server/fake_device.h):
+// FakeTransports (server/testing/fake_device.h):
 //   cuda_ipc: the client's "GPU memory" is a POSIX shared-memory segment the
 //     client process created; cuda_ipc.mem_handle = "shm:" + its shm_open
 //     name (e.g. "shm:/psm_1234"), offset a multiple of 64, bytes >= the
@@ -35,9 +35,9 @@
 #include <string>
 #include <vector>
 
-#include "server/daemon_main.h"
-#include "server/fake_device.h"
+#include "daemon/daemon_main.h"
 #include "server/gpu_logic.h"
+#include "server/testing/fake_device.h"
 
 int main(int argc, char** argv) {
   using dmuon::server::testing::FakeDeviceExecutor;

@@ -2,10 +2,10 @@
 // the GPU transports (cuda_transports.h) and the autotuner measuring on a
 // GPU (cuda_tuning.h): --devices=cuda:0,1 or auto.
 
-#include "server/cuda_executor.h"
-#include "server/cuda_transports.h"
-#include "server/cuda_tuning.h"
-#include "server/daemon_main.h"
+#include "daemon/daemon_main.h"
+#include "server/cuda/cuda_executor.h"
+#include "server/cuda/cuda_transports.h"
+#include "server/cuda/cuda_tuning.h"
 
 int main(int argc, char** argv) {
   dmuon::server::GpuSupport gpu;

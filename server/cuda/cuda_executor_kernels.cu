@@ -1,4 +1,4 @@
-// Device kernels of server/cuda_executor_kernels.h.
+// Device kernels of server/cuda/cuda_executor_kernels.h.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "server/cuda_executor_kernels.h"
+#include "server/cuda/cuda_executor_kernels.h"
 
 namespace dmuon::server::gpu {
 namespace {

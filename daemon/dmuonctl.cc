@@ -14,9 +14,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "daemon/flags.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
-#include "server/flags.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dmuond address");
 ABSL_FLAG(int, timeout_secs, 5, "deadline of each call");
@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
       "  dmuonctl [--server=HOST:PORT] status [--json] | health | sessions | "
       "drain\n"
       "exit status: 0 ok (health: SERVING), 1 failure or not serving, 2 usage",
-      "server/dmuonctl.cc");
+      "daemon/dmuonctl.cc");
   if (args.size() != 2) {
     std::fprintf(
         stderr,

@@ -1,4 +1,4 @@
-#include "server/flags.h"
+#include "daemon/flags.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -2,8 +2,8 @@
 // (transport/cuda_ipc.h) and nccl (transport/nccl.h). Built only with
 // --config=cuda; no CUDA type appears here.
 
-#ifndef DMUON_SERVER_CUDA_TRANSPORTS_H_
-#define DMUON_SERVER_CUDA_TRANSPORTS_H_
+#ifndef DMUON_SERVER_CUDA_CUDA_TRANSPORTS_H_
+#define DMUON_SERVER_CUDA_CUDA_TRANSPORTS_H_
 
 #include <memory>
 #include <string>
@@ -21,4 +21,4 @@ std::shared_ptr<DeviceTransports> NewCudaTransports(
 
 }  // namespace dmuon::server
 
-#endif  // DMUON_SERVER_CUDA_TRANSPORTS_H_
+#endif  // DMUON_SERVER_CUDA_CUDA_TRANSPORTS_H_

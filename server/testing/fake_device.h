@@ -4,8 +4,9 @@
 // graph fallback, gpu_logic.h, and injectable graph-capture failures), and
 // GPU transports whose regions are memory the test client owns
 // (cuda_ipc-like: mapped; nccl-like: moved by a transfer thread).
-// fake_daemon.h runs a job through the service with them; fake_gpu_dmuond.cc
-// is a whole daemon made of them. Header-only, testonly.
+// fake_daemon.h runs a job through the service with them;
+// tests/fake_gpu_dmuond.cc is a whole daemon made of them. Header-only,
+// testonly.
 //
 // FakeTransports' cuda_ipc.mem_handle (the "GPU memory" the client exports):
 //   exactly sizeof(void*) bytes — the raw address of the client's memory (an
@@ -23,8 +24,8 @@
 // finds in FakeTransports::fabric by the session's nccl.unique_id and rank,
 // and pushes/pops in the order ncclSend/ncclRecv groups would post them.
 
-#ifndef DMUON_SERVER_FAKE_DEVICE_H_
-#define DMUON_SERVER_FAKE_DEVICE_H_
+#ifndef DMUON_SERVER_TESTING_FAKE_DEVICE_H_
+#define DMUON_SERVER_TESTING_FAKE_DEVICE_H_
 
 #include <gtest/gtest.h>
 
@@ -484,4 +485,4 @@ class FakeTransports : public DeviceTransports {
 
 }  // namespace dmuon::server::testing
 
-#endif  // DMUON_SERVER_FAKE_DEVICE_H_
+#endif  // DMUON_SERVER_TESTING_FAKE_DEVICE_H_

@@ -1,9 +1,9 @@
 // Device buffers and device-I/O gather/scatter (cuda_executor_io.h).
 
-#include "server/cuda_executor_io.h"
+#include "server/cuda/cuda_executor_io.h"
 
 #include "base/cuda_status.h"
-#include "server/cuda_executor_kernels.h"
+#include "server/cuda/cuda_executor_kernels.h"
 #include "server/gpu_logic.h"
 
 namespace dmuon::server::gpu {

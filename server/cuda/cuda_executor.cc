@@ -1,6 +1,6 @@
 // The CUDA executor (cuda_executor.h).
 
-#include "server/cuda_executor.h"
+#include "server/cuda/cuda_executor.h"
 
 #include <cuda_runtime_api.h>
 #include <spdlog/spdlog.h>
@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/cuda_status.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "server/cuda_executor_io.h"
-#include "server/cuda_executor_kernels.h"
+#include "server/cuda/cuda_executor_io.h"
+#include "server/cuda/cuda_executor_kernels.h"
 #include "server/gpu_logic.h"
 
 namespace dmuon::server {

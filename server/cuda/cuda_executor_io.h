@@ -3,8 +3,8 @@
 // live in device memory (executor.h DeviceIo), with peer copies for parts on
 // another GPU. Everything is enqueued on the given stream.
 
-#ifndef DMUON_SERVER_CUDA_EXECUTOR_IO_H_
-#define DMUON_SERVER_CUDA_EXECUTOR_IO_H_
+#ifndef DMUON_SERVER_CUDA_CUDA_EXECUTOR_IO_H_
+#define DMUON_SERVER_CUDA_CUDA_EXECUTOR_IO_H_
 
 #include <cuda_runtime_api.h>
 
@@ -49,4 +49,4 @@ absl::Status ScatterUpdate(const ComputeTask& t, const float* slot,
 
 }  // namespace dmuon::server::gpu
 
-#endif  // DMUON_SERVER_CUDA_EXECUTOR_IO_H_
+#endif  // DMUON_SERVER_CUDA_CUDA_EXECUTOR_IO_H_

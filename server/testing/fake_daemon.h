@@ -3,8 +3,8 @@
 // over shm, or over the fake GPU transports of fake_device.h. Header-only,
 // testonly.
 
-#ifndef DMUON_SERVER_FAKE_DAEMON_H_
-#define DMUON_SERVER_FAKE_DAEMON_H_
+#ifndef DMUON_SERVER_TESTING_FAKE_DAEMON_H_
+#define DMUON_SERVER_TESTING_FAKE_DAEMON_H_
 
 #include <gtest/gtest.h>
 
@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "server/fake_device.h"
-#include "server/recording_sink.h"
 #include "server/service.h"
+#include "server/testing/fake_device.h"
+#include "server/testing/recording_sink.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -193,4 +193,4 @@ inline std::vector<std::vector<std::vector<float>>> Grads(int world,
 
 }  // namespace dmuon::server::testing
 
-#endif  // DMUON_SERVER_FAKE_DAEMON_H_
+#endif  // DMUON_SERVER_TESTING_FAKE_DAEMON_H_

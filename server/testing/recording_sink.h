@@ -1,8 +1,8 @@
 // Test-only: a StepSink that records what the service sends a session, for
 // tests that drive the service without sockets.
 
-#ifndef DMUON_SERVER_RECORDING_SINK_H_
-#define DMUON_SERVER_RECORDING_SINK_H_
+#ifndef DMUON_SERVER_TESTING_RECORDING_SINK_H_
+#define DMUON_SERVER_TESTING_RECORDING_SINK_H_
 
 #include <gtest/gtest.h>
 
@@ -73,4 +73,4 @@ class RecordingSink : public StepSink {
 
 }  // namespace dmuon::server::testing
 
-#endif  // DMUON_SERVER_RECORDING_SINK_H_
+#endif  // DMUON_SERVER_TESTING_RECORDING_SINK_H_
