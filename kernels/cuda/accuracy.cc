@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "gtest/gtest.h"
 #include "kernels/cuda/resolve_logic.h"
 
 namespace dmuon::kernels::cuda::accuracy {
@@ -77,6 +78,19 @@ double RelError(const float* got, const float* want, int64_t n) {
     den += double(want[i]) * double(want[i]);
   }
   return std::sqrt(num / std::max(den, 1e-300));
+}
+
+std::vector<float> CpuReference(const std::vector<float>& host, Shape shape,
+                                int64_t batch, const NsOptions& o) {
+  std::vector<float> out(host.size());
+  const int64_t e = shape.elements();
+  for (int64_t b = 0; b < batch; ++b) {
+    auto st = kernels::Orthogonalize(
+        ConstMatrixF{shape, absl::MakeConstSpan(host.data() + b * e, e)},
+        MatrixF{shape, absl::MakeSpan(out.data() + b * e, e)}, o);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  return out;
 }
 
 }  // namespace dmuon::kernels::cuda::accuracy

@@ -96,6 +96,12 @@ inline constexpr Shape kBatchShapes[] = {{48, 160}, {160, 48}};
 inline constexpr int64_t kBatch = 4;
 inline constexpr uint32_t kBatchSeed = 9;
 
+// The CPU fp32 path on `batch` matrices of `shape` stored one after another
+// in `host`: the reference every GPU result is held to. A failing call is a
+// test failure (the output is then left zero for that matrix).
+std::vector<float> CpuReference(const std::vector<float>& host, Shape shape,
+                                int64_t batch, const NsOptions& o);
+
 }  // namespace dmuon::kernels::cuda::accuracy
 
 #endif  // DMUON_KERNELS_CUDA_ACCURACY_H_

@@ -99,19 +99,6 @@ class CudaKernelsTest : public ::testing::Test {
     return result;
   }
 
-  static std::vector<float> Cpu(const std::vector<float>& host, Shape shape,
-                                int64_t batch, const NsOptions& o) {
-    std::vector<float> out(host.size());
-    const int64_t e = shape.elements();
-    for (int64_t b = 0; b < batch; ++b) {
-      auto st = kernels::Orthogonalize(
-          ConstMatrixF{shape, absl::MakeConstSpan(host.data() + b * e, e)},
-          MatrixF{shape, absl::MakeSpan(out.data() + b * e, e)}, o);
-      EXPECT_TRUE(st.ok()) << st;
-    }
-    return out;
-  }
-
   std::unique_ptr<Context> ctx_;
   std::vector<void*> owned_;
 };
@@ -142,7 +129,8 @@ TEST_F(CudaKernelsTest, MatchesCpu) {
         auto got = Gpu(host, shape, 1, compute, o);
         ASSERT_TRUE(got.ok()) << got.status();
         EXPECT_TRUE(AllFinite(*got));
-        const std::vector<float> want = Cpu(host, shape, 1, o.ns);
+        const std::vector<float> want =
+            accuracy::CpuReference(host, shape, 1, o.ns);
         EXPECT_LE(RelError(got->data(), want.data(), want.size()),
                   ErrorBound(shape, o, compute));
       }
@@ -169,7 +157,8 @@ TEST_F(CudaKernelsTest, OptionsAndDTypes) {
                                   Describe(o.compute, method, shape, o)));
         auto got = Gpu(host, shape, 1, DType::kF32, o);
         ASSERT_TRUE(got.ok()) << got.status();
-        const std::vector<float> want = Cpu(host, shape, 1, o.ns);
+        const std::vector<float> want =
+            accuracy::CpuReference(host, shape, 1, o.ns);
         EXPECT_LE(RelError(got->data(), want.data(), want.size()),
                   ErrorBound(shape, o, DType::kF32));
       }
@@ -181,7 +170,7 @@ TEST_F(CudaKernelsTest, OptionsAndDTypes) {
   o.compute = DType::kF32;
   auto got = Gpu(host, shape, 1, DType::kF32, o);
   ASSERT_TRUE(got.ok()) << got.status();
-  const std::vector<float> want = Cpu(host, shape, 1, o.ns);
+  const std::vector<float> want = accuracy::CpuReference(host, shape, 1, o.ns);
   EXPECT_LE(RelError(got->data(), want.data(), want.size()),
             ErrorBound(shape, o, DType::kF32));
 }
@@ -203,7 +192,8 @@ TEST_F(CudaKernelsTest, BatchEqualsOneByOne) {
       SCOPED_TRACE(Describe(o.compute, method, shape, o));
       auto batched = Gpu(host, shape, batch, DType::kF16, o);
       ASSERT_TRUE(batched.ok()) << batched.status();
-      const std::vector<float> want = Cpu(host, shape, batch, o.ns);
+      const std::vector<float> want =
+          accuracy::CpuReference(host, shape, batch, o.ns);
       for (int64_t b = 0; b < batch; ++b) {
         std::vector<float> one(host.begin() + b * e,
                                host.begin() + (b + 1) * e);

@@ -68,20 +68,6 @@ std::vector<float> Emulate(const std::vector<float>& host, Shape shape,
   return std::vector<float>(res.begin(), res.end());
 }
 
-// The CPU fp32 path, matrix by matrix.
-std::vector<float> Cpu(const std::vector<float>& host, Shape shape,
-                       int64_t batch, const NsOptions& o) {
-  std::vector<float> out(host.size());
-  const int64_t e = shape.elements();
-  for (int64_t b = 0; b < batch; ++b) {
-    auto st = kernels::Orthogonalize(
-        ConstMatrixF{shape, absl::MakeConstSpan(host.data() + b * e, e)},
-        MatrixF{shape, absl::MakeSpan(out.data() + b * e, e)}, o);
-    EXPECT_TRUE(st.ok()) << st;
-  }
-  return out;
-}
-
 // Worst error over the batch.
 double WorstError(const std::vector<float>& got, const std::vector<float>& want,
                   Shape shape, int64_t batch) {
@@ -259,7 +245,8 @@ TEST(EmulatedPrecision, MatchesCpuCalls) {
           const std::vector<float> host =
               Rounded(accuracy::Random(shape.elements(), s), compute);
           c.Add(WorstError(Emulate(host, shape, 1, compute, compute, o),
-                           Cpu(host, shape, 1, o.ns), shape, 1));
+                           accuracy::CpuReference(host, shape, 1, o.ns), shape,
+                           1));
         }
         ++seed;
       }
@@ -285,7 +272,8 @@ TEST(EmulatedPrecision, OptionsAndDTypesCalls) {
         for (uint32_t s : {accuracy::kOptionsSeed, 7001u, 7002u, 7003u}) {
           const std::vector<float> host = accuracy::Random(shape.elements(), s);
           c.Add(WorstError(Emulate(host, shape, 1, DType::kF32, DType::kF32, o),
-                           Cpu(host, shape, 1, o.ns), shape, 1));
+                           accuracy::CpuReference(host, shape, 1, o.ns), shape,
+                           1));
         }
       }
     }
@@ -297,7 +285,7 @@ TEST(EmulatedPrecision, OptionsAndDTypesCalls) {
   for (uint32_t s : {accuracy::kOptionsSeed, 7001u, 7002u, 7003u}) {
     const std::vector<float> host = accuracy::Random(shape.elements(), s);
     c.Add(WorstError(Emulate(host, shape, 1, DType::kF32, DType::kF32, o),
-                     Cpu(host, shape, 1, o.ns), shape, 1));
+                     accuracy::CpuReference(host, shape, 1, o.ns), shape, 1));
   }
 }
 
@@ -315,7 +303,8 @@ TEST(EmulatedPrecision, BatchCalls) {
         const std::vector<float> host =
             Rounded(accuracy::Random(b * shape.elements(), s), DType::kF16);
         c.Add(WorstError(Emulate(host, shape, b, DType::kF16, DType::kF16, o),
-                         Cpu(host, shape, b, o.ns), shape, b));
+                         accuracy::CpuReference(host, shape, b, o.ns), shape,
+                         b));
       }
     }
   }
@@ -342,7 +331,8 @@ TEST(EmulatedPrecision, AutotuneCalls) {
     NsOptions ref = o.ns;
     ref.method = Method::kDirect;
     const std::vector<float> first(host.begin(), host.begin() + e);
-    c.Add(accuracy::RelError(got.data(), Cpu(first, shape, 1, ref).data(), e));
+    c.Add(accuracy::RelError(
+        got.data(), accuracy::CpuReference(first, shape, 1, ref).data(), e));
   }
 }
 
@@ -376,7 +366,7 @@ TEST(EmulatedPrecision, LargerShapes) {
       const std::vector<float> host =
           Rounded(accuracy::Random(shape.elements(), 77), DType::kBF16);
       c.Add(WorstError(Emulate(host, shape, 1, DType::kBF16, DType::kBF16, o),
-                       Cpu(host, shape, 1, o.ns), shape, 1));
+                       accuracy::CpuReference(host, shape, 1, o.ns), shape, 1));
     }
   }
 }
