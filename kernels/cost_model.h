@@ -8,7 +8,7 @@
 #ifndef DMUON_KERNELS_COST_MODEL_H_
 #define DMUON_KERNELS_COST_MODEL_H_
 
-#include "kernels/kernels.h"
+#include "kernels/types.h"
 
 namespace dmuon::kernels {
 

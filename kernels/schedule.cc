@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/kernels.h"
+#include "kernels/types.h"
 
 namespace dmuon::kernels {
 namespace {
