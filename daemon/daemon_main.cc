@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "daemon/flags.h"
 #include "daemon/grpc_service.h"
+#include "daemon/prometheus_metrics.h"
 #include "prometheus/exposer.h"
 #include "server/gpu_logic.h"
 #include "server/service.h"
@@ -248,7 +249,7 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  dmuon::server::Metrics metrics;
+  dmuon::server::PrometheusMetrics metrics;
   auto scheduler = std::make_unique<dmuon::server::Scheduler>(
       std::move(ex), absl::GetFlag(FLAGS_max_batch));
   OptimizerService service(opts, std::move(scheduler), &metrics);

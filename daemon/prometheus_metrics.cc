@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "daemon/prometheus_metrics.h"
 
 #include <mutex>
 
@@ -104,7 +104,7 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
 
 }  // namespace
 
-Metrics::Metrics()
+PrometheusMetrics::PrometheusMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       executors_(std::make_shared<ExecutorCollectable>()),
       sessions_(BuildGauge()
@@ -159,31 +159,31 @@ Metrics::Metrics()
                             .Register(*registry_)
                             .Add({}, LatencyBuckets())) {}
 
-void Metrics::StepCompleted(double seconds) {
+void PrometheusMetrics::StepCompleted(double seconds) {
   steps_.Increment();
   step_latency_.Observe(seconds);
 }
 
-void Metrics::Error(const std::string& code) {
+void PrometheusMetrics::Error(const std::string& code) {
   errors_.Add({{"code", code}}).Increment();
 }
 
-void Metrics::Snapshot(double seconds) {
+void PrometheusMetrics::Snapshot(double seconds) {
   snapshots_.Increment();
   snapshot_seconds_.Observe(seconds);
 }
 
-void Metrics::SetExecutorSource(
+void PrometheusMetrics::SetExecutorSource(
     std::function<std::vector<ExecutorStats>()> stats) {
   static_cast<ExecutorCollectable*>(executors_.get())->Set(std::move(stats));
 }
 
-std::vector<std::weak_ptr<prometheus::Collectable>> Metrics::collectables()
-    const {
+std::vector<std::weak_ptr<prometheus::Collectable>>
+PrometheusMetrics::collectables() const {
   return {registry_, executors_};
 }
 
-std::string Metrics::Render() const {
+std::string PrometheusMetrics::Render() const {
   std::vector<prometheus::MetricFamily> all = registry_->Collect();
   for (auto& f : executors_->Collect()) all.push_back(f);
   return prometheus::TextSerializer().Serialize(all);

@@ -1,9 +1,10 @@
-// Prometheus metrics of dmuond (prometheus-cpp). Names are prefixed dmuon_
+// Prometheus metrics of dmuond (prometheus-cpp): the ServiceMetrics of the
+// process, registered with the /metrics exposer. Names are prefixed dmuon_
 // and carry their unit. Executor metrics are read from the scheduler at
 // scrape time (a Collectable), so the hot path never touches them.
 
-#ifndef DMUON_SERVER_METRICS_H_
-#define DMUON_SERVER_METRICS_H_
+#ifndef DMUON_DAEMON_PROMETHEUS_METRICS_H_
+#define DMUON_DAEMON_PROMETHEUS_METRICS_H_
 
 #include <functional>
 #include <memory>
@@ -17,27 +18,31 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/scheduler.h"
+#include "server/service_metrics.h"
 
 namespace dmuon::server {
 
-class Metrics {
+class PrometheusMetrics : public ServiceMetrics {
  public:
-  Metrics();
+  PrometheusMetrics();
 
-  void SetSessions(int n) { sessions_.Set(n); }
-  void SetJobs(int n) { jobs_.Set(n); }
-  void BytesReceived(uint64_t n) {
+  void SetSessions(int n) override { sessions_.Set(n); }
+  void SetJobs(int n) override { jobs_.Set(n); }
+  void BytesReceived(uint64_t n) override {
     bytes_received_.Increment(static_cast<double>(n));
   }
-  void BytesSent(uint64_t n) { bytes_sent_.Increment(static_cast<double>(n)); }
-  void StepCompleted(double seconds);
-  void NonFiniteGradient() { nonfinite_.Increment(); }
-  void Error(const std::string& code);
-  void Snapshot(double seconds);
+  void BytesSent(uint64_t n) override {
+    bytes_sent_.Increment(static_cast<double>(n));
+  }
+  void StepCompleted(double seconds) override;
+  void NonFiniteGradient() override { nonfinite_.Increment(); }
+  void Error(const std::string& code) override;
+  void Snapshot(double seconds) override;
 
   // Serves executor metrics from `stats` at scrape time (including the
   // per-step load fields, which the service fills in).
-  void SetExecutorSource(std::function<std::vector<ExecutorStats>()> stats);
+  void SetExecutorSource(
+      std::function<std::vector<ExecutorStats>()> stats) override;
 
   // Everything to register with an Exposer.
   std::vector<std::weak_ptr<prometheus::Collectable>> collectables() const;
@@ -61,4 +66,4 @@ class Metrics {
 
 }  // namespace dmuon::server
 
-#endif  // DMUON_SERVER_METRICS_H_
+#endif  // DMUON_DAEMON_PROMETHEUS_METRICS_H_

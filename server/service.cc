@@ -95,7 +95,7 @@ void AddJobLoad(const Job& job, const std::vector<ExecutorStats>& devices,
 
 OptimizerService::OptimizerService(ServiceOptions options,
                                    std::unique_ptr<Scheduler> scheduler,
-                                   Metrics* metrics)
+                                   ServiceMetrics* metrics)
     : options_(std::move(options)),
       scheduler_(std::move(scheduler)),
       metrics_(metrics),

@@ -29,8 +29,8 @@
 #include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
 #include "server/device_transport.h"
-#include "server/metrics.h"
 #include "server/scheduler.h"
+#include "server/service_metrics.h"
 
 namespace dmuon::server {
 
@@ -117,8 +117,9 @@ struct ReapResult {
 
 class OptimizerService {
  public:
+  // `metrics` (may be null) must outlive the service.
   OptimizerService(ServiceOptions options, std::unique_ptr<Scheduler> scheduler,
-                   Metrics* metrics);
+                   ServiceMetrics* metrics);
   ~OptimizerService();
 
   absl::StatusOr<v1::OpenSessionResponse> OpenSession(
@@ -237,7 +238,7 @@ class OptimizerService {
   const ServiceOptions options_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<kernels::Autotuner> autotuner_;
-  Metrics* const metrics_;
+  ServiceMetrics* const metrics_;  // null: nothing observed
   const std::chrono::steady_clock::time_point started_;
 
   mutable std::mutex mu_;  // guards the maps below and draining_

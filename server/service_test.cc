@@ -13,14 +13,13 @@
 #include <cstring>
 #include <future>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
 #include "kernels/testing/oracle.h"
 #include "planner/planner.h"
-#include "server/metrics.h"
+#include "server/testing/recording_metrics.h"
 #include "server/testing/recording_sink.h"
 #include "transport/transport.h"
 
@@ -28,6 +27,7 @@ namespace dmuon::server {
 namespace {
 
 using FakeSink = testing::RecordingSink;
+using RecordingMetrics = testing::RecordingMetrics;
 
 struct Param {
   std::string name;
@@ -35,9 +35,9 @@ struct Param {
   v1::Sharding sharding;
 };
 
-std::unique_ptr<OptimizerService> NewService(ServiceOptions o = {},
-                                             int executors = 2,
-                                             Metrics* metrics = nullptr) {
+std::unique_ptr<OptimizerService> NewService(
+    ServiceOptions o = {}, int executors = 2,
+    ServiceMetrics* metrics = nullptr) {
   std::vector<std::unique_ptr<Executor>> ex;
   for (int i = 0; i < executors; ++i) ex.push_back(NewCpuExecutor(i, 1));
   return std::make_unique<OptimizerService>(
@@ -457,18 +457,6 @@ std::vector<std::vector<float>> RandomGradients(const std::vector<Param>& ps,
   return g;
 }
 
-// The value of one sample line `series` ("name{labels}") of /metrics text;
-// NaN when there is none.
-double MetricValue(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) == 0)
-      return std::strtod(line.c_str() + series.size() + 1, nullptr);
-  }
-  return NAN;
-}
-
 // The planner's cost of a parameter nothing measured (service.h).
 double ModelCost(kernels::Shape shape) {
   return kernels::EstimateCost(kernels::Method::kDirect, shape,
@@ -478,7 +466,7 @@ double ModelCost(kernels::Shape shape) {
 }
 
 TEST(Service, StatusReportsPredictedAndMeasuredLoadPerExecutor) {
-  Metrics metrics;
+  RecordingMetrics metrics;
   auto svc = NewService({}, 3, &metrics);
   // Two matrices on three executors: the planner puts the larger on cpu:0,
   // the other on cpu:1; cpu:2 stays idle.
@@ -528,18 +516,18 @@ TEST(Service, StatusReportsPredictedAndMeasuredLoadPerExecutor) {
     EXPECT_EQ(l.measured_step_seconds(),
               st.executors(e).measured_step_seconds());
   }
-  // /metrics serves the same numbers.
-  const std::string text = metrics.Render();
+  // The metrics' executor source serves the same numbers (how /metrics
+  // renders them: daemon/prometheus_metrics_test.cc).
+  const std::vector<ExecutorStats> exported = metrics.Executors();
+  ASSERT_EQ(exported.size(), 3u);
   for (int e = 0; e < 3; ++e) {
-    const std::string dev = "{device=\"cpu:" + std::to_string(e) + "\"}";
-    EXPECT_DOUBLE_EQ(
-        MetricValue(text, "dmuon_executor_predicted_step_seconds" + dev),
-        st.executors(e).predicted_step_seconds())
-        << text;
-    EXPECT_DOUBLE_EQ(
-        MetricValue(text, "dmuon_executor_measured_step_seconds" + dev),
-        st.executors(e).measured_step_seconds())
-        << text;
+    EXPECT_EQ(exported[e].device, "cpu:" + std::to_string(e));
+    EXPECT_DOUBLE_EQ(exported[e].predicted_step_seconds,
+                     st.executors(e).predicted_step_seconds())
+        << e;
+    EXPECT_DOUBLE_EQ(exported[e].measured_step_seconds,
+                     st.executors(e).measured_step_seconds())
+        << e;
   }
 
   // A second job adds its plan to the sums (its one matrix goes to cpu:0)
@@ -575,10 +563,7 @@ TEST(Service, StatusReportsPredictedAndMeasuredLoadPerExecutor) {
     EXPECT_EQ(st.executors(e).measured_step_seconds(), 0) << e;
   }
   EXPECT_EQ(st.jobs_size(), 2);
-  EXPECT_EQ(
-      MetricValue(metrics.Render(),
-                  "dmuon_executor_predicted_step_seconds{device=\"cpu:0\"}"),
-      0);
+  EXPECT_EQ(metrics.Executors().at(0).predicted_step_seconds, 0);
 }
 
 // A measurement backend that is not the CPU's: deterministic times per
@@ -1078,7 +1063,7 @@ const std::vector<Param> kIdle = {{"a", 24, 40, v1::SHARDING_REPLICATED},
                                   {"b", 40, 24, v1::SHARDING_REPLICATED}};
 
 TEST(Service, IdleJobResumesBeforeItsRetentionAndIsDroppedAfter) {
-  Metrics metrics;
+  RecordingMetrics metrics;
   ServiceOptions o;
   o.job_retention_seconds = 600;
   auto svc = NewService(o, 2, &metrics);
@@ -1133,7 +1118,7 @@ TEST(Service, IdleJobResumesBeforeItsRetentionAndIsDroppedAfter) {
   EXPECT_EQ(reap.next, Clock::time_point::max());
   st = svc->Status();
   EXPECT_EQ(st.jobs_size(), 0);
-  EXPECT_EQ(MetricValue(metrics.Render(), "dmuon_jobs"), 0);
+  EXPECT_EQ(metrics.jobs(), 0);
   EXPECT_TRUE(
       svc->ReapIdleJobs(Clock::now() + std::chrono::hours(24)).dropped.empty());
 

@@ -34,7 +34,7 @@ RULES=(
   "planner/|kernels/ transport/ base/ proto/ server/ client/ tests/ benchmarks/|planner/ is plain C++ with no deps: the daemon, the pool client and the simulator all plan with it"
   "kernels/|transport/ planner/ proto/ server/ client/ tests/ benchmarks/|kernels/ is pure compute, no I/O"
   "transport/|kernels/ planner/ proto/ server/ client/ tests/ benchmarks/|transport/ moves bytes; its CUDA-status macro comes from base/, not kernels/cuda/check.h"
-  "server/|daemon/ client/ tests/ benchmarks/|server/ is the service logic: the process (daemon/) depends on it, never the reverse; server/ and client/ are peers; tests live in tests/"
+  "server/|daemon/ client/ tests/ benchmarks/ prometheus/|server/ is the service logic: the process (daemon/) depends on it, never the reverse; server/ and client/ are peers; tests live in tests/; metrics go through ServiceMetrics (server/service_metrics.h), Prometheus is daemon/'s"
   "daemon/|client/ tests/ benchmarks/|daemon/ is the process around the service (main, flags, gRPC adapter); it never depends on clients; tests live in tests/"
   "client/|server/ daemon/ tests/ benchmarks/|client/ and server/ are peers that share only proto/, planner/, kernels/, transport/ and base/; tests live in tests/"
 )
@@ -47,7 +47,8 @@ for rule in "${RULES[@]}"; do
   [[ -d "$folder" ]] || continue
   while IFS= read -r -d '' f; do
     checked=$((checked + 1))
-    # '#include "x/..."' in C++/CUDA, 'import "x/..."' in .proto files.
+    # '#include "x/..."' or '#include <x/...>' in C++/CUDA, 'import "x/..."'
+    # in .proto files.
     while IFS=: read -r line inc; do
       [[ -n "$inc" ]] || continue
       for p in $forbidden; do
@@ -56,8 +57,8 @@ for rule in "${RULES[@]}"; do
           fail=1
         fi
       done
-    done < <(grep -n -E '^[[:space:]]*(#[[:space:]]*include|import)[[:space:]]+"' "$f" |
-               sed -E 's/^([0-9]+):[^"]*"([^"]+)".*/\1:\2/' || true)
+    done < <(grep -n -E '^[[:space:]]*(#[[:space:]]*include|import)[[:space:]]+["<]' "$f" |
+               sed -E 's/^([0-9]+):[^"<]*["<]([^">]+)[">].*/\1:\2/' || true)
   done < <(find "$folder" -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \
              -o -name '*.cuh' -o -name '*.proto' \) -print0 | sort -z)
 done

@@ -46,7 +46,7 @@ struct Daemon {
   std::vector<std::shared_ptr<Sink>> sinks;
 
   Daemon(bool device, ServiceOptions o = {}, int executors = 2,
-         Metrics* metrics = nullptr) {
+         ServiceMetrics* metrics = nullptr) {
     std::vector<std::unique_ptr<Executor>> ex;
     for (int i = 0; i < executors; ++i) {
       if (device) {

@@ -1,0 +1,132 @@
+// PrometheusMetrics: every ServiceMetrics observation as the /metrics text
+// serves it (the service's side of these numbers: server/service_test.cc and
+// server/executor_state_test.cc, through a recording ServiceMetrics; the
+// exposer over HTTP: tests/daemon_test.cc).
+
+#include "daemon/prometheus_metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace dmuon::server {
+namespace {
+
+// The value of one sample line `series` ("name{labels}") of /metrics text;
+// NaN when there is none.
+double MetricValue(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0)
+      return std::strtod(line.c_str() + series.size() + 1, nullptr);
+  }
+  return NAN;
+}
+
+TEST(PrometheusMetrics, ServesTheServiceObservations) {
+  PrometheusMetrics m;
+  ServiceMetrics& observed = m;
+  observed.SetSessions(3);
+  observed.SetJobs(2);
+  observed.BytesReceived(100);
+  observed.BytesReceived(28);
+  observed.BytesSent(64);
+  observed.StepCompleted(0.003);
+  observed.StepCompleted(0.2);
+  observed.NonFiniteGradient();
+  observed.Error("INVALID_ARGUMENT");
+  observed.Error("INVALID_ARGUMENT");
+  observed.Error("UNAVAILABLE");
+  observed.Snapshot(0.01);
+
+  const std::string text = m.Render();
+  EXPECT_EQ(MetricValue(text, "dmuon_sessions"), 3) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_jobs"), 2) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_bytes_received_total"), 128) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_bytes_sent_total"), 64) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_steps_total"), 2) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_step_latency_seconds_count"), 2) << text;
+  EXPECT_DOUBLE_EQ(MetricValue(text, "dmuon_step_latency_seconds_sum"), 0.203)
+      << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_nonfinite_gradients_total"), 1) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_errors_total{code=\"INVALID_ARGUMENT\"}"),
+            2)
+      << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_errors_total{code=\"UNAVAILABLE\"}"), 1)
+      << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_snapshots_total"), 1) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_snapshot_seconds_count"), 1) << text;
+
+  // Gauges follow the latest value.
+  observed.SetJobs(0);
+  EXPECT_EQ(MetricValue(m.Render(), "dmuon_jobs"), 0);
+}
+
+TEST(PrometheusMetrics, ReadsExecutorsFromTheSourceAtScrapeTime) {
+  PrometheusMetrics m;
+  // No source: no executor series.
+  EXPECT_TRUE(std::isnan(MetricValue(
+      m.Render(), "dmuon_executor_busy_seconds_total{device=\"cpu:0\"}")));
+
+  std::vector<ExecutorStats> stats(2);
+  stats[0].device = "cpu:0";
+  stats[0].busy_seconds = 1.5;
+  stats[0].queue_depth = 4;
+  stats[0].matrices = 12;
+  stats[0].flops = 3e9;
+  stats[0].memory_bytes = 4096;
+  stats[0].predicted_step_seconds = 0.25;
+  stats[0].measured_step_seconds = 0.125;
+  stats[1].device = "fake:1";
+  stats[1].healthy = false;
+  stats[1].graph_fallbacks = 3;
+  int reads = 0;
+  m.SetExecutorSource([&] {
+    ++reads;
+    return stats;
+  });
+  EXPECT_EQ(reads, 0) << "read at scrape time only";
+
+  std::string text = m.Render();
+  EXPECT_EQ(reads, 1);
+  const std::string cpu = "{device=\"cpu:0\"}", fake = "{device=\"fake:1\"}";
+  EXPECT_EQ(MetricValue(text, "dmuon_executor_busy_seconds_total" + cpu), 1.5)
+      << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_executor_queue_depth" + cpu), 4) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_executor_matrices_total" + cpu), 12)
+      << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_executor_flops_total" + cpu), 3e9) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_device_memory_bytes" + cpu), 4096) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_executor_healthy" + cpu), 1) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_executor_healthy" + fake), 0) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_executor_graph_fallbacks_total" + fake), 3)
+      << text;
+  EXPECT_DOUBLE_EQ(
+      MetricValue(text, "dmuon_executor_predicted_step_seconds" + cpu), 0.25)
+      << text;
+  EXPECT_DOUBLE_EQ(
+      MetricValue(text, "dmuon_executor_measured_step_seconds" + cpu), 0.125)
+      << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_executor_predicted_step_seconds" + fake),
+            0)
+      << text;
+
+  // Later scrapes read the source again.
+  stats[0].predicted_step_seconds = 0;
+  EXPECT_EQ(
+      MetricValue(m.Render(), "dmuon_executor_predicted_step_seconds" + cpu),
+      0);
+  // A detached source serves no executors (the service detaches on
+  // destruction).
+  m.SetExecutorSource(nullptr);
+  EXPECT_TRUE(std::isnan(
+      MetricValue(m.Render(), "dmuon_executor_predicted_step_seconds" + cpu)));
+}
+
+}  // namespace
+}  // namespace dmuon::server

@@ -1,0 +1,47 @@
+// What the service observes for monitoring, as an interface: the service
+// (server/) reports through it and never sees how it is exported. dmuond
+// implements it with Prometheus (daemon/prometheus_metrics.h); tests record
+// it (server/testing/recording_metrics.h). The service takes a nullable
+// ServiceMetrics*: null observes nothing.
+
+#ifndef DMUON_SERVER_SERVICE_METRICS_H_
+#define DMUON_SERVER_SERVICE_METRICS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "server/scheduler.h"
+
+namespace dmuon::server {
+
+class ServiceMetrics {
+ public:
+  virtual ~ServiceMetrics() = default;
+
+  // Open sessions and jobs with state in memory, after each change.
+  virtual void SetSessions(int n) = 0;
+  virtual void SetJobs(int n) = 0;
+  // Gradient bytes received and update bytes delivered (inline and shm).
+  virtual void BytesReceived(uint64_t n) = 0;
+  virtual void BytesSent(uint64_t n) = 0;
+  // A session step completed, `seconds` from its first gradient to its last
+  // update.
+  virtual void StepCompleted(double seconds) = 0;
+  // A gradient with NaN/Inf (skipped or failed by policy).
+  virtual void NonFiniteGradient() = 0;
+  // A failed call, by its status code's name.
+  virtual void Error(const std::string& code) = 0;
+  // One job's snapshot written in `seconds`.
+  virtual void Snapshot(double seconds) = 0;
+  // Executor statistics (with the per-step load fields filled in by the
+  // service), to be read when the metrics are exported, so the hot path
+  // never touches them; null detaches the source. Thread-safe.
+  virtual void SetExecutorSource(
+      std::function<std::vector<ExecutorStats>()> stats) = 0;
+};
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_SERVICE_METRICS_H_
