@@ -317,7 +317,7 @@ def test_clean_venv_without_debian_libraries(wheel, clean_venv, hidden, tmp_path
     assert bundled > 40, bundled
     prefix = hidden or []
     if hidden:
-        control = run(hidden + [ROOT / "bazel-bin" / "server" / "dmuond", "--help"])
+        control = run(hidden + [ROOT / "bazel-bin" / "daemon" / "dmuond", "--help"])
         assert control.returncode != 0 and "error while loading shared libraries" in \
             control.stderr, ("Debian's libraries are not hidden", control.stderr)
     else:
