@@ -60,21 +60,9 @@ BASE = re.compile(r"^(ld-linux-x86-64|linux-vdso|libc|libm|libmvec|libstdc\+\+|l
 # process by design.
 STD = re.compile(r"^_Z(?:Z|GVZ|T[VIS])?N?K?St")
 BINDING = re.compile(r"binding file (.*?) \[\d+\] to (.*?) \[\d+\]: \w+ symbol `([^']+)'")
-CLASSIC = (3.4445, -4.7750, 2.0315)
 
 
 # --- the worker (a fresh interpreter) ---------------------------------------
-
-def oracle(u, steps=5):
-    """Newton-Schulz (classic coefficients) through numpy's SVD in float64."""
-    import numpy as np
-
-    u = np.asarray(u, dtype=np.float64)
-    p, s, qt = np.linalg.svd(u / max(np.linalg.norm(u), 1e-7), full_matrices=False)
-    for _ in range(steps):
-        s = CLASSIC[0] * s + CLASSIC[1] * s**3 + CLASSIC[2] * s**5
-    return (p * s) @ qt
-
 
 def worker(order, mode):
     # The daemon this starts must not log its own bindings.
@@ -94,25 +82,14 @@ def worker(order, mode):
 
     import dmuon
 
-    rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))  # noqa: E731
+    from smoke import check_orthogonalize, check_session_step, rel
+
     rng = np.random.default_rng(0)
-    u = rng.standard_normal((96, 160))  # big enough for the BLAS (gemm, syrk)
-    assert rel(dmuon.orthogonalize(u), oracle(u)) < 1e-9
-    assert rel(dmuon.orthogonalize(u.astype(np.float32)), oracle(u)) < 2e-5
+    check_orthogonalize(dmuon, rng)
     a, b = rng.standard_normal((128, 96)), rng.standard_normal((96, 64))
     assert rel((torch.from_numpy(a) @ torch.from_numpy(b)).numpy(), a @ b) < 1e-12
     with dmuon.LocalDaemon(stop_grace=1.0) as d:
-        client = dmuon.Client(d.address, deadline=10.0)
-        s = client.open_session("symbols", [("w", 24, 40)],
-                                groups=[dict(momentum=0.9, nesterov=False)])
-        g = rng.standard_normal((24, 40)).astype(np.float32)
-        s.gradient(0)[:] = g
-        s.gradients_ready([0])
-        s.wait_update(0)
-        # momentum 0.9, no Nesterov: U = 0.1 G; rows <= cols: lr scale 1.
-        assert rel(np.array(s.update(0)), oracle(0.1 * g)) < 2e-5
-        s.finish_step()
-        s.close()
+        check_session_step(dmuon, d.address, "symbols", rng)
         with grpc.insecure_channel(d.address) as ch:
             grpc.channel_ready_future(ch).result(timeout=10)
             r = health_pb2_grpc.HealthStub(ch).Check(

@@ -266,41 +266,20 @@ assert dmuon._ext.__file__ == os.path.join(pkg, "_dmuon.so"), dmuon._ext.__file_
 assert dmuon.find_dmuond() == os.path.join(pkg, "bin", "dmuond"), dmuon.find_dmuond()
 
 
-def oracle(u, steps=5):
-    u = np.asarray(u, dtype=np.float64)
-    p, s, qt = np.linalg.svd(u / max(np.linalg.norm(u), 1e-7), full_matrices=False)
-    for _ in range(steps):
-        s = 3.4445 * s - 4.7750 * s**3 + 2.0315 * s**5
-    return (p * s) @ qt
-
-
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 def maps(pid):
     with open(f"/proc/{pid}/maps") as f:
         return sorted({l.split(None, 5)[5].strip() for l in f
                        if len(l.split(None, 5)) == 6 and ".so" in l})
 
 
+sys.path.insert(0, sys.argv[2])  # the tests folder: smoke.py
+from smoke import check_orthogonalize, check_session_step
+
 rng = np.random.default_rng(0)
-u = rng.standard_normal((96, 160))
-assert rel(dmuon.orthogonalize(u), oracle(u)) < 1e-9
-assert rel(dmuon.orthogonalize(u.astype(np.float32)), oracle(u)) < 2e-5
+check_orthogonalize(dmuon, rng)
 with dmuon.LocalDaemon(stop_grace=1.0) as d:
     assert d.binary == os.path.join(pkg, "bin", "dmuond"), d.binary
-    client = dmuon.Client(d.address, deadline=10.0)
-    s = client.open_session("wheel", [("w", 24, 40)],
-                            groups=[dict(momentum=0.9, nesterov=False)])
-    g = rng.standard_normal((24, 40)).astype(np.float32)
-    s.gradient(0)[:] = g
-    s.gradients_ready([0])
-    s.wait_update(0)
-    # momentum 0.9, no Nesterov: U = 0.1 G; rows <= cols: lr scale 1.
-    assert rel(np.array(s.update(0)), oracle(0.1 * g)) < 2e-5
-    s.finish_step()
-    s.close()
+    check_session_step(dmuon, d.address, "wheel", rng)
     ctl = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dmuonctl"),
                           "--server=" + d.address, "health"],
                          capture_output=True, text=True, timeout=60)
@@ -329,7 +308,8 @@ def test_clean_venv_without_debian_libraries(wheel, clean_venv, hidden, tmp_path
         assert r.stdout.startswith(f"{name}: "), r.stdout[:200]
     script = tmp_path / "check.py"
     script.write_text(CHECK)
-    r = ok(run(prefix + [venv / "bin" / "python", script, site], cwd=tmp_path, timeout=150))
+    r = ok(run(prefix + [venv / "bin" / "python", script, site, HERE], cwd=tmp_path,
+               timeout=150))
     info = json.loads(r.stdout.strip().splitlines()[-1])
     inside = (str(site / "dmuon") + os.sep, str(site / "dmuon.libs") + os.sep)
     outside = [p for p in info["dmuond"]
