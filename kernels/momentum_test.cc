@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/testing/momentum_reference.h"
 
 namespace dmuon::kernels {
 namespace {
@@ -33,6 +34,30 @@ TEST(Momentum, MatchesReferenceOverSteps) {
           ASSERT_NEAR(u[i], ref_u, 1e-5 * (1 + std::abs(ref_u)));
         }
       }
+    }
+  }
+}
+
+// The device kernels' CPU reference (kernels/testing), without rounding,
+// is MomentumUpdate bit for bit.
+TEST(Momentum, DeviceReferenceWithoutRoundingIsMomentumUpdate) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  const size_t n = 1000;
+  for (bool nesterov : {true, false}) {
+    for (double mu : {0.95, 0.5, 0.0}) {
+      std::vector<float> g(n), m(n);
+      for (float& x : g) x = d(rng);
+      for (float& x : m) x = d(rng);
+      std::vector<float> ref_m = m, ref_u(n), u(n);
+      ASSERT_TRUE(
+          MomentumUpdate(g, absl::MakeSpan(m), absl::MakeSpan(u), mu, nesterov)
+              .ok());
+      testing::MomentumReference(g, absl::MakeSpan(ref_m),
+                                 absl::MakeSpan(ref_u), mu, nesterov,
+                                 [](float v) { return v; });
+      EXPECT_EQ(ref_m, m) << "nesterov=" << nesterov << " mu=" << mu;
+      EXPECT_EQ(ref_u, u) << "nesterov=" << nesterov << " mu=" << mu;
     }
   }
 }

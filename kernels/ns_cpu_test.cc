@@ -64,23 +64,17 @@ const std::vector<Shape>& Shapes() {
   return *shapes;
 }
 
-TEST_F(NsCpuTest, DirectMatchesSvdOracle) {
-  const NsOptions o = Options(Method::kDirect);
-  for (Shape s : Shapes()) {
-    const auto g = RandomNormal(s, rng_);
-    const auto want = SvdOracle(g, s, o);
-    EXPECT_LT(RelativeError(ToDouble(RunF32(g, s, o)), want), 1e-4) << Where(s);
-    EXPECT_LT(RelativeError(RunF64(g, s, o), want), 1e-10) << Where(s);
-  }
-}
-
-TEST_F(NsCpuTest, GramMatchesSvdOracle) {
-  const NsOptions o = Options(Method::kGram);
-  for (Shape s : Shapes()) {
-    const auto g = RandomNormal(s, rng_);
-    const auto want = SvdOracle(g, s, o);
-    EXPECT_LT(RelativeError(ToDouble(RunF32(g, s, o)), want), 1e-4) << Where(s);
-    EXPECT_LT(RelativeError(RunF64(g, s, o), want), 1e-10) << Where(s);
+TEST_F(NsCpuTest, BothMethodsMatchSvdOracle) {
+  for (Method method : {Method::kDirect, Method::kGram}) {
+    SCOPED_TRACE(MethodName(method));
+    const NsOptions o = Options(method);
+    for (Shape s : Shapes()) {
+      const auto g = RandomNormal(s, rng_);
+      const auto want = SvdOracle(g, s, o);
+      EXPECT_LT(RelativeError(ToDouble(RunF32(g, s, o)), want), 1e-4)
+          << Where(s);
+      EXPECT_LT(RelativeError(RunF64(g, s, o), want), 1e-10) << Where(s);
+    }
   }
 }
 

@@ -11,8 +11,10 @@ namespace dmuon::planner {
 namespace {
 
 // Every matrix on an existing executor, and the loads and makespan are
-// those of the assignment.
-void ExpectValid(const Plan& p, const std::vector<double>& costs, int k) {
+// those of the assignment (summed here in index order), within `rel` of the
+// total cost.
+void ExpectValid(const Plan& p, const std::vector<double>& costs, int k,
+                 double rel = 1e-9) {
   ASSERT_EQ(p.executor_of.size(), costs.size());
   ASSERT_EQ(p.predicted_load.size(), static_cast<size_t>(k));
   std::vector<double> load(k, 0);
@@ -24,9 +26,9 @@ void ExpectValid(const Plan& p, const std::vector<double>& costs, int k) {
     total += costs[i];
   }
   for (int e = 0; e < k; ++e)
-    EXPECT_NEAR(load[e], p.predicted_load[e], 1e-9 * total) << e;
+    EXPECT_NEAR(load[e], p.predicted_load[e], rel * total) << e;
   EXPECT_NEAR(p.makespan, *std::max_element(load.begin(), load.end()),
-              1e-9 * total);
+              rel * total);
 }
 
 // The minimum makespan over all k^n assignments.
@@ -48,12 +50,19 @@ double BruteForce(const std::vector<double>& costs, int k) {
   return best;
 }
 
+// n costs uniform in [1, 100).
+std::vector<double> UniformCosts(std::mt19937& rng, size_t n) {
+  std::vector<double> costs(n);
+  std::uniform_real_distribution<double> u(1, 100);
+  for (double& c : costs) c = u(rng);
+  return costs;
+}
+
 // Random costs: uniform reals, or small integers (many ties) half the time.
 std::vector<double> RandomCosts(std::mt19937& rng, size_t n) {
+  if (rng() % 2 == 0) return UniformCosts(rng, n);
   std::vector<double> costs(n);
-  const bool ties = rng() % 2;
-  std::uniform_real_distribution<double> u(1, 100);
-  for (double& c : costs) c = ties ? 1 + rng() % 6 : u(rng);
+  for (double& c : costs) c = 1 + rng() % 6;
   return costs;
 }
 
@@ -66,10 +75,8 @@ std::vector<int> RandomLayers(std::mt19937& rng, size_t n) {
 
 TEST(Planner, LptIsDeterministicAndBalanced) {
   std::mt19937 rng(std::random_device{}());
-  std::uniform_real_distribution<double> u(1, 100);
   for (int trial = 0; trial < 20; ++trial) {
-    std::vector<double> costs(1 + rng() % 60);
-    for (double& c : costs) c = u(rng);
+    const std::vector<double> costs = UniformCosts(rng, 1 + rng() % 60);
     const int k = 1 + rng() % 5;
     Plan a = PlanLpt(costs, k), b = PlanLpt(costs, k);
     EXPECT_EQ(a.executor_of, b.executor_of);
@@ -84,12 +91,8 @@ TEST(Planner, LptIsDeterministicAndBalanced) {
       EXPECT_LE(a.makespan,
                 (4.0 / 3.0 - 1.0 / (3.0 * k)) * opt.makespan + 1e-9);
     }
-    std::vector<double> load(k, 0);
-    for (size_t i = 0; i < costs.size(); ++i)
-      load[a.executor_of[i]] += costs[i];
-    // LPT sums in cost order, this loop in index order.
-    for (int e = 0; e < k; ++e)
-      EXPECT_NEAR(load[e], a.predicted_load[e], 1e-12 * total);
+    // LPT sums in cost order, ExpectValid in index order.
+    ExpectValid(a, costs, k, 1e-12);
   }
 }
 
@@ -100,18 +103,13 @@ TEST(Planner, RefinementNeverWorseAndFixesLptsClassicMiss) {
   EXPECT_DOUBLE_EQ(lpt.makespan, 7);
   EXPECT_DOUBLE_EQ(ref.makespan, 6);
   std::mt19937 rng(std::random_device{}());
-  std::uniform_real_distribution<double> u(1, 100);
   for (int trial = 0; trial < 50; ++trial) {
-    std::vector<double> costs(2 + rng() % 40);
-    for (double& c : costs) c = u(rng);
+    const std::vector<double> costs = UniformCosts(rng, 2 + rng() % 40);
     const int k = 2 + rng() % 4;
     Plan a = PlanLpt(costs, k), b = PlanRefined(costs, k);
     EXPECT_LE(b.makespan, a.makespan + 1e-9);
     EXPECT_EQ(b.executor_of, PlanRefined(costs, k).executor_of);
-    std::vector<double> load(k, 0);
-    for (size_t i = 0; i < costs.size(); ++i)
-      load[b.executor_of[i]] += costs[i];
-    for (int e = 0; e < k; ++e) EXPECT_NEAR(load[e], b.predicted_load[e], 1e-9);
+    ExpectValid(b, costs, k, 1e-12);
   }
 }
 

@@ -9,6 +9,7 @@ out=${1:?usage: make_bundle.sh OUT_DIR}
 cd "$(dirname "$0")/../.."
 targets=(
   //kernels/cuda:cuda_kernels_test
+  //kernels/cuda:device_kernels_test
   //kernels/cuda:autotune_cuda_test
   //kernels/cuda:ns_tool
   //benchmarks:kernels_bench_cuda

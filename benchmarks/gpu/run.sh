@@ -183,6 +183,7 @@ PY
     --shapes=256x512*3,512x256*2,384x384*4,96x1000 --warmup=1 --steps=3 \
     --out="$OUT/smoke.json"
   step "CUDA executor tests$mark" "$by" 60 "$bin/cuda_executor_test"
+  step "device kernel tests$mark" "$by" 30 "$bin/device_kernels_test"
   step "CUDA autotuner test$mark" "$by" 45 "$bin/autotune_cuda_test"
   local ext=0
   # Into the package, with a dmuond beside it, as a wheel installs them:

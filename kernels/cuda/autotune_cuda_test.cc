@@ -4,17 +4,14 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/cuda/accuracy.h"
+#include "kernels/cuda/testing/accuracy.h"
+#include "kernels/cuda/testing/gpu.h"
 
 namespace dmuon::kernels::cuda {
 namespace {
 
 TEST(AutotuneCuda, MeasuresBothMethodsAndPicksAnAccurateOne) {
-  auto n = DeviceCount();
-  if (!n.ok() || *n == 0) {
-    GTEST_SKIP() << "no CUDA device: "
-                 << (n.ok() ? "0 devices" : n.status().ToString());
-  }
+  DMUON_SKIP_WITHOUT_GPU();
   auto ctx = Context::Create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   CudaNsOptions o;

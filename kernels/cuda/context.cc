@@ -211,7 +211,7 @@ absl::Status ContextImpl::MomentumUpdate(const float* grad, float* momentum,
   }
   DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   DMUON_CUDA_RETURN_IF_ERROR(device::LaunchMomentum(
-      grad, momentum, update, ElemOf(update_dtype), n,
+      grad, momentum, device::Elem::kF32, update, ElemOf(update_dtype), n,
       static_cast<float>(1.0 - mu), static_cast<float>(mu), nesterov, stream_));
   return absl::OkStatus();
 }

@@ -22,27 +22,18 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "kernels/cuda/accuracy.h"
 #include "kernels/cuda/resolve_logic.h"
+#include "kernels/cuda/testing/accuracy.h"
+#include "kernels/cuda/testing/gpu.h"
 #include "kernels/kernels.h"
 
 namespace dmuon::kernels::cuda {
 namespace {
 
+using accuracy::Describe;
 using accuracy::ErrorBound;
 using accuracy::Random;
 using accuracy::RelError;
-
-#define SKIP_WITHOUT_GPU()                                          \
-  do {                                                              \
-    auto n = DeviceCount();                                         \
-    if (!n.ok() || *n == 0) {                                       \
-      GTEST_SKIP() << "no CUDA device: "                            \
-                   << (n.ok() ? std::string("0 devices")            \
-                              : std::string(n.status().message())); \
-    }                                                               \
-  } while (0)
 
 bool AllFinite(const std::vector<float>& v) {
   for (float x : v)
@@ -53,7 +44,7 @@ bool AllFinite(const std::vector<float>& v) {
 class CudaKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    SKIP_WITHOUT_GPU();
+    DMUON_SKIP_WITHOUT_GPU();
     auto ctx = Context::Create(0);
     ASSERT_TRUE(ctx.ok()) << ctx.status();
     ctx_ = *std::move(ctx);
@@ -103,14 +94,6 @@ class CudaKernelsTest : public ::testing::Test {
   std::vector<void*> owned_;
 };
 
-std::string Describe(DType asked, Method method, Shape shape,
-                     const CudaNsOptions& o) {
-  const ResolvedNs r = ResolveNs(shape, o);
-  return std::string(DTypeName(asked)) + " " + std::string(MethodName(method)) +
-         "->" + std::string(MethodName(r.method)) + "/" +
-         std::string(DTypeName(r.compute)) + " " + ShapeString(shape);
-}
-
 // bf16 and fp16 asked for, direct, Gram and auto, against the CPU fp32 path
 // on the same (rounded) input, in and out in the asked dtype: within
 // ErrorBound (header comment), everything finite. Gram asked in bf16 runs
@@ -145,24 +128,15 @@ TEST_F(CudaKernelsTest, OptionsAndDTypes) {
   const Shape shape = accuracy::kOptionsShape;
   const std::vector<float> host =
       Random(shape.elements(), accuracy::kOptionsSeed);
-  for (const char* schedule : accuracy::kOptionsSchedules) {
-    for (bool symmetric : {true, false}) {
-      for (Method method : {Method::kDirect, Method::kGram, Method::kAuto}) {
-        CudaNsOptions o;
-        o.ns.schedule = *ScheduleByName(schedule, 5);
-        o.ns.method = method;
-        o.symmetric = symmetric;
-        o.compute = DType::kBF16;
-        SCOPED_TRACE(absl::StrCat(schedule, " sym=", symmetric, " ",
-                                  Describe(o.compute, method, shape, o)));
-        auto got = Gpu(host, shape, 1, DType::kF32, o);
-        ASSERT_TRUE(got.ok()) << got.status();
-        const std::vector<float> want =
-            accuracy::CpuReference(host, shape, 1, o.ns);
-        EXPECT_LE(RelError(got->data(), want.data(), want.size()),
-                  ErrorBound(shape, o, DType::kF32));
-      }
-    }
+  for (const accuracy::OptionsCall& call : accuracy::OptionsCalls()) {
+    SCOPED_TRACE(call.label);
+    const CudaNsOptions& o = call.options;
+    auto got = Gpu(host, shape, 1, DType::kF32, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const std::vector<float> want =
+        accuracy::CpuReference(host, shape, 1, o.ns);
+    EXPECT_LE(RelError(got->data(), want.data(), want.size()),
+              ErrorBound(shape, o, DType::kF32));
   }
   // The fp32 reference path: its bound is the fp32 accumulation on both
   // sides, 2 N sqrt(n) 2^-24 = 4.4e-5 (emulated: 1.4e-6).

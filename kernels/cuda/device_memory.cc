@@ -26,6 +26,18 @@ int64_t PointerAlignment(const void* p, int64_t stride_bytes, int64_t batch) {
       batch, 1);
 }
 
+// The arguments of Upload and Download (n == 0 needs no pointers).
+absl::Status CheckCopy(const void* host, const void* device, int64_t n,
+                       DType dtype) {
+  if (n < 0) return absl::InvalidArgumentError("n must be >= 0");
+  if (!ValidDType(dtype)) return absl::InvalidArgumentError("invalid dtype");
+  if (n > 0 && (host == nullptr || device == nullptr)) {
+    return absl::InvalidArgumentError(host == nullptr ? "host is null"
+                                                      : "device is null");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<void*> ContextImpl::Allocate(size_t bytes) {
@@ -62,13 +74,8 @@ absl::Status ContextImpl::Staging(size_t bytes) {
 
 absl::Status ContextImpl::Upload(const float* host, int64_t n, void* device,
                                  DType dtype) {
-  if (n < 0) return absl::InvalidArgumentError("n must be >= 0");
-  if (!ValidDType(dtype)) return absl::InvalidArgumentError("invalid dtype");
-  if (n == 0) return absl::OkStatus();
-  if (host == nullptr || device == nullptr) {
-    return absl::InvalidArgumentError(host == nullptr ? "host is null"
-                                                      : "device is null");
-  }
+  if (auto st = CheckCopy(host, device, n, dtype); !st.ok() || n == 0)
+    return st;
   DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   if (dtype == DType::kF32) {
@@ -87,13 +94,8 @@ absl::Status ContextImpl::Upload(const float* host, int64_t n, void* device,
 
 absl::Status ContextImpl::Download(const void* device, DType dtype, int64_t n,
                                    float* host) {
-  if (n < 0) return absl::InvalidArgumentError("n must be >= 0");
-  if (!ValidDType(dtype)) return absl::InvalidArgumentError("invalid dtype");
-  if (n == 0) return absl::OkStatus();
-  if (host == nullptr || device == nullptr) {
-    return absl::InvalidArgumentError(host == nullptr ? "host is null"
-                                                      : "device is null");
-  }
+  if (auto st = CheckCopy(host, device, n, dtype); !st.ok() || n == 0)
+    return st;
   DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   const void* src = device;

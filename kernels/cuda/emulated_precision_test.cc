@@ -1,11 +1,12 @@
-// The accuracy bounds of the CUDA tests (accuracy.h), checked on the CPU
-// before a GPU runs them: every call the GPU tests make (cuda_kernels_test,
+// The accuracy bounds of the CUDA tests (testing/accuracy.h), checked on the
+// CPU before a GPU runs them: every call the GPU tests make (cuda_kernels_test,
 // autotune_cuda_test), on their own inputs and on fresh seeds, runs through
-// the host interpreter emulating the device's arithmetic (host_interpreter.h:
-// bf16/fp16 stores rounded to nearest even, fp32 accumulation, the plan's
-// exact operation list) and is compared with the CPU fp32 path as the GPU
-// tests compare it. Each emulated error must stay below bound / kMargin. The
-// table printed on stdout lists every case's worst error, bound and margin.
+// the host interpreter emulating the device's arithmetic
+// (testing/host_interpreter.h: bf16/fp16 stores rounded to nearest even, fp32
+// accumulation, the plan's exact operation list) and is compared with the CPU
+// fp32 path as the GPU tests compare it. Each emulated error must stay below
+// bound / kMargin. The table printed on stdout lists every case's worst error,
+// bound and margin.
 
 #include <gtest/gtest.h>
 
@@ -19,15 +20,16 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/accuracy.h"
-#include "kernels/cuda/host_interpreter.h"
 #include "kernels/cuda/plan_logic.h"
 #include "kernels/cuda/resolve_logic.h"
+#include "kernels/cuda/testing/accuracy.h"
+#include "kernels/cuda/testing/host_interpreter.h"
 #include "kernels/kernels.h"
 
 namespace dmuon::kernels::cuda {
 namespace {
 
+using accuracy::Describe;
 using accuracy::ErrorBound;
 
 // The emulation must leave this factor between its worst error and a bound:
@@ -105,14 +107,6 @@ class Case {
   double worst_ = 0;
   int runs_ = 0;
 };
-
-std::string Describe(DType asked, Method method, Shape shape,
-                     const CudaNsOptions& o) {
-  const ResolvedNs r = ResolveNs(shape, o);
-  return std::string(DTypeName(asked)) + " " + std::string(MethodName(method)) +
-         "->" + std::string(MethodName(r.method)) + "/" +
-         std::string(DTypeName(r.compute)) + " " + ShapeString(shape);
-}
 
 TEST(EmulatedPrecision, RoundingIsIeeeRoundToNearestEven) {
   using plan::Format;
@@ -257,25 +251,13 @@ TEST(EmulatedPrecision, MatchesCpuCalls) {
 // cuda_kernels_test OptionsAndDTypes.
 TEST(EmulatedPrecision, OptionsAndDTypesCalls) {
   const Shape shape = accuracy::kOptionsShape;
-  for (const char* schedule : accuracy::kOptionsSchedules) {
-    for (bool symmetric : {true, false}) {
-      for (Method method : {Method::kDirect, Method::kGram, Method::kAuto}) {
-        CudaNsOptions o;
-        o.ns.schedule = *ScheduleByName(schedule, 5);
-        o.ns.method = method;
-        o.symmetric = symmetric;
-        o.compute = DType::kBF16;
-        Case c(std::string("Options ") + schedule +
-                   (symmetric ? " sym " : " dense ") +
-                   Describe(DType::kBF16, method, shape, o),
-               ErrorBound(shape, o, DType::kF32));
-        for (uint32_t s : {accuracy::kOptionsSeed, 7001u, 7002u, 7003u}) {
-          const std::vector<float> host = accuracy::Random(shape.elements(), s);
-          c.Add(WorstError(Emulate(host, shape, 1, DType::kF32, DType::kF32, o),
-                           accuracy::CpuReference(host, shape, 1, o.ns), shape,
-                           1));
-        }
-      }
+  for (const accuracy::OptionsCall& call : accuracy::OptionsCalls()) {
+    const CudaNsOptions& o = call.options;
+    Case c("Options " + call.label, ErrorBound(shape, o, DType::kF32));
+    for (uint32_t s : {accuracy::kOptionsSeed, 7001u, 7002u, 7003u}) {
+      const std::vector<float> host = accuracy::Random(shape.elements(), s);
+      c.Add(WorstError(Emulate(host, shape, 1, DType::kF32, DType::kF32, o),
+                       accuracy::CpuReference(host, shape, 1, o.ns), shape, 1));
     }
   }
   CudaNsOptions o;

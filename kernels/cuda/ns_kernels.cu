@@ -222,15 +222,31 @@ __device__ __forceinline__ float Lerp(float s, float e, float w) {
                          : __fsub_rn(e, __fmul_rn(diff, __fsub_rn(1.0f, w)));
 }
 
+// v as the dtype T stores it (identity for fp32).
 template <typename T>
-__global__ void MomentumKernel(const float* grad, float* momentum, T* update,
+__device__ __forceinline__ float Rounded(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float Rounded<__nv_bfloat16>(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+template <>
+__device__ __forceinline__ float Rounded<__half>(float v) {
+  return __half2float(__float2half_rn(v));
+}
+
+// The momentum is stored as Tm and that stored value feeds the Nesterov
+// blend, as torch does with a momentum buffer of that dtype.
+template <typename Tm, typename Tu>
+__global__ void MomentumKernel(const float* grad, Tm* momentum, Tu* update,
                                int64_t n, float w_grad, float w_mom,
                                bool nesterov) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = grad[i];
-    const float m = Lerp(momentum[i], g, w_grad);
-    momentum[i] = m;
+    const float m = Rounded<Tm>(Lerp(Load(momentum, i), g, w_grad));
+    Store(momentum, i, m);
     Store(update, i, nesterov ? Lerp(g, m, w_mom) : m);
   }
 }
@@ -341,15 +357,20 @@ cudaError_t LaunchAddDiagonal(const void* src, void* dst, Elem type, int64_t m,
   });
 }
 
-cudaError_t LaunchMomentum(const float* grad, float* momentum, void* update,
-                           Elem update_type, int64_t n, float w_grad,
-                           float w_mom, bool nesterov, cudaStream_t stream) {
+cudaError_t LaunchMomentum(const float* grad, void* momentum,
+                           Elem momentum_type, void* update, Elem update_type,
+                           int64_t n, float w_grad, float w_mom, bool nesterov,
+                           cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  return Dispatch(update_type, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    MomentumKernel<T><<<Blocks1D(n), kThreads, 0, stream>>>(
-        grad, momentum, static_cast<T*>(update), n, w_grad, w_mom, nesterov);
-    return cudaGetLastError();
+  return Dispatch(momentum_type, [&](auto m_tag) {
+    using Tm = typename decltype(m_tag)::type;
+    return Dispatch(update_type, [&](auto u_tag) {
+      using Tu = typename decltype(u_tag)::type;
+      MomentumKernel<Tm, Tu><<<Blocks1D(n), kThreads, 0, stream>>>(
+          grad, static_cast<Tm*>(momentum), static_cast<Tu*>(update), n, w_grad,
+          w_mom, nesterov);
+      return cudaGetLastError();
+    });
   });
 }
 

@@ -41,7 +41,8 @@ cudaError_t LaunchConvert(const void* in, Elem in_type, void* out,
                           int64_t batch, bool transpose, const float* norms,
                           double safety, double eps, cudaStream_t stream);
 
-// Element-wise conversion of n elements (host staging for Upload/Download).
+// Element-wise conversion of n elements (round to nearest even): host
+// staging for Upload/Download, momentum state in and out of bf16.
 cudaError_t LaunchCast(const void* in, Elem in_type, void* out, Elem out_type,
                        int64_t n, cudaStream_t stream);
 
@@ -55,13 +56,18 @@ cudaError_t LaunchMirrorUpper(void* a, Elem type, int64_t m, int64_t batch,
 cudaError_t LaunchAddDiagonal(const void* src, void* dst, Elem type, int64_t m,
                               int64_t batch, float value, cudaStream_t stream);
 
-// The Muon momentum step on n fp32 elements, torch's lerp exactly (no FMA
-// contraction): momentum = lerp(momentum, grad, w_grad);
-// update = nesterov ? lerp(grad, momentum, w_mom) : momentum, stored as
-// update_type. `update` may alias `grad` when update_type is kF32.
-cudaError_t LaunchMomentum(const float* grad, float* momentum, void* update,
-                           Elem update_type, int64_t n, float w_grad,
-                           float w_mom, bool nesterov, cudaStream_t stream);
+// The Muon momentum step on n elements, torch's lerp exactly (every
+// operation rounded separately, no FMA contraction):
+//   momentum = lerp(momentum, grad, w_grad), stored as momentum_type;
+//   update = nesterov ? lerp(grad, momentum, w_mom) : momentum, stored as
+//   update_type;
+// where the blend reads the momentum as stored (rounded to momentum_type),
+// as torch does with a bf16 momentum buffer. grad is fp32; `update` may
+// alias `grad` when update_type is kF32.
+cudaError_t LaunchMomentum(const float* grad, void* momentum,
+                           Elem momentum_type, void* update, Elem update_type,
+                           int64_t n, float w_grad, float w_mom, bool nesterov,
+                           cudaStream_t stream);
 
 }  // namespace dmuon::kernels::cuda::device
 

@@ -1,6 +1,6 @@
 // The CUDA plans' operation lists, run by the host interpreter
-// (host_interpreter.h: fp64 loops reading the column-major descriptors as
-// cuBLASLt does, NaN-initialized work buffers, bounds checks), against a
+// (testing/host_interpreter.h: fp64 loops reading the column-major descriptors
+// as cuBLASLt does, NaN-initialized work buffers, bounds checks), against a
 // naive fp64 Newton–Schulz, on square, wide, tall and batched inputs, both
 // methods, every restart position, dense and triangle-panel products.
 
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/host_interpreter.h"
+#include "kernels/cuda/testing/host_interpreter.h"
 
 namespace dmuon::kernels::cuda::plan {
 namespace {

@@ -26,7 +26,7 @@ struct ResolvedNs {
 // and fp16's range is enough for Gram's values (the iterates' eigenvalues
 // stay below the product of the a coefficients between restarts, ~41 for
 // the classic schedule; small entries fall into fp16's subnormals, which
-// the emulated check includes). Emulated (accuracy.h, docs/kernels.md):
+// the emulated check includes). Emulated (testing/accuracy.h, docs/kernels.md):
 // Gram on a 64 x 64 input is 6-9e-2 off in bf16 and about 1e-2 in fp16.
 ResolvedNs ResolveNs(Shape shape, const CudaNsOptions& options);
 

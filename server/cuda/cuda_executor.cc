@@ -16,14 +16,16 @@
 #include "absl/strings/str_cat.h"
 #include "base/cuda_status.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/cuda/ns_kernels.h"
 #include "server/cuda/cuda_executor_io.h"
-#include "server/cuda/cuda_executor_kernels.h"
 #include "server/gpu_logic.h"
 
 namespace dmuon::server {
 namespace {
 
 namespace cu = kernels::cuda;
+namespace dev = kernels::cuda::device;
 
 class CudaExecutor final : public Executor {
  public:
@@ -78,20 +80,15 @@ class CudaExecutor final : public Executor {
 
   absl::Status ReadState(const StateKey& key, absl::Span<float> host) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = pool_.find(key);
-    if (it == pool_.end()) return absl::OkStatus();
-    const State& s = it->second;
-    if (static_cast<int64_t>(host.size()) != s.n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name_, ": state of ", s.n, " elements read into ", host.size()));
-    }
-    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    auto state = StateForCopy(key, host.size(), "read into");
+    if (!state.ok() || *state == nullptr) return state.status();
+    const State& s = **state;
     const void* src = s.ptr;
     if (options_.bf16_momentum) {
       if (auto st = EnsureScratch(s.n); !st.ok()) return st;
       DMUON_CUDA_RETURN_IF_ERROR(
-          gpu::LaunchFromBf16(static_cast<const uint16_t*>(s.ptr),
-                              scratch_.floats(), s.n, stream_));
+          dev::LaunchCast(s.ptr, dev::Elem::kBF16, scratch_.data(),
+                          dev::Elem::kF32, s.n, stream_));
       src = scratch_.data();
     }
     DMUON_CUDA_RETURN_IF_ERROR(
@@ -104,15 +101,9 @@ class CudaExecutor final : public Executor {
   absl::Status WriteState(const StateKey& key,
                           absl::Span<const float> host) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = pool_.find(key);
-    if (it == pool_.end()) return absl::OkStatus();
-    const State& s = it->second;
-    if (static_cast<int64_t>(host.size()) != s.n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name_, ": state of ", s.n, " elements written from ", host.size()));
-    }
-    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    if (auto st = Load(host.data(), s); !st.ok()) return st;
+    auto state = StateForCopy(key, host.size(), "written from");
+    if (!state.ok() || *state == nullptr) return state.status();
+    if (auto st = Load(host.data(), **state); !st.ok()) return st;
     DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
@@ -180,7 +171,7 @@ class CudaExecutor final : public Executor {
       } else {
         if (auto st = gpu::GatherGradient(t, slot, io); !st.ok()) return st;
         DMUON_CUDA_RETURN_IF_ERROR(
-            gpu::LaunchFlagNonFinite(slot, n, flags_ + i, stream_));
+            dev::LaunchFlagNonFinite(slot, n, flags_ + i, stream_));
       }
     }
     std::vector<bool> skip(count, false);
@@ -206,8 +197,8 @@ class CudaExecutor final : public Executor {
         continue;
       }
       if (options_.bf16_momentum) {
-        DMUON_CUDA_RETURN_IF_ERROR(gpu::LaunchMomentumBf16(
-            slot, static_cast<uint16_t*>(states[i]->ptr), slot, n,
+        DMUON_CUDA_RETURN_IF_ERROR(dev::LaunchMomentum(
+            slot, states[i]->ptr, dev::Elem::kBF16, slot, dev::Elem::kF32, n,
             static_cast<float>(1.0 - t.muon->momentum),
             static_cast<float>(t.muon->momentum), t.muon->nesterov, stream_));
       } else if (auto st = ctx_->MomentumUpdate(
@@ -256,7 +247,7 @@ class CudaExecutor final : public Executor {
       const float scale = static_cast<float>(t.lr_scale);
       if (!skip[i] && scale != 1.0f) {
         DMUON_CUDA_RETURN_IF_ERROR(
-            gpu::LaunchScale(slot, slot, n, scale, stream_));
+            dev::LaunchScale(slot, slot, n, scale, stream_));
       }
       if (t.device_io == nullptr) {
         DMUON_CUDA_RETURN_IF_ERROR(
@@ -284,6 +275,23 @@ class CudaExecutor final : public Executor {
       base::ClearLastCudaError();
     }
     return absl::OkStatus();
+  }
+
+  // For ReadState and WriteState: key's pool entry (nullptr: none, nothing
+  // to copy) once its size matches the host buffer's, with the executor's
+  // device current. `what`: "read into" or "written from".
+  absl::StatusOr<const State*> StateForCopy(const StateKey& key,
+                                            size_t host_size,
+                                            const char* what) {
+    auto it = pool_.find(key);
+    if (it == pool_.end()) return nullptr;
+    const State& s = it->second;
+    if (static_cast<int64_t>(host_size) != s.n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, ": state of ", s.n, " elements ", what, " ", host_size));
+    }
+    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return &s;
   }
 
   // The pool entry of t.state, created (and loaded from t.momentum, or
@@ -334,8 +342,9 @@ class CudaExecutor final : public Executor {
     DMUON_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(scratch_.data(), host, s.n * sizeof(float),
                         cudaMemcpyHostToDevice, stream_));
-    DMUON_CUDA_RETURN_IF_ERROR(gpu::LaunchToBf16(
-        scratch_.floats(), static_cast<uint16_t*>(s.ptr), s.n, stream_));
+    DMUON_CUDA_RETURN_IF_ERROR(dev::LaunchCast(scratch_.data(), dev::Elem::kF32,
+                                               s.ptr, dev::Elem::kBF16, s.n,
+                                               stream_));
     return absl::OkStatus();
   }
 

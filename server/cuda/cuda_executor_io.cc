@@ -3,7 +3,7 @@
 #include "server/cuda/cuda_executor_io.h"
 
 #include "base/cuda_status.h"
-#include "server/cuda/cuda_executor_kernels.h"
+#include "kernels/cuda/elementwise_kernels.h"
 #include "server/gpu_logic.h"
 
 namespace dmuon::server::gpu {
@@ -80,10 +80,12 @@ absl::Status GatherGradient(const ComputeTask& t, float* slot,
           }
           src = c.peer_temp->floats();
         }
-        DMUON_CUDA_RETURN_IF_ERROR(LaunchAccumulate(src, slot, n, c.stream));
+        DMUON_CUDA_RETURN_IF_ERROR(
+            kernels::cuda::device::LaunchAccumulate(src, slot, n, c.stream));
       }
       const float inv = 1.0f / static_cast<float>(io.parts.size());
-      DMUON_CUDA_RETURN_IF_ERROR(LaunchScale(slot, slot, n, inv, c.stream));
+      DMUON_CUDA_RETURN_IF_ERROR(
+          kernels::cuda::device::LaunchScale(slot, slot, n, inv, c.stream));
       return absl::OkStatus();
     }
   }

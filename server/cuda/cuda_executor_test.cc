@@ -10,43 +10,18 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/testing/accuracy.h"
+#include "kernels/cuda/testing/gpu.h"
 
 namespace dmuon::server {
 namespace {
 
-bool HaveGpu(std::string* why) {
-  auto n = kernels::cuda::DeviceCount();
-  if (n.ok() && *n > 0) return true;
-  *why = n.ok() ? "0 devices" : std::string(n.status().message());
-  return false;
-}
-
-#define SKIP_WITHOUT_GPU()                                         \
-  do {                                                             \
-    std::string why;                                               \
-    if (!HaveGpu(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
-  } while (0)
-
-std::vector<float> Random(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using kernels::cuda::accuracy::Random;
+using kernels::cuda::accuracy::RelError;
+using kernels::cuda::testing::HaveGpu;
 
 // One matrix's host buffers for both executors.
 struct Matrix {
@@ -84,7 +59,7 @@ TEST(CudaExecutorNoGpu, ExplainsWhyThereIsNoExecutor) {
 class CudaExecutorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    SKIP_WITHOUT_GPU();
+    DMUON_SKIP_WITHOUT_GPU();
     auto e = NewCudaExecutor(0, {});
     ASSERT_TRUE(e.ok()) << e.status();
     gpu_ = *std::move(e);
@@ -112,14 +87,14 @@ TEST_F(CudaExecutorTest, HostTasksMatchTheCpuExecutorOverSteps) {
     }
     ASSERT_TRUE(cpu_->Compute(cpu).ok());
     ASSERT_TRUE(gpu_->Compute(gpu).ok());
-    for (auto& m : ms) EXPECT_LT(RelErr(m.gpu_update, m.cpu_update), 2e-2);
+    for (auto& m : ms) EXPECT_LT(RelError(m.gpu_update, m.cpu_update), 2e-2);
   }
   // The device momentum is the CPU's (fp32, same lerp).
   for (size_t i = 0; i < ms.size(); ++i) {
     std::vector<float> mom(ms[i].shape.elements(), -1.0f);
     ASSERT_TRUE(
         gpu_->ReadState({7, static_cast<int>(i)}, absl::MakeSpan(mom)).ok());
-    EXPECT_LT(RelErr(mom, ms[i].cpu_momentum), 1e-6);
+    EXPECT_LT(RelError(mom, ms[i].cpu_momentum), 1e-6);
   }
   EXPECT_GT(gpu_->memory_bytes(), 3u * 96 * 64 * 4);
   EXPECT_TRUE(gpu_->healthy());
@@ -155,7 +130,7 @@ TEST_F(CudaExecutorTest, WriteStateReplacesAndDropJobForgets) {
   ComputeTask c = HostTask(m, &muon_, 0, false);
   ASSERT_TRUE(cpu_->Compute({&c, 1}).ok());
   ASSERT_TRUE(gpu_->ReadState({7, 0}, absl::MakeSpan(got)).ok());
-  EXPECT_LT(RelErr(got, m.cpu_momentum), 1e-6);
+  EXPECT_LT(RelError(got, m.cpu_momentum), 1e-6);
 }
 
 TEST_F(CudaExecutorTest, Bf16MomentumIsCloseButRounded) {
@@ -174,11 +149,11 @@ TEST_F(CudaExecutorTest, Bf16MomentumIsCloseButRounded) {
                 g = HostTask(m, &muon_, 0, true);
     ASSERT_TRUE(cpu_->Compute({&c, 1}).ok());
     ASSERT_TRUE((*e)->Compute({&g, 1}).ok());
-    EXPECT_LT(RelErr(m.gpu_update, m.cpu_update), 3e-2);
+    EXPECT_LT(RelError(m.gpu_update, m.cpu_update), 3e-2);
   }
   std::vector<float> mom(m.shape.elements());
   ASSERT_TRUE((*e)->ReadState({7, 0}, absl::MakeSpan(mom)).ok());
-  const double err = RelErr(mom, m.cpu_momentum);
+  const double err = RelError(mom, m.cpu_momentum);
   EXPECT_GT(err, 0.0) << "bf16 momentum changes the numbers";
   EXPECT_LT(err, 1e-2);
 }
@@ -255,11 +230,11 @@ TEST_F(CudaExecutorTest, DeviceIoGathersEveryShardingMode) {
                            cudaMemcpyDeviceToHost),
                 cudaSuccess);
       if (mode != Gather::kRows) {
-        EXPECT_LT(RelErr(got, m.cpu_update), 2e-2) << static_cast<int>(mode);
+        EXPECT_LT(RelError(got, m.cpu_update), 2e-2) << static_cast<int>(mode);
       }
     }
     if (mode == Gather::kRows) {
-      EXPECT_LT(RelErr(got, m.cpu_update), 2e-2);
+      EXPECT_LT(RelError(got, m.cpu_update), 2e-2);
     }
   }
 }

@@ -28,8 +28,8 @@ namespace dmuon::server {
 
 // Relative error (against the CPU fp32 direct method) a method may have on
 // the GPU and still be chosen. A selection threshold, not the accuracy bound
-// of kernels/cuda/accuracy.h: at the job's shapes direct bf16 emulates at
-// 0.9-1.3e-2 and Gram (fp16) at 1.5-2.6e-3 (docs/kernels.md), so both pass
+// of kernels/cuda/testing/accuracy.h: at the job's shapes direct bf16 emulates
+// at 0.9-1.3e-2 and Gram (fp16) at 1.5-2.6e-3 (docs/kernels.md), so both pass
 // and a broken kernel does not.
 inline constexpr double kCudaTuneTolerance = 2e-2;
 

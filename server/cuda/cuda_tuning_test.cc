@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/autotune_cuda.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/testing/gpu.h"
 
 namespace dmuon::server {
 namespace {
@@ -21,11 +22,7 @@ TEST(CudaTuning, RefusesDevicesThatAreNotCudaOrdinals) {
 }
 
 TEST(CudaTuning, MeasuresBothMethodsOnTheGpuKeyedByItsName) {
-  auto n = cu::DeviceCount();
-  if (!n.ok() || *n == 0) {
-    GTEST_SKIP() << "no CUDA device: "
-                 << (n.ok() ? "0 devices" : n.status().ToString());
-  }
+  DMUON_SKIP_WITHOUT_GPU();
   auto ctx = cu::Context::Create(0);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   auto t = NewCudaTuning({"cuda:0"}, CudaExecutorOptions());

@@ -2,10 +2,11 @@
 // tests: every GEMM runs as naive fp64 loops that read the column-major
 // descriptors exactly as cuBLASLt does (op(A) with lda, offsets, strided
 // batches, C read only when beta != 0), every other op as its kernel in
-// ns_kernels.h defines it. Work buffers start as NaN, so an element a panel
-// forgot, a mirror in the wrong direction or a read out of place shows up as
-// NaN; every operand is checked to stay inside its batch matrix. Also a
-// naive fp64 Newton–Schulz (the reference) and helpers comparing the two.
+// kernels/cuda/ns_kernels.h defines it. Work buffers start as NaN, so an
+// element a panel forgot, a mirror in the wrong direction or a read out of
+// place shows up as NaN; every operand is checked to stay inside its batch
+// matrix. Also a naive fp64 Newton–Schulz (the reference) and helpers comparing
+// the two.
 //
 // With a Precision other than all-fp64 it emulates the device's arithmetic
 // instead: the input is held in its dtype; the norm is an fp64 sum of
@@ -18,8 +19,8 @@
 // device's, which changes results by a few fp32 ulps, far below the 16-bit
 // roundings this models.
 
-#ifndef DMUON_KERNELS_CUDA_HOST_INTERPRETER_H_
-#define DMUON_KERNELS_CUDA_HOST_INTERPRETER_H_
+#ifndef DMUON_KERNELS_CUDA_TESTING_HOST_INTERPRETER_H_
+#define DMUON_KERNELS_CUDA_TESTING_HOST_INTERPRETER_H_
 
 #include <array>
 #include <cstdint>
@@ -94,4 +95,4 @@ Matrix RunEmulated(const PlanSpec& spec, const OpList& ops, const Matrix& input,
 
 }  // namespace dmuon::kernels::cuda::plan
 
-#endif  // DMUON_KERNELS_CUDA_HOST_INTERPRETER_H_
+#endif  // DMUON_KERNELS_CUDA_TESTING_HOST_INTERPRETER_H_

@@ -1,4 +1,4 @@
-#include "kernels/cuda/accuracy.h"
+#include "kernels/cuda/testing/accuracy.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +8,14 @@
 #include "kernels/cuda/resolve_logic.h"
 
 namespace dmuon::kernels::cuda::accuracy {
+
+std::string Describe(DType asked, Method method, Shape shape,
+                     const CudaNsOptions& o) {
+  const ResolvedNs r = ResolveNs(shape, o);
+  return std::string(DTypeName(asked)) + " " + std::string(MethodName(method)) +
+         "->" + std::string(MethodName(r.method)) + "/" +
+         std::string(DTypeName(r.compute)) + " " + ShapeString(shape);
+}
 
 double UnitRoundoff(DType t) {
   switch (t) {
@@ -62,6 +70,25 @@ const std::vector<Shape>& MatchesCpuShapes() {
   return *shapes;
 }
 
+std::vector<OptionsCall> OptionsCalls() {
+  std::vector<OptionsCall> calls;
+  for (const char* schedule : kOptionsSchedules) {
+    for (bool symmetric : {true, false}) {
+      for (Method method : {Method::kDirect, Method::kGram, Method::kAuto}) {
+        CudaNsOptions o;
+        o.ns.schedule = *ScheduleByName(schedule, 5);
+        o.ns.method = method;
+        o.symmetric = symmetric;
+        o.compute = DType::kBF16;
+        calls.push_back({o, std::string(schedule) +
+                                (symmetric ? " sym " : " dense ") +
+                                Describe(o.compute, method, kOptionsShape, o)});
+      }
+    }
+  }
+  return calls;
+}
+
 std::vector<float> Random(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d;
@@ -78,6 +105,12 @@ double RelError(const float* got, const float* want, int64_t n) {
     den += double(want[i]) * double(want[i]);
   }
   return std::sqrt(num / std::max(den, 1e-300));
+}
+
+double RelError(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  return RelError(got.data(), want.data(),
+                  static_cast<int64_t>(std::min(got.size(), want.size())));
 }
 
 std::vector<float> CpuReference(const std::vector<float>& host, Shape shape,

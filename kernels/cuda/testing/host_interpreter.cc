@@ -1,4 +1,4 @@
-#include "kernels/cuda/host_interpreter.h"
+#include "kernels/cuda/testing/host_interpreter.h"
 
 #include <cblas.h>
 #include <gtest/gtest.h>

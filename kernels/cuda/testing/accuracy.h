@@ -40,10 +40,11 @@
 // average: direct up to 7u of 16u) and Gram on a square input (~21u of 48u;
 // in bf16 it is 16-22 bf16 u, 6-9e-2, which is why Gram runs in fp16).
 
-#ifndef DMUON_KERNELS_CUDA_ACCURACY_H_
-#define DMUON_KERNELS_CUDA_ACCURACY_H_
+#ifndef DMUON_KERNELS_CUDA_TESTING_ACCURACY_H_
+#define DMUON_KERNELS_CUDA_TESTING_ACCURACY_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -51,6 +52,12 @@
 #include "kernels/kernels.h"
 
 namespace dmuon::kernels::cuda::accuracy {
+
+// A call's label in test messages: the dtype and method asked for, what
+// they resolve to under `o` (ResolveNs), and the shape, e.g.
+// "bf16 auto->gram/f16 [64,64]".
+std::string Describe(DType asked, Method method, Shape shape,
+                     const CudaNsOptions& o);
 
 // Unit roundoff of a dtype.
 double UnitRoundoff(DType t);
@@ -68,8 +75,10 @@ double ErrorBound(Shape shape, const CudaNsOptions& options, DType out,
 // The GPU tests' inputs: n standard normal floats from mt19937(seed).
 std::vector<float> Random(int64_t n, uint32_t seed);
 
-// ||got - want||_F / ||want||_F over n elements.
+// ||got - want||_F / ||want||_F over n elements (over every element of
+// equal-size vectors).
 double RelError(const float* got, const float* want, int64_t n);
+double RelError(const std::vector<float>& got, const std::vector<float>& want);
 
 // The calls of cuda_kernels_test's MatchesCpu: for every compute dtype
 // asked for, method and shape in this order, the i-th call's input is
@@ -89,6 +98,13 @@ inline constexpr Shape kOptionsShape{200, 520};
 inline constexpr uint32_t kOptionsSeed = 42;
 inline constexpr const char* kOptionsSchedules[] = {"classic", "polar_express",
                                                     "you"};
+// Those calls (the fp32 path aside) in order: each schedule, symmetric then
+// dense, direct, Gram, auto; `label` names the call in test messages.
+struct OptionsCall {
+  CudaNsOptions options;
+  std::string label;
+};
+std::vector<OptionsCall> OptionsCalls();
 
 // BatchEqualsOneByOne: a batch of kBatch matrices Random(kBatch * elements,
 // kBatchSeed) rounded to fp16, fp16 in, out and compute, both methods.
@@ -104,4 +120,4 @@ std::vector<float> CpuReference(const std::vector<float>& host, Shape shape,
 
 }  // namespace dmuon::kernels::cuda::accuracy
 
-#endif  // DMUON_KERNELS_CUDA_ACCURACY_H_
+#endif  // DMUON_KERNELS_CUDA_TESTING_ACCURACY_H_
