@@ -88,7 +88,7 @@ Fault ClassifyFault(const absl::Status& status) {
 }
 
 void Health::Record(const absl::Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   switch (ClassifyFault(status)) {
     case Fault::kNone:
       if (!sticky_) healthy_ = true;
@@ -108,17 +108,17 @@ void Health::Record(const absl::Status& status) {
 }
 
 bool Health::healthy() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return healthy_;
 }
 
 bool Health::out_of_service() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return sticky_;
 }
 
 std::string Health::last_error() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return last_error_;
 }
 
@@ -136,7 +136,7 @@ std::vector<int64_t> SplitBatch(int64_t n, int64_t max_launch) {
 
 bool GraphFallback::use_graphs(const std::string& key) const {
   if (!enabled_) return false;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return eager_.count(key) == 0;
 }
 
@@ -155,7 +155,7 @@ absl::Status GraphFallback::Run(
   const std::string cause = GraphFailureCause(st);
   bool first = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     eager_.insert(key);
     first = causes_.insert(cause).second;
   }
@@ -172,7 +172,7 @@ absl::Status GraphFallback::Run(
 }
 
 uint64_t GraphFallback::fallbacks() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return eager_.size();
 }
 

@@ -7,13 +7,14 @@
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dmuon::server {
 
@@ -58,10 +59,10 @@ class Health {
   std::string last_error() const;
 
  private:
-  mutable std::mutex mu_;
-  bool healthy_ = true;
-  bool sticky_ = false;
-  std::string last_error_;
+  mutable absl::Mutex mu_;
+  bool healthy_ ABSL_GUARDED_BY(mu_) = true;
+  bool sticky_ ABSL_GUARDED_BY(mu_) = false;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
 };
 
 // Cuts a batch of `n` same-shape matrices into launches whose sizes are
@@ -108,9 +109,10 @@ class GraphFallback {
 
  private:
   const bool enabled_;
-  mutable std::mutex mu_;
-  std::set<std::string> eager_;   // keys that fell back
-  std::set<std::string> causes_;  // causes already warned about
+  mutable absl::Mutex mu_;  // not held while `launch` or `recover` runs
+  std::set<std::string> eager_ ABSL_GUARDED_BY(mu_);  // keys that fell back
+  // Causes already warned about.
+  std::set<std::string> causes_ ABSL_GUARDED_BY(mu_);
 };
 
 // The plan key of a Newton–Schulz launch: what the kernels cache a plan (and

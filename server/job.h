@@ -1,20 +1,28 @@
-// Internal to the service: the state of a job and of its sessions.
-// Everything mutable is guarded by Job::mu.
+// Internal to the service: the state of a job and of its sessions, and the
+// transitions of a step (a rank opens, a gradient arrives, a parameter's
+// step ends, the job's step completes, the job breaks).
+//
+// Locks: a Job's mu() guards everything mutable of the job and of its
+// sessions (Session::state). The service takes its own mu_ before a job's
+// mu(), never after (service.h); a transport's or the reaper's lock comes
+// after both.
 
 #ifndef DMUON_SERVER_JOB_H_
 #define DMUON_SERVER_JOB_H_
 
+#include <cassert>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "planner/planner.h"
 #include "proto/dmuon.pb.h"
-#include "server/service.h"
+#include "server/step_sink.h"
 #include "server/table.h"
 #include "transport/transport.h"
 
@@ -25,68 +33,41 @@ inline bool IsDeviceTransport(v1::Transport t) {
   return t == v1::TRANSPORT_CUDA_IPC || t == v1::TRANSPORT_NCCL;
 }
 
+// A steady_clock time as an absl deadline (absl::Mutex waits on absl::Time).
+// min() and past times are already due; max() never is.
+absl::Time DeadlineOf(std::chrono::steady_clock::time_point t);
+
 // Set once a session's region is gone: destroyed with the Session, i.e. when
 // nothing holds the session any more — neither the service's tables nor a
 // step computation reading or writing the region (ParamWork holds the
 // sessions of its GPU I/O until it finishes). What CloseSession waits for.
 class RegionRelease {
  public:
-  void Set() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-  }
-  bool done() const {
-    std::lock_guard<std::mutex> l(mu_);
-    return done_;
-  }
+  void Set() ABSL_LOCKS_EXCLUDED(mu_);
+  bool done() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether it was set by `t`.
-  bool WaitUntil(std::chrono::steady_clock::time_point t) {
-    std::unique_lock<std::mutex> l(mu_);
-    return cv_.wait_until(l, t, [&] { return done_; });
-  }
+  bool WaitUntil(std::chrono::steady_clock::time_point t)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-struct Session {
-  Session() = default;
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-  // The region first (cuda_ipc: its mapping closed), then the release.
-  ~Session() {
-    region.reset();
-    release->Set();
-  }
+class Session;
 
-  std::string id;
-  std::weak_ptr<Job> job;
-  int rank = 0;
-  v1::Transport transport = v1::TRANSPORT_INLINE;
-  std::unique_ptr<transport::Region> region;
-  transport::Layout layout;
-  std::vector<RowRange> rows;  // by parameter
-  std::chrono::steady_clock::time_point opened =
-      std::chrono::steady_clock::now();
-
-  // Guarded by the job's mu.
+// What a session does in the step in progress. Guarded by its job's mu()
+// (reached only through Session::state, which requires it).
+struct SessionState {
   int64_t step = 1;                // the step in progress or next
   std::vector<uint8_t> declared;   // by parameter, this step
   std::vector<uint64_t> received;  // inline gradient bytes, this step
   int delivered = 0;               // updates delivered this step
-  bool step_started = false;
-  std::chrono::steady_clock::time_point step_t0;
-  std::shared_ptr<StepSink> sink;
-  bool closed = false;
+  bool step_started = false;       // a gradient of `step` came in
+  std::chrono::steady_clock::time_point step_t0;  // when the first did
+  std::shared_ptr<StepSink> sink;                 // null until Attach
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
-  const std::shared_ptr<RegionRelease> release =
-      std::make_shared<RegionRelease>();
 };
 
 struct ParamState {
@@ -97,53 +78,207 @@ struct ParamState {
   std::vector<float> work;       // gathered gradient, then the update
   std::vector<uint8_t> arrived;  // by rank, this step
   int arrived_count = 0;
-  bool running = false;
+  bool running = false;  // submitted: `momentum` and `work` are the step's
 };
 
-struct Job {
-  std::string id;
-  uint64_t serial = 0;  // unique in this daemon: the executors' StateKey::job
-  int world_size = 1;
-  Table table;
-  planner::Plan plan;
+class Job {
+ public:
+  // `executors`: the scheduler's count (the measured load's size).
+  // `host_momentum`: start every parameter's momentum as host zeros (false:
+  // the executors hold state and start from zeros themselves).
+  Job(std::string id, uint64_t serial, int world_size, Table table,
+      planner::Plan plan, int executors, bool host_momentum);
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
 
-  std::mutex mu;
-  std::vector<std::shared_ptr<Session>> ranks;  // null until that rank opens
-  std::vector<ParamState> params;
-  int64_t completed_steps = 0;
-  int params_done = 0;  // parameters finished in the step in progress
-  // By executor index (plan.predicted_load's size): seconds of
-  // Executor::Compute spent on this job's matrices (Work::Computed) in the
-  // step in progress, and in the last completed step (all zeros until one
-  // completes).
-  std::vector<double> compute_seconds;
-  std::vector<double> last_step_compute_seconds;
-  bool broken = false;  // a rank left mid-step: the job can no longer step
-  // When the job, without an open rank, is dropped (ReapIdleJobs): set when
-  // its last rank closes (max() until then); meaningless while a rank is
-  // open, which is what cancels the drop (the next last close sets a new
-  // time). Changed only with the service's mu_ held too, so that a scan of
-  // jobs_ under mu_ sees it settled.
-  std::chrono::steady_clock::time_point drop_at =
-      std::chrono::steady_clock::time_point::max();
-  // Dropped by the reaper: no longer in jobs_, its executors' state released
-  // (nothing may read it: SnapshotAll skips the job).
-  bool dropped = false;
+  // Constant for the job's life: read without the lock.
+  const std::string& id() const { return id_; }
+  // Unique in this daemon: the executors' StateKey::job.
+  uint64_t serial() const { return serial_; }
+  int world_size() const { return world_size_; }
+  const Table& table() const { return table_; }
+  const planner::Plan& plan() const { return plan_; }
+  int num_params() const { return static_cast<int>(table_.params.size()); }
 
-  int open_ranks() const {
-    int n = 0;
-    for (const auto& s : ranks) n += s != nullptr;
-    return n;
+  absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
+
+  // --- Ranks.
+  // By rank; null until that rank opens and after it closes.
+  const std::vector<std::shared_ptr<Session>>& ranks() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ranks_;
   }
+  int open_ranks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `s` is its rank's open session (false once it closed).
+  bool Holds(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts in the executors' per-step load (Status): a rank is open and
   // the job can still step.
-  bool open() const { return !broken && open_ranks() > 0; }
-  bool mid_step() const {
-    if (params_done > 0) return true;
-    for (const auto& p : params)
-      if (p.arrived_count > 0 || p.running) return true;
-    return false;
+  bool open() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !broken_ && open_ranks() > 0;
   }
+  // Some parameter of the step in progress arrived, runs or is done.
+  bool mid_step() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts `s` (of this job, its rank free) on its rank, starting at the
+  // job's next step.
+  void OpenRank(std::shared_ptr<Session> s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `s` off its rank (a no-op when it is not there).
+  void CloseRank(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- Breaking: a rank left mid-step, a step or a transfer failed, or
+  // state was half written. A broken job never steps again.
+  bool broken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return broken_; }
+  // Returns false when it was broken already.
+  bool Break() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends every open rank's Step stream with `why`.
+  void AbortStreams(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- A step.
+  // Rank `rank`'s gradient of `param` has arrived. The one rule of when a
+  // parameter's step runs: true when that was the last rank's and every
+  // rank is open; the parameter is then running and the caller submits its
+  // step (ParamWork), once the lock is released.
+  bool Arrive(int rank, int param) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The parameter's step ended (delivered or failed): no longer running,
+  // its arrivals cleared for the next step.
+  void EndParam(int param) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `seconds` of Executor::Compute (Work::Computed) on `param`'s
+  // executor in the step in progress.
+  void AddComputeSeconds(int param, double seconds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A parameter's update of `step` went to every rank. True when it was the
+  // step's last: the step is complete (completed_steps() == step) and its
+  // measured load is the last step's.
+  bool FinishParam(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- State.
+  ParamState& param(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return params_[i];
+  }
+  const ParamState& param(int i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return params_[i];
+  }
+  // The parameter's state while it runs (ParamState::running), without the
+  // lock: from its submission until its EndParam nothing else reads or
+  // writes its momentum and work (state is read and written only between
+  // steps, when no parameter runs), so they are the step's own.
+  ParamState& running_param(int i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    assert(params_[i].running);
+    return params_[i];
+  }
+  int64_t completed_steps() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return completed_steps_;
+  }
+  // State was set (SetState, or a snapshot when the job was made): every
+  // open rank's next step is `completed + 1`.
+  void SetCompletedSteps(int64_t completed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // By executor index (plan().predicted_load's size): seconds of
+  // Executor::Compute spent on this job's matrices in the last completed
+  // step (all zeros until one completes).
+  const std::vector<double>& last_step_compute_seconds() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return last_step_compute_seconds_;
+  }
+
+  // --- Idle drop (reaper.cc).
+  // When the job, without an open rank, is dropped: set when its last rank
+  // closes (max() until then); meaningless while a rank is open, which is
+  // what cancels the drop (the next last close sets a new time). Changed
+  // only with the service's mu_ held too, so that a scan of its jobs under
+  // that lock sees it settled.
+  std::chrono::steady_clock::time_point drop_at() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return drop_at_;
+  }
+  void set_drop_at(std::chrono::steady_clock::time_point t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    drop_at_ = t;
+  }
+  // Dropped by the reaper: no longer in the service's jobs, its executors'
+  // state released (nothing may read it: SnapshotAll skips the job).
+  bool dropped() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return dropped_; }
+  void MarkDropped() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { dropped_ = true; }
+
+ private:
+  const std::string id_;
+  const uint64_t serial_;
+  const int world_size_;
+  const Table table_;
+  const planner::Plan plan_;
+
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<Session>> ranks_ ABSL_GUARDED_BY(mu_);
+  std::vector<ParamState> params_ ABSL_GUARDED_BY(mu_);
+  int64_t completed_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  // Parameters finished in the step in progress.
+  int params_done_ ABSL_GUARDED_BY(mu_) = 0;
+  // By executor: Compute seconds of the step in progress (AddComputeSeconds),
+  // and of the last completed one.
+  std::vector<double> compute_seconds_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> last_step_compute_seconds_ ABSL_GUARDED_BY(mu_);
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point drop_at_ ABSL_GUARDED_BY(mu_) =
+      std::chrono::steady_clock::time_point::max();
+  bool dropped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One rank of a job. Its identity, layout and region are fixed when it is
+// made (before it is published in the service's tables), so they are read
+// without a lock; what changes with the steps is its SessionState, guarded
+// by the job's mu().
+class Session {
+ public:
+  Session(std::string id, std::shared_ptr<Job> job, int rank,
+          v1::Transport transport, transport::Layout layout,
+          std::vector<RowRange> rows,
+          std::unique_ptr<transport::Region> region);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  // The region first (cuda_ipc: its mapping closed), then the release.
+  ~Session();
+
+  const std::string& id() const { return id_; }
+  std::shared_ptr<Job> job() const { return job_.lock(); }
+  int rank() const { return rank_; }
+  v1::Transport transport() const { return transport_; }
+  const transport::Layout& layout() const { return layout_; }
+  // Rows of each parameter this rank holds, by parameter.
+  const std::vector<RowRange>& rows() const { return rows_; }
+  std::chrono::steady_clock::time_point opened() const { return opened_; }
+  // Null only after TakeRegion.
+  transport::Region* region() const { return region_.get(); }
+  // Takes the region away before the session ends (the service's
+  // destructor ends GPU regions' transport threads while it is whole).
+  std::unique_ptr<transport::Region> TakeRegion() { return std::move(region_); }
+  const std::shared_ptr<RegionRelease>& release() const { return release_; }
+
+  // The session's step state. `job` must be this session's job: clang's
+  // analysis cannot name the mutex of an object reached through a
+  // weak_ptr in ABSL_GUARDED_BY (clang-14), so the field is reached only
+  // through this accessor, which requires the job's lock held.
+  SessionState& state(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+    assert(job_raw_ == &job);
+    return state_;
+  }
+  const SessionState& state(const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+    assert(job_raw_ == &job);
+    return state_;
+  }
+
+ private:
+  const std::string id_;
+  const std::weak_ptr<Job> job_;
+  const Job* const job_raw_;  // for state()'s check only
+  const int rank_;
+  const v1::Transport transport_;
+  const transport::Layout layout_;
+  const std::vector<RowRange> rows_;
+  const std::chrono::steady_clock::time_point opened_ =
+      std::chrono::steady_clock::now();
+  std::unique_ptr<transport::Region> region_;
+  const std::shared_ptr<RegionRelease> release_ =
+      std::make_shared<RegionRelease>();
+  SessionState state_;  // guarded by job_'s mu(): see state()
 };
 
 }  // namespace dmuon::server

@@ -2,23 +2,26 @@
 
 #include "server/param_work.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
+#include "server/job_state.h"
 #include "server/service.h"
 
 namespace dmuon::server {
 namespace {
 
 const float* GradientOf(const Session& s, int param) {
-  return reinterpret_cast<const float*>(s.region->bytes().data() +
-                                        s.layout.slots[param].gradient_offset);
+  return reinterpret_cast<const float*>(
+      s.region()->bytes().data() + s.layout().slots[param].gradient_offset);
 }
 float* UpdateOf(const Session& s, int param) {
-  return reinterpret_cast<float*>(s.region->bytes().data() +
-                                  s.layout.slots[param].update_offset);
+  return reinterpret_cast<float*>(s.region()->bytes().data() +
+                                  s.layout().slots[param].update_offset);
 }
 
 // Every rank's slots of `param` in its GPU region.
@@ -29,14 +32,14 @@ DeviceIo DeviceIoOf(const std::vector<std::shared_ptr<Session>>& ranks,
               : sharding == v1::SHARDING_UNREDUCED ? Gather::kMean
                                                    : Gather::kFirst;
   for (const auto& s : ranks) {
-    const transport::DeviceView* d = s->region->device();
-    const transport::Slot& slot = s->layout.slots[param];
+    const transport::DeviceView* d = s->region()->device();
+    const transport::Slot& slot = s->layout().slots[param];
     DevicePart part;
     part.device = d->device;
     part.grad = reinterpret_cast<const float*>(d->base + slot.gradient_offset);
     part.update = reinterpret_cast<float*>(d->base + slot.update_offset);
-    part.row_begin = s->rows[param].begin;
-    part.row_end = s->rows[param].end;
+    part.row_begin = s->rows()[param].begin;
+    part.row_end = s->rows()[param].end;
     part.ready_event = d->ready_event;
     io.parts.push_back(part);
   }
@@ -63,42 +66,42 @@ ParamWork::ParamWork(OptimizerService* service, std::shared_ptr<Job> job,
     : service(service), job(std::move(job)), param(param), step(step) {}
 
 int32_t ParamWork::forward_order() const {
-  return job->table.params[param].forward_order;
+  return job->table().params[param].forward_order;
 }
 kernels::Shape ParamWork::shape() const {
-  return job->table.params[param].shape;
+  return job->table().params[param].shape;
 }
 const MuonParams* ParamWork::muon() const {
-  return &job->table.params[param].muon;
+  return &job->table().params[param].muon;
 }
 double ParamWork::flops() const {
-  const ParamInfo& p = job->table.params[param];
+  const ParamInfo& p = job->table().params[param];
   return kernels::EstimateCost(p.muon.ns.method, p.shape, p.muon.ns).flops;
 }
 
 absl::StatusOr<ComputeTask> ParamWork::Prepare() {
-  const ParamInfo& info = job->table.params[param];
+  const ParamInfo& info = job->table().params[param];
   std::vector<std::shared_ptr<Session>> ranks;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
-    if (job->broken) return absl::AbortedError("job broken");
-    ranks = job->ranks;
+    absl::MutexLock lock(&job->mu());
+    if (job->broken()) return absl::AbortedError("job broken");
+    ranks = job->ranks();
   }
   for (const auto& s : ranks) {
     if (!s) return absl::AbortedError("a rank left mid-step");
-    if (auto st = s->region->Check(); !st.ok()) {
+    if (auto st = s->region()->Check(); !st.ok()) {
       return absl::DataLossError(
-          absl::StrCat("rank ", s->rank, ": ", st.message()));
+          absl::StrCat("rank ", s->rank(), ": ", st.message()));
     }
   }
-  ParamState& p = job->params[param];
+  ParamState& p = job->running_param(param);
   ComputeTask t;
   t.momentum = p.momentum.empty() ? nullptr : p.momentum.data();
   t.shape = info.shape;
   t.muon = &info.muon;
   t.lr_scale = info.lr_scale;
-  t.state = {job->serial, param};
-  if (ranks[0]->region->device() != nullptr) {
+  t.state = {job->serial(), param};
+  if (ranks[0]->region()->device() != nullptr) {
     // GPU transports: the executor gathers on the device and checks
     // finiteness there (nonfinite is set before Finish).
     io = DeviceIoOf(ranks, param, info.sharding);
@@ -112,7 +115,7 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
   switch (info.sharding) {
     case v1::SHARDING_ROWS:
       for (const auto& s : ranks) {
-        const RowRange r = s->rows[param];
+        const RowRange r = s->rows()[param];
         std::memcpy(p.work.data() + r.begin * cols, GradientOf(*s, param),
                     (r.end - r.begin) * cols * sizeof(float));
       }
@@ -149,62 +152,69 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
 void ParamWork::Finish(absl::Status status) {
   if (nonfinite && status.ok() && io.parts.size() > 0) {
     status = absl::InvalidArgumentError(absl::StrCat(
-        "gradient of parameter '", job->table.params[param].name, "' at step ",
-        step, " has a non-finite value (NaN or Inf; found on the device)"));
+        "gradient of parameter '", job->table().params[param].name,
+        "' at step ", step,
+        " has a non-finite value (NaN or Inf; found on the device)"));
   }
   service->Deliver(job, param, step, status, nonfinite, compute_seconds);
   // The executor is done with the regions: a closed rank's may go now.
   sessions.clear();
 }
 
+void OptimizerService::SubmitParams(const std::shared_ptr<Job>& job,
+                                    int64_t step,
+                                    const std::vector<int>& params) {
+  for (int id : params) {
+    scheduler_->Submit(job->plan().executor_of[id],
+                       std::make_shared<ParamWork>(this, job, id, step));
+  }
+}
+
 void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
                                int64_t step, absl::Status status,
                                bool nonfinite, double compute_seconds) {
-  const ParamInfo& info = job->table.params[param];
+  const ParamInfo& info = job->table().params[param];
   if (nonfinite && metrics_) metrics_->NonFiniteGradient();
   std::string snapshot;
   int64_t snapshot_steps = 0;
   {
-    std::lock_guard<std::mutex> lock(job->mu);
-    ParamState& p = job->params[param];
-    p.running = false;
-    p.arrived_count = 0;
-    std::fill(p.arrived.begin(), p.arrived.end(), 0);
-    if (job->broken) return;
-    if (const size_t e = static_cast<size_t>(job->plan.executor_of[param]);
-        e < job->compute_seconds.size()) {
-      job->compute_seconds[e] += compute_seconds;
-    }
+    absl::MutexLock lock(&job->mu());
+    job->EndParam(param);
+    if (job->broken()) return;
+    job->AddComputeSeconds(param, compute_seconds);
     const bool skip = nonfinite && options_.skip_nonfinite;
     if (!status.ok() && !skip) {
-      job->broken = true;
-      for (auto& s : job->ranks) {
-        if (!s || !s->sink) continue;
-        s->sink->Send(ErrorResponse(step, param, info.name, status, false));
-        s->sink->Abort(status);
+      job->Break();
+      for (auto& s : job->ranks()) {
+        if (!s) continue;
+        const auto& sink = s->state(*job).sink;
+        if (!sink) continue;
+        sink->Send(ErrorResponse(step, param, info.name, status, false));
+        sink->Abort(status);
       }
       CountError(status);
       return;
     }
     const int64_t cols = info.shape.cols;
-    for (auto& s : job->ranks) {
+    for (auto& s : job->ranks()) {
       if (!s) continue;
-      const RowRange r = s->rows[param];
+      SessionState& st = s->state(*job);
+      const RowRange r = s->rows()[param];
       const int64_t n = (r.end - r.begin) * cols;
       // GPU regions: the executor wrote the update (zeros when skipped).
-      float* out = s->region->device() ? nullptr : UpdateOf(*s, param);
+      float* out = s->region()->device() ? nullptr : UpdateOf(*s, param);
       if (out != nullptr && skip) {
         std::fill(out, out + n, 0.0f);
       } else if (out != nullptr) {
-        std::memcpy(out, job->params[param].work.data() + r.begin * cols,
+        std::memcpy(out, job->param(param).work.data() + r.begin * cols,
                     n * sizeof(float));
       }
-      s->bytes_out += n * sizeof(float);
+      st.bytes_out += n * sizeof(float);
       if (metrics_) metrics_->BytesSent(n * sizeof(float));
-      if (!s->sink) continue;
+      if (!st.sink) continue;
       if (skip)
-        s->sink->Send(ErrorResponse(step, param, info.name, status, true));
-      if (s->transport == v1::TRANSPORT_INLINE) {
+        st.sink->Send(ErrorResponse(step, param, info.name, status, true));
+      if (s->transport() == v1::TRANSPORT_INLINE) {
         const uint64_t bytes = n * sizeof(float);
         const char* base = reinterpret_cast<const char*>(out);
         for (const auto& c : transport::SplitChunks(
@@ -216,60 +226,57 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
           u->set_param_id(param);
           u->set_offset(c.offset);
           u->set_data(base + c.offset, c.bytes);
-          s->sink->Send(std::move(r));
+          st.sink->Send(std::move(r));
         }
       }
       v1::StepResponse ready;
       ready.mutable_updates_ready()->set_step(step);
       ready.mutable_updates_ready()->add_param_ids(param);
-      const bool last = ++s->delivered == static_cast<int>(job->params.size());
+      const bool last = ++st.delivered == job->num_params();
       v1::StepResponse done;
       done.mutable_step_complete()->set_step(step);
-      if (s->region->moves_data()) {
+      if (s->region()->moves_data()) {
         // nccl: UpdatesReady once the send is posted (the client posts the
         // matching receive when it reads it), StepComplete after the last.
-        s->region->Push(
+        s->region()->Push(
             step, {param},
-            [this, job, sink = s->sink, ready, done, last](absl::Status st) {
-              if (!st.ok()) return TransferFailed(job, st);
+            [this, job, sink = st.sink, ready, done, last](absl::Status e) {
+              if (!e.ok()) return TransferFailed(job, e);
               sink->Send(ready);
               if (last) sink->Send(done);
             });
       } else {
-        s->sink->Send(std::move(ready));
-        if (last) s->sink->Send(std::move(done));
+        st.sink->Send(std::move(ready));
+        if (last) st.sink->Send(std::move(done));
       }
       if (last) {
         RecordLatency(std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - s->step_t0)
+                          std::chrono::steady_clock::now() - st.step_t0)
                           .count());
-        s->step = step + 1;
-        s->delivered = 0;
-        s->step_started = false;
-        std::fill(s->declared.begin(), s->declared.end(), 0);
-        std::fill(s->received.begin(), s->received.end(), 0);
+        st.step = step + 1;
+        st.delivered = 0;
+        st.step_started = false;
+        std::fill(st.declared.begin(), st.declared.end(), 0);
+        std::fill(st.received.begin(), st.received.end(), 0);
       }
     }
-    if (++job->params_done == static_cast<int>(job->params.size())) {
-      job->params_done = 0;
-      job->completed_steps = step;
-      job->last_step_compute_seconds = job->compute_seconds;
-      std::fill(job->compute_seconds.begin(), job->compute_seconds.end(), 0.0);
+    if (job->FinishParam(step)) {
       // Nothing of the next step can have started: every rank's step ends
       // in this critical section, so the state copied here is consistent.
-      if (!options_.state_dir.empty() && options_.snapshot_every > 0 &&
-          job->completed_steps % options_.snapshot_every == 0) {
-        if (auto st = PullStateLocked(*job); st.ok()) {
-          snapshot = SerializeJobLocked(*job);
-          snapshot_steps = job->completed_steps;
+      if (snapshots_.enabled() && options_.snapshot_every > 0 &&
+          job->completed_steps() % options_.snapshot_every == 0) {
+        if (auto bytes = SnapshotBytes(*scheduler_, *job); bytes.ok()) {
+          snapshot = *std::move(bytes);
+          snapshot_steps = job->completed_steps();
         } else {
-          CountError(st);
+          CountError(bytes.status());
         }
       }
     }
   }
   if (!snapshot.empty()) {
-    if (auto st = WriteSnapshot(job->id, job->serial, snapshot_steps, snapshot);
+    if (auto st = snapshots_.Write(job->id(), job->serial(), snapshot_steps,
+                                   snapshot);
         !st.ok())
       CountError(st);
   }

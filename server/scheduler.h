@@ -10,15 +10,15 @@
 #ifndef DMUON_SERVER_SCHEDULER_H_
 #define DMUON_SERVER_SCHEDULER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/executor.h"
 
 namespace dmuon::server {
@@ -47,7 +47,6 @@ struct ExecutorStats {
   double busy_seconds = 0;
   int queue_depth = 0;
   uint64_t matrices = 0;
-  uint64_t batches = 0;
   double flops = 0;
   bool healthy = true;           // Executor::healthy() when read
   uint64_t memory_bytes = 0;     // Executor::memory_bytes() when read
@@ -89,26 +88,29 @@ class Scheduler {
     uint64_t seq;
     std::shared_ptr<Work> work;
   };
+  // An executor and its thread: fixed once the constructor returns.
   struct Worker {
     std::unique_ptr<Executor> executor;
-    std::vector<Queued> queue;  // unsorted; scanned (queues are short)
-    ExecutorStats stats;
     std::thread thread;
   };
-  void Loop(Worker* w);
+  void Loop(size_t index) ABSL_LOCKS_EXCLUDED(mu_);
 
   Executor& executor(int index) const {
-    return *workers_[static_cast<size_t>(index) % workers_.size()]->executor;
+    return *workers_[static_cast<size_t>(index) % workers_.size()].executor;
   }
 
   const int max_batch_;
   bool holds_state_ = false;          // any executor holds state
   bool reads_device_memory_ = false;  // every executor reads device memory
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  uint64_t seq_ = 0;
-  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<Worker> workers_;       // by executor index
+  // Never held while a Work or an Executor runs.
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // By executor index: its ready queue (unsorted; scanned, queues are
+  // short) and its counters.
+  std::vector<std::vector<Queued>> queues_ ABSL_GUARDED_BY(mu_);
+  std::vector<ExecutorStats> stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dmuon::server

@@ -1,6 +1,7 @@
 // The optimizer service: jobs, sessions, steps, state, status. No gRPC types:
-// every method returns absl::Status; the gRPC adapter (grpc_service.cc) is the
-// only place a Status becomes a grpc::Status. Unit-tested without sockets.
+// every method returns absl::Status; the gRPC adapter (daemon/grpc_service.cc)
+// is the only place a Status becomes a grpc::Status. Unit-tested without
+// sockets.
 //
 // A job is `world_size` ranks sharing a parameter table; each rank opens a
 // session. A parameter's step runs when every rank has declared its gradient
@@ -12,25 +13,29 @@
 #define DMUON_SERVER_SERVICE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <set>
+#include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
 #include "server/device_transport.h"
+#include "server/reaper.h"
 #include "server/scheduler.h"
 #include "server/service_metrics.h"
+#include "server/snapshot_store.h"
+#include "server/step_sink.h"
+#include "server/step_stats.h"
+#include "server/table.h"
 
 namespace dmuon::server {
 
@@ -53,8 +58,9 @@ struct Tuning {
   double tolerance = 1e-3;
   // A measurement of both methods for `batch` matrices of `shape` with
   // these options, run only on a cache miss (Autotuner::Choose), from the
-  // thread opening a session, one at a time (under the service's lock:
-  // other calls wait). Empty: the CPU backend (kernels::CpuMeasure, keyed by
+  // thread opening a new job's first session, before it takes the
+  // service's lock (other calls go on; two new jobs may measure at once).
+  // Empty: the CPU backend (kernels::CpuMeasure, keyed by
   // kernels::CpuDeviceName() and "f32"; `device` and `dtype` are then
   // ignored).
   std::function<kernels::Autotuner::MeasureFn(
@@ -88,19 +94,9 @@ struct ServiceOptions {
   std::shared_ptr<DeviceTransports> device_transports;
 };
 
-// Where a session's Step responses go. The gRPC adapter queues them for a
-// writer thread; Send must not block on the network.
-class StepSink {
- public:
-  virtual ~StepSink() = default;
-  virtual void Send(v1::StepResponse msg) = 0;
-  // Ends the stream with `status` after what was already sent.
-  virtual void Abort(absl::Status status) = 0;
-};
-
-struct Job;
-struct Session;
+class Job;
 class RegionRelease;
+class Session;
 
 // What one OptimizerService::ReapIdleJobs pass did.
 struct ReapResult {
@@ -123,17 +119,19 @@ class OptimizerService {
   ~OptimizerService();
 
   absl::StatusOr<v1::OpenSessionResponse> OpenSession(
-      const v1::OpenSessionRequest& req);
+      const v1::OpenSessionRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
   // Binds the session's Step stream. One stream per session.
   absl::Status Attach(const std::string& session_id,
-                      std::shared_ptr<StepSink> sink);
+                      std::shared_ptr<StepSink> sink) ABSL_LOCKS_EXCLUDED(mu_);
   // A gradients_ready or gradient chunk from the session's stream. An error
   // ends that stream; nothing of the message has been applied.
   absl::Status OnStepRequest(const std::string& session_id,
-                             const v1::StepRequest& req);
+                             const v1::StepRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The stream ended (client closed it or died): the session is reclaimed.
   // Returns false when it was already closed.
-  bool Detach(const std::string& session_id, const absl::Status& why);
+  bool Detach(const std::string& session_id, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the session (a step in progress breaks the job), then waits until
   // `release_by` for its region to be released: every step computation that
   // used it has ended and the daemon no longer maps it (cuda_ipc: the IPC
@@ -144,25 +142,26 @@ class OptimizerService {
   absl::Status CloseSession(const std::string& session_id,
                             std::chrono::steady_clock::time_point release_by =
                                 std::chrono::steady_clock::time_point::min(),
-                            bool* released = nullptr);
+                            bool* released = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::StatusOr<std::vector<v1::StateChunk>> GetState(
-      const std::string& session_id);
-  absl::StatusOr<int64_t> SetState(const std::vector<v1::StateChunk>& chunks);
+      const std::string& session_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<int64_t> SetState(const std::vector<v1::StateChunk>& chunks)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  v1::StatusResponse Status() const;
+  v1::StatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
   // Refuses new sessions from now on; returns the sessions still open.
-  int Drain();
-  bool draining() const;
-  int open_sessions() const;
+  int Drain() ABSL_LOCKS_EXCLUDED(mu_);
+  bool draining() const ABSL_LOCKS_EXCLUDED(mu_);
+  int open_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
   // True while any job is in the middle of a step.
-  bool Busy() const;
+  bool Busy() const ABSL_LOCKS_EXCLUDED(mu_);
   // Snapshots every job to --state-dir (no-op without one).
-  absl::Status SnapshotAll();
+  absl::Status SnapshotAll() ABSL_LOCKS_EXCLUDED(mu_);
   // Checks the --state-dir snapshots so reconnecting jobs resume from them
   // (each file's momentum is read when its job is reopened; a bad file is
   // reported here, DATA_LOSS, and ignored).
-  absl::Status LoadSnapshots();
+  absl::Status LoadSnapshots() ABSL_LOCKS_EXCLUDED(mu_);
   // Counts an error by code (the adapter calls this for every failed RPC).
   void CountError(const absl::Status& st) const;
 
@@ -173,7 +172,8 @@ class OptimizerService {
   // and forgets it (Status, metrics). A job reopened meanwhile is kept. Disk
   // writes happen without the service's lock. The reaper thread calls this;
   // tests call it with a clock of their own.
-  ReapResult ReapIdleJobs(std::chrono::steady_clock::time_point now);
+  ReapResult ReapIdleJobs(std::chrono::steady_clock::time_point now)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Starts the reaper thread: it sleeps until the next drop time, or until
   // a job's last rank closes, and runs ReapIdleJobs; `report` (may be
   // empty) gets each pass that dropped a job or failed a snapshot, on that
@@ -183,45 +183,67 @@ class OptimizerService {
 
  private:
   friend struct ParamWork;
-  std::shared_ptr<Session> FindSession(const std::string& id) const;
+  // Methods that need a job's lock held are free functions of the files
+  // that use them (job_state.h, open_session.cc, state.cc): an annotation
+  // naming job.mu() needs Job complete, and job.h is internal.
+  //
+  // A job's table as tuned for it (TuneTable): the table, each parameter's
+  // planner cost in seconds.
+  using Tuned = std::pair<Table, std::vector<double>>;
+
+  std::shared_ptr<Session> FindSession(const std::string& id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // OpenSession's steps (open_session.cc), in order.
+  // The request's own checks: protocol, ids, world size, transport.
+  absl::Status ValidateOpen(const v1::OpenSessionRequest& req) const;
+  // The job `req` joins: found, or made (planned, resumed from its
+  // snapshot); `*created` says which. Uses `tuned` for a new job (tuning
+  // here when it is empty).
+  absl::StatusOr<std::shared_ptr<Job>> FindOrCreateJobLocked(
+      const v1::OpenSessionRequest& req, const Table& table,
+      std::optional<Tuned>& tuned, bool* created)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The new session's region (shm, heap or a GPU transport's); a GPU
+  // transport may add to `resp`.
+  absl::StatusOr<std::unique_ptr<transport::Region>> OpenRegion(
+      const Job& job, bool created, const v1::OpenSessionRequest& req,
+      const transport::Layout& layout, v1::OpenSessionResponse* resp) const;
+  // The response's session, layout and capabilities.
+  void FillOpenResponse(const Session& s, v1::OpenSessionResponse* resp) const;
+
   // Before a job is created: when `job_id` has a snapshot in state_dir not
-  // loaded yet (snapshot_files_), reads it into snapshot_headers_ and
-  // snapshot_momentum_, without mu_ held while reading; concurrent ranks of
-  // the job wait for one read. An unreadable file is an error (the job does
-  // not silently restart from zero); a file that is gone is forgotten.
-  absl::Status LoadPendingSnapshot(const std::string& job_id);
-  // <state_dir>/job-<hex(job id)>.dmst (state.cc).
-  std::string SnapshotPath(const std::string& job_id) const;
-  void CloseLocked(std::shared_ptr<Session> s, const absl::Status& why);
-  // `compute_seconds`: the parameter's Executor::Compute time this step
-  // (Work::Computed), counted in the job's measured load.
+  // read yet (pending_), reads it, without mu_ held while reading;
+  // concurrent ranks of the job wait for one read. An unreadable file is an
+  // error (the job does not silently restart from zero); a file that is
+  // gone is forgotten. (state.cc)
+  absl::Status LoadPendingSnapshot(const std::string& job_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void CloseLocked(std::shared_ptr<Session> s, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A parameter's step ended with `status`: its update goes to every rank
+  // (or the job breaks). `compute_seconds`: the parameter's
+  // Executor::Compute time this step (Work::Computed), counted in the job's
+  // measured load. (param_work.cc)
   void Deliver(const std::shared_ptr<Job>& job, int param, int64_t step,
-               absl::Status status, bool nonfinite, double compute_seconds);
+               absl::Status status, bool nonfinite, double compute_seconds)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Submits the step of each of `params` of `job` (Job::Arrive said they
+  // run), without the job's lock.
+  void SubmitParams(const std::shared_ptr<Job>& job, int64_t step,
+                    const std::vector<int>& params);
   // The scheduler's executor stats with the per-step load of the open jobs
   // filled in (ExecutorStatus in dmuon.proto), for /metrics. Takes mu_ and
-  // the jobs' locks.
-  std::vector<ExecutorStats> ExecutorStatsWithLoad() const;
-  // Snapshot file contents of a job at a step boundary (caller holds job.mu).
-  std::string SerializeJobLocked(const Job& job) const;
-  // Atomically writes a snapshot (temp file, fsync, rename) of job
-  // `job_serial` taken after `completed_steps`. Writes are serialized, and
-  // one older than a snapshot of the same job already written is skipped
-  // (OK): a --snapshot-every write, the idle drop and the shutdown snapshot
-  // may race, and the file must end with the newest state.
-  absl::Status WriteSnapshot(const std::string& job_id, uint64_t job_serial,
-                             int64_t completed_steps, const std::string& bytes);
-  absl::StatusOr<std::vector<v1::StateChunk>> StateChunksLocked(
-      const Job& job) const;
+  // the jobs' locks. (status.cc)
+  std::vector<ExecutorStats> ExecutorStatsWithLoad() const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A session's step completed `seconds` after its first gradient: into
+  // stats_ and the metrics. (service.cc)
   void RecordLatency(double seconds);
   // Resolves method "auto" by measurement and returns each parameter's
   // planner cost in seconds (measured, or the cost model at a nominal rate).
+  // (open_session.cc)
   std::vector<double> TuneTable(Table& table);
-  // Executors that hold state (executor.h): copy each parameter's state into
-  // the job's host mirrors before they are read (GetState, snapshots), and
-  // out to the executors after they are written (SetState). No-ops when no
-  // executor holds state. The caller holds job.mu. (device_state.cc)
-  absl::Status PullStateLocked(Job& job);
-  absl::Status PushStateLocked(Job& job);
   // GPU transports: whether `t` can be opened here. (device_state.cc)
   bool DeviceTransportAvailable(v1::Transport t) const;
   // Transports that move data (nccl; transport.h Region::Pull/Push), from
@@ -231,48 +253,40 @@ class OptimizerService {
   // on a transport's thread, whose region it would then destroy.)
   void PullDone(const std::shared_ptr<Job>& job,
                 const std::weak_ptr<Session>& session, int64_t step,
-                const std::vector<int>& ids, const absl::Status& status);
+                const std::vector<int>& ids, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void TransferFailed(const std::shared_ptr<Job>& job,
-                      const absl::Status& status);
+                      const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ServiceOptions options_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<kernels::Autotuner> autotuner_;
   ServiceMetrics* const metrics_;  // null: nothing observed
   const std::chrono::steady_clock::time_point started_;
+  // --state-dir's files. Its lock is held for a whole write, never with
+  // another: snapshots are copied under a job's lock and written after.
+  SnapshotStore snapshots_;
+  mutable StepStats stats_;  // its lock is a leaf
 
-  mutable std::mutex mu_;  // guards the maps below and draining_
-  bool draining_ = false;
-  uint64_t next_job_serial_ = 1;
-  std::map<std::string, std::shared_ptr<Session>> sessions_;
+  // Lock order: mu_, then a job's mu() (job.h), then the reaper's or a
+  // StepStats' lock. (clang-14 cannot check an order between locks of
+  // different objects, so ABSL_ACQUIRED_AFTER is not used across them.)
+  mutable absl::Mutex mu_;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_job_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, std::shared_ptr<Session>> sessions_
+      ABSL_GUARDED_BY(mu_);
   // Closed sessions whose region may still be in use (CloseLocked adds them;
   // released ones are pruned there and by CloseSession). session id ->
   // its release.
-  std::map<std::string, std::shared_ptr<RegionRelease>> closing_;
-  std::map<std::string, std::shared_ptr<Job>> jobs_;
-  std::map<std::string, v1::StateChunk> snapshot_headers_;  // job id -> header
-  std::map<std::string, std::vector<std::vector<float>>> snapshot_momentum_;
-  // Snapshot files the next job of that id resumes from, read only then
-  // (LoadPendingSnapshot) so that momentum of jobs nobody reopens stays on
-  // disk: every file found at start (LoadSnapshots), and each idle job
-  // dropped with a snapshot. job id -> path.
-  std::map<std::string, std::string> snapshot_files_;
-  std::set<std::string> snapshot_loading_;   // job ids being read
-  std::condition_variable snapshot_loaded_;  // with mu_
-  // The reaper thread (StartReaper): wakes at `next` or when kicked.
-  std::mutex reaper_mu_;  // after mu_ and the jobs' locks, never before
-  // Held for a whole snapshot write, never with another lock.
-  std::mutex snapshot_mu_;
-  std::map<uint64_t, int64_t> snapshot_steps_;  // by job serial: newest written
-  std::condition_variable reaper_cv_;
-  bool reaper_stop_ = false;
-  bool reaper_kicked_ = false;
-  std::thread reaper_;
-  mutable std::mutex latency_mu_;
-  std::vector<double> latencies_;  // ring of the last kLatencyWindow
-  size_t latency_next_ = 0;
-  uint64_t latency_count_ = 0;
-  mutable std::map<std::string, uint64_t> errors_;
+  std::map<std::string, std::shared_ptr<RegionRelease>> closing_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Snapshots the next job of their id resumes from (LoadSnapshots, and
+  // each idle job dropped with a snapshot), read by LoadPendingSnapshot.
+  PendingSnapshots pending_ ABSL_GUARDED_BY(mu_);
+  // StartReaper's thread; stopped first by the destructor.
+  Reaper reaper_;
 };
 
 }  // namespace dmuon::server

@@ -16,9 +16,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/cost_model.h"
 #include "kernels/testing/oracle.h"
 #include "planner/planner.h"
+#include "server/testing/open_request.h"
 #include "server/testing/recording_metrics.h"
 #include "server/testing/recording_sink.h"
 #include "transport/transport.h"
@@ -29,11 +32,7 @@ namespace {
 using FakeSink = testing::RecordingSink;
 using RecordingMetrics = testing::RecordingMetrics;
 
-struct Param {
-  std::string name;
-  int64_t rows, cols;
-  v1::Sharding sharding;
-};
+using Param = testing::TableParam;
 
 std::unique_ptr<OptimizerService> NewService(
     ServiceOptions o = {}, int executors = 2,
@@ -47,28 +46,7 @@ std::unique_ptr<OptimizerService> NewService(
 v1::OpenSessionRequest Request(const std::string& job, int rank, int world,
                                v1::Transport t,
                                const std::vector<Param>& params) {
-  v1::OpenSessionRequest r;
-  r.set_protocol_version(v1::PROTOCOL_VERSION_1);
-  r.set_job_id(job);
-  r.set_rank(rank);
-  r.set_world_size(world);
-  r.set_transport(t);
-  r.add_groups()->set_adjust_lr_fn("original");
-  int order = 0;
-  for (const Param& p : params) {
-    auto* s = r.add_parameters();
-    s->set_name(p.name);
-    s->add_shape(p.rows);
-    s->add_shape(p.cols);
-    s->set_sharding(p.sharding);
-    s->set_forward_order(order++);
-    if (p.sharding == v1::SHARDING_ROWS) {
-      const int64_t per = (p.rows + world - 1) / world;
-      s->set_row_begin(std::min(p.rows, rank * per));
-      s->set_row_end(std::min(p.rows, (rank + 1) * per));
-    }
-  }
-  return r;
+  return testing::OpenRequest(job, rank, world, t, params);
 }
 
 // A rank as a client would drive it, on a real shm segment or inline.
@@ -1285,11 +1263,11 @@ TEST(Service, ReaperThreadDropsIdleJobsByItself) {
   ServiceOptions o;
   o.job_retention_seconds = 0;
   // Outlive the service: its reaper thread reports into them.
-  std::mutex mu;
-  std::vector<std::string> reported;
+  absl::Mutex mu;
+  std::vector<std::string> reported;  // guarded by mu
   auto svc = NewService(o);
   svc->StartReaper([&](const ReapResult& r) {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     for (const auto& [job, snapshotted] : r.dropped) reported.push_back(job);
   });
   Rank r;
@@ -1299,15 +1277,10 @@ TEST(Service, ReaperThreadDropsIdleJobsByItself) {
   EXPECT_EQ(svc->Status().jobs_size(), 1) << "open: kept";
   ASSERT_TRUE(svc->CloseSession(r.open.session_id()).ok());
   // The report comes after the drop.
-  const Clock::time_point until = Clock::now() + std::chrono::seconds(10);
-  auto done = [&] {
-    std::lock_guard<std::mutex> lock(mu);
-    return !reported.empty();
-  };
-  while (!done() && Clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto reported_one = [&] { return !reported.empty(); };  // under mu
+  absl::MutexLock lock(&mu);
+  mu.AwaitWithTimeout(absl::Condition(&reported_one), absl::Seconds(10));
   EXPECT_EQ(svc->Status().jobs_size(), 0);
-  std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(reported, std::vector<std::string>{"j"});
 }
 

@@ -8,7 +8,6 @@
 
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -18,6 +17,7 @@
 
 #include "server/service.h"
 #include "server/testing/fake_device.h"
+#include "server/testing/open_request.h"
 #include "server/testing/recording_sink.h"
 #include "transport/transport.h"
 
@@ -25,11 +25,7 @@ namespace dmuon::server::testing {
 
 using Sink = RecordingSink;
 
-struct P {
-  const char* name;
-  int64_t rows, cols;
-  v1::Sharding sharding;
-};
+using P = TableParam;
 inline const std::vector<P> kTable = {{"a", 40, 24, v1::SHARDING_REPLICATED},
                                       {"b", 48, 24, v1::SHARDING_ROWS},
                                       {"c", 24, 40, v1::SHARDING_UNREDUCED},
@@ -64,27 +60,7 @@ struct Daemon {
   }
 
   v1::OpenSessionRequest Request(int rank, int world, v1::Transport t) {
-    v1::OpenSessionRequest r;
-    r.set_protocol_version(v1::PROTOCOL_VERSION_1);
-    r.set_job_id("job");
-    r.set_rank(rank);
-    r.set_world_size(world);
-    r.set_transport(t);
-    r.add_groups();
-    int order = 0;
-    for (const P& p : kTable) {
-      auto* s = r.add_parameters();
-      s->set_name(p.name);
-      s->add_shape(p.rows);
-      s->add_shape(p.cols);
-      s->set_sharding(p.sharding);
-      s->set_forward_order(order++);
-      if (p.sharding == v1::SHARDING_ROWS) {
-        s->set_row_begin(rank * p.rows / world);
-        s->set_row_end((rank + 1) * p.rows / world);
-      }
-    }
-    return r;
+    return OpenRequest("job", rank, world, t, kTable);
   }
 
   // device: cuda_ipc (or `t` when given), else shm.

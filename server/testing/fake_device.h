@@ -32,7 +32,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -44,7 +43,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/gpu_logic.h"
 #include "server/service.h"
 #include "transport/transport.h"
@@ -74,13 +76,13 @@ class FakeDeviceExecutor : public Executor {
   // test holds a computation in flight with it).
   std::function<void()> on_compute;
   std::vector<std::string> warnings() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return warnings_;
   }
 
   absl::Status Compute(absl::Span<const ComputeTask> batch) override {
     if (on_compute) on_compute();
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (health_.out_of_service()) {
       return absl::UnavailableError(
           absl::StrCat(name_, " is out of service: ", health_.last_error()));
@@ -91,7 +93,8 @@ class FakeDeviceExecutor : public Executor {
   }
 
  private:
-  absl::Status ComputeLocked(absl::Span<const ComputeTask> batch) {
+  absl::Status ComputeLocked(absl::Span<const ComputeTask> batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::vector<float>> g(batch.size());
     std::vector<ComputeTask> inner;
     for (size_t k = 0; k < batch.size(); ++k) {
@@ -151,7 +154,10 @@ class FakeDeviceExecutor : public Executor {
             return cpu_->Compute(inner);
           },
           [] { return absl::OkStatus(); },
-          [&](const std::string& w) { warnings_.push_back(w); });
+          [&](const std::string& w) {
+            mu_.AssertHeld();  // Run calls back on this thread, under mu_
+            warnings_.push_back(w);
+          });
       if (!st.ok()) return st;
     }
     for (size_t k = 0; k < batch.size(); ++k) {
@@ -174,7 +180,7 @@ class FakeDeviceExecutor : public Executor {
 
  public:
   absl::Status ReadState(const StateKey& key, absl::Span<float> host) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = state_.find(key);
     if (it != state_.end())
       std::copy(it->second.begin(), it->second.end(), host.begin());
@@ -182,18 +188,18 @@ class FakeDeviceExecutor : public Executor {
   }
   absl::Status WriteState(const StateKey& key,
                           absl::Span<const float> host) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = state_.find(key);
     if (it != state_.end()) it->second.assign(host.begin(), host.end());
     return absl::OkStatus();
   }
   void DropJob(uint64_t job) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto it = state_.begin(); it != state_.end();)
       it = it->first.job == job ? state_.erase(it) : std::next(it);
   }
   size_t states() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return state_.size();
   }
 
@@ -202,9 +208,9 @@ class FakeDeviceExecutor : public Executor {
   const std::string name_;
   Health health_;
   GraphFallback graphs_{true};
-  std::mutex mu_;
-  std::map<StateKey, std::vector<float>> state_;
-  std::vector<std::string> warnings_;  // GraphFallback's, guarded by mu_
+  absl::Mutex mu_;
+  std::map<StateKey, std::vector<float>> state_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> warnings_ ABSL_GUARDED_BY(mu_);  // GraphFallback's
 };
 
 // "Device" memory the client owns; the request carries its address (or the
@@ -248,18 +254,19 @@ class FakeNcclLink {
   // to_daemon: a gradient (the trainer's ncclSend); else an update (the
   // daemon's ncclSend).
   void Send(bool to_daemon, Slot slot) {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     (to_daemon ? to_daemon_ : to_client_).push_back(std::move(slot));
-    cv_.notify_all();
   }
   // The next slot for the daemon (at_daemon) or the trainer, waiting up to
   // `timeout`; UNAVAILABLE naming the side when none comes (a peer that
   // never posted its send).
   absl::StatusOr<Slot> Receive(bool at_daemon,
                                std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     std::deque<Slot>& q = at_daemon ? to_daemon_ : to_client_;
-    if (!cv_.wait_for(l, timeout, [&] { return !q.empty(); })) {
+    auto sent = [&q] { return !q.empty(); };  // under mu_
+    if (!mu_.AwaitWithTimeout(absl::Condition(&sent),
+                              absl::FromChrono(timeout))) {
       return absl::UnavailableError(
           absl::StrCat("fake nccl: no ", at_daemon ? "gradient" : "update",
                        " sent within ", timeout.count(), " ms"));
@@ -270,9 +277,9 @@ class FakeNcclLink {
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Slot> to_daemon_, to_client_;
+  absl::Mutex mu_;
+  std::deque<Slot> to_daemon_ ABSL_GUARDED_BY(mu_);
+  std::deque<Slot> to_client_ ABSL_GUARDED_BY(mu_);
 };
 
 // The fake communicators: one link per (unique id, trainer rank), made by
@@ -280,15 +287,16 @@ class FakeNcclLink {
 class FakeNcclFabric {
  public:
   std::shared_ptr<FakeNcclLink> Link(const std::string& unique_id, int rank) {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     auto& link = links_[{unique_id, rank}];
     if (!link) link = std::make_shared<FakeNcclLink>();
     return link;
   }
 
  private:
-  std::mutex mu_;
-  std::map<std::pair<std::string, int>, std::shared_ptr<FakeNcclLink>> links_;
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, int>, std::shared_ptr<FakeNcclLink>> links_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // nccl-like: the daemon's own memory, filled from the client's and sent back
@@ -313,10 +321,9 @@ class FakeMovingRegion : public transport::Region {
   }
   ~FakeMovingRegion() override {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
     thread_.join();
   }
   absl::Span<std::byte> bytes() override { return {}; }
@@ -376,23 +383,27 @@ class FakeMovingRegion : public transport::Region {
   static constexpr std::chrono::milliseconds kLinkTimeout{10000};
   void Queue(std::function<absl::Status()> copy,
              std::function<void(absl::Status)> done) {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     q_.push_back([this, copy, done] {
       if (fail_->load()) return done(absl::UnavailableError("peer gone"));
       done(copy());
     });
-    cv_.notify_all();
   }
   void Loop() {
-    std::unique_lock<std::mutex> l(mu_);
+    auto woken = [this] {
+      mu_.AssertHeld();
+      return stop_ || !q_.empty();
+    };
     for (;;) {
-      cv_.wait(l, [&] { return stop_ || !q_.empty(); });
-      if (q_.empty()) return;
-      auto f = std::move(q_.front());
-      q_.pop_front();
-      l.unlock();
+      std::function<void()> f;
+      {
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(&woken));
+        if (q_.empty()) return;
+        f = std::move(q_.front());
+        q_.pop_front();
+      }
       f();
-      l.lock();
     }
   }
   std::byte* const client_;
@@ -402,10 +413,9 @@ class FakeMovingRegion : public transport::Region {
   const std::atomic<bool>* fail_;
   transport::DeviceView view_;
   const std::string name_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> q_;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> q_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -6,37 +6,40 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <vector>
 
-#include "server/service.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/step_sink.h"
 
 namespace dmuon::server::testing {
 
+// Its lock is a leaf: the service calls it with a job's lock held.
 class RecordingSink : public StepSink {
  public:
   void Send(v1::StepResponse m) override {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     msgs_.push_back(std::move(m));
-    cv_.notify_all();
   }
   void Abort(absl::Status st) override {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     aborted_ = true;
     abort_status_ = st;
-    cv_.notify_all();
   }
   absl::Status abort_status() {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     return abort_status_;
   }
   // Everything received up to StepComplete(step), or up to an abort.
   std::vector<v1::StepResponse> WaitStep(int64_t step) {
-    std::unique_lock<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     std::vector<v1::StepResponse> out;
+    auto more = [this] {
+      mu_.AssertHeld();
+      return !msgs_.empty() || aborted_;
+    };
     for (;;) {
       while (!msgs_.empty()) {
         out.push_back(msgs_.front());
@@ -47,8 +50,7 @@ class RecordingSink : public StepSink {
         }
       }
       if (aborted_) return out;
-      if (!cv_.wait_for(l, std::chrono::seconds(60),
-                        [&] { return !msgs_.empty() || aborted_; })) {
+      if (!mu_.AwaitWithTimeout(absl::Condition(&more), absl::Seconds(60))) {
         ADD_FAILURE() << "timed out waiting for step " << step;
         return out;
       }
@@ -56,19 +58,18 @@ class RecordingSink : public StepSink {
   }
   // Waits for the stream to be ended; false on timeout.
   bool WaitAbort(absl::Status* st) {
-    std::unique_lock<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     const bool ok =
-        cv_.wait_for(l, std::chrono::seconds(30), [&] { return aborted_; });
+        mu_.AwaitWithTimeout(absl::Condition(&aborted_), absl::Seconds(30));
     *st = abort_status_;
     return ok;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::StepResponse> msgs_;
-  bool aborted_ = false;
-  absl::Status abort_status_;
+  absl::Mutex mu_;
+  std::deque<v1::StepResponse> msgs_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dmuon::server::testing

@@ -1,0 +1,147 @@
+#include "server/job.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace dmuon::server {
+
+absl::Time DeadlineOf(std::chrono::steady_clock::time_point t) {
+  using Clock = std::chrono::steady_clock;
+  if (t == Clock::time_point::max()) return absl::InfiniteFuture();
+  const Clock::time_point now = Clock::now();
+  // Subtracting first would overflow for min().
+  if (t <= now) return absl::InfinitePast();
+  return absl::Now() + absl::FromChrono(t - now);
+}
+
+void RegionRelease::Set() {
+  absl::MutexLock lock(&mu_);
+  done_ = true;
+}
+
+bool RegionRelease::done() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+bool RegionRelease::WaitUntil(std::chrono::steady_clock::time_point t) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithDeadline(absl::Condition(&done_), DeadlineOf(t));
+}
+
+Job::Job(std::string id, uint64_t serial, int world_size, Table table,
+         planner::Plan plan, int executors, bool host_momentum)
+    : id_(std::move(id)),
+      serial_(serial),
+      world_size_(world_size),
+      table_(std::move(table)),
+      plan_(std::move(plan)),
+      ranks_(world_size),
+      params_(table_.params.size()),
+      compute_seconds_(executors, 0.0),
+      last_step_compute_seconds_(executors, 0.0) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (host_momentum)
+      params_[i].momentum.assign(table_.params[i].shape.elements(), 0.0f);
+    params_[i].arrived.assign(world_size_, 0);
+  }
+}
+
+int Job::open_ranks() const {
+  int n = 0;
+  for (const auto& s : ranks_) n += s != nullptr;
+  return n;
+}
+
+bool Job::Holds(const Session& s) const { return ranks_[s.rank()].get() == &s; }
+
+bool Job::mid_step() const {
+  if (params_done_ > 0) return true;
+  for (const auto& p : params_)
+    if (p.arrived_count > 0 || p.running) return true;
+  return false;
+}
+
+void Job::OpenRank(std::shared_ptr<Session> s) {
+  SessionState& st = s->state(*this);
+  st.step = completed_steps_ + 1;
+  st.declared.assign(params_.size(), 0);
+  st.received.assign(params_.size(), 0);
+  ranks_[s->rank()] = std::move(s);
+}
+
+void Job::CloseRank(const Session& s) {
+  if (Holds(s)) ranks_[s.rank()] = nullptr;
+}
+
+bool Job::Break() {
+  if (broken_) return false;
+  broken_ = true;
+  return true;
+}
+
+void Job::AbortStreams(const absl::Status& why) {
+  for (auto& s : ranks_) {
+    if (!s) continue;
+    if (const auto& sink = s->state(*this).sink) sink->Abort(why);
+  }
+}
+
+bool Job::Arrive(int rank, int param) {
+  ParamState& p = params_[param];
+  p.arrived[rank] = 1;
+  if (++p.arrived_count == world_size_ && open_ranks() == world_size_) {
+    p.running = true;
+    return true;
+  }
+  return false;
+}
+
+void Job::EndParam(int param) {
+  ParamState& p = params_[param];
+  p.running = false;
+  p.arrived_count = 0;
+  std::fill(p.arrived.begin(), p.arrived.end(), 0);
+}
+
+void Job::AddComputeSeconds(int param, double seconds) {
+  if (const size_t e = static_cast<size_t>(plan_.executor_of[param]);
+      e < compute_seconds_.size()) {
+    compute_seconds_[e] += seconds;
+  }
+}
+
+bool Job::FinishParam(int64_t step) {
+  if (++params_done_ < static_cast<int>(params_.size())) return false;
+  params_done_ = 0;
+  completed_steps_ = step;
+  last_step_compute_seconds_ = compute_seconds_;
+  std::fill(compute_seconds_.begin(), compute_seconds_.end(), 0.0);
+  return true;
+}
+
+void Job::SetCompletedSteps(int64_t completed) {
+  completed_steps_ = completed;
+  for (auto& r : ranks_)
+    if (r) r->state(*this).step = completed_steps_ + 1;
+}
+
+Session::Session(std::string id, std::shared_ptr<Job> job, int rank,
+                 v1::Transport transport, transport::Layout layout,
+                 std::vector<RowRange> rows,
+                 std::unique_ptr<transport::Region> region)
+    : id_(std::move(id)),
+      job_(job),
+      job_raw_(job.get()),
+      rank_(rank),
+      transport_(transport),
+      layout_(std::move(layout)),
+      rows_(std::move(rows)),
+      region_(std::move(region)) {}
+
+Session::~Session() {
+  region_.reset();
+  release_->Set();
+}
+
+}  // namespace dmuon::server

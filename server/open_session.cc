@@ -1,0 +1,376 @@
+// OpenSession, step by step: validate the request, tune a new job's table,
+// find or create the job (planned, resumed from its snapshot), check the
+// rank may join it, open its region, publish the session.
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cost_model.h"
+#include "planner/planner.h"
+#include "server/job.h"
+#include "server/service.h"
+
+namespace dmuon::server {
+namespace {
+
+std::string RandomToken() {
+  unsigned char b[16];
+  size_t got = 0;
+  while (got < sizeof(b)) {
+    ssize_t n = getrandom(b + got, sizeof(b) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) {
+    s.push_back(hex[c >> 4]);
+    s.push_back(hex[c & 15]);
+  }
+  return s;
+}
+
+// Row ranges of a SHARDING_ROWS parameter must tile [0, rows) exactly. Every
+// rank but `rank` is open; `rows` are that rank's.
+absl::Status CheckRowTiling(const Job& job, int rank,
+                            const std::vector<RowRange>& rows)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+  for (size_t i = 0; i < job.table().params.size(); ++i) {
+    const ParamInfo& p = job.table().params[i];
+    if (p.sharding != v1::SHARDING_ROWS) continue;
+    std::vector<std::pair<int64_t, int64_t>> r;
+    for (int k = 0; k < job.world_size(); ++k) {
+      const RowRange& x = k == rank ? rows[i] : job.ranks()[k]->rows()[i];
+      r.push_back({x.begin, x.end});
+    }
+    std::sort(r.begin(), r.end());
+    int64_t next = 0;
+    std::string ranges;
+    for (auto& [b, e] : r)
+      absl::StrAppend(&ranges, ranges.empty() ? "" : " ", "[", b, ",", e, ")");
+    for (auto& [b, e] : r) {
+      if (b != next) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", p.name, "' row shards ", ranges, " do not tile its ",
+            p.shape.rows, " rows (gap or overlap at row ", std::min(b, next),
+            ")"));
+      }
+      next = e;
+    }
+    if (next != p.shape.rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "' row shards ", ranges,
+                       " do not cover its ", p.shape.rows, " rows"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Whether a snapshot of job `id` fits `table`.
+absl::Status CheckSnapshot(const std::string& id, const Table& table,
+                           const v1::StateHeader& h) {
+  if (h.parameters_size() != static_cast<int>(table.params.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", id, "' has a snapshot in --state-dir with ",
+                     h.parameters_size(), " parameters; this table has ",
+                     table.params.size()));
+  }
+  for (int i = 0; i < h.parameters_size(); ++i) {
+    const ParamInfo& p = table.params[i];
+    const auto& sp = h.parameters(i);
+    if (sp.name() != p.name || sp.shape(0) != p.shape.rows ||
+        sp.shape(1) != p.shape.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job '", id, "' snapshot parameter ", i, " is '", sp.name(), "' [",
+          sp.shape(0), ",", sp.shape(1), "], the table says '", p.name, "' ",
+          kernels::ShapeString(p.shape)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Whether rank req.rank() with `table` may join the existing `job`.
+absl::Status CheckJoin(const Job& job, const v1::OpenSessionRequest& req,
+                       const Table& table)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+  if (job.broken()) {
+    return absl::AbortedError(
+        absl::StrCat("job '", job.id(),
+                     "' is broken (a rank left mid-step); close every rank "
+                     "and start it again, restoring state from a checkpoint"));
+  }
+  if (job.world_size() != req.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", job.id(), "' has world_size ", job.world_size(),
+                     "; rank ", req.rank(), " says ", req.world_size()));
+  }
+  int ref = 0;
+  while (ref < job.world_size() && !job.ranks()[ref]) ++ref;
+  if (auto st = CompareTables(job.table(), ref < job.world_size() ? ref : 0,
+                              table, req.rank());
+      !st.ok()) {
+    return st;
+  }
+  if (job.ranks()[req.rank()]) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "rank ", req.rank(), " of job '", job.id(), "' is already open"));
+  }
+  for (const auto& other : job.ranks()) {
+    if (other && IsDeviceTransport(other->transport()) !=
+                     IsDeviceTransport(req.transport())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", req.rank(), " of job '", job.id(), "' asks for ",
+          v1::Transport_Name(req.transport()), " but rank ", other->rank(),
+          " uses ", v1::Transport_Name(other->transport()),
+          ": every rank of a job uses GPU transports (cuda_ipc, nccl) or "
+          "none"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
+    const v1::OpenSessionRequest& req) {
+  if (auto st = ValidateOpen(req); !st.ok()) return st;
+  std::vector<RowRange> rows;
+  auto table = BuildTable(req, &rows);
+  if (!table.ok()) return table.status();
+  std::vector<transport::TensorView> views;
+  for (size_t i = 0; i < table->params.size(); ++i) {
+    views.push_back(
+        {rows[i].end - rows[i].begin, table->params[i].shape.cols, 4});
+  }
+  auto layout = transport::ComputeLayout(views);
+  if (!layout.ok()) return layout.status();
+
+  // A job dropped idle, or snapshotted before a restart, resumes from its
+  // snapshot: read now, before mu_ is taken for good.
+  if (auto st = LoadPendingSnapshot(req.job_id()); !st.ok()) return st;
+  // A new job's methods and costs are measured (--autotune-cache: on a cache
+  // miss, real kernel runs) before mu_ is taken, so other sessions' calls
+  // and Status are not held up; a rank that finds the job made meanwhile
+  // throws this away.
+  std::optional<Tuned> tuned;
+  {
+    absl::MutexLock lock(&mu_);
+    if (jobs_.count(req.job_id()) == 0)
+      tuned.emplace(*table, std::vector<double>{});
+  }
+  if (tuned) tuned->second = TuneTable(tuned->first);
+
+  absl::MutexLock lock(&mu_);
+  if (draining_) {
+    return absl::UnavailableError(
+        "dmuond is draining: it accepts no new sessions (connect to another)");
+  }
+  if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("dmuond serves at most ", options_.max_sessions,
+                     " sessions (--max-sessions); all are in use"));
+  }
+  bool created = false;
+  auto found = FindOrCreateJobLocked(req, *table, tuned, &created);
+  if (!found.ok()) return found.status();
+  const std::shared_ptr<Job> job = *std::move(found);
+  absl::MutexLock jl(&job->mu());
+  if (!created) {
+    if (auto st = CheckJoin(*job, req, *table); !st.ok()) return st;
+  }
+  if (job->open_ranks() + 1 == job->world_size()) {
+    if (auto st = CheckRowTiling(*job, req.rank(), rows); !st.ok()) return st;
+  }
+  v1::OpenSessionResponse resp;
+  auto region = OpenRegion(*job, created, req, *layout, &resp);
+  if (!region.ok()) return region.status();
+  auto s = std::make_shared<Session>(RandomToken(), job, req.rank(),
+                                     req.transport(), *std::move(layout),
+                                     std::move(rows), *std::move(region));
+  job->OpenRank(s);
+  if (created) jobs_[job->id()] = job;
+  sessions_[s->id()] = s;
+  if (metrics_) {
+    metrics_->SetSessions(static_cast<int>(sessions_.size()));
+    metrics_->SetJobs(static_cast<int>(jobs_.size()));
+  }
+  resp.set_next_step(s->state(*job).step);
+  FillOpenResponse(*s, &resp);
+  return resp;
+}
+
+absl::Status OptimizerService::ValidateOpen(
+    const v1::OpenSessionRequest& req) const {
+  if (req.protocol_version() != v1::PROTOCOL_VERSION_1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "protocol version ", static_cast<int>(req.protocol_version()),
+        " is not supported: this daemon speaks version 1 (upgrade the client "
+        "or the daemon)"));
+  }
+  if (req.job_id().empty())
+    return absl::InvalidArgumentError("job_id is empty");
+  if (req.world_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be >= 1, got ", req.world_size()));
+  }
+  if (req.rank() < 0 || req.rank() >= req.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", req.rank(),
+                     " is outside [0, world_size=", req.world_size(), ")"));
+  }
+  switch (req.transport()) {
+    case v1::TRANSPORT_SHM:
+    case v1::TRANSPORT_INLINE:
+      return absl::OkStatus();
+    case v1::TRANSPORT_CUDA_IPC:
+    case v1::TRANSPORT_NCCL:
+      if (DeviceTransportAvailable(req.transport())) return absl::OkStatus();
+      return absl::UnimplementedError(
+          absl::StrCat("transport ", v1::Transport_Name(req.transport()),
+                       " is not available on this daemon (CPU "
+                       "executors); use TRANSPORT_SHM or TRANSPORT_INLINE"));
+    default:
+      return absl::InvalidArgumentError(
+          "transport is unspecified: use TRANSPORT_SHM or TRANSPORT_INLINE");
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
+    const v1::OpenSessionRequest& req, const Table& table,
+    std::optional<Tuned>& tuned, bool* created) {
+  if (auto it = jobs_.find(req.job_id()); it != jobs_.end()) {
+    *created = false;
+    return it->second;
+  }
+  if (!tuned) {  // the job was dropped between the look and now
+    tuned.emplace(table, std::vector<double>{});
+    tuned->second = TuneTable(tuned->first);
+  }
+  const std::vector<double>& costs = tuned->second;
+  std::vector<int> layers;
+  for (const ParamInfo& p : tuned->first.params) layers.push_back(p.layer);
+  planner::Plan plan;
+  if (const std::vector<int> ok = scheduler_->Healthy();
+      !ok.empty() && static_cast<int>(ok.size()) < scheduler_->executors()) {
+    // New jobs avoid executors that lost their device.
+    plan = planner::PlanOn(
+        planner::PlanBest(costs, layers, static_cast<int>(ok.size())), ok,
+        scheduler_->executors());
+  } else {
+    plan = planner::PlanBest(costs, layers, scheduler_->executors());
+  }
+  // Executors holding state start from zeros without a host copy.
+  auto job = std::make_shared<Job>(
+      req.job_id(), next_job_serial_++, req.world_size(),
+      std::move(tuned->first), std::move(plan), scheduler_->executors(),
+      /*host_momentum=*/!scheduler_->holds_state());
+  if (const SnapshotFile* snap = pending_.Find(job->id())) {
+    if (auto st = CheckSnapshot(job->id(), job->table(), snap->head.header());
+        !st.ok()) {
+      return st;
+    }
+    SnapshotFile taken = pending_.Take(job->id());
+    absl::MutexLock jl(&job->mu());
+    for (int i = 0; i < job->num_params(); ++i)
+      job->param(i).momentum = std::move(taken.momentum[i]);
+    job->SetCompletedSteps(taken.head.header().completed_steps());
+  }
+  *created = true;
+  return job;
+}
+
+absl::StatusOr<std::unique_ptr<transport::Region>> OptimizerService::OpenRegion(
+    const Job& job, bool created, const v1::OpenSessionRequest& req,
+    const transport::Layout& layout, v1::OpenSessionResponse* resp) const {
+  if (req.transport() == v1::TRANSPORT_SHM)
+    return transport::CreateShmRegion(layout.total_bytes);
+  if (IsDeviceTransport(req.transport())) {
+    auto region =
+        options_.device_transports->Open(job.serial(), req, layout, resp);
+    if (!region.ok() && created)
+      options_.device_transports->DropJob(job.serial());
+    return region;
+  }
+  return transport::NewHeapRegion(layout.total_bytes);
+}
+
+void OptimizerService::FillOpenResponse(const Session& s,
+                                        v1::OpenSessionResponse* resp) const {
+  resp->set_session_id(s.id());
+  resp->set_transport(s.transport());
+  if (s.transport() == v1::TRANSPORT_SHM)
+    resp->set_shm_name(s.region()->name());
+  auto* lay = resp->mutable_layout();
+  lay->set_total_bytes(s.layout().total_bytes);
+  for (size_t i = 0; i < s.layout().slots.size(); ++i) {
+    const auto& sl = s.layout().slots[i];
+    auto* t = lay->add_slots();
+    t->set_param_id(static_cast<int>(i));
+    t->add_local_shape(sl.rows);
+    t->add_local_shape(sl.cols);
+    t->set_gradient_offset(sl.gradient_offset);
+    t->set_update_offset(sl.update_offset);
+    t->set_bytes(sl.bytes);
+  }
+  auto* caps = resp->mutable_capabilities();
+  caps->set_version(options_.version);
+  caps->add_transports(v1::TRANSPORT_SHM);
+  caps->add_transports(v1::TRANSPORT_INLINE);
+  for (v1::Transport t : {v1::TRANSPORT_CUDA_IPC, v1::TRANSPORT_NCCL})
+    if (DeviceTransportAvailable(t)) caps->add_transports(t);
+  for (const auto& d : options_.devices) caps->add_devices(d);
+  caps->set_max_message_bytes(options_.max_message_bytes);
+  for (const char* n : {"classic", "polar_express", "you", "custom"})
+    caps->add_schedules(n);
+  for (const char* n : {"direct", "gram", "auto"}) caps->add_methods(n);
+}
+
+std::vector<double> OptimizerService::TuneTable(Table& table) {
+  const Tuning& tuning = options_.tuning;
+  const bool cpu = !tuning.measure;
+  std::vector<double> costs;
+  for (ParamInfo& p : table.params) {
+    double seconds = -1;
+    if (autotuner_) {
+      kernels::TuneKey key;
+      key.device = cpu ? kernels::CpuDeviceName() : tuning.device;
+      if (!cpu) key.dtype = tuning.dtype;
+      key.shape = p.shape;
+      key.schedule = absl::StrCat(p.muon.ns.schedule.name, "/",
+                                  p.muon.ns.schedule.steps.size());
+      std::optional<kernels::TuneResult> r;
+      if (p.muon.ns.method == kernels::Method::kAuto) {
+        auto tuned =
+            autotuner_->Choose(key,
+                               cpu ? kernels::CpuMeasure(p.shape, 1, p.muon.ns)
+                                   : tuning.measure(p.shape, 1, p.muon.ns),
+                               tuning.tolerance);
+        if (tuned.ok()) r = *tuned;
+      } else {
+        r = autotuner_->Lookup(key);
+      }
+      if (r) {
+        if (p.muon.ns.method == kernels::Method::kAuto)
+          p.muon.ns.method = r->method;
+        auto it = r->candidates.find(
+            std::string(kernels::MethodName(p.muon.ns.method)));
+        if (it != r->candidates.end()) seconds = it->second.seconds;
+      }
+    }
+    if (p.muon.ns.method == kernels::Method::kAuto) {
+      p.muon.ns.method = kernels::CheapestMethod(p.shape, p.muon.ns);
+    }
+    if (seconds < 0) {
+      seconds =
+          kernels::EstimateCost(p.muon.ns.method, p.shape, p.muon.ns).flops /
+          kNominalFlopsPerSecond;
+    }
+    costs.push_back(seconds);
+  }
+  return costs;
+}
+
+}  // namespace dmuon::server

@@ -1,0 +1,249 @@
+#include "server/snapshot_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace dmuon::server {
+namespace {
+
+constexpr char kMagic[] = "DMUONST1";
+
+std::string HexOf(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out.push_back(hex[c >> 4]);
+    out.push_back(hex[c & 15]);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string EncodeSnapshot(
+    const v1::StateHeader& header,
+    const std::vector<const std::vector<float>*>& momentum) {
+  const std::string h = header.SerializeAsString();
+  std::string out(kMagic, 8);
+  const uint64_t len = h.size();
+  out.append(reinterpret_cast<const char*>(&len), sizeof(len));
+  out += h;
+  for (const std::vector<float>* m : momentum) {
+    out.append(reinterpret_cast<const char*>(m->data()),
+               m->size() * sizeof(float));
+  }
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(out.data()), out.size()));
+  out.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
+  return out;
+}
+
+SnapshotStore::SnapshotStore(std::string dir,
+                             std::function<void(double)> written)
+    : dir_(std::move(dir)), written_(std::move(written)) {}
+
+std::string SnapshotStore::PathOf(const std::string& job_id) const {
+  return absl::StrCat(dir_, "/job-", HexOf(job_id), ".dmst");
+}
+
+absl::Status SnapshotStore::Write(const std::string& job_id,
+                                  uint64_t job_serial, int64_t completed_steps,
+                                  const std::string& bytes) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = steps_.find(job_serial);
+      it != steps_.end() && it->second > completed_steps) {
+    return absl::OkStatus();  // a newer state of this job is on disk already
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string path = PathOf(job_id);
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("snapshot: cannot create ", tmp, ": ", strerror(errno)));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) {
+      ::close(fd);
+      return absl::UnavailableError(
+          absl::StrCat("snapshot: writing ", tmp, ": ", strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("snapshot: cannot commit ", path, ": ", strerror(errno)));
+  }
+  int dir = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+  steps_[job_serial] = completed_steps;
+  if (written_) {
+    written_(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SnapshotFile> SnapshotStore::Read(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT)
+    return absl::NotFoundError(absl::StrCat("snapshot ", path, ": gone"));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::DataLossError(
+        absl::StrCat("snapshot ", path, ": cannot open it"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string data = ss.str();
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("snapshot ", path, ": ", why));
+  };
+  if (data.size() < 8 + 8 + 4 || data.compare(0, 8, kMagic, 8) != 0)
+    return bad("not a dmuon snapshot");
+  uint32_t crc;
+  std::memcpy(&crc, data.data() + data.size() - 4, 4);
+  if (crc !=
+      static_cast<uint32_t>(crc32(
+          0L, reinterpret_cast<const Bytef*>(data.data()), data.size() - 4))) {
+    return bad("checksum mismatch");
+  }
+  uint64_t len;
+  std::memcpy(&len, data.data() + 8, 8);
+  SnapshotFile out;
+  // Every size below is checked against the bytes that are there before
+  // anything is allocated or copied: a file is untrusted input (a valid CRC
+  // only says it was not damaged, not that it was written by a daemon).
+  const uint64_t body_end = data.size() - 4;
+  if (len > body_end - 16 || len > (1u << 30) ||
+      !out.head.mutable_header()->ParseFromArray(data.data() + 16,
+                                                 static_cast<int>(len))) {
+    return bad("unreadable header");
+  }
+  uint64_t off = 16 + len;
+  for (const auto& p : out.head.header().parameters()) {
+    if (p.shape_size() != 2 || p.shape(0) <= 0 || p.shape(1) <= 0) {
+      return bad(
+          absl::StrCat("parameter '", p.name(), "' has no [rows, cols] shape"));
+    }
+    const uint64_t rows = static_cast<uint64_t>(p.shape(0));
+    const uint64_t cols = static_cast<uint64_t>(p.shape(1));
+    const uint64_t left = (body_end - off) / 4;  // floats still in the file
+    if (rows > left || cols > left || rows * cols > left) {
+      return bad(absl::StrCat("truncated momentum (parameter '", p.name(),
+                              "' of shape [", rows, ", ", cols, "])"));
+    }
+    const uint64_t n = rows * cols;
+    out.momentum.emplace_back(n);
+    std::memcpy(out.momentum.back().data(), data.data() + off, n * 4);
+    off += n * 4;
+  }
+  if (off != data.size() - 4) return bad("truncated momentum");
+  return out;
+}
+
+absl::StatusOr<
+    std::pair<std::vector<std::pair<std::string, std::string>>, absl::Status>>
+SnapshotStore::Scan() const {
+  DIR* d = ::opendir(dir_.c_str());
+  if (!d) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir_, ": ", strerror(errno)));
+  }
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n.size() > 5 && n.rfind("job-", 0) == 0 &&
+        n.substr(n.size() - 5) == ".dmst")
+      names.push_back(n);
+  }
+  ::closedir(d);
+  std::vector<std::pair<std::string, std::string>> good;
+  absl::Status first;
+  for (const std::string& n : names) {
+    const std::string path = absl::StrCat(dir_, "/", n);
+    auto snap = Read(path);
+    if (!snap.ok()) {
+      if (first.ok()) {
+        first = absl::DataLossError(
+            absl::StrCat(snap.status().message(), "; ignored"));
+      }
+      continue;
+    }
+    good.emplace_back(snap->head.header().job_id(), path);
+  }
+  return std::make_pair(std::move(good), first);
+}
+
+void PendingSnapshots::AddFile(const std::string& job_id,
+                               const std::string& path) {
+  files_[job_id] = path;
+}
+
+std::optional<std::string> PendingSnapshots::StartRead(
+    const std::string& job_id) {
+  auto it = files_.find(job_id);
+  if (it == files_.end() || read_.count(job_id)) return std::nullopt;
+  reading_.insert(job_id);
+  return it->second;
+}
+
+absl::Status PendingSnapshots::FinishRead(const std::string& job_id,
+                                          const std::string& path,
+                                          absl::StatusOr<SnapshotFile> file) {
+  reading_.erase(job_id);
+  if (!file.ok()) {
+    if (absl::IsNotFound(file.status())) {
+      // Removed by the operator: the job starts afresh.
+      if (auto f = files_.find(job_id); f != files_.end() && f->second == path)
+        files_.erase(f);
+      return absl::OkStatus();
+    }
+    return absl::DataLossError(
+        absl::StrCat("job '", job_id,
+                     "' has a snapshot in --state-dir that cannot be read (",
+                     file.status().message(), "); remove ", path,
+                     " to start the job from zero momentum, or fix it"));
+  }
+  if (file->head.header().job_id() != job_id) {
+    return absl::DataLossError(absl::StrCat(
+        "snapshot ", path, " is of job '", file->head.header().job_id(),
+        "', not '", job_id, "'; remove it to start the job from zero"));
+  }
+  files_.erase(job_id);
+  read_[job_id] = std::move(*file);
+  return absl::OkStatus();
+}
+
+const SnapshotFile* PendingSnapshots::Find(const std::string& job_id) const {
+  auto it = read_.find(job_id);
+  return it == read_.end() ? nullptr : &it->second;
+}
+
+SnapshotFile PendingSnapshots::Take(const std::string& job_id) {
+  auto it = read_.find(job_id);
+  SnapshotFile out = std::move(it->second);
+  read_.erase(it);
+  return out;
+}
+
+}  // namespace dmuon::server

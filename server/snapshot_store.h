@@ -1,0 +1,124 @@
+// --state-dir snapshots: the file format, the atomic write, and the
+// bookkeeping of snapshots waiting for their job to reopen.
+//
+// Snapshot file (one per job, <state-dir>/job-<hex(job id)>.dmst):
+//   "DMUONST1" | u64 header length | StateHeader | per parameter, its fp32
+//   momentum (row-major) | u32 CRC-32 (zlib) of everything before it.
+// Written to a temporary file, fsynced, renamed over the old one, and the
+// directory fsynced: a crash leaves the old or the new file, never a torn one.
+// Read when a job of that id is next created (PendingSnapshots), not
+// before: a daemon keeps no momentum in memory for jobs nobody reopens.
+
+#ifndef DMUON_SERVER_SNAPSHOT_STORE_H_
+#define DMUON_SERVER_SNAPSHOT_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/dmuon.pb.h"
+
+namespace dmuon::server {
+
+// A snapshot file's contents: its header (in a StateChunk) and momentum, by
+// parameter.
+struct SnapshotFile {
+  v1::StateChunk head;
+  std::vector<std::vector<float>> momentum;
+};
+
+// The file's bytes of `header` and `momentum` (by parameter, fp32 row-major).
+std::string EncodeSnapshot(
+    const v1::StateHeader& header,
+    const std::vector<const std::vector<float>*>& momentum);
+
+// The snapshot files of one directory. Thread-safe.
+class SnapshotStore {
+ public:
+  // `dir` empty: no snapshots (enabled() false; nothing else may be
+  // called). `written` (may be empty) gets each write's duration in
+  // seconds, with the store's lock held.
+  SnapshotStore(std::string dir, std::function<void(double)> written);
+
+  bool enabled() const { return !dir_.empty(); }
+  const std::string& dir() const { return dir_; }
+  // <dir>/job-<hex(job id)>.dmst
+  std::string PathOf(const std::string& job_id) const;
+
+  // Atomically writes `bytes` (EncodeSnapshot) as the snapshot of job
+  // `job_serial` taken after `completed_steps`. Writes are serialized, and
+  // one older than a snapshot of the same job (serial) already written is
+  // skipped (OK): a --snapshot-every write, the idle drop and the shutdown
+  // snapshot may race, and the file must end with the newest state.
+  absl::Status Write(const std::string& job_id, uint64_t job_serial,
+                     int64_t completed_steps, const std::string& bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reads and checks one snapshot file: NOT_FOUND when it does not exist,
+  // DATA_LOSS naming what is wrong with it otherwise.
+  static absl::StatusOr<SnapshotFile> Read(const std::string& path);
+
+  // Every snapshot file of the directory, each checked (read whole):
+  // (job id, path) of the good ones, and DATA_LOSS for the first bad one
+  // (the others are still listed). FAILED_PRECONDITION when the directory
+  // cannot be read.
+  absl::StatusOr<
+      std::pair<std::vector<std::pair<std::string, std::string>>, absl::Status>>
+  Scan() const;
+
+ private:
+  const std::string dir_;
+  const std::function<void(double)> written_;
+  // Held for a whole write, and taken with no other lock held (only
+  // `written_`'s own lock nests inside it).
+  absl::Mutex mu_;
+  // By job serial: the completed steps of the newest snapshot written.
+  std::map<uint64_t, int64_t> steps_ ABSL_GUARDED_BY(mu_);
+};
+
+// Snapshots that the next job of their id resumes from: first a file to
+// read (every file found at start, and each idle job dropped with a
+// snapshot), then, once read, its contents until the job is made. Not
+// thread-safe: the service guards it with its own lock, under which it
+// also decides whether the job exists.
+class PendingSnapshots {
+ public:
+  // The next job `job_id` resumes from the file at `path`.
+  void AddFile(const std::string& job_id, const std::string& path);
+  // Whether the file of `job_id` is being read (StartRead without
+  // FinishRead yet): a second reader waits for it.
+  bool reading(const std::string& job_id) const {
+    return reading_.count(job_id) > 0;
+  }
+  // The path to read for `job_id` (now marked being read), or nothing when
+  // there is no file or it was read already.
+  std::optional<std::string> StartRead(const std::string& job_id);
+  // The outcome of reading `path` for `job_id`: kept for Find and Take.
+  // OK as well when the file was gone (forgotten: the job starts afresh);
+  // DATA_LOSS when it could not be read or is of another job (the job must
+  // not silently restart from zero).
+  absl::Status FinishRead(const std::string& job_id, const std::string& path,
+                          absl::StatusOr<SnapshotFile> file);
+  // The snapshot read for `job_id`, or null.
+  const SnapshotFile* Find(const std::string& job_id) const;
+  // Removes and returns the snapshot read for `job_id` (Find not null).
+  SnapshotFile Take(const std::string& job_id);
+
+ private:
+  std::map<std::string, std::string> files_;  // job id -> path, not read
+  std::set<std::string> reading_;             // job ids being read
+  std::map<std::string, SnapshotFile> read_;  // job id -> contents
+};
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_SNAPSHOT_STORE_H_

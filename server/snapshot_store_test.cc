@@ -1,0 +1,172 @@
+#include "server/snapshot_store.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace dmuon::server {
+namespace {
+
+// A fresh directory under the test's temporary directory.
+std::string TempDir() {
+  const char* base = getenv("TEST_TMPDIR");
+  std::string tmpl = std::string(base ? base : "/tmp") + "/snapXXXXXX";
+  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+v1::StateHeader Header(const std::string& job, int64_t steps) {
+  v1::StateHeader h;
+  h.set_job_id(job);
+  h.set_completed_steps(steps);
+  auto* p = h.add_parameters();
+  p->set_name("w");
+  p->add_shape(2);
+  p->add_shape(3);
+  return h;
+}
+
+std::string Encode(const std::string& job, int64_t steps, float fill) {
+  const std::vector<float> m(6, fill);
+  return EncodeSnapshot(Header(job, steps), {&m});
+}
+
+TEST(SnapshotStore, WritesAndReadsBack) {
+  std::vector<double> writes;
+  SnapshotStore store(TempDir(), [&](double s) { writes.push_back(s); });
+  ASSERT_TRUE(store.enabled());
+  ASSERT_TRUE(store.Write("job a", 1, 7, Encode("job a", 7, 0.5f)).ok());
+  EXPECT_EQ(writes.size(), 1u);
+  EXPECT_EQ(store.PathOf("job a"), store.dir() + "/job-6a6f622061.dmst");
+  auto f = SnapshotStore::Read(store.PathOf("job a"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->head.header().job_id(), "job a");
+  EXPECT_EQ(f->head.header().completed_steps(), 7);
+  ASSERT_EQ(f->momentum.size(), 1u);
+  EXPECT_EQ(f->momentum[0], std::vector<float>(6, 0.5f));
+  // No temporary file is left behind.
+  EXPECT_NE(access((store.PathOf("job a") + ".tmp").c_str(), F_OK), 0);
+}
+
+TEST(SnapshotStore, AnOlderSnapshotOfTheSameJobNeverReplacesANewerOne) {
+  SnapshotStore store(TempDir(), nullptr);
+  ASSERT_TRUE(store.Write("j", 1, 5, Encode("j", 5, 5.0f)).ok());
+  ASSERT_TRUE(store.Write("j", 1, 3, Encode("j", 3, 3.0f)).ok());  // skipped
+  auto f = SnapshotStore::Read(store.PathOf("j"));
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->head.header().completed_steps(), 5);
+  // The same step again is written; a new job of the id (another serial)
+  // starts its own history.
+  ASSERT_TRUE(store.Write("j", 1, 5, Encode("j", 5, 6.0f)).ok());
+  EXPECT_EQ(SnapshotStore::Read(store.PathOf("j"))->momentum[0][0], 6.0f);
+  ASSERT_TRUE(store.Write("j", 2, 1, Encode("j", 1, 1.0f)).ok());
+  EXPECT_EQ(
+      SnapshotStore::Read(store.PathOf("j"))->head.header().completed_steps(),
+      1);
+}
+
+TEST(SnapshotStore, ReadTellsGoneFromDamaged) {
+  SnapshotStore store(TempDir(), nullptr);
+  EXPECT_TRUE(absl::IsNotFound(
+      SnapshotStore::Read(store.dir() + "/job-00.dmst").status()));
+  ASSERT_TRUE(store.Write("j", 1, 1, Encode("j", 1, 1.0f)).ok());
+  {
+    std::fstream f(store.PathOf("j"),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(30);
+    f.put('\x7f');
+  }
+  auto bad = SnapshotStore::Read(store.PathOf("j"));
+  EXPECT_TRUE(absl::IsDataLoss(bad.status())) << bad.status();
+  EXPECT_NE(bad.status().message().find("checksum"), std::string::npos);
+}
+
+// A file with a valid CRC is still untrusted: shapes that would overflow
+// the size arithmetic or ask for more momentum than the file holds are
+// refused by name, before anything is allocated.
+TEST(SnapshotStore, ReadRefusesCraftedShapesWithAValidChecksum) {
+  SnapshotStore store(TempDir(), nullptr);
+  const int64_t shapes[][2] = {{int64_t{1} << 62, 1},
+                               {int64_t{1} << 32, int64_t{1} << 32},
+                               {-1, 4},
+                               {0, 3},
+                               {3, 3}};  // 9 floats asked, 6 there
+  for (const auto& shape : shapes) {
+    v1::StateHeader h = Header("j", 1);
+    h.mutable_parameters(0)->set_shape(0, shape[0]);
+    h.mutable_parameters(0)->set_shape(1, shape[1]);
+    const std::vector<float> m(6, 1.0f);
+    const std::string bytes = EncodeSnapshot(h, {&m});
+    std::ofstream(store.PathOf("j"), std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    auto f = SnapshotStore::Read(store.PathOf("j"));
+    ASSERT_FALSE(f.ok()) << shape[0] << "x" << shape[1];
+    EXPECT_TRUE(absl::IsDataLoss(f.status())) << f.status();
+    EXPECT_NE(f.status().message().find("'w'"), std::string::npos)
+        << f.status();
+  }
+}
+
+TEST(SnapshotStore, ScanListsGoodFilesAndReportsTheFirstBadOne) {
+  SnapshotStore store(TempDir(), nullptr);
+  ASSERT_TRUE(store.Write("a", 1, 1, Encode("a", 1, 1.0f)).ok());
+  { std::ofstream(store.dir() + "/job-ff.dmst") << "junk"; }
+  { std::ofstream(store.dir() + "/other.txt") << "not a snapshot"; }
+  auto scan = store.Scan();
+  ASSERT_TRUE(scan.ok());
+  ASSERT_EQ(scan->first.size(), 1u);
+  EXPECT_EQ(scan->first[0].first, "a");
+  EXPECT_EQ(scan->first[0].second, store.PathOf("a"));
+  EXPECT_TRUE(absl::IsDataLoss(scan->second));
+
+  SnapshotStore missing(store.dir() + "/nope", nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(missing.Scan().status()));
+}
+
+TEST(PendingSnapshots, ReadOnceThenTaken) {
+  SnapshotStore store(TempDir(), nullptr);
+  ASSERT_TRUE(store.Write("j", 1, 4, Encode("j", 4, 2.0f)).ok());
+  PendingSnapshots pending;
+  EXPECT_FALSE(pending.StartRead("j"));  // nothing pending
+  pending.AddFile("j", store.PathOf("j"));
+  auto path = pending.StartRead("j");
+  ASSERT_TRUE(path);
+  EXPECT_TRUE(pending.reading("j"));
+  ASSERT_TRUE(pending.FinishRead("j", *path, SnapshotStore::Read(*path)).ok());
+  EXPECT_FALSE(pending.reading("j"));
+  EXPECT_FALSE(pending.StartRead("j"));  // read already
+  ASSERT_NE(pending.Find("j"), nullptr);
+  SnapshotFile f = pending.Take("j");
+  EXPECT_EQ(f.head.header().completed_steps(), 4);
+  EXPECT_EQ(pending.Find("j"), nullptr);
+}
+
+TEST(PendingSnapshots, AGoneFileIsForgottenABadOneIsAnError) {
+  const std::string dir = TempDir();
+  PendingSnapshots pending;
+  pending.AddFile("gone", dir + "/job-00.dmst");
+  auto path = pending.StartRead("gone");
+  ASSERT_TRUE(path);
+  EXPECT_TRUE(
+      pending.FinishRead("gone", *path, SnapshotStore::Read(*path)).ok());
+  EXPECT_FALSE(pending.StartRead("gone"));
+  EXPECT_EQ(pending.Find("gone"), nullptr);
+
+  SnapshotStore store(dir, nullptr);
+  ASSERT_TRUE(store.Write("x", 1, 1, Encode("x", 1, 1.0f)).ok());
+  pending.AddFile("y", store.PathOf("x"));  // a file of another job
+  path = pending.StartRead("y");
+  const absl::Status st =
+      pending.FinishRead("y", *path, SnapshotStore::Read(*path));
+  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+  EXPECT_NE(st.message().find("of job 'x'"), std::string::npos);
+  EXPECT_EQ(pending.Find("y"), nullptr);
+}
+
+}  // namespace
+}  // namespace dmuon::server

@@ -1,0 +1,127 @@
+// Status and the executors' load for /metrics: what the daemon is doing,
+// read under the service's and each job's lock.
+
+#include <algorithm>
+#include <chrono>
+
+#include "server/job.h"
+#include "server/service.h"
+
+namespace dmuon::server {
+namespace {
+
+// Adds `job`'s per-step load on each executor to `predicted` and `measured`
+// (sized the executor count) when they are not null and, when `out` is not
+// null, lists it there under the executors' `devices`.
+void AddJobLoad(const Job& job, const std::vector<ExecutorStats>& devices,
+                std::vector<double>* predicted, std::vector<double>* measured,
+                v1::JobStatus* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+  const std::vector<double>& last = job.last_step_compute_seconds();
+  for (size_t e = 0; e < devices.size(); ++e) {
+    const double p = e < job.plan().predicted_load.size()
+                         ? job.plan().predicted_load[e]
+                         : 0.0;
+    const double m = e < last.size() ? last[e] : 0.0;
+    if (predicted != nullptr) (*predicted)[e] += p;
+    if (measured != nullptr) (*measured)[e] += m;
+    if (out == nullptr) continue;
+    v1::ExecutorLoad* l = out->add_executor_loads();
+    l->set_device(devices[e].device);
+    l->set_predicted_step_seconds(p);
+    l->set_measured_step_seconds(m);
+  }
+}
+
+}  // namespace
+
+std::vector<ExecutorStats> OptimizerService::ExecutorStatsWithLoad() const {
+  std::vector<ExecutorStats> stats = scheduler_->Stats();
+  std::vector<double> predicted(stats.size(), 0.0);
+  std::vector<double> measured(stats.size(), 0.0);
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      absl::MutexLock jl(&job->mu());
+      if (job->open()) AddJobLoad(*job, stats, &predicted, &measured, nullptr);
+    }
+  }
+  for (size_t i = 0; i < stats.size(); ++i) {
+    stats[i].predicted_step_seconds = predicted[i];
+    stats[i].measured_step_seconds = measured[i];
+  }
+  return stats;
+}
+
+v1::StatusResponse OptimizerService::Status() const {
+  v1::StatusResponse r;
+  r.set_version(options_.version);
+  r.set_uptime_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
+          .count());
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<ExecutorStats> stats = scheduler_->Stats();
+  std::vector<double> predicted(stats.size(), 0.0);
+  std::vector<double> measured(stats.size(), 0.0);
+  {
+    absl::MutexLock lock(&mu_);
+    r.set_serving(!draining_);
+    for (const auto& [id, job] : jobs_) {
+      absl::MutexLock jl(&job->mu());
+      auto* j = r.add_jobs();
+      j->set_job_id(id);
+      j->set_world_size(job->world_size());
+      j->set_ranks_open(job->open_ranks());
+      j->set_parameters(job->num_params());
+      uint64_t bytes = 0;  // fp32 momentum, wherever it lives
+      for (const auto& p : job->table().params)
+        bytes += p.shape.elements() * sizeof(float);
+      j->set_state_bytes(bytes);
+      j->set_completed_steps(job->completed_steps());
+      if (job->open_ranks() == 0 &&
+          job->drop_at() != std::chrono::steady_clock::time_point::max()) {
+        j->set_drop_in_seconds(std::max(
+            0.0, std::chrono::duration<double>(job->drop_at() - now).count()));
+      }
+      // A job without open ranks (or broken) keeps its listing but no
+      // longer loads the executors.
+      const bool open = job->open();
+      AddJobLoad(*job, stats, open ? &predicted : nullptr,
+                 open ? &measured : nullptr, j);
+      for (const auto& s : job->ranks()) {
+        if (!s) continue;
+        const SessionState& st = s->state(*job);
+        auto* ss = r.add_sessions();
+        ss->set_job_id(id);
+        ss->set_rank(s->rank());
+        ss->set_transport(s->transport());
+        ss->set_step(st.step);
+        ss->set_bytes_received(st.bytes_in);
+        ss->set_bytes_sent(st.bytes_out);
+        ss->set_open_seconds(
+            std::chrono::duration<double>(now - s->opened()).count());
+      }
+    }
+  }
+  for (size_t i = 0; i < stats.size(); ++i) {
+    stats[i].predicted_step_seconds = predicted[i];
+    stats[i].measured_step_seconds = measured[i];
+  }
+  for (const ExecutorStats& e : stats) {
+    auto* x = r.add_executors();
+    x->set_device(e.device);
+    x->set_busy_seconds(e.busy_seconds);
+    x->set_queue_depth(e.queue_depth);
+    x->set_matrices(e.matrices);
+    x->set_flops(e.flops);
+    x->set_healthy(e.healthy);
+    x->set_memory_bytes(e.memory_bytes);
+    x->set_last_error(e.last_error);
+    x->set_graph_fallbacks(e.graph_fallbacks);
+    x->set_predicted_step_seconds(e.predicted_step_seconds);
+    x->set_measured_step_seconds(e.measured_step_seconds);
+  }
+  stats_.Fill(&r);
+  return r;
+}
+
+}  // namespace dmuon::server
