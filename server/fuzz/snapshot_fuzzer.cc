@@ -1,0 +1,95 @@
+// Fuzzes the reading of --state-dir snapshot files: a daemon starting on a
+// directory holding a damaged or crafted file (LoadSnapshots), then a job
+// reopening with that id (which reads the file's momentum). Any crash,
+// sanitizer report, leak or oversized allocation is a bug; refusals are
+// expected.
+//
+// Input: [flags: 1 byte][n: 2 bytes LE][n bytes: the OpenSessionRequest the
+// job reopens with][the rest: the file]. Flag bit 0 rewrites the file's last
+// four bytes with the CRC-32 of the rest, as the daemon writes it
+// (docs/protocol.md "Snapshots"), so that inputs get past the checksum.
+
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/dmuon.pb.h"
+#include "server/fuzz/fuzz_support.h"
+#include "server/service.h"
+
+namespace dmuon::server::fuzz {
+namespace {
+
+std::string Hex(const std::string& s) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+const std::string& StateDir() {
+  static const std::string* dir = [] {
+    char tmpl[] = "/tmp/dmuon-snapshot-fuzz-XXXXXX";
+    const char* d = mkdtemp(tmpl);
+    if (d == nullptr) std::abort();
+    return new std::string(d);
+  }();
+  return *dir;
+}
+
+void Run(const uint8_t* data, size_t size) {
+  if (size < 3) return;
+  const uint8_t flags = data[0];
+  const size_t n = std::min<size_t>(data[1] | (data[2] << 8), size - 3);
+  v1::OpenSessionRequest req;
+  if (!req.ParseFromArray(data + 3, static_cast<int>(n))) return;
+  std::string file(reinterpret_cast<const char*>(data + 3 + n), size - 3 - n);
+  if ((flags & 1) && file.size() >= 4) {
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32(0L, reinterpret_cast<const Bytef*>(file.data()),
+              static_cast<uInt>(file.size() - 4)));
+    std::memcpy(file.data() + file.size() - 4, &crc, 4);
+  }
+  const std::string& dir = StateDir();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir + "/job-" + Hex(req.job_id()) + ".dmst",
+                      std::ios::binary);
+    out.write(file.data(), static_cast<std::streamsize>(file.size()));
+  }
+  ServiceOptions o;
+  o.state_dir = dir;
+  o.max_sessions = 4;
+  o.max_message_bytes = 1 << 20;
+  auto service = NewFastService(o, /*executors=*/1);
+  OptimizerService& svc = *service;
+  (void)svc.LoadSnapshots();
+  auto r = svc.OpenSession(req);
+  if (r.ok()) {
+    (void)svc.GetState(r->session_id());
+    (void)svc.Status();
+    svc.Detach(r->session_id(), absl::CancelledError("fuzz: end of input"));
+  }
+}
+
+}  // namespace
+}  // namespace dmuon::server::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  dmuon::server::fuzz::SilenceProtobufLogs();
+  dmuon::server::fuzz::Run(data, size);
+  return 0;
+}
