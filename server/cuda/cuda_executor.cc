@@ -8,12 +8,13 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/cuda_status.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/elementwise_kernels.h"
@@ -58,7 +59,7 @@ class CudaExecutor final : public Executor {
 
   absl::Status Compute(absl::Span<const ComputeTask> batch) override {
     if (batch.empty()) return absl::OkStatus();
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (health_.out_of_service()) {
       return absl::UnavailableError(
           absl::StrCat(name_, " is out of service after a device error (",
@@ -79,7 +80,7 @@ class CudaExecutor final : public Executor {
   }
 
   absl::Status ReadState(const StateKey& key, absl::Span<float> host) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto state = StateForCopy(key, host.size(), "read into");
     if (!state.ok() || *state == nullptr) return state.status();
     const State& s = **state;
@@ -100,7 +101,7 @@ class CudaExecutor final : public Executor {
 
   absl::Status WriteState(const StateKey& key,
                           absl::Span<const float> host) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto state = StateForCopy(key, host.size(), "written from");
     if (!state.ok() || *state == nullptr) return state.status();
     if (auto st = Load(host.data(), **state); !st.ok()) return st;
@@ -109,7 +110,7 @@ class CudaExecutor final : public Executor {
   }
 
   void DropJob(uint64_t job) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     (void)cudaSetDevice(device_);
     (void)cudaStreamSynchronize(stream_);
     for (auto it = pool_.lower_bound({job, -1});
@@ -128,7 +129,8 @@ class CudaExecutor final : public Executor {
     size_t bytes = 0;
   };
 
-  absl::Status ComputeLocked(absl::Span<const ComputeTask> batch) {
+  absl::Status ComputeLocked(absl::Span<const ComputeTask> batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     const kernels::Shape shape = batch[0].shape;
     const int64_t n = shape.elements();
@@ -234,7 +236,10 @@ class CudaExecutor final : public Executor {
             o.use_graphs = use_graphs;
             return ctx_->Orthogonalize(b, b, o);
           },
-          [&] { return RecoverFromGraphFailure(); },
+          [&] {
+            mu_.AssertHeld();  // Run calls back on this thread, in Compute
+            return RecoverFromGraphFailure();
+          },
           [](const std::string& warning) { spdlog::warn("{}", warning); });
       if (!st.ok()) return st;
       first += size;
@@ -264,7 +269,7 @@ class CudaExecutor final : public Executor {
   // (non-sticky) error and ends a capture the failure left open on the
   // stream, so the eager retry starts clean. A sticky error shows up in the
   // retry itself.
-  absl::Status RecoverFromGraphFailure() {
+  absl::Status RecoverFromGraphFailure() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     base::ClearLastCudaError();
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     DMUON_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream_, &capturing));
@@ -281,8 +286,8 @@ class CudaExecutor final : public Executor {
   // to copy) once its size matches the host buffer's, with the executor's
   // device current. `what`: "read into" or "written from".
   absl::StatusOr<const State*> StateForCopy(const StateKey& key,
-                                            size_t host_size,
-                                            const char* what) {
+                                            size_t host_size, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = pool_.find(key);
     if (it == pool_.end()) return nullptr;
     const State& s = it->second;
@@ -296,7 +301,8 @@ class CudaExecutor final : public Executor {
 
   // The pool entry of t.state, created (and loaded from t.momentum, or
   // zeroed) on first use.
-  absl::StatusOr<State*> StateFor(const ComputeTask& t) {
+  absl::StatusOr<State*> StateFor(const ComputeTask& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = pool_.find(t.state);
     if (it != pool_.end()) return &it->second;
     State s;
@@ -332,7 +338,8 @@ class CudaExecutor final : public Executor {
 
   // s <- host fp32 (through the staging buffer's head for bf16). Callers
   // must not need the staging buffer's head at this point.
-  absl::Status Load(const float* host, const State& s) {
+  absl::Status Load(const float* host, const State& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!options_.bf16_momentum) {
       DMUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
           s.ptr, host, s.n * sizeof(float), cudaMemcpyHostToDevice, stream_));
@@ -348,12 +355,13 @@ class CudaExecutor final : public Executor {
     return absl::OkStatus();
   }
 
-  absl::Status EnsureScratch(int64_t floats) {
+  absl::Status EnsureScratch(int64_t floats)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return scratch_.Ensure(static_cast<size_t>(floats) * sizeof(float),
                            stream_);
   }
 
-  absl::Status EnsureFlags(int64_t count) {
+  absl::Status EnsureFlags(int64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (count <= flags_count_) return absl::OkStatus();
     DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     if (flags_ != nullptr) DMUON_CUDA_RETURN_IF_ERROR(cudaFree(flags_));
@@ -370,7 +378,7 @@ class CudaExecutor final : public Executor {
     return absl::OkStatus();
   }
 
-  void UpdateMemory() {
+  void UpdateMemory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     memory_.store(pool_bytes_ + scratch_.bytes() + peer_temp_.bytes() +
                   flags_count_ * sizeof(int) + ctx_->MemoryBytes());
   }
@@ -384,14 +392,19 @@ class CudaExecutor final : public Executor {
   Health health_;
   std::atomic<uint64_t> memory_{0};
 
-  std::mutex mu_;  // guards everything below, and every use of ctx_
-  std::map<StateKey, State> pool_;
-  uint64_t pool_bytes_ = 0;
-  gpu::DeviceBuffer scratch_;    // the batch's staging slots
-  gpu::DeviceBuffer peer_temp_;  // one matrix from another GPU (kMean)
-  int* flags_ = nullptr;         // per task: its gradient has a NaN/Inf
-  int* flags_host_ = nullptr;
-  int64_t flags_count_ = 0;
+  // Guards everything below, and every use of ctx_ and stream_ (one
+  // batch or state copy at a time on the device).
+  absl::Mutex mu_;
+  std::map<StateKey, State> pool_ ABSL_GUARDED_BY(mu_);
+  uint64_t pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The batch's staging slots.
+  gpu::DeviceBuffer scratch_ ABSL_GUARDED_BY(mu_);
+  // One matrix from another GPU (kMean).
+  gpu::DeviceBuffer peer_temp_ ABSL_GUARDED_BY(mu_);
+  // Per task: its gradient has a NaN/Inf.
+  int* flags_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int* flags_host_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int64_t flags_count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

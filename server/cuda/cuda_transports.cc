@@ -4,11 +4,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "transport/cuda_ipc.h"
 #include "transport/nccl.h"
 
@@ -52,7 +52,7 @@ class CudaTransports final : public DeviceTransports {
           absl::StrCat("transport ", v1::Transport_Name(req.transport()),
                        " is not served by this daemon"));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     std::shared_ptr<transport::NcclJob>& job = jobs_[job_serial];
     if (job == nullptr || job->ended()) {
       // Jobs spread over the devices; all of a device's NCCL calls come
@@ -81,7 +81,7 @@ class CudaTransports final : public DeviceTransports {
   void DropJob(uint64_t job_serial) override {
     std::shared_ptr<transport::NcclJob> job;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto it = jobs_.find(job_serial);
       if (it == jobs_.end()) return;
       job = std::move(it->second);
@@ -92,9 +92,11 @@ class CudaTransports final : public DeviceTransports {
  private:
   const std::vector<int> devices_;
   const transport::NcclPolicy policy_;
-  std::mutex mu_;
-  std::map<uint64_t, std::shared_ptr<transport::NcclJob>> jobs_;
-  std::map<int, std::shared_ptr<transport::NcclWorker>> workers_;
+  absl::Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<transport::NcclJob>> jobs_
+      ABSL_GUARDED_BY(mu_);
+  std::map<int, std::shared_ptr<transport::NcclWorker>> workers_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
