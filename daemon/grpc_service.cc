@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include "daemon/logging.h"
+
 namespace dmuon::server {
 namespace {
 
@@ -17,6 +19,8 @@ namespace {
 // before the caller's deadline, and at most kMaxReleaseWait.
 constexpr std::chrono::milliseconds kMaxReleaseWait{30000};
 constexpr std::chrono::milliseconds kReleaseMargin{200};
+// Statuses in log lines are cut there (they may quote a peer's job id).
+constexpr size_t kMaxLoggedStatus = 1024;
 
 // Step responses queued by the service, written by one thread per stream.
 class QueueSink : public StepSink {
@@ -42,6 +46,11 @@ class QueueSink : public StepSink {
     cv_.notify_all();
   }
   // Writer loop: returns when closed and drained, or the client is gone.
+  // A stream the service ended while the handler waits in Read is
+  // cancelled, which is what unblocks that Read (the reason went in-band).
+  // It is never cancelled while the handler is outside Read: the handler
+  // then returns the stream's status itself (a cancel would race it, and
+  // the client would get CANCELLED instead of that status).
   void Run(grpc::ServerContext* ctx,
            grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* s) {
     std::unique_lock<std::mutex> l(mu_);
@@ -60,10 +69,22 @@ class QueueSink : public StepSink {
       }
       if (stop_) return;
       if (closed_) {
-        ctx->TryCancel();  // unblocks the reader; the service ended the stream
+        if (reading_) ctx->TryCancel();
         return;
       }
     }
+  }
+  // The handler is about to block in Read; false: the service ended the
+  // stream (do not read).
+  bool BeginRead() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return false;
+    reading_ = true;
+    return true;
+  }
+  void EndRead() {
+    std::lock_guard<std::mutex> l(mu_);
+    reading_ = false;
   }
   void Stop() {
     std::lock_guard<std::mutex> l(mu_);
@@ -82,6 +103,7 @@ class QueueSink : public StepSink {
   std::deque<v1::StepResponse> q_;
   bool closed_ = false;
   bool stop_ = false;
+  bool reading_ = false;  // the handler is in (or about to be in) Read
   absl::Status status_;
 };
 
@@ -98,7 +120,8 @@ grpc::Status GrpcOptimizer::Done(const char* rpc,
                                  const absl::Status& st) {
   if (!st.ok()) {
     service_->CountError(st);
-    spdlog::warn("{} from {} failed: {}", rpc, ctx->peer(), st.ToString());
+    spdlog::warn("{} from {} failed: {}", rpc, ctx->peer(),
+                 LogSafe(st.ToString(), kMaxLoggedStatus));
   }
   return ToGrpc(st);
 }
@@ -112,7 +135,7 @@ grpc::Status GrpcOptimizer::OpenSession(grpc::ServerContext* ctx,
     spdlog::info(
         "session opened: job '{}' rank {}/{} transport {} parameters {} from "
         "{}",
-        req->job_id(), req->rank(), req->world_size(),
+        LogSafe(req->job_id()), req->rank(), req->world_size(),
         v1::Transport_Name(resp->transport()), req->parameters_size(),
         ctx->peer());
   }
@@ -135,7 +158,11 @@ grpc::Status GrpcOptimizer::Step(
     return Done("Step", ctx, st);
   std::thread writer([&] { sink->Run(ctx, stream); });
   absl::Status result;
-  while (stream->Read(&req)) {
+  for (;;) {
+    if (!sink->BeginRead()) break;  // the service ended the stream
+    const bool got = stream->Read(&req);
+    sink->EndRead();
+    if (!got) break;
     result = service_->OnStepRequest(id, req);
     if (!result.ok()) break;
   }
@@ -149,8 +176,9 @@ grpc::Status GrpcOptimizer::Step(
                                ? absl::CancelledError("client disconnected")
                                : absl::OkStatus();
   if (service_->Detach(id, why)) {
-    spdlog::info("session closed: Step stream of {} ended ({})", ctx->peer(),
-                 why.ok() ? "normally" : why.ToString());
+    spdlog::info(
+        "session closed: Step stream of {} ended ({})", ctx->peer(),
+        why.ok() ? "normally" : LogSafe(why.ToString(), kMaxLoggedStatus));
   }
   sink->Stop();
   writer.join();

@@ -178,11 +178,6 @@ void PrometheusMetrics::SetExecutorSource(
   static_cast<ExecutorCollectable*>(executors_.get())->Set(std::move(stats));
 }
 
-std::vector<std::weak_ptr<prometheus::Collectable>>
-PrometheusMetrics::collectables() const {
-  return {registry_, executors_};
-}
-
 std::string PrometheusMetrics::Render() const {
   std::vector<prometheus::MetricFamily> all = registry_->Collect();
   for (auto& f : executors_->Collect()) all.push_back(f);

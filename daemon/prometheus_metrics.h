@@ -1,7 +1,7 @@
 // Prometheus metrics of dmuond (prometheus-cpp): the ServiceMetrics of the
-// process, registered with the /metrics exposer. Names are prefixed dmuon_
-// and carry their unit. Executor metrics are read from the scheduler at
-// scrape time (a Collectable), so the hot path never touches them.
+// process, served at /metrics (metrics_http.h, with Render()). Names are
+// prefixed dmuon_ and carry their unit. Executor metrics are read from the
+// scheduler at scrape time (a Collectable), so the hot path never touches them.
 
 #ifndef DMUON_DAEMON_PROMETHEUS_METRICS_H_
 #define DMUON_DAEMON_PROMETHEUS_METRICS_H_
@@ -44,9 +44,8 @@ class PrometheusMetrics : public ServiceMetrics {
   void SetExecutorSource(
       std::function<std::vector<ExecutorStats>()> stats) override;
 
-  // Everything to register with an Exposer.
-  std::vector<std::weak_ptr<prometheus::Collectable>> collectables() const;
-  // The text exposition format, as /metrics serves it (for tests, dmuonctl).
+  // The text exposition format: what /metrics serves (MetricsHttp), once
+  // per scrape.
   std::string Render() const;
 
  private:

@@ -1,0 +1,138 @@
+// DaemonConfig (config.h): dmuond's flags, read and validated in one place.
+
+#include "daemon/config.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "server/gpu_logic.h"
+
+// dmuond's flags (`dmuond --help` lists the ones defined in this file).
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC address to serve on (host:port; port 0 picks a free one)");
+ABSL_FLAG(std::string, devices, "cpu",
+          "optimizer devices: 'cpu', 'auto' (every GPU, else the CPU), 'cuda' "
+          "(every GPU) or 'cuda:0,1' (those GPUs; CUDA executors need the "
+          "dmuond_cuda build)");
+ABSL_FLAG(std::string, momentum_dtype, "fp32",
+          "CUDA executors' momentum storage: 'fp32', or 'bf16' (half the "
+          "device memory; CHANGES THE NUMBERS: momentum is rounded to bf16 "
+          "every step)");
+ABSL_FLAG(int, cpu_threads, 0, "OpenBLAS threads in total (0: every core)");
+ABSL_FLAG(
+    int, cpu_executors, 1,
+    "CPU executors (each a queue and a thread; threads are split among them)");
+ABSL_FLAG(int, max_batch, 16, "most same-shape matrices in one batched launch");
+ABSL_FLAG(int, metrics_port, 0,
+          "Prometheus /metrics port on the --listen host (0 disables)");
+ABSL_FLAG(
+    std::string, state_dir, "",
+    "directory for state snapshots; a restarted daemon resumes jobs from it");
+ABSL_FLAG(
+    std::string, autotune_cache, "",
+    "file caching measured method choices: parameters with method 'auto' get "
+    "the faster of direct and Gram as measured on this daemon's executors "
+    "(the CPU, or dmuond_cuda's first GPU), and the planner balances measured "
+    "times (empty: the cost model decides)");
+ABSL_FLAG(int, snapshot_every, 0,
+          "snapshot each job every N completed steps (0: only at shutdown)");
+ABSL_FLAG(int, job_retention_seconds, 600,
+          "seconds a job whose ranks have all closed keeps its momentum "
+          "in the daemon (device memory on GPUs) for a restarted trainer to "
+          "reopen the same job id and continue; then it is dropped and its "
+          "memory freed. With --state-dir it is snapshotted first and a "
+          "later reopen resumes from the snapshot; WITHOUT --state-dir ITS "
+          "MOMENTUM IS GONE and a reopen starts from zero. 0: drop as soon as "
+          "the last rank closes; >= 0");
+ABSL_FLAG(int, max_sessions, 64,
+          "most open sessions; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
+          "largest gRPC message accepted or sent; inline tensors travel in "
+          "chunks below it");
+ABSL_FLAG(
+    int, exit_timeout_secs, 30,
+    "on SIGTERM/SIGINT: seconds to finish in-flight steps, snapshot and exit");
+ABSL_FLAG(std::string, nan_policy, "skip",
+          "a gradient with NaN/Inf: 'skip' (momentum untouched, zero update, "
+          "reported) "
+          "or 'fail' (the job's step fails)");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(std::string, log_format, "text",
+          "text|json (one JSON object per line)");
+ABSL_FLAG(int, summary_every_secs, 60,
+          "seconds between summary log lines (0: never)");
+ABSL_FLAG(std::string, port_file, "",
+          "write the bound gRPC port to this file once serving (for scripts "
+          "and tests)");
+
+namespace dmuon::server {
+namespace {
+
+absl::Status Invalid(const std::string& msg) {
+  return absl::InvalidArgumentError(msg);
+}
+
+bool IsLogLevel(const std::string& s) {
+  for (const char* l : {"trace", "debug", "info", "warn", "warning", "err",
+                        "error", "critical", "off"}) {
+    if (s == l) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string DaemonConfig::ListenHost() const {
+  return listen.substr(0, listen.rfind(':'));
+}
+
+absl::Status ValidateConfig(const DaemonConfig& c) {
+  if (c.log_format != "text" && c.log_format != "json")
+    return Invalid("--log-format must be 'text' or 'json', got '" +
+                   c.log_format + "'");
+  if (!IsLogLevel(c.log_level))
+    return Invalid("--log-level must be trace|debug|info|warn|error|off");
+  if (c.nan_policy != "skip" && c.nan_policy != "fail")
+    return Invalid("--nan-policy must be 'skip' or 'fail'");
+  if (c.max_sessions < 1) return Invalid("--max-sessions must be >= 1");
+  if (c.max_message_bytes < 4096 ||
+      c.max_message_bytes > (int64_t{1} << 31) - 1)
+    return Invalid("--max-message-bytes must be in [4096, 2^31)");
+  if (c.snapshot_every < 0) return Invalid("--snapshot-every must be >= 0");
+  if (c.job_retention_seconds < 0)
+    return Invalid("--job-retention-seconds must be >= 0");
+  // Names the flag itself ("--devices=...: ...").
+  if (auto spec = ParseDeviceSpec(c.devices); !spec.ok()) return spec.status();
+  if (c.momentum_dtype != "fp32" && c.momentum_dtype != "bf16")
+    return Invalid("--momentum-dtype must be 'fp32' or 'bf16'");
+  if (c.cpu_executors < 1) return Invalid("--cpu-executors must be >= 1");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DaemonConfig> ConfigFromFlags() {
+  DaemonConfig c;
+  c.listen = absl::GetFlag(FLAGS_listen);
+  c.devices = absl::GetFlag(FLAGS_devices);
+  c.momentum_dtype = absl::GetFlag(FLAGS_momentum_dtype);
+  c.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  c.cpu_executors = absl::GetFlag(FLAGS_cpu_executors);
+  c.max_batch = absl::GetFlag(FLAGS_max_batch);
+  c.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  c.state_dir = absl::GetFlag(FLAGS_state_dir);
+  c.autotune_cache = absl::GetFlag(FLAGS_autotune_cache);
+  c.snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
+  c.job_retention_seconds = absl::GetFlag(FLAGS_job_retention_seconds);
+  c.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  c.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  c.exit_timeout_secs = absl::GetFlag(FLAGS_exit_timeout_secs);
+  c.nan_policy = absl::GetFlag(FLAGS_nan_policy);
+  c.log_level = absl::GetFlag(FLAGS_log_level);
+  c.log_format = absl::GetFlag(FLAGS_log_format);
+  c.summary_every_secs = absl::GetFlag(FLAGS_summary_every_secs);
+  c.port_file = absl::GetFlag(FLAGS_port_file);
+  if (absl::Status st = ValidateConfig(c); !st.ok()) return st;
+  return c;
+}
+
+}  // namespace dmuon::server

@@ -1,0 +1,74 @@
+// The Prometheus endpoint: GET /metrics, served by a small HTTP/1.1 server
+// of our own (not civetweb).
+//
+// It used to be prometheus-cpp's Exposer on Debian's civetweb 1.15, whose
+// workers run on 100 KiB stacks out of which glibc also carves the
+// process's static TLS: OpenBLAS's alone is 60 KiB, so in dmuond the ~30
+// KiB left overflowed in civetweb's own error response (GET /, /favicon.ico
+// or garbage killed dmuond with SIGSEGV), and in dmuond_cuda (cuBLASLt,
+// cuBLAS and NCCL add another 120 KiB of TLS) civetweb could not start a
+// worker at all, so --metrics-port failed at startup.
+//
+// This server answers every request itself, on threads with ordinary
+// stacks: GET (or HEAD) /metrics -> 200 and the text exposition format;
+// another path -> 404; another method -> 405; a malformed request -> 400;
+// a request over 16 KiB -> 431; one not complete within 10 s -> 408. One
+// request per connection (Connection: close). A slow or idle client holds
+// one of 4 workers for at most 10 s; the others serve meanwhile; beyond 64
+// connections waiting for a worker, new ones are closed at once.
+
+#ifndef DMUON_DAEMON_METRICS_HTTP_H_
+#define DMUON_DAEMON_METRICS_HTTP_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dmuon::server {
+
+class MetricsHttp {
+ public:
+  // The body of GET /metrics, called once per scrape from a worker thread.
+  using Render = std::function<std::string()>;
+
+  // Serves `render` at http://host:port/metrics (host: a name, an IPv4
+  // address or a bracketed IPv6 one; port 0 picks a free one). UNAVAILABLE
+  // "cannot listen on host:port: why" when that address cannot be bound
+  // (taken, or not an address of this host).
+  static absl::StatusOr<std::unique_ptr<MetricsHttp>> Start(
+      const std::string& host, int port, Render render);
+  ~MetricsHttp();  // stops serving; requests in progress end within 200 ms
+
+  MetricsHttp(const MetricsHttp&) = delete;
+  MetricsHttp& operator=(const MetricsHttp&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  MetricsHttp(int fd, int port, Render render);
+  void AcceptLoop();
+  void WorkerLoop();
+  void Serve(int fd);
+
+  const int listen_fd_;
+  const int port_;
+  const Render render_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<int> queue_;  // accepted, waiting for a worker
+  std::thread acceptor_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_DAEMON_METRICS_HTTP_H_

@@ -1,0 +1,396 @@
+// No peer can crash dmuond, take its port, or get a wrong answer from it
+// (issue 14): the real daemon binary, abused over its metrics port and its
+// gRPC port by this test process, while a real rank process keeps stepping.
+
+#include <arpa/inet.h>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proto/dmuon.grpc.pb.h"
+#include "tests/process.h"
+
+namespace dmuon::testing {
+namespace {
+
+uint64_t Seed() { return std::random_device{}(); }
+
+// A TCP port free right now on 127.0.0.1 (the kernel's pick).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t n = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+int Connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `bytes` to 127.0.0.1:port, half-closes, and returns what comes back
+// within `seconds` ("" when nothing, or no connection).
+std::string Raw(int port, const std::string& bytes, double seconds = 10) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  (void)!write(fd, bytes.data(), bytes.size());
+  shutdown(fd, SHUT_WR);
+  std::string resp;
+  const auto end =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    resp.append(buf, n);
+  }
+  close(fd);
+  return resp;
+}
+
+// The status line of the response to GET `path`.
+std::string StatusLine(int port, const std::string& path) {
+  const std::string r =
+      Raw(port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  return r.substr(0, r.find("\r\n"));
+}
+
+int64_t CompletedSteps(const Daemon& d, const std::string& job) {
+  int code;
+  const std::string json = Ctl(d.address(), {"status", "--json"}, &code);
+  v1::StatusResponse s;
+  if (code != 0 ||
+      !google::protobuf::util::JsonStringToMessage(json, &s).ok()) {
+    return -1;
+  }
+  for (const auto& j : s.jobs())
+    if (j.job_id() == job) return j.completed_steps();
+  return 0;
+}
+
+std::unique_ptr<Process> SteppingRank(const Daemon& d, const std::string& job) {
+  return std::make_unique<Process>(std::vector<std::string>{
+      Runfile("tests/rank_main"), "--server=" + d.address(), "--job=" + job,
+      "--rank=0", "--world=1", "--transport=shm", "--steps=1000000",
+      "--seed=" + std::to_string(Seed())});
+}
+
+// Waits until `job` has more than `than` completed steps; returns them.
+int64_t StepsBeyond(const Daemon& d, const std::string& job, int64_t than) {
+  int64_t n = -1;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    n = CompletedSteps(d, job);
+    if (n > than) return n;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (std::chrono::steady_clock::now() < end);
+  return n;
+}
+
+// A literal's bytes, NULs included.
+template <size_t N>
+std::string Bytes(const char (&s)[N]) {
+  return std::string(s, N - 1);
+}
+
+// Still running a moment later (a crashing process may take that long to die).
+bool Alive(Daemon& d) { return d.process().Wait(0.3) == -1; }
+
+TEST(Peers, NoHttpRequestCrashesTheDaemonAndAJobKeepsStepping) {
+  const int mport = FreePort();
+  Daemon d({"--metrics-port=" + std::to_string(mport)});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto rank = SteppingRank(d, "busy");
+  int64_t steps = StepsBeyond(d, "busy", 0);
+  ASSERT_GT(steps, 0) << d.log();
+
+  // A client that sends half a request and sleeps holds one connection
+  // through everything below.
+  const int slow = Connect(mport);
+  ASSERT_GE(slow, 0);
+  const std::string half = "GET /metrics HTTP/1.1\r\nHo";
+  ASSERT_EQ(write(slow, half.data(), half.size()),
+            static_cast<ssize_t>(half.size()));
+
+  struct Case {
+    std::string name, request, expect;  // expect: the response starts so
+  };
+  const std::vector<Case> cases = {
+      {"GET /", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 404"},
+      {"GET /healthz", "GET /healthz HTTP/1.0\r\n\r\n", "HTTP/1.1 404"},
+      {"GET /favicon.ico", "GET /favicon.ico HTTP/1.1\r\nHost: x\r\n\r\n",
+       "HTTP/1.1 404"},
+      {"a 10 KB path",
+       "GET /" + std::string(10240, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n",
+       "HTTP/1.1 404"},
+      {"a 40 KB header",
+       "GET / HTTP/1.1\r\nX-Big: " + std::string(40960, 'b') + "\r\n\r\n",
+       "HTTP/1.1 4"},
+      {"POST /metrics",
+       "POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+       "HTTP/1.1 405"},
+      {"garbage bytes", Bytes("\x16\x03\x01\x00\xff garbage\0\r\n\r\n"),
+       "HTTP/1.1 400"},
+      {"binary noise", std::string(3000, '\x80') + "\r\n\r\n", "HTTP/1.1 4"},
+      {"blank lines", "\r\n\r\n\r\n", ""},
+      {"just connect and close", "", ""},
+  };
+  for (const Case& c : cases) {
+    const std::string r = Raw(mport, c.request);
+    EXPECT_EQ(r.rfind(c.expect, 0), 0u)
+        << c.name << ": " << r.substr(0, r.find("\r\n"));
+    ASSERT_TRUE(Alive(d)) << "dmuond died after " << c.name << "\n" << d.log();
+  }
+  // /metrics still answers, with the slow client still connected, and the
+  // job kept stepping through all of it.
+  EXPECT_EQ(StatusLine(mport, "/metrics"), "HTTP/1.1 200 OK");
+  const std::string m = HttpGet(mport, "/metrics");
+  EXPECT_NE(m.find("dmuon_steps_total"), std::string::npos) << m;
+  steps = StepsBeyond(d, "busy", steps);
+  EXPECT_GT(steps, 0) << d.log();
+  close(slow);
+  EXPECT_TRUE(Alive(d)) << d.log();
+  EXPECT_GT(StepsBeyond(d, "busy", steps), steps) << d.log();
+  EXPECT_EQ(rank->Wait(0), -1) << "the rank stopped stepping";
+  int code;
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
+}
+
+TEST(Peers, ASecondDaemonOnATakenPortFailsNamingTheAddress) {
+  const int mport = FreePort();
+  Daemon first({"--metrics-port=" + std::to_string(mport)});
+  ASSERT_NE(first.port(), 0) << first.log();
+  const std::string dir = TempDir("second");
+  {  // the same gRPC address (no SO_REUSEPORT sharing)
+    Process second({Runfile("daemon/dmuond"), "--listen=" + first.address(),
+                    "--summary-every-secs=0"},
+                   dir + "/grpc.log");
+    EXPECT_EQ(second.Wait(30), 2);
+    std::ifstream in(dir + "/grpc.log");
+    std::stringstream log;
+    log << in.rdbuf();
+    EXPECT_NE(
+        log.str().find("--listen=" + first.address() + ": cannot listen on " +
+                       first.address() + ": Address already in use"),
+        std::string::npos)
+        << log.str();
+  }
+  {  // the same metrics port
+    const std::string metrics = "127.0.0.1:" + std::to_string(mport);
+    Process second(
+        {Runfile("daemon/dmuond"), "--listen=127.0.0.1:0",
+         "--metrics-port=" + std::to_string(mport), "--summary-every-secs=0"},
+        dir + "/metrics.log");
+    EXPECT_EQ(second.Wait(30), 2);
+    std::ifstream in(dir + "/metrics.log");
+    std::stringstream log;
+    log << in.rdbuf();
+    EXPECT_NE(log.str().find("--metrics-port=" + std::to_string(mport) +
+                             ": cannot listen on " + metrics +
+                             ": Address already in use"),
+              std::string::npos)
+        << log.str();
+  }
+  // The first one serves on, alone.
+  auto rank = std::make_unique<Process>(std::vector<std::string>{
+      Runfile("tests/rank_main"), "--server=" + first.address(), "--job=j",
+      "--steps=3", "--seed=" + std::to_string(Seed())});
+  EXPECT_EQ(rank->Wait(60), 0) << first.log();
+  EXPECT_EQ(StatusLine(mport, "/metrics"), "HTTP/1.1 200 OK");
+}
+
+v1::OpenSessionRequest OneMatrixJob(const std::string& job) {
+  v1::OpenSessionRequest req;
+  req.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  req.set_job_id(job);
+  req.set_world_size(1);
+  req.set_transport(v1::TRANSPORT_INLINE);
+  auto* p = req.add_parameters();
+  p->set_name("w");
+  p->add_shape(8);
+  p->add_shape(8);
+  return req;
+}
+
+std::string HealthOf(const Daemon& d, const std::string& service) {
+  int code;
+  return Ctl(d.address(), {"--service=" + service, "health"}, &code);
+}
+
+TEST(Peers, LivenessStaysServingWhileDraining) {
+  Daemon d;
+  ASSERT_NE(d.port(), 0) << d.log();
+  EXPECT_EQ(HealthOf(d, ""), "SERVING\n");
+  EXPECT_EQ(HealthOf(d, "dmuon.v1.Optimizer"), "SERVING\n");
+  EXPECT_EQ(HealthOf(d, "dmuon.liveness"), "SERVING\n");
+  int code;
+  Ctl(d.address(), {"drain"}, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(HealthOf(d, ""), "NOT_SERVING\n");
+  EXPECT_EQ(HealthOf(d, "dmuon.v1.Optimizer"), "NOT_SERVING\n");
+  EXPECT_EQ(HealthOf(d, "dmuon.liveness"), "SERVING\n");
+}
+
+TEST(Peers, LivenessStaysServingWhileDrainingOnSigterm) {
+  // Rank 0 of a two-rank job declares a gradient and rank 1 never comes:
+  // the job is mid-step, so on SIGTERM the daemon waits for it (3/4 of
+  // --exit-timeout-secs) while draining.
+  Daemon d({"--exit-timeout-secs=8"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = v1::Optimizer::NewStub(
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
+  v1::OpenSessionRequest req = OneMatrixJob("half");
+  req.set_world_size(2);
+  *req.add_parameters() = req.parameters(0);
+  req.mutable_parameters(1)->set_name("w2");
+  v1::OpenSessionResponse open;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status st = stub->OpenSession(&ctx, req, &open);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  grpc::ClientContext ctx;
+  auto stream = stub->Step(&ctx);
+  v1::StepRequest m;
+  m.mutable_attach()->set_session_id(open.session_id());
+  ASSERT_TRUE(stream->Write(m));
+  auto chunk = [&](int param) {
+    v1::StepRequest c;
+    c.mutable_gradient()->set_step(open.next_step());
+    c.mutable_gradient()->set_param_id(param);
+    c.mutable_gradient()->set_data(std::string(8 * 8 * 4, '\0'));
+    return c;
+  };
+  ASSERT_TRUE(stream->Write(chunk(0)));
+  v1::StepRequest ready;
+  ready.mutable_gradients_ready()->set_step(open.next_step());
+  ready.mutable_gradients_ready()->add_param_ids(0);
+  ASSERT_TRUE(stream->Write(ready));
+  ASSERT_TRUE(stream->Write(chunk(1)));
+  // Both chunks in: the declaration between them was handled too.
+  uint64_t received = 0;
+  for (int i = 0; i < 500 && received < 2 * 8 * 8 * 4; ++i) {
+    grpc::ClientContext sctx;
+    v1::StatusResponse s;
+    ASSERT_TRUE(stub->Status(&sctx, v1::StatusRequest(), &s).ok());
+    for (const auto& x : s.sessions())
+      if (x.job_id() == "half") received = x.bytes_received();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(received, 2u * 8 * 8 * 4) << d.log();
+  d.process().Signal(SIGTERM);
+  for (int i = 0; i < 200 && d.log().find("draining") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(Alive(d)) << d.log();
+  EXPECT_EQ(HealthOf(d, "dmuon.liveness"), "SERVING\n") << d.log();
+  EXPECT_EQ(HealthOf(d, ""), "NOT_SERVING\n") << d.log();
+  EXPECT_EQ(HealthOf(d, "dmuon.v1.Optimizer"), "NOT_SERVING\n") << d.log();
+  EXPECT_TRUE(Alive(d)) << "the checks ran after the drain window\n" << d.log();
+  EXPECT_EQ(d.process().Wait(30), 0) << d.log();
+  ctx.TryCancel();
+}
+
+TEST(Peers, AStreamProtocolErrorAlwaysReachesTheClientWithItsStatus) {
+  Daemon d;
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = v1::Optimizer::NewStub(
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
+  int cancelled = 0;
+  for (int i = 0; i < 50; ++i) {
+    v1::OpenSessionResponse open;
+    {
+      grpc::ClientContext ctx;
+      ASSERT_TRUE(stub->OpenSession(
+                          &ctx, OneMatrixJob("err-" + std::to_string(i)), &open)
+                      .ok());
+    }
+    grpc::ClientContext ctx;
+    auto stream = stub->Step(&ctx);
+    v1::StepRequest m;
+    m.mutable_attach()->set_session_id(open.session_id());
+    ASSERT_TRUE(stream->Write(m));
+    v1::StepRequest bad;  // skips steps: a protocol error
+    bad.mutable_gradients_ready()->set_step(open.next_step() + 1000);
+    bad.mutable_gradients_ready()->add_param_ids(0);
+    stream->Write(bad);
+    v1::StepResponse r;
+    while (stream->Read(&r)) {
+    }
+    const grpc::Status st = stream->Finish();
+    cancelled += st.error_code() == grpc::StatusCode::CANCELLED;
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << "try " << i << ": " << st.error_message();
+    EXPECT_NE(st.error_message().find("skips step"), std::string::npos)
+        << "try " << i << ": " << st.error_message();
+  }
+  EXPECT_EQ(cancelled, 0) << "of 50";
+  EXPECT_TRUE(Alive(d)) << d.log();
+}
+
+TEST(Peers, JobIdsCannotInjectLogLines) {
+  Daemon d;
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = v1::Optimizer::NewStub(
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
+  const std::string forged =
+      "x\n[2026-01-01 00:00:00.000] [dmuond] [info] FORGED\r\x1b[2K";
+  const std::string huge(100000, 'h');
+  for (const std::string& job : {forged, huge, forged + "\n" + huge}) {
+    grpc::ClientContext ctx;
+    v1::OpenSessionResponse open;
+    ASSERT_TRUE(stub->OpenSession(&ctx, OneMatrixJob(job), &open).ok());
+    // A failing call whose error quotes the job id, logged too.
+    grpc::ClientContext ctx2;
+    auto bad = OneMatrixJob(job);
+    bad.mutable_parameters(0)->set_shape(1, 9);  // differs from rank 0's
+    bad.set_world_size(2);
+    stub->OpenSession(&ctx2, bad, &open);
+  }
+  const std::string log = d.log();
+  EXPECT_NE(log.find("x\\n[2026-01-01"), std::string::npos) << log;
+  std::istringstream lines(log);
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    EXPECT_EQ(line.rfind("[2026-01-01", 0), std::string::npos) << line;
+    EXPECT_EQ(line.find('\r'), std::string::npos) << line;
+    EXPECT_EQ(line.find('\x1b'), std::string::npos) << line;
+    EXPECT_LT(line.size(), 4096u) << line.substr(0, 200);
+  }
+  EXPECT_GT(n, 2);
+}
+
+}  // namespace
+}  // namespace dmuon::testing
