@@ -6,11 +6,21 @@ as the wheel ships it), in the Bazel output of the source checkout
 with a free port (so trainers on this host use shared memory), dies with its
 parent (PR_SET_PDEATHSIG), and is stopped by `stop()`, when the object is
 garbage-collected, or at interpreter exit, whichever comes first.
+
+It runs in a session of its own (setsid), so a Ctrl-C in the terminal (SIGINT
+to the foreground process group) reaches the trainer only: a trainer that
+catches KeyboardInterrupt can still save a checkpoint, Muon momentum
+included. Its work directory ($TMPDIR/dmuond-*: port file, log) records its
+owner; one left behind by a trainer that was SIGKILLed (no finalizer ran) is
+removed when the next private dmuond starts, once its trainer and its
+daemon are both gone.
 """
 
 from __future__ import annotations
 
 import ctypes
+import glob
+import json
 import os
 import shutil
 import signal
@@ -61,6 +71,50 @@ def _die_with_parent():
         pass
 
 
+def _start_time(pid):
+    """The process's start time in clock ticks since boot (/proc/PID/stat
+    field 22), or None if there is no such process: with the pid, it names
+    one process (pids are reused)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # exited, not yet reaped
+        return None
+    return int(fields[19])
+
+
+def _running(pid, start):
+    return start is not None and _start_time(pid) == start
+
+
+OWNER = "owner.json"
+
+
+def clean_stale_workdirs(root=None):
+    """Removes this user's private dmuond work directories whose trainer and
+    daemon have both exited (the trainer was SIGKILLed, so its finalizer
+    never ran). Directories without an owner record are left alone. Returns
+    the removed paths."""
+    removed = []
+    for path in glob.glob(os.path.join(root or tempfile.gettempdir(), "dmuond-*")):
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            with open(os.path.join(path, OWNER)) as f:
+                owner = json.load(f)
+            if (_running(owner["trainer_pid"], owner["trainer_start"])
+                    or _running(owner["daemon_pid"], owner["daemon_start"])):
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being created, someone else's, or not ours to judge
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 def _stop(proc, workdir, grace):
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -78,6 +132,7 @@ class LocalDaemon:
     def __init__(self, binary: str | None = None, flags: Sequence[str] = (),
                  start_timeout: float = 30.0, stop_grace: float = 5.0) -> None:
         self.binary = binary or find_dmuond()
+        clean_stale_workdirs()
         self.workdir = tempfile.mkdtemp(prefix="dmuond-")
         port_file = os.path.join(self.workdir, "port")
         self.log_path = os.path.join(self.workdir, "dmuond.log")
@@ -102,7 +157,18 @@ class LocalDaemon:
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,
                 close_fds=True,
+                start_new_session=True,  # Ctrl-C's SIGINT is the trainer's alone
             )
+        try:
+            owner = dict(trainer_pid=os.getpid(), trainer_start=_start_time(os.getpid()),
+                         daemon_pid=self.process.pid,
+                         daemon_start=_start_time(self.process.pid))
+            tmp = os.path.join(self.workdir, OWNER + ".tmp")
+            with open(tmp, "w") as f:
+                json.dump(owner, f)
+            os.replace(tmp, os.path.join(self.workdir, OWNER))
+        except OSError:
+            pass  # only the clean-up of a SIGKILLed trainer's directory needs it
         self._finalizer = weakref.finalize(
             self, _stop, self.process, self.workdir, stop_grace
         )

@@ -1,16 +1,29 @@
 """Which parameter goes where: dmuond (Muon) or the local AdamW.
 
-Rules, first match wins (the reason is recorded in the routing table):
-  1. requires_grad=False at construction    -> "frozen" (kept in an AdamW group,
-                                               updated only if it ever gets a grad)
-  2. named in adamw=[...]                   -> AdamW  ("adamw= (user)")
-  3. named in muon=[...]                    -> Muon   ("muon= (user)"; must be >= 2-D)
-  4. its group says "use_muon": True/False  -> as the group says
-  5. the weight of an nn.Embedding(Bag)     -> AdamW  ("embedding")
-  6. 0-D or 1-D (biases, norms, scalars)    -> AdamW
-  7. 2-D                                    -> Muon   ("2-D weight")
-  8. 3-D and more (conv weights)            -> Muon, flattened to out x (in*k*k)
-The output head is not guessed: mark it with adamw=[model.lm_head] (it is 2-D).
+By module, as the Muon ecosystem routes (first match wins; the reason is
+recorded in the routing table):
+  1. named in adamw=[...]                  -> AdamW  ("adamw= (user)")
+  2. named in muon=[...]                   -> Muon   ("muon= (user)"; must be >= 2-D)
+  3. its group says "use_muon": True/False -> as the group says
+  4. owned by an nn.Embedding(Bag), tied
+     output heads included                 -> AdamW  ("embedding")
+  5. the weight of an nn.Linear (or of
+     transformers' Conv1D), both dims > 1  -> Muon   ("nn.Linear weight")
+  6. the weight of an nn.ConvNd            -> Muon, flattened to out x (in*k*k)
+  7. nn.MultiheadAttention's in_proj_weight
+     (or q/k/v_proj_weight)                -> Muon   (the packed q, k, v projection)
+  8. everything else                       -> AdamW: biases, norms, raw
+     nn.Parameters (cls tokens, learned positional tables, 2-D ones included),
+     3-D+ tensors that are not conv weights, Linear weights with a dim of 1.
+An untied output head is an nn.Linear, so rule 5 sends it to Muon; route it
+with adamw=[model.lm_head] (a tied head shares the embedding's parameter, so
+rule 4 keeps it in AdamW).
+Without the model (bare parameters or (name, parameter) pairs) the modules
+are unknown and parameters are routed by shape: >= 2-D to Muon (flattened),
+the rest to AdamW; the table says so.
+A parameter frozen (requires_grad=False) at construction is routed like any
+other and shown as frozen; if it is unfrozen later it trains on that route
+(a Muon parameter without a gradient in a step is left unchanged).
 adamw= and muon= entries may be parameters, modules (all their parameters)
 or names (exact, or a prefix ending at a dot: "lm_head" covers
 "lm_head.weight").
@@ -20,6 +33,7 @@ daemon's table, which the planner spreads over devices so that the matrices
 the next forward needs together come back in parallel (see layer_key).
 """
 
+import collections
 import dataclasses
 import math
 from typing import Optional, Tuple
@@ -32,7 +46,7 @@ from torch import nn
 class Route:
     name: str
     param: torch.Tensor
-    route: str  # "muon" | "adamw" | "frozen"
+    route: str  # "muon" | "adamw"
     reason: str
     group: int  # index of the user's parameter group
     matrix: Optional[Tuple[int, int]] = None  # whole matrix (rows, cols) for Muon
@@ -41,6 +55,8 @@ class Route:
     handoff: str = ""  # hook | ddp | step
     shape0: Tuple[int, ...] = ()  # the shape at construction
     layer: Optional[int] = None  # Muon: the table's layer id (layer_ids)
+    frozen: bool = False  # requires_grad=False at construction
+    kind: str = ""  # the short reason, for the compact summary
 
     @property
     def shape(self):
@@ -50,7 +66,7 @@ class Route:
 def _names_by_id(module):
     names = {}
     if module is not None:
-        for name, p in module.named_parameters():
+        for name, p in module.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), name)
     return names
 
@@ -58,7 +74,9 @@ def _names_by_id(module):
 def _ids_of(entries, names, what):
     """Parameter ids an adamw=/muon= list designates."""
     ids = set()
-    by_name = {n: i for i, n in names.items()}
+    by_name = {}
+    for i, n in names.items():
+        by_name.setdefault(n, i)
     for e in entries or ():
         if isinstance(e, nn.Module):
             ids.update(id(p) for p in e.parameters())
@@ -77,6 +95,61 @@ def _ids_of(entries, names, what):
                 f"DMuon: {what}= entries are parameters, modules or names, got {type(e)}"
             )
     return ids
+
+
+_MHA_MATRICES = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
+
+
+def _is_hf_conv1d(m):
+    # transformers.pytorch_utils.Conv1D (GPT-2's projections): a Linear whose
+    # weight is stored (in, out).
+    return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers")
+
+
+def _owners(module):
+    """{id(param): [(module, attribute name)]} over every module that
+    registers the parameter itself (tied parameters have several)."""
+    owners = collections.defaultdict(list)
+    if module is not None:
+        for m in module.modules():
+            for attr, p in m._parameters.items():
+                if p is not None:
+                    owners[id(p)].append((m, attr))
+    return owners
+
+
+def _by_module(p, owners):
+    """(route, kind, reason) from the modules that own p."""
+    if any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m, _ in owners):
+        tied = [type(m).__name__ for m, _ in owners
+                if not isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+        why = "embedding" + (f" (tied to a {tied[0]})" if tied else "")
+        return "adamw", "embedding", why
+    for m, attr in owners:
+        cls = type(m).__name__
+        if attr == "weight" and (isinstance(m, nn.Linear) or _is_hf_conv1d(m)):
+            if p.dim() == 2 and min(p.shape) > 1:
+                return "muon", f"{cls} weight", f"{cls} weight"
+            return "adamw", f"{cls} weight with a dim of 1", f"{cls} weight {list(p.shape)}"
+        if attr == "weight" and isinstance(m, nn.modules.conv._ConvNd):
+            rows, cols = _matrix(p)
+            if rows > 1 and cols > 1:
+                return "muon", f"{cls} weight", f"{cls} weight, flattened to {rows}x{cols}"
+        if attr in _MHA_MATRICES and isinstance(m, nn.MultiheadAttention):
+            return "muon", f"MultiheadAttention.{attr}", f"MultiheadAttention.{attr}"
+    if not owners:
+        return "adamw", "not in the model", "not a parameter of the model"
+    m, attr = owners[0]
+    cls = type(m).__name__
+    if attr == "bias":
+        return "adamw", "bias", f"{cls} bias"
+    if isinstance(m, (nn.modules.normalization.LayerNorm, nn.modules.normalization.GroupNorm,
+                      nn.modules.batchnorm._NormBase, nn.modules.normalization.LocalResponseNorm,
+                      nn.modules.normalization.RMSNorm)) or "norm" in cls.lower():
+        return "adamw", "norm", f"{cls} {attr}"
+    if p.dim() < 2:
+        return "adamw", f"{p.dim()}-D", f"{p.dim()}-D {cls}.{attr}"
+    return "adamw", "raw nn.Parameter", f"{p.dim()}-D nn.Parameter {cls}.{attr}"
 
 
 def layer_key(name):
@@ -125,11 +198,7 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
     if both:
         clash = [names.get(i, "?") for i in both]
         raise ValueError(f"DMuon: parameters in both adamw= and muon=: {clash}")
-    embed_ids = set()
-    if module is not None:
-        for m in module.modules():
-            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
-                embed_ids.add(id(m.weight))
+    owners = _owners(module)
     shard_of = {}
     for key, layout in (shards or {}).items():
         pid = id(key) if isinstance(key, torch.Tensor) else None
@@ -150,10 +219,8 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
             seen.add(id(p))
             name = names.get(id(p), f"params[{gi}][{pi}]")
             flag = group.get("use_muon")
-            if not p.requires_grad:
-                r = Route(name, p, "frozen", "requires_grad=False", gi)
-            elif id(p) in adamw_ids:
-                r = Route(name, p, "adamw", "adamw= (user)", gi)
+            if id(p) in adamw_ids:
+                route, kind, why = "adamw", "adamw= (user)", "adamw= (user)"
             elif id(p) in muon_ids or flag is True:
                 if p.dim() < 2:
                     raise ValueError(
@@ -161,19 +228,27 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
                         f"{p.dim()}-D; Muon needs a matrix (or a conv weight)"
                     )
                 why = "muon= (user)" if id(p) in muon_ids else "group use_muon=True"
-                r = Route(name, p, "muon", why, gi, _matrix(p))
+                route, kind = "muon", why
+                if p.dim() > 2:
+                    why += ", flattened to {}x{}".format(*_matrix(p))
             elif flag is False:
-                r = Route(name, p, "adamw", "group use_muon=False", gi)
-            elif id(p) in embed_ids:
-                r = Route(name, p, "adamw", "embedding", gi)
+                route, kind, why = "adamw", "group use_muon=False", "group use_muon=False"
+            elif module is not None:
+                route, kind, why = _by_module(p, owners.get(id(p), []))
             elif p.dim() < 2:
-                r = Route(name, p, "adamw", f"{p.dim()}-D (bias/norm/scalar)", gi)
-            elif p.dim() == 2:
-                r = Route(name, p, "muon", "2-D weight", gi, _matrix(p))
+                route, kind = "adamw", f"{p.dim()}-D"
+                why = f"{p.dim()}-D (no model=: routed by shape, embeddings not detectable)"
             else:
-                rows, cols = _matrix(p)
-                r = Route(name, p, "muon", f"{p.dim()}-D, flattened to {rows}x{cols}",
-                          gi, (rows, cols))
+                route, kind = "muon", f"{p.dim()}-D"
+                why = f"{p.dim()}-D (no model=: routed by shape, embeddings not detectable)"
+                if p.dim() > 2:
+                    why = "{}-D, flattened to {}x{} (no model=: routed by shape, embeddings not detectable)".format(
+                        p.dim(), *_matrix(p))
+            r = Route(name, p, route, why, gi, _matrix(p) if route == "muon" else None,
+                      kind=kind)
+            if not p.requires_grad:
+                r.frozen = True
+                r.reason += "; frozen at construction"
             if id(p) in shard_of:
                 if r.route != "muon":
                     raise ValueError(f"DMuon: shards= names {name}, which is not Muon's")
@@ -190,10 +265,6 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
     muon_routes = [r for r in routes if r.route == "muon"]  # the table's order
     for r, layer in zip(muon_routes, layer_ids([m.name for m in muon_routes])):
         r.layer = layer
-    if module is None and any(r.route == "muon" for r in routes):
-        for r in routes:
-            if r.route == "muon" and r.reason == "2-D weight":
-                r.reason = "2-D weight (no model=: embeddings not detectable)"
     return routes
 
 
@@ -212,11 +283,43 @@ def format_table(routes):
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(_totals(routes))
+    return "\n".join(lines)
+
+
+def _totals(routes):
     n_muon = sum(r.route == "muon" for r in routes)
     n_elems = sum(r.param.numel() for r in routes if r.route == "muon")
     total = sum(r.param.numel() for r in routes) or 1
-    lines.append(
-        f"{n_muon} of {len(routes)} parameters ({100.0 * n_elems / total:.1f}% of the "
-        "elements) go to dmuond; the rest are updated here by AdamW"
-    )
+    return (f"{n_muon} of {len(routes)} parameters ({100.0 * n_elems / total:.1f}% of the "
+            "elements) go to dmuond; the rest are updated here by AdamW")
+
+
+def _count(n):
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def format_summary(routes, param_groups, where):
+    """The compact table: one line per optimizer group (Muon and AdamW halves
+    of each user group) with its counts by reason, then the totals."""
+    index = {id(p): gi for gi, g in enumerate(param_groups) for p in g["params"]}
+    by_group = collections.defaultdict(list)
+    for r in routes:
+        by_group[index.get(id(r.param))].append(r)
+    lines = ["DMuon routing (verbose=True prints every parameter; opt.routing lists them):"]
+    for gi in sorted(by_group, key=lambda g: -1 if g is None else g):
+        rs = by_group[gi]
+        kinds = collections.Counter(r.kind for r in rs)
+        frozen = sum(r.frozen for r in rs)
+        route = "dmuond" if rs[0].route == "muon" else "adamw "
+        what = ", ".join(f"{k} {n}" for k, n in kinds.most_common())
+        extra = f", {frozen} frozen" if frozen else ""
+        to = f" -> {where}" if rs[0].route == "muon" and where else ""
+        lines.append(f"  group {gi} {route}: {len(rs)} tensors, "
+                     f"{_count(sum(r.param.numel() for r in rs))} elements "
+                     f"({what}{extra}){to}")
+    lines.append("  " + _totals(routes))
     return "\n".join(lines)

@@ -3,8 +3,11 @@ server="auto", started by rank 0), the job id the ranks agree on, a pool's
 split of the table (planned once, by rank 0, and sent to every rank), and a
 collective check that every rank got its session."""
 
+import ipaddress
 import os
 import socket
+import sys
+import warnings
 
 from . import _ddp, _gpu, _native
 from ._daemon import LocalDaemon
@@ -24,6 +27,64 @@ def private_flags(flags, world):
         free = (os.cpu_count() or 1) - mine * world
         flags.append(f"--cpu-threads={free if free >= 1 else mine}")
     return flags
+
+
+ENV = "DMUON_SERVER"
+
+
+def server_from_env(value):
+    """$DMUON_SERVER as a `server`: "host:port" (one daemon), "a:p,b:q" (a
+    pool), or "name:port" whose name resolves to several addresses (a pool of
+    one daemon per address: the IPv4 ones, else the IPv6 ones, sorted, so
+    every rank and every run lists them alike; a name with one address per
+    family, such as localhost, stays one daemon)."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"DMuon: ${ENV}={value!r} is empty; unset it for a private "
+                         "dmuond, or set it to host:port or a comma list of them")
+    if len(parts) > 1:
+        return parts
+    address = parts[0]
+    host, sep, port = address.rpartition(":")
+    if address.startswith("unix:") or not sep or not port.isdigit():
+        return address  # unix sockets, gRPC target syntax: as given
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(host)
+        return address
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return address  # connecting reports it, naming the address
+    by_family = {}
+    for family, *_, sockaddr in infos:
+        by_family.setdefault(family, set()).add(sockaddr[0])
+    ips = sorted(by_family.get(socket.AF_INET) or by_family.get(socket.AF_INET6) or ())
+    if len(ips) <= 1:
+        return address
+    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
+
+
+_warned_cuda = False
+
+
+def warn_cuda_staged(device, note, address):
+    """Once per process, loudly: CUDA parameters, and the daemon reached (a
+    private CPU dmuond, or one without GPU transports) makes every step stage
+    them through host memory and orthogonalize on CPUs."""
+    global _warned_cuda
+    if _warned_cuda or device is None or device.type != "cuda" or not note:
+        return
+    _warned_cuda = True
+    msg = (f"DMuon: the Muon parameters are on {device}, but no GPU dmuond is "
+           f"reachable ({note}; dmuond at {address}): every step copies them "
+           "through host memory and runs Newton-Schulz on CPU cores, far slower "
+           f"than on the GPU. Run dmuond_cuda and set ${ENV}=host:port (or pass "
+           "server=) to use it")
+    print("\n" + "!" * 78 + "\n" + msg + "\n" + "!" * 78, file=sys.stderr, flush=True)
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
 
 def plan_pool(client, table, groups):
@@ -86,8 +147,13 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
     parameters' CUDA device, or None (CPU tensors, or tensors on several
     devices). A pool (server a list of addresses): the daemon of each
     parameter, which rank 0 plans and every rank passes as pool_owner."""
+    env = os.environ.get(ENV, "") if server == "auto" else ""
+    if env:
+        # Rank 0 resolves it; the others get rank 0's answer (the broadcast
+        # below), so every rank names the same daemons in the same order.
+        server = server_from_env(env) if rank == 0 else None
     daemon, err, address = None, None, server
-    pool, owner, client = not isinstance(server, str), None, None
+    pool, owner, client = not isinstance(server, str) and server is not None, None, None
     if server == "auto":
         if world > 1:
             hosts = _ddp.gather(socket.gethostname(), pg, world)
@@ -112,6 +178,7 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
     if world > 1:
         address, job_id, owner = _ddp.broadcast(
             (address, job_id or _ddp.new_job_id(), owner), pg)
+        pool = address is not None and not isinstance(address, str)
     else:
         job_id = job_id or _ddp.new_job_id()
     if err is not None and world == 1:
@@ -143,6 +210,7 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
         if daemon is not None:
             daemon.stop()
         raise err
+    warn_cuda_staged(device, note, address)
     return session, region, note, daemon, address, job_id, owner
 
 

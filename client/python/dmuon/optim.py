@@ -23,6 +23,8 @@ package; dmuon.torch still imports as an alias of it.)
 from __future__ import annotations
 
 import contextlib
+import signal
+import sys
 import threading
 import time
 import warnings
@@ -30,11 +32,12 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import ParamsT
 
-from . import Session, _ddp, _groups, _routing, _session
+from . import Session, _ddp, _groups, _native, _routing, _session
 from ._groups import CLASSIC
 
 try:
@@ -55,6 +58,36 @@ try:
     from torch.nn.parallel import DistributedDataParallel as _DDP
 except ImportError:  # torch built without distributed
     _DDP = ()
+
+
+class _MuonState(dict):
+    """opt.state[p] of a Muon parameter: "momentum_buffer" is read from
+    dmuond when asked for (a copy in the parameter's shape, as
+    torch.optim.Muon keeps it; writing to it changes nothing in dmuond: use
+    load_state_dict). Never stored, so it never goes into state_dict()'s
+    "state" (the momentum is in its "dmuon" entry)."""
+
+    def __init__(self, owner, index, items=()):
+        super().__init__(items)
+        self._owner, self._index = owner, index
+
+    def __missing__(self, key):
+        owner = self._owner()
+        if key != "momentum_buffer" or owner is None:
+            raise KeyError(key)
+        return owner._momentum_buffer(self._index)
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key):
+        return key == "momentum_buffer" or super().__contains__(key)
+
+    def __reduce__(self):  # pickles (torch.save of opt.state) as a plain dict
+        return (dict, (dict(self),))
 
 
 def _hook(ref, fn_name, *bound):
@@ -141,8 +174,12 @@ class DMuon(torch.optim.Optimizer):
         if overlap_forward and module is None:
             raise ValueError("DMuon: overlap_forward=True needs the model (pass it as "
                              "params or model=) to hook its modules' forward")
+        adamw, muon = list(adamw), list(muon)  # kept for add_param_group
         groups, named = _groups.user_groups(params)
         routes = _routing.resolve(groups, module, adamw, muon, shards, named)
+        self._module, self._selectors, self._user_groups = module, (adamw, muon), len(groups)
+        self._reduce_in_daemon, self._overlap = reduce_in_daemon, overlap
+        self._open_args, self._server = (timeout, transport), server
         self._pg, self._rank, self._world = _ddp.world(process_group)
         self._overlap_forward = bool(overlap_forward)
         self._accumulating = False
@@ -160,6 +197,7 @@ class DMuon(torch.optim.Optimizer):
                       adamw_lr=adamw_lr, adamw_betas=adamw_betas,
                       adamw_eps=adamw_eps, adamw_wd=adamw_wd)
         torch_groups, group_of = _groups.split(groups, routes, shared)
+        self._shared = shared
         self._constructing = True
         super().__init__(torch_groups, dict(lr=lr, weight_decay=weight_decay))
         self._constructing = False
@@ -184,17 +222,112 @@ class DMuon(torch.optim.Optimizer):
                 _groups.specs(self.param_groups, group_of), self._cuda_device(transport))
             self._attach(session)
             self._install_hooks(module, overlap)
+        n = len(self._muon)
+        # Whether each Muon matrix's momentum may be non-zero (it had a gradient,
+        # or a checkpoint was loaded): only then does a missing gradient cost
+        # anything (see step()).
+        self._trained = [False] * n
+        self._warned_absent = set()
+        self._momentum_cache = None  # {name: tensor} for opt.state[p]
+        self._install_state()
         self._reset_step()
-        if verbose and self._rank == 0:
-            print(self.routing_table, flush=True)
+        if self._rank == 0:
+            if verbose:
+                print(self.routing_table, flush=True)
+            else:
+                print(_routing.format_summary(self._routes, self.param_groups,
+                                              self._where()), file=sys.stderr, flush=True)
 
     # ----------------------------------------------------------- construction
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if not getattr(self, "_constructing", False):
+        """Adds a user parameter group, routed as at construction (model,
+        adamw=, muon=; the construction's hyperparameters are its defaults).
+        New Muon matrices reopen the dmuond session with the larger table:
+        the momentum of the others and the step count are carried over (a
+        GetState and a SetState), the new ones start from zero, as in
+        torch.optim.Muon. Between steps only; one process (not with
+        torch.distributed)."""
+        if getattr(self, "_constructing", False):
+            super().add_param_group(param_group)
+            return
+        self._at_boundary("add_param_group")
+        groups, named = _groups.user_groups([param_group])
+        known = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in known for p in groups[0]["params"]):
+            raise ValueError("some parameters appear in more than one parameter group")
+        routes = _routing.resolve(groups, self._module, *self._selectors, None, named)
+        torch_groups, group_of = _groups.split(groups, routes, self._shared)
+        for r in routes:
+            r.group = self._user_groups
+            if r.name.startswith("params[0]["):
+                r.name = f"params[{self._user_groups}][" + r.name[len("params[0]["):]
+        new_muon = [r for r in routes if r.route == "muon"]
+        if new_muon and self._world > 1:
             raise NotImplementedError(
-                "DMuon: parameters cannot be added after construction (dmuond's "
-                "parameter table is fixed per session); create a new DMuon")
-        super().add_param_group(param_group)
+                "DMuon.add_param_group: new Muon matrices reopen the dmuond session, "
+                "which needs every rank at once; with torch.distributed, create the "
+                "DMuon with every group (or add only AdamW parameters: use_muon=False)")
+        base = len(self.param_groups)
+        for g in torch_groups:
+            super().add_param_group(g)
+        self._user_groups += 1
+        self._routes.extend(routes)
+        self._relink_adamw()
+        if new_muon:
+            self._reopen(new_muon, [base + g for g in group_of])
+
+    def _reopen(self, new_muon, new_group_of):
+        """A session with the table grown by new_muon; momentum carried over."""
+        old = self._session.get_state() if self._session is not None else None
+        muon, group_of = self._muon + new_muon, self._group_of + new_group_of
+        for r, layer in zip(muon, _routing.layer_ids([r.name for r in muon])):
+            r.layer = layer
+        if self._session is not None:
+            self._finalizer.detach()
+            _session.release([self._session], self._region)
+            self._session = None
+        self._muon, self._group_of = muon, group_of
+        self._index = {id(r.param): i for i, r in enumerate(muon)}
+        kept = [r.handoff for r in muon[:len(muon) - len(new_muon)]]
+        self._plan_sharding(self._reduce_in_daemon, self._overlap, self._module)
+        for r, handoff in zip(muon, kept):  # their hooks are in place
+            r.handoff = handoff
+        timeout, transport = self._open_args
+        server = self.address if self.address is not None else self._server
+        (session, self._region, self._staging, daemon, address, self.job_id,
+         self.pool_owner) = _session.open_session(
+            self._pg, self._rank, self._world, server, None, timeout, transport, (),
+            _groups.table(muon, group_of), _groups.specs(self.param_groups, group_of),
+            self._cuda_device(transport))
+        if self._daemon is None:
+            self._daemon = daemon
+        self.address = address
+        self._attach(session)
+        if old is not None:
+            carried = dict(zip(old["names"], old["momentum"]))
+            momentum = [carried.get(r.name, np.zeros(r.matrix, np.float32)) for r in muon]
+            session.set_state({"completed_steps": int(old["completed_steps"]),
+                               "names": session.names, "momentum": momentum})
+        n_old = len(muon) - len(new_muon)
+        self._trained += [False] * len(new_muon)
+        ref = weakref.ref(self)
+        for i in range(n_old, len(muon)):
+            if muon[i].handoff == "hook":
+                self._hook_grad(i)
+        if self._overlap_forward:
+            new = {id(r.param): n_old + k for k, r in enumerate(new_muon)}
+            for m in self._module.modules():
+                ids = [new[id(p)] for p in m._parameters.values()
+                       if p is not None and id(p) in new]
+                if ids:
+                    self._handles.append(m.register_forward_pre_hook(
+                        _hook(ref, "_apply_pending", tuple(ids))))
+        if n_old == 0 and self._module is not None:
+            self._handles.append(self._module.register_forward_pre_hook(
+                _hook(ref, "_check_shapes")))
+        self._momentum_cache = None
+        self._install_state()
+        self._reset_step()
 
     def _relink_adamw(self):
         groups = [g for g in self.param_groups if not g["use_muon"]]
@@ -264,8 +397,7 @@ class DMuon(torch.optim.Optimizer):
         ref = weakref.ref(self)
         for i, r in enumerate(self._muon):
             if r.handoff == "hook":  # after .grad holds the whole gradient
-                self._handles.append(r.param.register_post_accumulate_grad_hook(
-                    _hook(ref, "_on_grad", i)))
+                self._hook_grad(i)
         if self._ddp is not None:
             try:
                 self._ddp.register_comm_hook(None, _ddp.comm_hook(ref, self._pg, self._world))
@@ -289,11 +421,24 @@ class DMuon(torch.optim.Optimizer):
                         _hook(ref, "_apply_pending", tuple(ids))))
             self._handles.append(module.register_forward_hook(_hook(ref, "synchronize")))
 
+    def _hook_grad(self, i):
+        """Hands parameter i over as soon as backward has accumulated its
+        gradient; a frozen one is handed over in step() until it is unfrozen
+        (step() then hooks it)."""
+        r = self._muon[i]
+        if not r.param.requires_grad:
+            r.handoff = "step (frozen)"
+            return
+        self._handles.append(r.param.register_post_accumulate_grad_hook(
+            _hook(weakref.ref(self), "_on_grad", i)))
+        r.handoff = "hook"
+
     # ------------------------------------------------------------- per step
     def _reset_step(self):
         n = len(self._muon)
         self._handed, self._applied = [False] * n, [False] * n
         self._received = [False] * n  # nccl: update received
+        self._absent = [False] * n  # no gradient this step: left unchanged
         self._step_lr = [(0.0, 0.0)] * n
         self._pending = False
 
@@ -358,9 +503,14 @@ class DMuon(torch.optim.Optimizer):
         t0 = time.perf_counter()
         buf = self._grad[i]
         if grad is None:
+            # The protocol has no "no gradient this step": dmuond gets zeros,
+            # and _apply leaves the parameter unchanged (step()).
+            self._absent[i] = True
             buf.zero_()
         elif not (r.sharding == "replicated" and self._rank != 0):
             buf.copy_(grad.detach().reshape(buf.shape))  # rank 0's is the one used
+        if grad is not None:
+            self._trained[i] = True
         if self._region is None:
             self._session.gradient_ready(i)
         else:
@@ -385,7 +535,9 @@ class DMuon(torch.optim.Optimizer):
         lr, wd = self._step_lr[i]
         p = r.param
         with torch.no_grad():
-            if self._session.skipped(i):
+            if self._absent[i]:
+                pass  # torch.optim.Muon: no decay, no update without a gradient
+            elif self._session.skipped(i):
                 warnings.warn(f"DMuon: dmuond skipped {r.name} at step "
                               f"{self._session.step} (non-finite gradient); "
                               "it is left unchanged", RuntimeWarning)
@@ -411,18 +563,32 @@ class DMuon(torch.optim.Optimizer):
             for j in ids:
                 self._received[j] = True
 
+    @contextlib.contextmanager
+    def _explained(self):
+        """dmuon errors raised inside, explained (_explain: a dead private
+        daemon is named, with how it ended, its log and the next step)."""
+        try:
+            yield
+        except _native.load().Error as e:
+            err = self._explain(e)
+            if err is e:
+                raise
+            raise err from e
+
     def _apply_pending(self, ids):
         if self._pending:
-            for i in ids:
-                self._apply(i)
+            with self._explained():
+                for i in ids:
+                    self._apply(i)
 
     def synchronize(self) -> None:
         """Applies every outstanding update of the last step (overlap_forward)."""
         if not self._pending:
             return
-        for i in range(len(self._muon)):
-            self._apply(i)
-        self._session.finish_step()
+        with self._explained():
+            for i in range(len(self._muon)):
+                self._apply(i)
+            self._session.finish_step()
         self._reset_step()
 
     @contextlib.contextmanager
@@ -459,6 +625,15 @@ class DMuon(torch.optim.Optimizer):
         t0, self._wait = time.perf_counter(), 0.0
         if getattr(self, "_closed", False):
             raise RuntimeError("DMuon: step() after close()")
+        with self._explained():
+            self._step()
+        self.stats["steps"] += 1
+        self.stats["last_wait_seconds"] = self._wait
+        self.stats["wait_seconds"] += self._wait
+        self.stats["last_step_seconds"] = time.perf_counter() - t0
+        return loss
+
+    def _step(self):
         if self._error is not None:
             err, self._error = self._error, None
             raise err
@@ -466,12 +641,13 @@ class DMuon(torch.optim.Optimizer):
             self.synchronize()  # a step() right after a step(), without backward
             self._check_hyperparameters()
             for i, r in enumerate(self._muon):
+                if r.handoff == "step (frozen)" and r.param.requires_grad:
+                    self._hook_grad(i)  # unfrozen: hooked from the next backward
                 g = self.param_groups[self._group_of[i]]
                 self._step_lr[i] = (float(g["lr"]), float(g["weight_decay"]))
                 if not self._handed[i]:
-                    if r.param.grad is None:
-                        warnings.warn(f"DMuon: {r.name} has no gradient; dmuond gets "
-                                      "zeros for it (its momentum decays)", RuntimeWarning)
+                    if r.param.grad is None and self._trained[i]:
+                        self._warn_absent(i)
                     self._handoff(i, r.param.grad)
         if self._adamw is not None:
             self._adamw.step()  # runs while dmuond computes
@@ -479,11 +655,84 @@ class DMuon(torch.optim.Optimizer):
             self._pending = True
             if not self._overlap_forward:
                 self.synchronize()
-        self.stats["steps"] += 1
-        self.stats["last_wait_seconds"] = self._wait
-        self.stats["wait_seconds"] += self._wait
-        self.stats["last_step_seconds"] = time.perf_counter() - t0
-        return loss
+        self._momentum_cache = None
+
+    def _install_state(self):
+        ref = weakref.ref(self)
+        for i, r in enumerate(self._muon):
+            st = self.state.get(r.param, {})
+            if not isinstance(st, _MuonState) or st._index != i:
+                self.state[r.param] = _MuonState(ref, i, dict(st))
+
+    def _momentum_buffer(self, i):
+        """Muon matrix i's momentum, fetched from dmuond (once per step)."""
+        if self._momentum_cache is None:
+            self._at_boundary("state[p]['momentum_buffer'] (a read from dmuond)")
+            st = self._session.get_state()
+            self._momentum_cache = dict(zip(st["names"], st["momentum"]))
+        r = self._muon[i]
+        m = torch.from_numpy(self._momentum_cache[self._session.names[i]])
+        if r.row_range:
+            m = m[r.row_range[0]:r.row_range[1]]
+        return m.reshape(r.param.shape).to(device=r.param.device, dtype=r.param.dtype,
+                                           copy=True)
+
+    def _warn_absent(self, i):
+        """A Muon matrix with momentum and no gradient in this step: the
+        parameter is left unchanged, as torch.optim.Muon leaves it, but dmuond
+        cannot be told "no gradient" (the protocol declares every parameter
+        every step), so it gets zeros and its momentum decays (M <- mu * M),
+        where torch's stays. Exact while the momentum is zero (a branch or a
+        frozen parameter that has not trained yet)."""
+        if i in self._warned_absent:
+            return
+        self._warned_absent.add(i)
+        warnings.warn(
+            f"DMuon: {self._muon[i].name} has no gradient in step {self._session.step}; "
+            "it is left unchanged as torch.optim.Muon leaves it, but dmuond gets zeros "
+            "for it, so its momentum decays by `momentum` where torch.optim.Muon's "
+            "stays (the dmuond protocol cannot yet say 'no gradient'). Said once per "
+            "parameter", RuntimeWarning, stacklevel=3)
+
+    def _where(self):
+        if self._session is None:
+            return ""
+        who = "private dmuond" if self._daemon is not None else "dmuond"
+        return f"{who} at {self.address} ({self.transport})"
+
+    def _explain(self, e):
+        """e, or, when the private dmuond (server="auto") has died, an
+        UnavailableError that names it, how it ended, its log's tail and what
+        to do next."""
+        d = self._daemon
+        if d is None or getattr(e, "explained", False):
+            return e
+        try:
+            d.process.wait(timeout=0.5)  # its sockets close just before it is reaped
+        except Exception:  # noqa: BLE001 - still running (or not our child)
+            pass
+        if d.alive():
+            return e
+        rc = d.process.returncode
+        if rc < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-rc).name} ({-rc})"
+            except ValueError:
+                how = f"was killed by signal {-rc}"
+        else:
+            how = f"exited with status {rc}"
+        hint = (" (SIGKILL from outside: often the kernel's OOM killer, see `dmesg`)"
+                if rc == -signal.SIGKILL else "")
+        tail = "\n".join("    " + line for line in d.log_tail(10).splitlines())
+        err = _native.load().UnavailableError(
+            f"DMuon: the private dmuond (pid {d.pid}, {d.binary}, at {d.address}, "
+            f"started by server='auto') {how}{hint}; the Muon momentum it held is "
+            f"gone with it. The last lines of its log ({d.log_path}):\n{tail}\n"
+            "Next: create a new DMuon (it starts a new private dmuond) and "
+            "load_state_dict() your last checkpoint, or run dmuond yourself and pass "
+            f"server='host:port'. (The client's error: {e})")
+        err.code, err.explained = "UNAVAILABLE", True
+        return err
 
     # ----------------------------------------------------------------- state
     def _at_boundary(self, what):
@@ -493,43 +742,123 @@ class DMuon(torch.optim.Optimizer):
                                "already with dmuond): call it after step()")
 
     def state_dict(self) -> dict[str, Any]:
-        self._at_boundary("state_dict")
+        """torch's state_dict (AdamW's state, every group) plus "dmuon": the
+        daemon-held Muon momentum. Raises dmuon.Error naming the daemon if it
+        cannot be fetched; local_state_dict() is the rest without it."""
+        try:
+            self._at_boundary("state_dict")
+            sd = self.local_state_dict()
+            if self._session is not None:
+                st = self._session.get_state()
+                sd["dmuon"] = {
+                    "format": 1,
+                    "completed_steps": int(st["completed_steps"]),
+                    "momentum": {n: torch.from_numpy(m)
+                                 for n, m in zip(st["names"], st["momentum"])},
+                }
+            return sd
+        except _native.load().Error as e:
+            err = self._explain(e)
+            raise type(err)(
+                f"DMuon.state_dict(): the Muon momentum is held by dmuond at "
+                f"{self.address} and could not be fetched: {err}\nTo save what this "
+                "process holds (AdamW's state and the parameter groups; Muon momentum "
+                "restarts from zero when it is loaded), use opt.local_state_dict()."
+            ) from e
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """The state this process holds: AdamW's state and every parameter
+        group, without dmuond's Muon momentum (state_dict() has it). For when
+        dmuond is gone; load_state_dict() of it warns that the Muon momentum
+        starts from zero."""
         sd = super().state_dict()
-        if self._session is not None:
-            st = self._session.get_state()
-            sd["dmuon"] = {
-                "format": 1,
-                "completed_steps": int(st["completed_steps"]),
-                "momentum": {n: torch.from_numpy(m)
-                             for n, m in zip(st["names"], st["momentum"])},
-            }
+        sd["state"] = {k: dict(v) for k, v in sd["state"].items() if v}
         return sd
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._at_boundary("load_state_dict")
-        dm = state_dict.get("dmuon")
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != "dmuon"})
-        self._relink_adamw()
+    def _check_loadable(self, state_dict):
+        """Everything load_state_dict() checks, before it changes anything."""
+        saved = state_dict.get("param_groups")
+        if not isinstance(saved, list) or "state" not in state_dict:
+            raise ValueError("DMuon.load_state_dict: not an optimizer state_dict (it "
+                             "needs 'state' and 'param_groups')")
+        if len(saved) != len(self.param_groups):
+            raise ValueError(
+                f"DMuon.load_state_dict: the checkpoint has {len(saved)} parameter "
+                f"groups, this optimizer {len(self.param_groups)} (each user group is a "
+                "Muon and an AdamW group): create the DMuon with the same params/groups, "
+                "model, adamw= and muon= as the one that saved it")
+        for g, (mine, theirs) in enumerate(zip(self.param_groups, saved)):
+            if len(mine["params"]) != len(theirs.get("params", ())):
+                raise ValueError(
+                    f"DMuon.load_state_dict: param_groups[{g}] has "
+                    f"{len(theirs.get('params', ()))} parameters in the checkpoint and "
+                    f"{len(mine['params'])} here: the routing differs (check adamw=, "
+                    "muon=, the groups, and which parameters exist)")
+            if bool(theirs.get("use_muon", mine["use_muon"])) != mine["use_muon"]:
+                kind = {True: "a Muon", False: "an AdamW"}
+                raise ValueError(
+                    f"DMuon.load_state_dict: param_groups[{g}] is "
+                    f"{kind[bool(theirs['use_muon'])]} group in the checkpoint and "
+                    f"{kind[mine['use_muon']]} group here: the routing differs (check "
+                    "adamw=, muon= and the groups' use_muon)")
         if self._session is None:
-            return
-        self._check_hyperparameters()
+            return None
+        merged = [{**mine, **{k: v for k, v in theirs.items() if k != "params"}}
+                  for mine, theirs in zip(self.param_groups, saved)]
+        try:
+            now = _groups.specs(merged, self._group_of)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"DMuon.load_state_dict: the checkpoint's Muon groups "
+                             f"cannot be read ({e!r})") from e
+        for g, then, spec in zip(sorted(set(self._group_of)), self._opened, now):
+            for key in then:
+                if spec[key] != then[key]:
+                    name = "ns_coefficients" if key in ("schedule", "coefficients") else key
+                    raise ValueError(
+                        f"DMuon.load_state_dict: the checkpoint's param_groups[{g}]"
+                        f"['{name}'] is {merged[g][name]!r}; this optimizer's dmuond "
+                        f"session was opened with {self.param_groups[g][name]!r}, and "
+                        f"dmuond fixes it at creation: create the DMuon with "
+                        f"{name}={merged[g][name]!r}, then load_state_dict()")
+        dm = state_dict.get("dmuon")
         if dm is None:
-            warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
-                          "Muon momentum starts from zero", RuntimeWarning)
-            return
+            return None
+        if dm.get("format") != 1 or not isinstance(dm.get("momentum"), Mapping):
+            raise ValueError(f"DMuon.load_state_dict: unknown 'dmuon' format "
+                             f"{dm.get('format')!r} (this DMuon reads format 1)")
         names, momentum = self._session.names, []
         for r, name in zip(self._muon, names):
             m = dm["momentum"].get(name)
             if m is None:
-                raise ValueError(f"DMuon.load_state_dict: no momentum for {name!r} (the "
-                                 f"state_dict has {sorted(dm['momentum'])})")
+                raise ValueError(
+                    f"DMuon.load_state_dict: no momentum for {name!r} in the checkpoint "
+                    f"(it has {sorted(dm['momentum'])}): the model or its routing differs "
+                    "(check adamw= and muon=)")
             if tuple(m.shape) != tuple(r.matrix):
                 raise ValueError(f"DMuon.load_state_dict: momentum of {name!r} is "
                                  f"{list(m.shape)}; the parameter's matrix is {list(r.matrix)}")
             momentum.append(m.detach().to("cpu", torch.float32).contiguous().numpy())
-        self._session.set_state({"completed_steps": int(dm["completed_steps"]),
-                                 "names": names, "momentum": momentum})
-        _ddp.barrier(self._pg)
+        return {"completed_steps": int(dm["completed_steps"]), "names": names,
+                "momentum": momentum}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Checks everything first (param_groups and the daemon are untouched
+        when it raises; the error names what to change), then loads AdamW's
+        state and the groups here and the Muon momentum into dmuond."""
+        self._at_boundary("load_state_dict")
+        daemon_state = self._check_loadable(state_dict)
+        if self._session is not None and daemon_state is None:
+            warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
+                          "Muon momentum starts from zero", RuntimeWarning)
+        if daemon_state is not None:
+            self._session.set_state(daemon_state)  # first: it can still fail
+            self._trained = [bool(m.any()) for m in daemon_state["momentum"]]
+            self._momentum_cache = None
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "dmuon"})
+        self._relink_adamw()
+        self._install_state()
+        if self._session is not None:
+            _ddp.barrier(self._pg)
 
     # ------------------------------------------------------------ reporting
     @property

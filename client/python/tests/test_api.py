@@ -24,6 +24,7 @@ def test_dmuon_torch_is_an_alias_of_dmuon_optim():
 
 @pytest.mark.parametrize("fn", [
     DMuon.__init__, DMuon.step, DMuon.state_dict, DMuon.load_state_dict,
+    DMuon.local_state_dict,
     DMuon.synchronize, DMuon.no_sync, DMuon.close, DMuon.add_param_group,
     DMuon.routing.fget, DMuon.routing_table.fget, DMuon.session.fget,
     DMuon.transport.fget, dmuon.LocalDaemon.__init__, dmuon.find_dmuond,

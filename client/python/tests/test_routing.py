@@ -84,13 +84,19 @@ def test_routing_errors(daemon):
               server=daemon.address)
 
 
-def test_frozen_parameters_stay_out_of_the_daemon(daemon):
+def test_frozen_parameters_keep_their_modules_route(daemon):
+    """Frozen at construction: routed by its module (so unfreezing it later
+    trains it on that route), shown as frozen, handed over in step() until it
+    is unfrozen."""
     model = ConvNet()
     model.fc.weight.requires_grad_(False)
+    model.ln.weight.requires_grad_(False)
     opt = DMuon(model, server=daemon.address)
-    route = {r["name"]: r["route"] for r in opt.routing}
-    assert route["fc.weight"] == "frozen"
-    assert opt.session.names == ["conv.weight", "head.weight"]
+    route = {r["name"]: (r["route"], r["handoff"]) for r in opt.routing}
+    assert route["fc.weight"] == ("muon", "step (frozen)")
+    assert route["ln.weight"] == ("adamw", None)
+    assert "frozen at construction" in opt.routing_table
+    assert opt.session.names == ["conv.weight", "fc.weight", "head.weight"]
     opt.close()
 
 
