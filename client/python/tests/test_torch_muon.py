@@ -22,6 +22,7 @@ import torch
 
 from dmuon.optim import DMuon
 from helpers import TinyLM, lm_batch, loss_of, muon_split, rel_err
+from torch_ref import fp32_newton_schulz
 
 _muon = pytest.importorskip("torch.optim._muon", reason="torch.optim.Muon needs torch >= 2.9")
 
@@ -31,24 +32,6 @@ TOL = 1e-5
 # a configuration that takes a minute is hung, not slow.
 pytestmark = pytest.mark.timeout(60)
 ADAMW = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
-
-
-def fp32_newton_schulz(grad, ns_coefficients, ns_steps, eps):
-    """torch's _zeropower_via_newtonschulz, line for line, in fp32."""
-    if ns_steps >= 100:
-        raise ValueError("Number of steps must be less than 100 for computational efficiency")
-    a, b, c = ns_coefficients
-    x = grad.to(dtype=torch.float32, copy=True)
-    if grad.size(0) > grad.size(1):
-        x = x.T
-    x.div_(x.norm().clamp(min=eps))
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        gram_update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, gram_update, x, beta=a)
-    if grad.size(0) > grad.size(1):
-        x = x.T
-    return x
 
 
 def _torch_has(adjust_lr_fn):

@@ -28,6 +28,8 @@ DM_ADAMW = dict(adamw_lr=ADAMW["lr"], adamw_betas=ADAMW["betas"], adamw_eps=ADAM
 
 def fp32_newton_schulz(grad, ns_coefficients, ns_steps, eps):
     """torch's _zeropower_via_newtonschulz, line for line, in fp32."""
+    if ns_steps >= 100:
+        raise ValueError("Number of steps must be less than 100 for computational efficiency")
     a, b, c = ns_coefficients
     x = grad.to(dtype=torch.float32, copy=True)
     if grad.size(0) > grad.size(1):
