@@ -4,6 +4,8 @@
     dmuon.Client / dmuon.Session        the C++ client (talk to dmuond directly)
     dmuon.optim.DMuon                   a torch.optim.Optimizer (import dmuon.optim;
                                         dmuon.torch is its old, deprecated name)
+    dmuon.AdamWOptions / DaemonOptions  DMuon's grouped options (adamw_options=,
+                                        daemon_options=)
     dmuon.LocalDaemon                   a private dmuond for this process
 
 See client/python/README.md.
@@ -33,6 +35,7 @@ __version__ = _ext.__version__
 plan_pool = _ext.plan_pool
 
 from ._daemon import LocalDaemon, find_dmuond  # noqa: E402
+from ._options import AdamWOptions, DaemonOptions  # noqa: E402
 
 
 # numpy float32/float64 arrays or CPU torch tensors: the result has the type
@@ -74,6 +77,8 @@ __all__ = [
     "Client",
     "Session",
     "LocalDaemon",
+    "AdamWOptions",
+    "DaemonOptions",
     "find_dmuond",
     "orthogonalize",
     "Error",

@@ -28,6 +28,7 @@ def test_dmuon_torch_is_an_alias_of_dmuon_optim():
     DMuon.synchronize, DMuon.no_sync, DMuon.close, DMuon.add_param_group,
     DMuon.routing.fget, DMuon.routing_table.fget, DMuon.session.fget,
     DMuon.transport.fget, dmuon.LocalDaemon.__init__, dmuon.find_dmuond,
+    dmuon.AdamWOptions.__init__, dmuon.DaemonOptions.__init__,
 ], ids=lambda f: f.__qualname__)
 def test_public_api_is_annotated(fn):
     hints = typing.get_type_hints(fn)
@@ -35,3 +36,30 @@ def test_public_api_is_annotated(fn):
     code = fn.__code__
     args = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
     assert [a for a in args if a != "self" and a not in hints] == []
+
+
+PUBLIC = ["__init__", "step", "state_dict", "load_state_dict", "local_state_dict",
+          "synchronize", "no_sync", "close", "add_param_group", "routing",
+          "routing_table", "session", "transport"]
+
+
+def test_public_api_is_defined_on_dmuon_itself():
+    """DMuon's machinery lives in private mixins (dmuon._wiring, _handoff,
+    _state); its public methods, and their docstrings in help(DMuon), stay
+    on DMuon."""
+    assert [name for name in PUBLIC if name not in vars(DMuon)] == []
+    assert DMuon.__module__ == "dmuon.optim"
+    assert [c.__name__ for c in DMuon.__mro__[1:4]] == [
+        "_WiringMixin", "_HandoffMixin", "_StateMixin"]
+
+
+def test_option_groups_are_keyword_only_and_typed():
+    import inspect
+
+    sig = inspect.signature(DMuon)
+    hints = typing.get_type_hints(DMuon.__init__)
+    for name, cls in [("adamw_options", dmuon.AdamWOptions),
+                      ("daemon_options", dmuon.DaemonOptions)]:
+        assert sig.parameters[name].kind == inspect.Parameter.KEYWORD_ONLY
+        assert sig.parameters[name].default is None
+        assert hints[name] == cls | None

@@ -1,0 +1,58 @@
+"""DMuon's errors when its private dmuond (server="auto") has died: the
+client's error becomes an UnavailableError that names the daemon, how it
+ended, the tail of its log and what to do next."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+
+from . import _native
+
+
+def explain(daemon, e):
+    """e, or, when `daemon` (the private LocalDaemon, None for a daemon this
+    process did not start) has died, an UnavailableError that names it, how
+    it ended, its log's tail and what to do next."""
+    d = daemon
+    if d is None or getattr(e, "explained", False):
+        return e
+    try:
+        d.process.wait(timeout=0.5)  # its sockets close just before it is reaped
+    except Exception:  # noqa: BLE001 - still running (or not our child)
+        pass
+    if d.alive():
+        return e
+    rc = d.process.returncode
+    if rc < 0:
+        try:
+            how = f"was killed by signal {signal.Signals(-rc).name} ({-rc})"
+        except ValueError:
+            how = f"was killed by signal {-rc}"
+    else:
+        how = f"exited with status {rc}"
+    hint = (" (SIGKILL from outside: often the kernel's OOM killer, see `dmesg`)"
+            if rc == -signal.SIGKILL else "")
+    tail = "\n".join("    " + line for line in d.log_tail(10).splitlines())
+    err = _native.load().UnavailableError(
+        f"DMuon: the private dmuond (pid {d.pid}, {d.binary}, at {d.address}, "
+        f"started by server='auto') {how}{hint}; the Muon momentum it held is "
+        f"gone with it. The last lines of its log ({d.log_path}):\n{tail}\n"
+        "Next: create a new DMuon (it starts a new private dmuond) and "
+        "load_state_dict() your last checkpoint, or run dmuond yourself and pass "
+        f"server='host:port'. (The client's error: {e})")
+    err.code, err.explained = "UNAVAILABLE", True
+    return err
+
+
+@contextlib.contextmanager
+def explained(daemon):
+    """dmuon errors raised inside, explained (explain(): a dead private
+    daemon is named, with how it ended, its log and the next step)."""
+    try:
+        yield
+    except _native.load().Error as e:
+        err = explain(daemon, e)
+        if err is e:
+            raise
+        raise err from e

@@ -1,0 +1,182 @@
+"""DMuon's wiring: where each Muon matrix's gradient is handed over (a
+backward hook, DDP's comm hook, or step()), the hooks that do it, and the
+dmuond session they feed, attached at construction and reopened with a
+larger table by add_param_group().
+
+_WiringMixin is a part of DMuon (dmuon.optim), split out by concern; it uses
+DMuon's attributes: _muon, _index, _group_of, _module, _ddp, _pg, _rank,
+_world, _overlap, _overlap_forward, _reduce_in_daemon, _open_args, _server,
+_session, _daemon, _region, _staging, _finalizer, _handles, address, job_id,
+pool_owner, param_groups.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+
+from . import _ddp, _groups, _routing, _session
+
+try:
+    from torch.nn.parallel import DistributedDataParallel as _DDP
+except ImportError:  # torch built without distributed
+    _DDP = ()
+
+
+def _hook(ref, fn_name, *bound):
+    def hook(*args):
+        owner = ref()
+        if owner is not None:
+            return getattr(owner, fn_name)(*bound)
+    return hook
+
+
+class _WiringMixin:
+    """DMuon's hand-off plan, hooks and session (see the module docstring)."""
+
+    def _reopen(self, new_muon, new_group_of):
+        """A session with the table grown by new_muon; momentum carried over."""
+        old = self._session.get_state() if self._session is not None else None
+        muon, group_of = self._muon + new_muon, self._group_of + new_group_of
+        for r, layer in zip(muon, _routing.layer_ids([r.name for r in muon])):
+            r.layer = layer
+        if self._session is not None:
+            self._finalizer.detach()
+            _session.release([self._session], self._region)
+            self._session = None
+        self._muon, self._group_of = muon, group_of
+        self._index = {id(r.param): i for i, r in enumerate(muon)}
+        kept = [r.handoff for r in muon[:len(muon) - len(new_muon)]]
+        self._plan_sharding(self._reduce_in_daemon, self._overlap, self._module)
+        for r, handoff in zip(muon, kept):  # their hooks are in place
+            r.handoff = handoff
+        timeout, transport = self._open_args
+        server = self.address if self.address is not None else self._server
+        (session, self._region, self._staging, daemon, address, self.job_id,
+         self.pool_owner) = _session.open_session(
+            self._pg, self._rank, self._world, server, None, timeout, transport, (),
+            _groups.table(muon, group_of), _groups.specs(self.param_groups, group_of),
+            self._cuda_device(transport))
+        if self._daemon is None:
+            self._daemon = daemon
+        self.address = address
+        self._attach(session)
+        if old is not None:
+            carried = dict(zip(old["names"], old["momentum"]))
+            momentum = [carried.get(r.name, np.zeros(r.matrix, np.float32)) for r in muon]
+            session.set_state({"completed_steps": int(old["completed_steps"]),
+                               "names": session.names, "momentum": momentum})
+        n_old = len(muon) - len(new_muon)
+        self._trained += [False] * len(new_muon)
+        ref = weakref.ref(self)
+        for i in range(n_old, len(muon)):
+            if muon[i].handoff == "hook":
+                self._hook_grad(i)
+        if self._overlap_forward:
+            new = {id(r.param): n_old + k for k, r in enumerate(new_muon)}
+            for m in self._module.modules():
+                ids = [new[id(p)] for p in m._parameters.values()
+                       if p is not None and id(p) in new]
+                if ids:
+                    self._handles.append(m.register_forward_pre_hook(
+                        _hook(ref, "_apply_pending", tuple(ids))))
+        if n_old == 0 and self._module is not None:
+            self._handles.append(self._module.register_forward_pre_hook(
+                _hook(ref, "_check_shapes")))
+        self._momentum_cache = None
+        self._install_state()
+        self._reset_step()
+
+    def _plan_sharding(self, reduce_in_daemon, overlap, module):
+        ignored = set(getattr(self._ddp, "parameters_to_ignore", ()) or ())
+        mark = []
+        for r in self._muon:
+            if r.sharding != "rows" and reduce_in_daemon and self._world > 1:
+                r.sharding = "unreduced"
+            in_ddp = self._ddp is not None and r.name not in ignored
+            if in_ddp:
+                r.handoff = "ddp" if overlap else "step"
+            elif not overlap or (self._world > 1 and r.sharding == "replicated"):
+                r.handoff = "step"  # the user reduces after backward, if at all
+            else:
+                r.handoff = "hook"
+            if r.sharding != "replicated" and self._ddp is None and module is not None:
+                mark.append(r.name)
+        if mark and self._world > 1:
+            # A DDP built on this module later leaves these out of its all-reduce.
+            old = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []) or [])
+            _DDP._set_params_and_buffers_to_ignore_for_model(
+                module, sorted(set(old) | set(mark)))
+
+    def _cuda_device(self, transport):
+        """The one CUDA device of the Muon parameters (a GPU transport moves
+        them without host staging), else None."""
+        devices = {r.param.device for r in self._muon}
+        if transport in ("cuda_ipc", "nccl") and len(devices) > 1:
+            raise ValueError(f"DMuon: transport='{transport}' needs every Muon "
+                             f"parameter on one CUDA device; they are on "
+                             f"{sorted(str(d) for d in devices)}")
+        device = next(iter(devices))
+        if device.type == "cuda" or transport in ("cuda_ipc", "nccl"):
+            return device  # a CPU device with a GPU transport: open_session says so
+        return None
+
+    def _attach(self, session):
+        self._session = session
+        n = len(self._muon)
+        if self._region is not None:  # GPU memory of this process
+            self._grad, self._upd = list(self._region.grad), list(self._region.upd)
+        else:
+            self._grad = [torch.from_numpy(session.gradient(i)) for i in range(n)]
+            self._upd = [torch.from_numpy(session.update(i, writable=True))
+                         for i in range(n)]
+        self._opened = _groups.specs(self.param_groups, self._group_of)
+        # The finalizer owns the session through a list: close() empties it so
+        # the channel is gone before the private daemon is told to stop; the
+        # GPU region is freed only after the daemon released it
+        # (_session.release: closed with region_released, or the private
+        # daemon exited).
+        self._finalizer = weakref.finalize(self, _session.close, [session], self._daemon,
+                                           self._region)
+
+    def _install_hooks(self, module, overlap):
+        ref = weakref.ref(self)
+        for i, r in enumerate(self._muon):
+            if r.handoff == "hook":  # after .grad holds the whole gradient
+                self._hook_grad(i)
+        if self._ddp is not None:
+            try:
+                self._ddp.register_comm_hook(None, _ddp.comm_hook(ref, self._pg, self._world))
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"DMuon: could not register its DDP comm hook ({e}); build the "
+                    "optimizer before the first backward and without another comm "
+                    "hook, or pass the unwrapped model with reduce_in_daemon=True"
+                ) from e
+        if module is not None:
+            # Before autograd meets a parameter whose shape changed: a clear
+            # error instead of one from inside backward.
+            self._handles.append(module.register_forward_pre_hook(
+                _hook(ref, "_check_shapes")))
+        if self._overlap_forward:
+            for m in module.modules():
+                ids = [self._index[id(p)] for p in m._parameters.values()
+                       if p is not None and id(p) in self._index]
+                if ids:
+                    self._handles.append(m.register_forward_pre_hook(
+                        _hook(ref, "_apply_pending", tuple(ids))))
+            self._handles.append(module.register_forward_hook(_hook(ref, "synchronize")))
+
+    def _hook_grad(self, i):
+        """Hands parameter i over as soon as backward has accumulated its
+        gradient; a frozen one is handed over in step() until it is unfrozen
+        (step() then hooks it)."""
+        r = self._muon[i]
+        if not r.param.requires_grad:
+            r.handoff = "step (frozen)"
+            return
+        self._handles.append(r.param.register_post_accumulate_grad_hook(
+            _hook(weakref.ref(self), "_on_grad", i)))
+        r.handoff = "hook"
