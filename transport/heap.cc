@@ -1,15 +1,26 @@
-// The inline transport's region: plain zero-filled heap memory.
+// The inline transport's region: plain zero-filled heap memory; and
+// Region's default Read/Write, which copy through bytes().
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "transport/transport.h"
 
 namespace dmuon::transport {
 namespace {
+
+absl::Status CheckRange(uint64_t offset, uint64_t n, uint64_t size) {
+  if (offset <= size && n <= size - offset) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset,
+                                            " + ", n, ") are outside the ",
+                                            size, "-byte region"));
+}
 
 class HeapRegion final : public Region {
  public:
@@ -29,6 +40,20 @@ class HeapRegion final : public Region {
 };
 
 }  // namespace
+
+absl::Status Region::Read(uint64_t offset, void* out, uint64_t n) {
+  const absl::Span<std::byte> b = bytes();
+  if (auto st = CheckRange(offset, n, b.size()); !st.ok()) return st;
+  if (n > 0) std::memcpy(out, b.data() + offset, n);
+  return absl::OkStatus();
+}
+
+absl::Status Region::Write(uint64_t offset, const void* in, uint64_t n) {
+  const absl::Span<std::byte> b = bytes();
+  if (auto st = CheckRange(offset, n, b.size()); !st.ok()) return st;
+  if (n > 0) std::memcpy(b.data() + offset, in, n);
+  return absl::OkStatus();
+}
 
 std::unique_ptr<Region> NewHeapRegion(uint64_t bytes) {
   // calloc: large blocks come from fresh zero pages, so nothing is touched

@@ -126,11 +126,59 @@ class ShmRegion final : public Region {
     return absl::OkStatus();
   }
 
+  // Through the descriptor, never the mapping: a page past the end of a
+  // segment the client truncated raises SIGBUS when touched through the
+  // mapping, while pread/pwrite see the file's current size. A short read
+  // is the segment shrunk under us; a write first checks the size (and a
+  // shrink racing with it only grows the file back, harmlessly).
+  absl::Status Read(uint64_t offset, void* out, uint64_t n) override {
+    if (auto st = CheckRange(offset, n); !st.ok()) return st;
+    auto* p = static_cast<char*>(out);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        return ErrnoError(errno,
+                          absl::StrCat("read shm segment '", name_, "'"));
+      }
+      if (r == 0) {
+        if (auto st = Check(); !st.ok()) return st;
+        return absl::DataLossError(
+            absl::StrCat("shm segment '", name_, "' ended at byte ", offset,
+                         " of ", size_, " declared (shrunk while read)"));
+      }
+      p += r, offset += static_cast<uint64_t>(r), n -= static_cast<uint64_t>(r);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Write(uint64_t offset, const void* in, uint64_t n) override {
+    if (auto st = CheckRange(offset, n); !st.ok()) return st;
+    if (auto st = Check(); !st.ok()) return st;
+    auto* p = static_cast<const char*>(in);
+    while (n > 0) {
+      const ssize_t r = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        return ErrnoError(r < 0 ? errno : EIO,
+                          absl::StrCat("write shm segment '", name_, "'"));
+      }
+      p += r, offset += static_cast<uint64_t>(r), n -= static_cast<uint64_t>(r);
+    }
+    return absl::OkStatus();
+  }
+
   const std::string& name() const override { return name_; }
 
  private:
+  absl::Status CheckRange(uint64_t offset, uint64_t n) const {
+    if (offset <= size_ && n <= size_ - offset) return absl::OkStatus();
+    return absl::OutOfRangeError(absl::StrCat(
+        "bytes [", offset, ", ", offset, " + ", n,
+        ") are outside shm segment '", name_, "' (", size_, " bytes)"));
+  }
+
   const std::string name_;
-  const int fd_;         // kept open for Check()
+  const int fd_;         // kept open for Check(), Read() and Write()
   void* const addr_;     // nullptr when size_ == 0
   const uint64_t size_;  // declared and mapped
 };

@@ -83,6 +83,16 @@ class Region {
   // naming the segment and both sizes) when the segment has been shrunk
   // below the declared size — touching it would raise SIGBUS.
   virtual absl::Status Check() const = 0;
+  // Copies `n` bytes at `offset` of the region out to `out` / in from `in`,
+  // safely against a peer that changes the memory's size meanwhile: shm
+  // reads and writes through the segment's descriptor (pread/pwrite), so a
+  // segment the client shrank (even between a Check and the copy) makes
+  // them fail with DATA_LOSS naming the segment and both sizes, never
+  // SIGBUS. OUT_OF_RANGE when [offset, offset + n) is not inside bytes().
+  // The defaults copy through bytes() (memory that cannot shrink: heap).
+  // Not for GPU regions (bytes() is empty).
+  virtual absl::Status Read(uint64_t offset, void* out, uint64_t n);
+  virtual absl::Status Write(uint64_t offset, const void* in, uint64_t n);
   // shm: the segment name; inline: empty.
   virtual const std::string& name() const = 0;
 

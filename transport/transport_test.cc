@@ -169,6 +169,56 @@ TEST_F(ShmTest, ShrunkSegmentIsDetected) {
   EXPECT_TRUE(OpenShmRegion(creator->name(), 4096).ok());
 }
 
+// Read and Write never touch the mapping: on a segment shrunk after it was
+// mapped (even after a Check said it was whole) they fail with DATA_LOSS
+// naming the segment instead of raising SIGBUS; inside what is left they
+// still work.
+TEST_F(ShmTest, ReadWriteOnShrunkSegmentAreDataLoss) {
+  constexpr uint64_t kBytes = 1 << 20;
+  auto creator = Create(kBytes);
+  ASSERT_NE(creator, nullptr);
+  auto opener = OpenShmRegion(creator->name(), kBytes);
+  ASSERT_TRUE(opener.ok()) << opener.status();
+  std::vector<char> in(kBytes, 'x'), out(kBytes, 0);
+  ASSERT_TRUE(creator->Write(0, in.data(), kBytes).ok());
+  ASSERT_TRUE((*opener)->Read(0, out.data(), kBytes).ok());
+  EXPECT_EQ(out, in);
+  EXPECT_EQ(creator->Read(kBytes - 8, out.data(), 16).code(),
+            absl::StatusCode::kOutOfRange);
+
+  const int fd = ::shm_open(creator->name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::ftruncate(fd, 4096), 0) << std::strerror(errno);
+  ::close(fd);
+
+  for (Region* r : {creator.get(), opener->get()}) {
+    absl::Status s = r->Read(kBytes / 2, out.data(), 4096);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_TRUE(MessageHas(s, creator->name()));
+    s = r->Write(kBytes / 2, in.data(), 4096);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_TRUE(MessageHas(s, creator->name()));
+    // A read that starts inside what is left and runs past it.
+    s = r->Read(0, out.data(), 8192);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  }
+  struct stat st;
+  ASSERT_EQ(::stat(DevShmPath(creator->name()).c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 4096);  // a refused Write did not grow it back
+}
+
+TEST(HeapRegion, ReadWriteStayInside) {
+  auto r = NewHeapRegion(128);
+  char buf[64] = {1, 2, 3};
+  EXPECT_TRUE(r->Write(64, buf, 64).ok());
+  char back[64] = {0};
+  EXPECT_TRUE(r->Read(64, back, 64).ok());
+  EXPECT_EQ(std::memcmp(buf, back, 64), 0);
+  EXPECT_EQ(r->Read(65, back, 64).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(r->Write(~uint64_t{0}, buf, 2).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
 TEST_F(ShmTest, MissingSegmentIsNotFound) {
   const std::string name = "/dmuon-00000000000000000000000000000000";
   ASSERT_FALSE(Exists(name));
