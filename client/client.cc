@@ -1,11 +1,15 @@
 #include "client/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/session.h"
@@ -273,14 +277,95 @@ absl::StatusOr<RegionLayout> Client::ComputeRegionLayout(
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
-    const std::string& address, ClientOptions options) {
-  auto creds = options.credentials ? options.credentials
-                                   : grpc::InsecureChannelCredentials();
+namespace {
+
+// Adds `authorization: Bearer <token>` to every call of the channel
+// (call credentials would need a TLS channel; a loopback daemon may take
+// tokens in plaintext).
+class BearerInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA)) {
+      m->GetSendInitialMetadata()->insert({"authorization", *header_});
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::string* const header_;
+};
+
+class BearerFactory
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerFactory(const std::string& token)
+      : header_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;  // lives as long as the channel
+};
+
+absl::StatusOr<std::string> ReadPem(const char* what, const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path);
+  std::stringstream ss;
+  if (in) ss << in.rdbuf();
+  if (!in || ss.str().empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path, ": cannot read it"));
+  return ss.str();
+}
+
+// The channel of `options`: credentials, TLS files, the bearer token.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(
+    const std::string& address, const ClientOptions& options) {
+  std::shared_ptr<grpc::ChannelCredentials> creds = options.credentials;
   grpc::ChannelArguments args;
+  if (!creds && !options.tls_ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    auto ca = ReadPem("TLS CA file", options.tls_ca_file);
+    auto cert = ReadPem("TLS certificate file", options.tls_cert_file);
+    auto key = ReadPem("TLS key file", options.tls_key_file);
+    for (const auto* r : {&ca, &cert, &key})
+      if (!r->ok()) return r->status();
+    ssl.pem_root_certs = *ca;
+    ssl.pem_cert_chain = *cert;
+    ssl.pem_private_key = *key;
+    creds = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty())
+      args.SetSslTargetNameOverride(options.tls_server_name);
+  } else if (!creds && !options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a TLS client certificate needs the CA file of dmuond's certificate "
+        "(tls_ca_file, DMUON_TLS_CA_FILE)");
+  }
+  if (!creds) creds = grpc::InsecureChannelCredentials();
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-  auto ch = grpc::CreateCustomChannel(address, creds, args);
+  if (options.token.empty())
+    return grpc::CreateCustomChannel(address, creds, args);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(std::make_unique<BearerFactory>(options.token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, creds, args, std::move(interceptors));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const std::string& address, ClientOptions options) {
+  auto channel = NewChannel(address, options);
+  if (!channel.ok()) return channel.status();
+  std::shared_ptr<grpc::Channel> ch = *std::move(channel);
   if (!ch->WaitForConnected(std::chrono::system_clock::now() +
                             options.deadline)) {
     return absl::UnavailableError(absl::StrCat(

@@ -161,8 +161,21 @@ struct ClientOptions {
   int retries = 3;                            // UNAVAILABLE on idempotent calls
   std::chrono::milliseconds backoff{100};     // doubled per retry
   uint64_t max_message_bytes = 64ull << 20;
-  // TLS or other credentials; null: insecure (loopback, trusted networks).
+  // TLS or other credentials; null: TLS from the tls_* files below when
+  // tls_ca_file is set, else insecure (loopback, trusted networks).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // dmuond --auth-token-file: sent as `authorization: Bearer <token>` on
+  // every call (over TLS, or plaintext to a loopback daemon). Empty: none.
+  std::string token;
+  // TLS (docs/security.md): PEM files. tls_ca_file: the CA that signed
+  // dmuond's certificate (set: the channel is TLS); tls_cert_file and
+  // tls_key_file: this client's certificate for mTLS
+  // (--tls-client-ca-file). tls_server_name: the name to check the
+  // daemon's certificate against when it differs from the address' host.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
 };
 
 // The daemon-held state of a job: enough to restore it onto any daemon.

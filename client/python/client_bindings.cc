@@ -280,11 +280,32 @@ State DictToState(const py::dict& d) {
   return s;
 }
 
+// Credentials (docs/security.md): each one given (not None) is used, the
+// others come from the environment (dmuon._auth.from_env: DMUON_TOKEN,
+// DMUON_TOKEN_FILE, DMUON_TLS_*).
+void SetCredentials(ClientOptions& o, const py::object& token,
+                    const py::object& ca, const py::object& cert,
+                    const py::object& key, const py::object& server_name) {
+  py::dict env = py::module_::import("dmuon._auth").attr("from_env")();
+  auto pick = [&](const py::object& given, const char* name) {
+    return given.is_none() ? env[name].cast<std::string>()
+                           : given.cast<std::string>();
+  };
+  o.token = pick(token, "token");
+  o.tls_ca_file = pick(ca, "tls_ca_file");
+  o.tls_cert_file = pick(cert, "tls_cert_file");
+  o.tls_key_file = pick(key, "tls_key_file");
+  o.tls_server_name = pick(server_name, "tls_server_name");
+}
+
 // Client(address, ...): one daemon (a str) or a pool (a list of them).
 std::shared_ptr<Client> Connect(const py::object& address, double deadline,
-                                int retries, double backoff,
-                                uint64_t max_bytes) {
+                                int retries, double backoff, uint64_t max_bytes,
+                                const py::object& token, const py::object& ca,
+                                const py::object& cert, const py::object& key,
+                                const py::object& server_name) {
   ClientOptions o;
+  SetCredentials(o, token, ca, cert, key, server_name);
   o.deadline = Millis(deadline);
   o.retries = retries;
   o.backoff = Millis(backoff);
@@ -388,11 +409,19 @@ void RegisterClientClass(py::module_& m) {
   py::class_<Client, std::shared_ptr<Client>>(
       m, "Client",
       "A connection to dmuond. Client(address, deadline=10.0, retries=3, "
-      "backoff=0.1, max_message_bytes=64 MiB); deadlines in seconds. A list "
-      "of addresses is a pool: each matrix goes to one daemon of it.")
+      "backoff=0.1, max_message_bytes=64 MiB, token=None, tls_ca_file=None, "
+      "tls_cert_file=None, tls_key_file=None, tls_server_name=None); "
+      "deadlines in seconds. A list of addresses is a pool: each matrix goes "
+      "to one daemon of it. Credentials left None come from the environment "
+      "(DMUON_TOKEN, DMUON_TOKEN_FILE, DMUON_TLS_CA_FILE, "
+      "DMUON_TLS_CERT_FILE, DMUON_TLS_KEY_FILE; dmuon/_auth.py).")
       .def(py::init(&Connect), py::arg("address"), py::arg("deadline") = 10.0,
            py::arg("retries") = 3, py::arg("backoff") = 0.1,
-           py::arg("max_message_bytes") = uint64_t{64} << 20)
+           py::arg("max_message_bytes") = uint64_t{64} << 20,
+           py::arg("token") = py::none(), py::arg("tls_ca_file") = py::none(),
+           py::arg("tls_cert_file") = py::none(),
+           py::arg("tls_key_file") = py::none(),
+           py::arg("tls_server_name") = py::none())
       .def_property_readonly("address", &Client::address)
       .def(
           "device_counts",

@@ -73,6 +73,17 @@ dial loopback when the daemon listens on every address.
 {{- include "dmuond.hostPort" (list .Values.daemon.listenHost .Values.ports.grpc) -}}
 {{- end -}}
 
+{{/*
+"true" when dmuond listens beyond loopback without TLS and authentication
+(tokens or mTLS): it then needs --insecure.
+*/}}
+{{- define "dmuond.insecure" -}}
+{{- $host := .Values.daemon.listenHost -}}
+{{- $loopback := or (eq $host "localhost") (eq $host "::1") (eq $host "[::1]") (hasPrefix "127." $host) -}}
+{{- $secure := and .Values.tls.enabled (or .Values.auth.enabled .Values.tls.clientCA) -}}
+{{- if and (not $loopback) (not $secure) -}}true{{- else -}}false{{- end -}}
+{{- end -}}
+
 {{- define "dmuond.localAddress" -}}
 {{- $host := .Values.daemon.listenHost -}}
 {{- if has $host (list "0.0.0.0" "::" "[::]") -}}
@@ -123,9 +134,17 @@ dmuond's command line: every flag of the daemon, from values.
 - {{ printf "--summary-every-secs=%d" (int $d.summaryEverySecs) | quote }}
 {{- end }}
 {{- if .Values.tls.enabled }}
-{{- range .Values.tls.args }}
-- {{ . | quote }}
+- {{ printf "--tls-cert-file=%s/tls.crt" .Values.tls.mountPath | quote }}
+- {{ printf "--tls-key-file=%s/tls.key" .Values.tls.mountPath | quote }}
+{{- if .Values.tls.clientCA }}
+- {{ printf "--tls-client-ca-file=%s/ca.crt" .Values.tls.mountPath | quote }}
 {{- end }}
+{{- end }}
+{{- if .Values.auth.enabled }}
+- {{ printf "--auth-token-file=%s/%s" .Values.auth.mountPath .Values.auth.key | quote }}
+{{- end }}
+{{- if eq (include "dmuond.insecure" .) "true" }}
+- "--insecure"
 {{- end }}
 {{- range $d.extraArgs }}
 - {{ . | quote }}
@@ -263,6 +282,11 @@ volumeMounts:
     mountPath: {{ .Values.tls.mountPath }}
     readOnly: true
   {{- end }}
+  {{- if .Values.auth.enabled }}
+  - name: dmuon-auth
+    mountPath: {{ .Values.auth.mountPath }}
+    readOnly: true
+  {{- end }}
   {{- with .Values.extraVolumeMounts }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
@@ -301,6 +325,16 @@ Pod volumes for the container above (the sidecar adds dmuon-shm).
     defaultMode: 292
     {{- else }}
     # 0440: readable by the daemon's group (fsGroup).
+    defaultMode: 288
+    {{- end }}
+{{- end }}
+{{- if .Values.auth.enabled }}
+- name: dmuon-auth
+  secret:
+    secretName: {{ .Values.auth.secretName }}
+    {{- if eq .Values.mode "sidecar" }}
+    defaultMode: 292
+    {{- else }}
     defaultMode: 288
     {{- end }}
 {{- end }}

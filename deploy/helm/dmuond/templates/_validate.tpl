@@ -79,6 +79,12 @@ to change. Rendered once, from validate.yaml.
 {{- fail "tls.enabled=true with probes.type=grpc: the kubelet's native gRPC probes cannot speak TLS; set probes.type=exec (dmuonctl health) and its TLS flags in probes.execArgs" -}}
 {{- end -}}
 {{- end -}}
+{{- if and $v.tls.clientCA (not $v.tls.enabled) -}}
+{{- fail "tls.clientCA=true needs tls.enabled=true (mTLS is TLS)" -}}
+{{- end -}}
+{{- if $v.auth.enabled -}}
+{{- $_ := required "auth.secretName is required when auth.enabled=true (a Secret whose auth.key holds the '<role> <token> [name]' lines)" $v.auth.secretName -}}
+{{- end -}}
 
 {{- /* Monitoring. */ -}}
 {{- if $v.metrics.serviceMonitor.enabled -}}

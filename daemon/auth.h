@@ -1,0 +1,84 @@
+// Who may call which RPC (docs/security.md): bearer tokens with roles
+// (--auth-token-file) and mTLS client certificates (--tls-client-ca-file),
+// checked by the gRPC adapter (grpc_service.cc) before each Optimizer RPC.
+// Health and reflection are other services and stay open.
+//
+// Roles, each including the ones before it: reader (Status), trainer
+// (OpenSession, Step, GetState, SetState, CloseSession), operator (Drain,
+// Undrain; and every job is its own, server/principal.h).
+//
+// The token file: one `<role> <token> [name]` per line; blank lines and
+// lines starting with '#' are skipped. `name` is the principal that owns
+// the jobs the token creates; without one it is "token-" and 16 hex digits
+// of a SHA-256 of the token (tokens sharing a name share their jobs).
+// Tokens are kept only as SHA-256 digests.
+
+#ifndef DMUON_DAEMON_AUTH_H_
+#define DMUON_DAEMON_AUTH_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/principal.h"
+
+namespace dmuon::server {
+
+enum class Role { kNone = 0, kReader = 1, kTrainer = 2, kOperator = 3 };
+const char* RoleName(Role role);
+
+struct TokenEntry {
+  Role role = Role::kNone;
+  std::string name;  // the principal
+};
+
+// SHA-256 digest (raw bytes) of the token -> its entry. Errors name the
+// line ("line 3: ...").
+absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
+    const std::string& text);
+
+// An authenticated caller.
+struct Caller {
+  Role role = Role::kNone;
+  Principal principal;
+};
+
+class Authenticator {
+ public:
+  // `token_file`: --auth-token-file (empty: none); `mtls`: client
+  // certificates are required and verified by TLS (--tls-client-ca-file).
+  // Neither: every caller is anonymous and may call everything. An
+  // unreadable or malformed token file is an error naming the flag.
+  static absl::StatusOr<std::unique_ptr<Authenticator>> Create(
+      std::string token_file, bool mtls);
+
+  // Re-reads the token file (SIGHUP); on an error the tokens stay as they
+  // were. Returns the number of tokens now.
+  absl::StatusOr<size_t> Reload() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The caller of `rpc`, which needs `need`: UNAUTHENTICATED without a
+  // known token (tokens) or a certificate identity (mTLS only),
+  // PERMISSION_DENIED naming the role needed when the token's is lower.
+  // With mTLS and no tokens every certificate holder may call every RPC,
+  // and owns jobs as the certificate's first URI SAN, else DNS SAN, else CN.
+  absl::StatusOr<Caller> Check(const grpc::ServerContext& ctx, const char* rpc,
+                               Role need) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  Authenticator(std::string token_file, bool mtls)
+      : token_file_(std::move(token_file)), mtls_(mtls) {}
+  const std::string token_file_;
+  const bool mtls_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, TokenEntry> tokens_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_DAEMON_AUTH_H_

@@ -1,0 +1,461 @@
+// Security (issue 14, docs/security.md): the real dmuond with TLS, mTLS and
+// role tokens, certificates made by the openssl CLI at test time. TLS
+// refuses plaintext clients, mTLS refuses clients without a certificate,
+// each role calls only its RPCs, a job belongs to its creator (another
+// trainer gets PERMISSION_DENIED that shows nothing of its table), Status
+// hides other principals' job ids, SIGHUP re-reads the tokens, and a
+// non-loopback --listen without TLS and auth needs --insecure.
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "proto/dmuon.grpc.pb.h"
+#include "tests/process.h"
+
+namespace dmuon::testing {
+namespace {
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void Write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// A CA, a server certificate for 127.0.0.1 and two client certificates
+// (one with a URI SAN, one with only a CN), made once per test binary.
+struct Pki {
+  std::string dir;
+  std::string ca, server_cert, server_key;
+  std::string client_a_cert, client_a_key, client_b_cert, client_b_key;
+};
+
+const Pki& Certs() {
+  static const Pki* pki = [] {
+    auto* p = new Pki;
+    p->dir = TempDir("pki");
+    const std::string d = p->dir;
+    const std::string ec =
+        " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
+    Write(d + "/server.ext",
+          "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+          "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n");
+    Write(d + "/a.ext",
+          "subjectAltName=URI:spiffe://test/trainer-a\n"
+          "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n");
+    Write(d + "/b.ext",
+          "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n");
+    auto sign = [&](const std::string& name, const std::string& cn) {
+      return "openssl req" + ec + "-keyout " + d + "/" + name + ".key -out " +
+             d + "/" + name + ".csr -subj /CN=" + cn +
+             " && openssl x509 -req -in " + d + "/" + name + ".csr -CA " + d +
+             "/ca.pem -CAkey " + d + "/ca.key -CAcreateserial -days 2 -out " +
+             d + "/" + name + ".pem -extfile " + d + "/" + name + ".ext";
+    };
+    const std::string script =
+        "set -e; openssl req -x509" + ec + "-keyout " + d + "/ca.key -out " +
+        d +
+        "/ca.pem -days 2 -subj /CN=dmuon-test-ca "
+        "-addext basicConstraints=critical,CA:TRUE "
+        "-addext keyUsage=critical,keyCertSign,cRLSign && " +
+        sign("server", "dmuond") + " && " + sign("a", "client-a") + " && " +
+        sign("b", "client-b") + " 2>" + d + "/openssl.log";
+    const int rc = std::system(("bash -c '" + script + "'").c_str());
+    EXPECT_EQ(rc, 0) << Read(d + "/openssl.log");
+    p->ca = Read(d + "/ca.pem");
+    p->server_cert = d + "/server.pem";
+    p->server_key = d + "/server.key";
+    p->client_a_cert = Read(d + "/a.pem");
+    p->client_a_key = Read(d + "/a.key");
+    p->client_b_cert = Read(d + "/b.pem");
+    p->client_b_key = Read(d + "/b.key");
+    return p;
+  }();
+  return *pki;
+}
+
+std::vector<std::string> TlsFlags(bool mtls) {
+  const Pki& p = Certs();
+  std::vector<std::string> f = {"--tls-cert-file=" + p.server_cert,
+                                "--tls-key-file=" + p.server_key};
+  if (mtls) f.push_back("--tls-client-ca-file=" + p.dir + "/ca.pem");
+  return f;
+}
+
+std::unique_ptr<v1::Optimizer::Stub> Stub(
+    const std::string& address,
+    std::shared_ptr<grpc::ChannelCredentials> creds =
+        grpc::InsecureChannelCredentials()) {
+  return v1::Optimizer::NewStub(grpc::CreateChannel(address, creds));
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Tls(const std::string& cert = "",
+                                              const std::string& key = "") {
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = Certs().ca;
+  o.pem_cert_chain = cert;
+  o.pem_private_key = key;
+  return grpc::SslCredentials(o);
+}
+
+// A call context with a deadline and, unless empty, the bearer token.
+std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token = "") {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::seconds(10));
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+  return ctx;
+}
+
+grpc::Status CallStatus(v1::Optimizer::Stub* stub, const std::string& token,
+                        v1::StatusResponse* resp = nullptr) {
+  v1::StatusResponse r;
+  return stub->Status(Ctx(token).get(), v1::StatusRequest(), resp ? resp : &r);
+}
+
+v1::OpenSessionRequest OneMatrixJob(const std::string& job, int rank = 0,
+                                    int world = 1) {
+  v1::OpenSessionRequest req;
+  req.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  req.set_job_id(job);
+  req.set_rank(rank);
+  req.set_world_size(world);
+  req.set_transport(v1::TRANSPORT_INLINE);
+  auto* p = req.add_parameters();
+  p->set_name("secret_layer_name");
+  p->add_shape(8);
+  p->add_shape(8);
+  return req;
+}
+
+grpc::Status Open(v1::Optimizer::Stub* stub, const std::string& token,
+                  const v1::OpenSessionRequest& req,
+                  v1::OpenSessionResponse* resp = nullptr) {
+  v1::OpenSessionResponse r;
+  return stub->OpenSession(Ctx(token).get(), req, resp ? resp : &r);
+}
+
+// What a SetState of `session`'s job with one matrix of zeros answers.
+grpc::Status SetZeroState(v1::Optimizer::Stub* stub, const std::string& token,
+                          const std::string& session) {
+  auto ctx = Ctx(token);
+  v1::SetStateResponse resp;
+  auto w = stub->SetState(ctx.get(), &resp);
+  v1::StateChunk head;
+  head.set_session_id(session);
+  auto* p = head.mutable_header()->add_parameters();
+  p->set_name("secret_layer_name");
+  p->add_shape(8);
+  p->add_shape(8);
+  w->Write(head);
+  v1::StateChunk m;
+  m.mutable_momentum()->set_param_id(0);
+  m.mutable_momentum()->set_total_bytes(8 * 8 * 4);
+  m.mutable_momentum()->set_data(std::string(8 * 8 * 4, '\0'));
+  w->Write(m);
+  w->WritesDone();
+  return w->Finish();
+}
+
+constexpr char kTokens[] =
+    "# role token [name]\n"
+    "reader reader-token\n"
+    "trainer alice-token alice\n"
+    "trainer bob-token bob\n"
+    "operator operator-token\n";
+
+std::string TokenFile(const std::string& text) {
+  const std::string path = TempDir("tokens") + "/tokens";
+  Write(path, text);
+  return path;
+}
+
+TEST(Auth, TlsRefusesPlaintextClients) {
+  Daemon d(TlsFlags(/*mtls=*/false));
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto plain = Stub(d.address());
+  EXPECT_FALSE(CallStatus(plain.get(), "").ok());
+  auto tls = Stub(d.address(), Tls());
+  EXPECT_TRUE(CallStatus(tls.get(), "").ok()) << d.log();
+}
+
+TEST(Auth, MtlsRefusesClientsWithoutACertificateAndOwnsJobsByIdentity) {
+  Daemon d(TlsFlags(/*mtls=*/true));
+  ASSERT_NE(d.port(), 0) << d.log();
+  const Pki& p = Certs();
+  auto no_cert = Stub(d.address(), Tls());
+  EXPECT_FALSE(CallStatus(no_cert.get(), "").ok());
+  auto plain = Stub(d.address());
+  EXPECT_FALSE(CallStatus(plain.get(), "").ok());
+
+  auto a = Stub(d.address(), Tls(p.client_a_cert, p.client_a_key));
+  auto b = Stub(d.address(), Tls(p.client_b_cert, p.client_b_key));
+  ASSERT_TRUE(CallStatus(a.get(), "").ok()) << d.log();
+  ASSERT_TRUE(Open(a.get(), "", OneMatrixJob("job-a", 0, 2)).ok());
+  // b (CN only) is another principal than a (URI SAN).
+  const grpc::Status st = Open(b.get(), "", OneMatrixJob("job-a", 1, 2));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << st.error_message();
+  EXPECT_TRUE(Open(b.get(), "", OneMatrixJob("job-b")).ok());
+  EXPECT_TRUE(Open(a.get(), "", OneMatrixJob("job-a", 1, 2)).ok());
+}
+
+TEST(Auth, EachRoleCallsOnlyItsRpcs) {
+  Daemon d({"--auth-token-file=" + TokenFile(kTokens)});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+
+  // No token, a malformed one, an unknown one.
+  EXPECT_EQ(CallStatus(stub.get(), "").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  {
+    auto ctx = Ctx();
+    ctx->AddMetadata("authorization", "Basic operator-token");
+    v1::StatusResponse r;
+    EXPECT_EQ(stub->Status(ctx.get(), v1::StatusRequest(), &r).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_EQ(CallStatus(stub.get(), "guess").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Open(stub.get(), "", OneMatrixJob("j")).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+
+  // reader: Status only.
+  EXPECT_TRUE(CallStatus(stub.get(), "reader-token").ok());
+  grpc::Status st = Open(stub.get(), "reader-token", OneMatrixJob("j"));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(st.error_message().find("needs role 'trainer'"), std::string::npos)
+      << st.error_message();
+
+  // trainer: sessions, not Drain.
+  EXPECT_TRUE(Open(stub.get(), "alice-token", OneMatrixJob("j")).ok());
+  {
+    v1::DrainResponse r;
+    st = stub->Drain(Ctx("alice-token").get(), v1::DrainRequest(), &r);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_NE(st.error_message().find("needs role 'operator'"),
+              std::string::npos)
+        << st.error_message();
+    v1::UndrainResponse u;
+    EXPECT_EQ(stub->Undrain(Ctx("alice-token").get(), v1::UndrainRequest(), &u)
+                  .error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+
+  // operator: Drain, then Undrain reopens for new sessions.
+  v1::DrainResponse dr;
+  ASSERT_TRUE(
+      stub->Drain(Ctx("operator-token").get(), v1::DrainRequest(), &dr).ok());
+  EXPECT_EQ(Open(stub.get(), "bob-token", OneMatrixJob("k")).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  int code;
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "NOT_SERVING\n");
+  v1::UndrainResponse ur;
+  ASSERT_TRUE(
+      stub->Undrain(Ctx("operator-token").get(), v1::UndrainRequest(), &ur)
+          .ok());
+  EXPECT_TRUE(Open(stub.get(), "bob-token", OneMatrixJob("k")).ok());
+  // Health stays open without a token.
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
+  EXPECT_EQ(code, 0);
+}
+
+TEST(Auth, AJobBelongsToItsCreator) {
+  Daemon d({"--auth-token-file=" + TokenFile(kTokens)});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+  v1::OpenSessionResponse alice;
+  ASSERT_TRUE(
+      Open(stub.get(), "alice-token", OneMatrixJob("job-x", 0, 2), &alice)
+          .ok());
+
+  // bob joins alice's job: refused before any check of the table, so the
+  // message shows nothing of it (a different table alike).
+  for (auto req : {OneMatrixJob("job-x", 1, 2), OneMatrixJob("job-x", 0, 3)}) {
+    const grpc::Status st = Open(stub.get(), "bob-token", req);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(st.error_message().find("secret_layer_name"), std::string::npos)
+        << st.error_message();
+    EXPECT_EQ(st.error_message().find("world_size"), std::string::npos)
+        << st.error_message();
+    EXPECT_EQ(st.error_message().find("alice"), std::string::npos)
+        << st.error_message();
+  }
+  // bob holding alice's session id can neither overwrite nor read her
+  // momentum.
+  grpc::Status st = SetZeroState(stub.get(), "bob-token", alice.session_id());
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << st.error_message();
+  {
+    v1::GetStateRequest req;
+    req.set_session_id(alice.session_id());
+    auto ctx = Ctx("bob-token");
+    auto r = stub->GetState(ctx.get(), req);
+    v1::StateChunk c;
+    EXPECT_FALSE(r->Read(&c));
+    st = r->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(st.error_message().find("secret_layer_name"), std::string::npos);
+  }
+  EXPECT_TRUE(SetZeroState(stub.get(), "alice-token", alice.session_id()).ok());
+  // The operator may act on any job.
+  EXPECT_TRUE(
+      SetZeroState(stub.get(), "operator-token", alice.session_id()).ok());
+  EXPECT_TRUE(
+      Open(stub.get(), "operator-token", OneMatrixJob("job-x", 1, 2)).ok());
+
+  // Status: bob and the reader see a job, not its id; alice and the
+  // operator see it.
+  auto job_ids = [&](const std::string& token) {
+    v1::StatusResponse r;
+    EXPECT_TRUE(CallStatus(stub.get(), token, &r).ok());
+    std::string ids;
+    for (const auto& j : r.jobs()) ids += j.job_id() + ";";
+    for (const auto& s : r.sessions()) ids += s.job_id() + ";";
+    return ids;
+  };
+  EXPECT_EQ(job_ids("bob-token"), "(redacted);(redacted);(redacted);");
+  EXPECT_EQ(job_ids("reader-token"), "(redacted);(redacted);(redacted);");
+  EXPECT_EQ(job_ids("alice-token"), "job-x;job-x;job-x;");
+  EXPECT_EQ(job_ids("operator-token"), "job-x;job-x;job-x;");
+}
+
+TEST(Auth, OwnershipSurvivesARestartFromTheStateDir) {
+  const std::string tokens = TokenFile(kTokens);
+  const std::string state = TempDir("state");
+  {
+    Daemon d({"--auth-token-file=" + tokens, "--state-dir=" + state});
+    ASSERT_NE(d.port(), 0) << d.log();
+    auto stub = Stub(d.address());
+    ASSERT_TRUE(Open(stub.get(), "alice-token", OneMatrixJob("kept")).ok());
+    d.process().Signal(SIGTERM);
+    ASSERT_EQ(d.process().Wait(30), 0) << d.log();
+  }
+  Daemon d({"--auth-token-file=" + tokens, "--state-dir=" + state});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+  EXPECT_EQ(Open(stub.get(), "bob-token", OneMatrixJob("kept")).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::OpenSessionResponse r;
+  const grpc::Status st =
+      Open(stub.get(), "alice-token", OneMatrixJob("kept"), &r);
+  EXPECT_TRUE(st.ok()) << st.error_message() << d.log();
+}
+
+TEST(Auth, SighupRereadsTheTokens) {
+  const std::string file = TokenFile("operator operator-token\n");
+  Daemon d({"--auth-token-file=" + file});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+  EXPECT_EQ(CallStatus(stub.get(), "new-token").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // A bad file keeps the tokens as they were.
+  Write(file, "superuser x\n");
+  d.process().Signal(SIGHUP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(CallStatus(stub.get(), "operator-token").ok()) << d.log();
+  Write(file, "operator operator-token\nreader new-token\n");
+  d.process().Signal(SIGHUP);
+  bool ok = false;
+  for (int i = 0; i < 100 && !ok; ++i) {
+    ok = CallStatus(stub.get(), "new-token").ok();
+    if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(ok) << d.log();
+  EXPECT_EQ(d.process().Wait(0.1), -1) << "SIGHUP must not stop dmuond";
+  EXPECT_NE(d.log().find("line 1: role 'superuser'"), std::string::npos)
+      << d.log();
+}
+
+TEST(Auth, ClientsSendTokensAndCertificates) {
+  std::vector<std::string> flags = TlsFlags(/*mtls=*/true);
+  flags.push_back("--auth-token-file=" + TokenFile(kTokens));
+  Daemon d(flags);
+  ASSERT_NE(d.port(), 0) << d.log();
+  const Pki& p = Certs();
+  const std::string dir = TempDir("client");
+  Write(dir + "/operator", "operator-token\n");
+  Write(dir + "/alice", "alice-token");
+  const std::vector<std::string> tls = {"--tls-ca-file=" + p.dir + "/ca.pem",
+                                        "--tls-cert-file=" + p.dir + "/a.pem",
+                                        "--tls-key-file=" + p.dir + "/a.key"};
+  auto ctl = [&](std::vector<std::string> args, int* code) {
+    args.insert(args.begin(), tls.begin(), tls.end());
+    return Ctl(d.address(), args, code);
+  };
+  int code;
+  EXPECT_EQ(ctl({"health"}, &code), "SERVING\n");
+  EXPECT_EQ(code, 0);
+  ctl({"--token-file=" + dir + "/alice", "drain"}, &code);
+  EXPECT_EQ(code, 1);
+  ctl({"--token-file=" + dir + "/operator", "drain"}, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(ctl({"health"}, &code), "NOT_SERVING\n");
+  ctl({"--token-file=" + dir + "/operator", "undrain"}, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(ctl({"health"}, &code), "SERVING\n");
+  // Without the CA dmuonctl does not reach it.
+  Ctl(d.address(), {"health"}, &code);
+  EXPECT_NE(code, 0);
+
+  // The C++ client: token, CA, certificate and key.
+  ClientOptions o;
+  o.deadline = std::chrono::milliseconds(5000);
+  o.tls_ca_file = p.dir + "/ca.pem";
+  o.tls_cert_file = p.dir + "/a.pem";
+  o.tls_key_file = p.dir + "/a.key";
+  o.token = "alice-token";
+  SessionSpec spec;
+  spec.job_id = "from-client";
+  spec.params.push_back({"w", 8, 8});
+  spec.transport = TransportChoice::kInline;
+  auto client = Client::Connect(d.address(), o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto session = (*client)->OpenSession(spec);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_TRUE((*session)->Close().ok());
+  o.token = "reader-token";
+  client = Client::Connect(d.address(), o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  session = (*client)->OpenSession(spec);
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kPermissionDenied)
+      << session.status();
+}
+
+TEST(Auth, NonLoopbackListenNeedsTlsAndAuthOrInsecure) {
+  const std::string log = TempDir("insecure") + "/log";
+  Process p({Runfile("daemon/dmuond"), "--listen=0.0.0.0:0",
+             "--summary-every-secs=0"},
+            log);
+  EXPECT_EQ(p.Wait(30), 2);
+  const std::string out = Read(log);
+  for (const char* flag : {"--tls-cert-file", "--auth-token-file",
+                           "--tls-client-ca-file", "--insecure"}) {
+    EXPECT_NE(out.find(flag), std::string::npos) << flag << ": " << out;
+  }
+  // --insecure starts, with a warning.
+  Daemon d({"--listen=0.0.0.0:0", "--insecure"});
+  // (Daemon's own --listen=127.0.0.1:0 comes first; this one wins.)
+  ASSERT_NE(d.port(), 0) << d.log();
+  EXPECT_NE(d.log().find("--insecure: serving 0.0.0.0:0 without TLS"),
+            std::string::npos)
+      << d.log();
+}
+
+}  // namespace
+}  // namespace dmuon::testing
