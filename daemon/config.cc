@@ -2,6 +2,8 @@
 
 #include "daemon/config.h"
 
+#include <unistd.h>
+
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -47,6 +49,32 @@ ABSL_FLAG(int, job_retention_seconds, 600,
           "the last rank closes; >= 0");
 ABSL_FLAG(int, max_sessions, 64,
           "most open sessions; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_world_size, 4096,
+          "most ranks in one job (OpenSession world_size); more get "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_job_parameters, 16384,
+          "most parameters (matrices) in one job's table; more get "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_job_elements, int64_t{1} << 34,
+          "most matrix elements (sum of rows*cols) in one job's table, 4 bytes "
+          "of momentum each; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_state_bytes, 0,
+          "most fp32 momentum bytes of all jobs together (idle ones "
+          "included); a new job past it gets RESOURCE_EXHAUSTED. 0: a quarter "
+          "of the host's physical memory");
+ABSL_FLAG(int, max_ns_steps, 100,
+          "most Newton-Schulz steps of a schedule (ns_steps, or a custom "
+          "schedule's coefficients); more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_job_id_bytes, 256,
+          "longest job id in bytes (job ids are printable ASCII); longer get "
+          "INVALID_ARGUMENT");
+ABSL_FLAG(int, max_idle_jobs, 64,
+          "most jobs kept without an open rank (--job-retention-seconds); "
+          "past it the oldest idle ones are dropped first (snapshotted with "
+          "--state-dir)");
+ABSL_FLAG(int, attach_timeout_seconds, 60,
+          "a session whose Step stream has not attached this many seconds "
+          "after OpenSession is closed and its shm segment freed");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "largest gRPC message accepted or sent; inline tensors travel in "
           "chunks below it");
@@ -65,6 +93,22 @@ ABSL_FLAG(int, summary_every_secs, 60,
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port to this file once serving (for scripts "
           "and tests)");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM server certificate (chain): serve gRPC over TLS (with "
+          "--tls-key-file)");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls-cert-file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle: clients must present a certificate signed by it "
+          "(mTLS; needs --tls-cert-file)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file of '<role> <token> [name]' lines (roles: reader, trainer, "
+          "operator); clients send 'authorization: Bearer <token>'; re-read "
+          "on SIGHUP");
+ABSL_FLAG(bool, insecure, false,
+          "allow a --listen address other than loopback without TLS "
+          "(--tls-cert-file) and authentication (--auth-token-file or "
+          "--tls-client-ca-file): anyone who reaches the port may use and "
+          "drain the daemon");
 
 namespace dmuon::server {
 namespace {
@@ -83,8 +127,22 @@ bool IsLogLevel(const std::string& s) {
 
 }  // namespace
 
+uint64_t DaemonConfig::state_bytes_limit() const {
+  if (max_state_bytes > 0) return static_cast<uint64_t>(max_state_bytes);
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;  // unknown: no limit
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4;
+}
+
 std::string DaemonConfig::ListenHost() const {
   return listen.substr(0, listen.rfind(':'));
+}
+
+bool DaemonConfig::loopback() const {
+  const std::string h = ListenHost();
+  return h == "localhost" || h == "[::1]" || h == "::1" ||
+         h.rfind("127.", 0) == 0 || listen.rfind("unix:", 0) == 0;
 }
 
 absl::Status ValidateConfig(const DaemonConfig& c) {
@@ -96,6 +154,17 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.nan_policy != "skip" && c.nan_policy != "fail")
     return Invalid("--nan-policy must be 'skip' or 'fail'");
   if (c.max_sessions < 1) return Invalid("--max-sessions must be >= 1");
+  if (c.max_world_size < 1) return Invalid("--max-world-size must be >= 1");
+  if (c.max_job_parameters < 1)
+    return Invalid("--max-job-parameters must be >= 1");
+  if (c.max_job_elements < 1) return Invalid("--max-job-elements must be >= 1");
+  if (c.max_state_bytes < 0)
+    return Invalid("--max-state-bytes must be >= 0 (0: the default)");
+  if (c.max_ns_steps < 1) return Invalid("--max-ns-steps must be >= 1");
+  if (c.max_job_id_bytes < 1) return Invalid("--max-job-id-bytes must be >= 1");
+  if (c.max_idle_jobs < 0) return Invalid("--max-idle-jobs must be >= 0");
+  if (c.attach_timeout_seconds < 1)
+    return Invalid("--attach-timeout-seconds must be >= 1");
   if (c.max_message_bytes < 4096 ||
       c.max_message_bytes > (int64_t{1} << 31) - 1)
     return Invalid("--max-message-bytes must be in [4096, 2^31)");
@@ -107,6 +176,20 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.momentum_dtype != "fp32" && c.momentum_dtype != "bf16")
     return Invalid("--momentum-dtype must be 'fp32' or 'bf16'");
   if (c.cpu_executors < 1) return Invalid("--cpu-executors must be >= 1");
+  if (c.tls_cert_file.empty() != c.tls_key_file.empty())
+    return Invalid("--tls-cert-file and --tls-key-file go together");
+  if (!c.tls_client_ca_file.empty() && c.tls_cert_file.empty())
+    return Invalid(
+        "--tls-client-ca-file needs --tls-cert-file and "
+        "--tls-key-file (mTLS is TLS)");
+  if (c.exposed_insecurely() && !c.insecure) {
+    return Invalid(
+        "--listen=" + c.listen +
+        " is not a loopback address: serve it with TLS (--tls-cert-file, "
+        "--tls-key-file) and authentication (--auth-token-file or "
+        "--tls-client-ca-file), or accept that anyone who reaches it may use "
+        "and drain the daemon with --insecure");
+  }
   return absl::OkStatus();
 }
 
@@ -124,6 +207,14 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
   c.job_retention_seconds = absl::GetFlag(FLAGS_job_retention_seconds);
   c.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  c.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  c.max_job_parameters = absl::GetFlag(FLAGS_max_job_parameters);
+  c.max_job_elements = absl::GetFlag(FLAGS_max_job_elements);
+  c.max_state_bytes = absl::GetFlag(FLAGS_max_state_bytes);
+  c.max_ns_steps = absl::GetFlag(FLAGS_max_ns_steps);
+  c.max_job_id_bytes = absl::GetFlag(FLAGS_max_job_id_bytes);
+  c.max_idle_jobs = absl::GetFlag(FLAGS_max_idle_jobs);
+  c.attach_timeout_seconds = absl::GetFlag(FLAGS_attach_timeout_seconds);
   c.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   c.exit_timeout_secs = absl::GetFlag(FLAGS_exit_timeout_secs);
   c.nan_policy = absl::GetFlag(FLAGS_nan_policy);
@@ -131,6 +222,11 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.log_format = absl::GetFlag(FLAGS_log_format);
   c.summary_every_secs = absl::GetFlag(FLAGS_summary_every_secs);
   c.port_file = absl::GetFlag(FLAGS_port_file);
+  c.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  c.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  c.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  c.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  c.insecure = absl::GetFlag(FLAGS_insecure);
   if (absl::Status st = ValidateConfig(c); !st.ok()) return st;
   return c;
 }

@@ -32,6 +32,18 @@ struct DaemonConfig {
   int snapshot_every = 0;           // --snapshot-every, >= 0
   int job_retention_seconds = 600;  // --job-retention-seconds, >= 0
   int max_sessions = 64;            // --max-sessions, >= 1
+  // Limits on what one peer may make the daemon hold (docs/security.md
+  // "Limits"; ServiceOptions has their meaning).
+  int max_world_size = 4096;                    // --max-world-size, >= 1
+  int max_job_parameters = 16384;               // --max-job-parameters, >= 1
+  int64_t max_job_elements = int64_t{1} << 34;  // --max-job-elements, >= 1
+  // --max-state-bytes, >= 0; 0: a quarter of the host's physical memory
+  // (state_bytes_limit()).
+  int64_t max_state_bytes = 0;
+  int max_ns_steps = 100;           // --max-ns-steps, >= 1
+  int max_job_id_bytes = 256;       // --max-job-id-bytes, >= 1
+  int max_idle_jobs = 64;           // --max-idle-jobs, >= 0
+  int attach_timeout_seconds = 60;  // --attach-timeout-seconds, >= 1
   int64_t max_message_bytes = int64_t{64} << 20;  // [4096, 2^31)
   int exit_timeout_secs = 30;                     // --exit-timeout-secs
   std::string nan_policy = "skip";                // 'skip' | 'fail'
@@ -39,12 +51,40 @@ struct DaemonConfig {
   std::string log_format = "text";  // text|json
   int summary_every_secs = 60;      // --summary-every-secs; <= 0: never
   std::string port_file;            // --port-file; empty: none
+  // Security (docs/security.md). --tls-cert-file and --tls-key-file: PEM
+  // server certificate and key (both or neither): TLS on --listen.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // --tls-client-ca-file: PEM CA bundle; set: clients must present a
+  // certificate it signed (mTLS). Needs the two above.
+  std::string tls_client_ca_file;
+  // --auth-token-file: `<role> <token> [name]` lines (daemon/auth.h);
+  // clients send `authorization: Bearer <token>`. Re-read on SIGHUP.
+  std::string auth_token_file;
+  // --insecure: allow a non-loopback --listen without TLS and
+  // authentication (tokens or mTLS); logged as a warning.
+  bool insecure = false;
 
   // The host part of `listen` (what /metrics binds to).
   std::string ListenHost() const;
   bool json_log() const { return log_format == "json"; }
   bool skip_nonfinite() const { return nan_policy == "skip"; }
   bool bf16_momentum() const { return momentum_dtype == "bf16"; }
+  // --max-state-bytes, or its default (0) resolved: a quarter of physical
+  // memory (the gather buffers and the ranks' regions take as much again).
+  uint64_t state_bytes_limit() const;
+  bool tls() const { return !tls_cert_file.empty(); }
+  // Callers are authenticated: tokens, or mTLS client certificates.
+  bool authenticated() const {
+    return !auth_token_file.empty() || !tls_client_ca_file.empty();
+  }
+  // --listen's host is a loopback address (127.0.0.0/8, ::1, localhost).
+  bool loopback() const;
+  // A non-loopback --listen without TLS and authentication: needs
+  // --insecure (ValidateConfig), and dmuond warns.
+  bool exposed_insecurely() const {
+    return !loopback() && !(tls() && authenticated());
+  }
 };
 
 // INVALID_ARGUMENT naming the first flag whose value is not allowed, as

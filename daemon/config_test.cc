@@ -44,6 +44,33 @@ TEST(DaemonConfig, EachBadValueIsRefusedNamingItsFlag) {
       {"--devices=cuda:0,0", [](DaemonConfig& c) { c.devices = "cuda:0,0"; }},
       {"--momentum-dtype", [](DaemonConfig& c) { c.momentum_dtype = "fp16"; }},
       {"--cpu-executors", [](DaemonConfig& c) { c.cpu_executors = 0; }},
+      {"--max-world-size", [](DaemonConfig& c) { c.max_world_size = 0; }},
+      {"--max-job-parameters",
+       [](DaemonConfig& c) { c.max_job_parameters = 0; }},
+      {"--max-job-elements", [](DaemonConfig& c) { c.max_job_elements = 0; }},
+      {"--max-state-bytes", [](DaemonConfig& c) { c.max_state_bytes = -1; }},
+      {"--max-ns-steps", [](DaemonConfig& c) { c.max_ns_steps = 0; }},
+      {"--max-job-id-bytes", [](DaemonConfig& c) { c.max_job_id_bytes = 0; }},
+      {"--max-idle-jobs", [](DaemonConfig& c) { c.max_idle_jobs = -1; }},
+      {"--attach-timeout-seconds",
+       [](DaemonConfig& c) { c.attach_timeout_seconds = 0; }},
+      {"--tls-cert-file", [](DaemonConfig& c) { c.tls_cert_file = "c"; }},
+      {"--tls-cert-file", [](DaemonConfig& c) { c.tls_key_file = "k"; }},
+      {"--tls-client-ca-file",
+       [](DaemonConfig& c) { c.tls_client_ca_file = "ca"; }},
+      {"--listen=0.0.0.0:1", [](DaemonConfig& c) { c.listen = "0.0.0.0:1"; }},
+      // TLS without authentication, or tokens without TLS, is not enough.
+      {"--listen=10.0.0.1:1",
+       [](DaemonConfig& c) {
+         c.listen = "10.0.0.1:1";
+         c.tls_cert_file = "c";
+         c.tls_key_file = "k";
+       }},
+      {"--listen=[::]:1",
+       [](DaemonConfig& c) {
+         c.listen = "[::]:1";
+         c.auth_token_file = "t";
+       }},
   };
   for (const Case& k : cases) {
     DaemonConfig c;
@@ -71,6 +98,33 @@ TEST(DaemonConfig, BoundaryValuesAreAccepted) {
   c.max_message_bytes = (int64_t{1} << 31) - 1;
   c.log_level = "off";
   c.devices = "auto";
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(DaemonConfig, NonLoopbackListenNeedsTlsAndAuthOrInsecure) {
+  DaemonConfig c;
+  for (const char* l : {"127.0.0.1:0", "127.0.0.2:1", "localhost:1", "[::1]:1",
+                        "unix:/tmp/x"}) {
+    c.listen = l;
+    EXPECT_TRUE(c.loopback()) << l;
+    EXPECT_TRUE(ValidateConfig(c).ok()) << l;
+  }
+  c.listen = "0.0.0.0:50051";
+  EXPECT_FALSE(ValidateConfig(c).ok());
+  const std::string msg(ValidateConfig(c).message());
+  for (const char* flag : {"--tls-cert-file", "--auth-token-file",
+                           "--tls-client-ca-file", "--insecure"}) {
+    EXPECT_NE(msg.find(flag), std::string::npos) << flag << ": " << msg;
+  }
+  c.insecure = true;
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.insecure = false;
+  c.tls_cert_file = "cert.pem";
+  c.tls_key_file = "key.pem";
+  c.auth_token_file = "tokens";
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.auth_token_file.clear();
+  c.tls_client_ca_file = "ca.pem";
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
 }
 

@@ -18,7 +18,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -28,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "daemon/auth.h"
 #include "daemon/config.h"
 #include "daemon/flags.h"
 #include "daemon/grpc_service.h"
@@ -157,6 +161,17 @@ ServiceOptions ServiceOptionsOf(const DaemonConfig& config) {
   opts.snapshot_every = config.snapshot_every;
   opts.autotune_cache = config.autotune_cache;
   opts.job_retention_seconds = config.job_retention_seconds;
+  opts.max_world_size = config.max_world_size;
+  opts.max_job_parameters = config.max_job_parameters;
+  opts.max_job_elements = config.max_job_elements;
+  opts.max_state_bytes = config.state_bytes_limit();
+  opts.max_ns_steps = config.max_ns_steps;
+  opts.max_job_id_bytes = config.max_job_id_bytes;
+  opts.max_idle_jobs = config.max_idle_jobs;
+  opts.attach_timeout_seconds = config.attach_timeout_seconds;
+  opts.snapshot_failed = [](const absl::Status& st) {
+    spdlog::error("snapshot: {}", LogSafe(st.ToString(), 1024));
+  };
   return opts;
 }
 
@@ -201,17 +216,52 @@ absl::StatusOr<std::unique_ptr<MetricsHttp>> StartMetrics(
   return m;
 }
 
+// A PEM file's contents; an error names `flag`.
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  if (in) ss << in.rdbuf();
+  if (!in || ss.str().empty()) {
+    return absl::InvalidArgumentError(std::string(flag) + "=" + path +
+                                      ": cannot read it");
+  }
+  return ss.str();
+}
+
+// --listen's credentials: TLS with --tls-cert-file (client certificates
+// required and verified with --tls-client-ca-file), else none.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const DaemonConfig& config) {
+  if (!config.tls()) return grpc::InsecureServerCredentials();
+  auto cert = ReadPem("--tls-cert-file", config.tls_cert_file);
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem("--tls-key-file", config.tls_key_file);
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions opts(
+      GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  opts.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!config.tls_client_ca_file.empty()) {
+    auto ca = ReadPem("--tls-client-ca-file", config.tls_client_ca_file);
+    if (!ca.ok()) return ca.status();
+    opts.pem_root_certs = *ca;
+    opts.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(opts);
+}
+
 // The gRPC server on --listen, started; *port: the bound port. Without
 // SO_REUSEPORT: a second daemon on a taken address fails here instead of
 // sharing its connections.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(
     const DaemonConfig& config, GrpcOptimizer* service, int* port) {
+  auto creds = ServerCredentials(config);
+  if (!creds.ok()) return creds.status();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(),
-                           port);
+  builder.AddListeningPort(config.listen, *creds, port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
   builder.RegisterService(service);
@@ -238,13 +288,14 @@ void WritePortFile(const std::string& path, int port) {
   std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
-// Blocks SIGTERM and SIGINT in this thread and every thread started after
-// (they are waited for in Serve).
+// Blocks SIGTERM, SIGINT and SIGHUP in this thread and every thread started
+// after (they are waited for in Serve).
 sigset_t BlockStopSignals() {
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   return sigs;
 }
@@ -273,13 +324,14 @@ void SummaryLoop(const DaemonConfig& config, const OptimizerService& service,
   }
 }
 
-// Serves (and logs summaries) until SIGTERM or SIGINT; returns it.
+// Serves (and logs summaries) until SIGTERM or SIGINT; returns it. SIGHUP
+// calls `on_hup` (re-reads --auth-token-file) and serves on.
 int Serve(const DaemonConfig& config, const OptimizerService& service,
-          const sigset_t& sigs) {
+          const sigset_t& sigs, const std::function<void()>& on_hup) {
   std::atomic<bool> stop{false};
   std::thread summary([&] { SummaryLoop(config, service, stop); });
   int sig = 0;
-  sigwait(&sigs, &sig);
+  while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP) on_hup();
   stop = true;
   summary.join();
   return sig;
@@ -288,8 +340,9 @@ int Serve(const DaemonConfig& config, const OptimizerService& service,
 // Drain: new sessions refused, readiness NOT_SERVING (liveness stays
 // SERVING); in-flight steps finish until 3/4 of --exit-timeout-secs, state
 // is snapshotted, and what is still open (idle Step streams, idle channels)
-// is cancelled within a second, not waited for.
-void DrainAndShutdown(const DaemonConfig& config, int sig,
+// is cancelled within a second, not waited for. False when the final
+// snapshot failed (the daemon then exits non-zero).
+bool DrainAndShutdown(const DaemonConfig& config, int sig,
                       OptimizerService* service, ServingHealth* health,
                       grpc::Server* server) {
   const auto deadline = std::chrono::steady_clock::now() +
@@ -303,10 +356,15 @@ void DrainAndShutdown(const DaemonConfig& config, int sig,
   while (service->Busy() && std::chrono::steady_clock::now() < wait_until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (service->Busy())
-    spdlog::warn("exit timeout: steps still in flight are abandoned");
-  if (absl::Status st = service->SnapshotAll(); !st.ok()) {
-    spdlog::error("final snapshot: {}", st.ToString());
+  if (service->Busy()) {
+    spdlog::warn(
+        "exit timeout: steps still in flight are void; the snapshot holds "
+        "each job's last completed step");
+  }
+  const absl::Status snapshot = service->SnapshotAll();
+  if (!snapshot.ok()) {
+    spdlog::error("final snapshot failed, exiting with status 1: {}",
+                  LogSafe(snapshot.ToString(), 1024));
   } else if (!config.state_dir.empty()) {
     spdlog::info("state snapshotted to {}", config.state_dir);
   }
@@ -317,6 +375,7 @@ void DrainAndShutdown(const DaemonConfig& config, int sig,
       std::chrono::duration_cast<std::chrono::system_clock::duration>(
           std::min<std::chrono::steady_clock::duration>(
               left, std::chrono::seconds(1))));
+  return snapshot.ok();
 }
 
 }  // namespace
@@ -347,12 +406,38 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   auto metrics_http = StartMetrics(config, metrics);
   if (!metrics_http.ok()) return Fail(metrics_http.status());
 
-  GrpcOptimizer grpc_service(&service);
+  auto auth = Authenticator::Create(config.auth_token_file,
+                                    !config.tls_client_ca_file.empty());
+  if (!auth.ok()) return Fail(auth.status());
+  if (config.exposed_insecurely()) {
+    spdlog::warn(
+        "--insecure: serving {} without {}: anyone who reaches it may open "
+        "sessions, read and overwrite momentum, and drain the daemon",
+        config.listen,
+        config.tls() ? "authentication (--auth-token-file, "
+                       "--tls-client-ca-file)"
+                     : "TLS (--tls-cert-file)");
+  }
+  // Set, under its lock, once a signal stops the daemon: Undrain then
+  // refuses (the shutdown's drain stays).
+  std::mutex undrain_mu;
+  bool stopping = false;
+  GrpcOptimizer grpc_service(&service, auth->get());
   int port = 0;
   auto server = StartGrpc(config, &grpc_service, &port);
   if (!server.ok()) return Fail(server.status());
   ServingHealth health((*server)->GetHealthCheckService());
   grpc_service.set_on_drain([&health] { health.SetReady(false); });
+  grpc_service.set_on_undrain([&]() -> absl::Status {
+    std::lock_guard<std::mutex> l(undrain_mu);
+    if (stopping) {
+      return absl::FailedPreconditionError(
+          "dmuond is shutting down (SIGTERM/SIGINT); it stays draining");
+    }
+    service.Undrain();
+    health.SetReady(true);
+    return absl::OkStatus();
+  });
   health.SetReady(true);
 
   WritePortFile(config.port_file, port);
@@ -363,10 +448,27 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
       opts.version, host, port, absl::StrJoin(opts.devices, ","), threads,
       *metrics_http ? host + ":" + std::to_string(config.metrics_port) : "off");
 
-  const int sig = Serve(config, service, sigs);
-  DrainAndShutdown(config, sig, &service, &health, server->get());
-  spdlog::info("dmuond exited");
-  return 0;
+  const int sig = Serve(config, service, sigs, [&auth, &config] {
+    if (config.auth_token_file.empty()) {
+      spdlog::info("SIGHUP: no --auth-token-file to re-read");
+      return;
+    }
+    auto n = (*auth)->Reload();
+    if (n.ok()) {
+      spdlog::info("SIGHUP: --auth-token-file re-read: {} tokens", *n);
+    } else {
+      spdlog::error("SIGHUP: {}; the tokens stay as they were",
+                    std::string(n.status().message()));
+    }
+  });
+  {
+    std::lock_guard<std::mutex> l(undrain_mu);
+    stopping = true;
+  }
+  const bool saved =
+      DrainAndShutdown(config, sig, &service, &health, server->get());
+  spdlog::info("dmuond exited{}", saved ? "" : " (final snapshot failed)");
+  return saved ? 0 : 1;
 }
 
 }  // namespace dmuon::server

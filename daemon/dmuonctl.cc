@@ -1,6 +1,7 @@
 // dmuonctl: the operator's command line over dmuond's RPCs.
-//   dmuonctl [--server=HOST:PORT] [--timeout-secs=N] status [--json] | health |
-//   sessions | drain
+//   dmuonctl [--server=HOST:PORT] [--timeout-secs=N] [--token-file=F]
+//   [--tls-ca-file=F [--tls-cert-file=F --tls-key-file=F]]
+//   status [--json] | health | sessions | drain | undrain
 // Exit status: 0 on success (health: SERVING), 1 otherwise, 2 on usage errors.
 
 #include <google/protobuf/util/json_util.h>
@@ -8,6 +9,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,14 +28,86 @@ ABSL_FLAG(
     std::string, service, "",
     "health: the service to check (\"\" = serving state, NOT_SERVING while "
     "draining; \"dmuon.liveness\" = the process answers)");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the token to send (dmuond --auth-token-file); "
+          "health needs none");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA of dmuond's certificate: connect with TLS");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM client certificate for mTLS (with --tls-key-file)");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM key of --tls-cert-file");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name to check dmuond's certificate against (default: the "
+          "--server host)");
 
 namespace {
 
 using dmuon::v1::Optimizer;
 
+std::string& Token() {
+  static std::string token;
+  return token;
+}
+
+// The call's deadline and, with --token-file, its token.
 void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::seconds(absl::GetFlag(FLAGS_timeout_secs)));
+  if (!Token().empty()) ctx->AddMetadata("authorization", "Bearer " + Token());
+}
+
+// A file's contents, whitespace trimmed at both ends; false if unreadable.
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  const size_t b = out->find_first_not_of(" \t\r\n");
+  const size_t e = out->find_last_not_of(" \t\r\n");
+  *out = b == std::string::npos ? "" : out->substr(b, e - b + 1);
+  return true;
+}
+
+// The channel to --server: TLS with --tls-ca-file, else plaintext. Null
+// (after a message) when a file cannot be read.
+std::shared_ptr<grpc::Channel> Channel() {
+  const std::string server = absl::GetFlag(FLAGS_server);
+  const std::string token_file = absl::GetFlag(FLAGS_token_file);
+  if (!token_file.empty() &&
+      (!ReadFile(token_file, &Token()) || Token().empty())) {
+    std::fprintf(stderr, "dmuonctl: --token-file=%s: cannot read a token\n",
+                 token_file.c_str());
+    return nullptr;
+  }
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca_file);
+  if (ca.empty()) {
+    if (!absl::GetFlag(FLAGS_tls_cert_file).empty()) {
+      std::fprintf(stderr, "dmuonctl: --tls-cert-file needs --tls-ca-file\n");
+      return nullptr;
+    }
+    return grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
+  }
+  grpc::SslCredentialsOptions ssl;
+  const std::pair<const char*, std::string*> files[] = {
+      {"tls-ca-file", &ssl.pem_root_certs},
+      {"tls-cert-file", &ssl.pem_cert_chain},
+      {"tls-key-file", &ssl.pem_private_key}};
+  const std::string paths[] = {ca, absl::GetFlag(FLAGS_tls_cert_file),
+                               absl::GetFlag(FLAGS_tls_key_file)};
+  for (int i = 0; i < 3; ++i) {
+    if (paths[i].empty()) continue;
+    if (!ReadFile(paths[i], files[i].second)) {
+      std::fprintf(stderr, "dmuonctl: --%s=%s: cannot read it\n",
+                   files[i].first, paths[i].c_str());
+      return nullptr;
+    }
+    files[i].second->push_back('\n');
+  }
+  grpc::ChannelArguments args;
+  if (!absl::GetFlag(FLAGS_tls_server_name).empty())
+    args.SetSslTargetNameOverride(absl::GetFlag(FLAGS_tls_server_name));
+  return grpc::CreateCustomChannel(server, grpc::SslCredentials(ssl), args);
 }
 
 int Failed(const char* what, const grpc::Status& st) {
@@ -159,32 +234,45 @@ int Drain(Optimizer::Stub& stub) {
   return 0;
 }
 
+int Undrain(Optimizer::Stub& stub) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  dmuon::v1::UndrainResponse resp;
+  grpc::Status st = stub.Undrain(&ctx, dmuon::v1::UndrainRequest(), &resp);
+  if (!st.ok()) return Failed("Undrain", st);
+  std::printf("undrained: new sessions accepted\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = dmuon::server::ParseFlags(
       argc, argv,
       "dmuonctl: operator CLI for dmuond.\n"
-      "  dmuonctl [--server=HOST:PORT] status [--json] | health | sessions | "
-      "drain\n"
+      "  dmuonctl [--server=HOST:PORT] [--token-file=F] [--tls-ca-file=F "
+      "[--tls-cert-file=F --tls-key-file=F]] status [--json] | health | "
+      "sessions | drain | undrain\n"
       "exit status: 0 ok (health: SERVING), 1 failure or not serving, 2 usage",
       "daemon/dmuonctl.cc");
   if (args.size() != 2) {
-    std::fprintf(
-        stderr,
-        "usage: dmuonctl [--server=HOST:PORT] status|health|sessions|drain\n");
+    std::fprintf(stderr,
+                 "usage: dmuonctl [--server=HOST:PORT] "
+                 "status|health|sessions|drain|undrain\n");
     return 2;
   }
   const std::string& cmd = args[1];
-  auto ch = grpc::CreateChannel(absl::GetFlag(FLAGS_server),
-                                grpc::InsecureChannelCredentials());
+  auto ch = Channel();
+  if (!ch) return 2;
   auto stub = Optimizer::NewStub(ch);
   if (cmd == "status") return Status(*stub, false);
   if (cmd == "sessions") return Status(*stub, true);
   if (cmd == "health") return Health(ch);
   if (cmd == "drain") return Drain(*stub);
-  std::fprintf(
-      stderr, "dmuonctl: unknown command '%s' (status|health|sessions|drain)\n",
-      cmd.c_str());
+  if (cmd == "undrain") return Undrain(*stub);
+  std::fprintf(stderr,
+               "dmuonctl: unknown command '%s' "
+               "(status|health|sessions|drain|undrain)\n",
+               cmd.c_str());
   return 2;
 }

@@ -126,10 +126,19 @@ grpc::Status GrpcOptimizer::Done(const char* rpc,
   return ToGrpc(st);
 }
 
+absl::StatusOr<Caller> GrpcOptimizer::Authorize(const grpc::ServerContext* ctx,
+                                                const char* rpc,
+                                                Role need) const {
+  if (auth_ == nullptr) return Caller{Role::kOperator, Principal{}};
+  return auth_->Check(*ctx, rpc, need);
+}
+
 grpc::Status GrpcOptimizer::OpenSession(grpc::ServerContext* ctx,
                                         const v1::OpenSessionRequest* req,
                                         v1::OpenSessionResponse* resp) {
-  auto r = service_->OpenSession(*req);
+  auto caller = Authorize(ctx, "OpenSession", Role::kTrainer);
+  if (!caller.ok()) return Done("OpenSession", ctx, caller.status());
+  auto r = service_->OpenSession(*req, caller->principal);
   if (r.ok()) {
     *resp = std::move(*r);
     spdlog::info(
@@ -145,6 +154,8 @@ grpc::Status GrpcOptimizer::OpenSession(grpc::ServerContext* ctx,
 grpc::Status GrpcOptimizer::Step(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* stream) {
+  if (auto caller = Authorize(ctx, "Step", Role::kTrainer); !caller.ok())
+    return Done("Step", ctx, caller.status());
   v1::StepRequest req;
   if (!stream->Read(&req)) return grpc::Status::OK;
   if (!req.has_attach()) {
@@ -189,7 +200,9 @@ grpc::Status GrpcOptimizer::Step(
 grpc::Status GrpcOptimizer::GetState(
     grpc::ServerContext* ctx, const v1::GetStateRequest* req,
     grpc::ServerWriter<v1::StateChunk>* writer) {
-  auto chunks = service_->GetState(req->session_id());
+  auto caller = Authorize(ctx, "GetState", Role::kTrainer);
+  if (!caller.ok()) return Done("GetState", ctx, caller.status());
+  auto chunks = service_->GetState(req->session_id(), caller->principal);
   if (!chunks.ok()) return Done("GetState", ctx, chunks.status());
   for (const auto& c : *chunks) {
     if (!writer->Write(c))
@@ -201,10 +214,12 @@ grpc::Status GrpcOptimizer::GetState(
 grpc::Status GrpcOptimizer::SetState(grpc::ServerContext* ctx,
                                      grpc::ServerReader<v1::StateChunk>* reader,
                                      v1::SetStateResponse* resp) {
+  auto caller = Authorize(ctx, "SetState", Role::kTrainer);
+  if (!caller.ok()) return Done("SetState", ctx, caller.status());
   std::vector<v1::StateChunk> chunks;
   v1::StateChunk c;
   while (reader->Read(&c)) chunks.push_back(std::move(c));
-  auto r = service_->SetState(chunks);
+  auto r = service_->SetState(chunks, caller->principal);
   if (r.ok()) resp->set_completed_steps(*r);
   return Done("SetState", ctx, r.status());
 }
@@ -212,6 +227,10 @@ grpc::Status GrpcOptimizer::SetState(grpc::ServerContext* ctx,
 grpc::Status GrpcOptimizer::CloseSession(grpc::ServerContext* ctx,
                                          const v1::CloseSessionRequest* req,
                                          v1::CloseSessionResponse* resp) {
+  if (auto caller = Authorize(ctx, "CloseSession", Role::kTrainer);
+      !caller.ok()) {
+    return Done("CloseSession", ctx, caller.status());
+  }
   // Wait for the region's release until shortly before the caller's
   // deadline, and at most kMaxReleaseWait.
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -236,21 +255,54 @@ grpc::Status GrpcOptimizer::CloseSession(grpc::ServerContext* ctx,
   return Done("CloseSession", ctx, st);
 }
 
-grpc::Status GrpcOptimizer::Status(grpc::ServerContext*,
+grpc::Status GrpcOptimizer::Status(grpc::ServerContext* ctx,
                                    const v1::StatusRequest*,
                                    v1::StatusResponse* resp) {
+  auto caller = Authorize(ctx, "Status", Role::kReader);
+  if (!caller.ok()) return Done("Status", ctx, caller.status());
   *resp = service_->Status();
+  const Principal& who = caller->principal;
+  if (who.name.empty() || who.any_job) return grpc::Status::OK;
+  // Other principals' jobs are counted, their ids (and their sessions')
+  // redacted; a job made after Status() is unknown here, so redacted too.
+  const std::map<std::string, std::string> owners = service_->JobOwners();
+  auto visible = [&](const std::string& job) {
+    auto it = owners.find(job);
+    return it != owners.end() && MaySeeJob(who, it->second);
+  };
+  for (auto& j : *resp->mutable_jobs())
+    if (!visible(j.job_id())) j.set_job_id("(redacted)");
+  for (auto& s : *resp->mutable_sessions())
+    if (!visible(s.job_id())) s.set_job_id("(redacted)");
   return grpc::Status::OK;
 }
 
 grpc::Status GrpcOptimizer::Drain(grpc::ServerContext* ctx,
                                   const v1::DrainRequest*,
                                   v1::DrainResponse* resp) {
+  if (auto caller = Authorize(ctx, "Drain", Role::kOperator); !caller.ok())
+    return Done("Drain", ctx, caller.status());
   resp->set_sessions(service_->Drain());
   spdlog::warn(
       "draining (requested by {}): new sessions refused, {} still open",
       ctx->peer(), resp->sessions());
   if (on_drain_) on_drain_();
+  return grpc::Status::OK;
+}
+
+grpc::Status GrpcOptimizer::Undrain(grpc::ServerContext* ctx,
+                                    const v1::UndrainRequest*,
+                                    v1::UndrainResponse*) {
+  if (auto caller = Authorize(ctx, "Undrain", Role::kOperator); !caller.ok())
+    return Done("Undrain", ctx, caller.status());
+  if (on_undrain_) {
+    if (absl::Status st = on_undrain_(); !st.ok())
+      return Done("Undrain", ctx, st);
+  } else {
+    service_->Undrain();
+  }
+  spdlog::warn("undrained (requested by {}): new sessions accepted",
+               ctx->peer());
   return grpc::Status::OK;
 }
 

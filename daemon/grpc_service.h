@@ -1,13 +1,17 @@
 // The gRPC adapter: the only place an absl::Status becomes a grpc::Status.
 // Each RPC unpacks its request, calls OptimizerService, logs and counts
 // failures, and converts the result. Step streams get a queue and a writer
-// thread so the service never blocks on a slow client.
+// thread so the service never blocks on a slow client. Every RPC first
+// authenticates its caller and checks its role (auth.h); the caller's
+// principal goes to the service, which keeps each job to its owner, and
+// Status hides the ids of other principals' jobs.
 
 #ifndef DMUON_DAEMON_GRPC_SERVICE_H_
 #define DMUON_DAEMON_GRPC_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include "daemon/auth.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "server/service.h"
 
@@ -18,7 +22,10 @@ grpc::Status ToGrpc(const absl::Status& st);
 
 class GrpcOptimizer final : public v1::Optimizer::Service {
  public:
-  explicit GrpcOptimizer(OptimizerService* service) : service_(service) {}
+  // `auth` null: no authentication (every caller anonymous).
+  explicit GrpcOptimizer(OptimizerService* service,
+                         const Authenticator* auth = nullptr)
+      : service_(service), auth_(auth) {}
 
   grpc::Status OpenSession(grpc::ServerContext* ctx,
                            const v1::OpenSessionRequest* req,
@@ -39,15 +46,27 @@ class GrpcOptimizer final : public v1::Optimizer::Service {
                       v1::StatusResponse* resp) override;
   grpc::Status Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
                      v1::DrainResponse* resp) override;
+  grpc::Status Undrain(grpc::ServerContext* ctx, const v1::UndrainRequest* req,
+                       v1::UndrainResponse* resp) override;
 
   // Called with the new draining state (the daemon flips health).
   void set_on_drain(std::function<void()> f) { on_drain_ = std::move(f); }
+  // Undrain: undrains the service and flips health back to SERVING, or
+  // refuses with an error (e.g. shutting down). Unset: only the service.
+  void set_on_undrain(std::function<absl::Status()> f) {
+    on_undrain_ = std::move(f);
+  }
 
  private:
   grpc::Status Done(const char* rpc, const grpc::ServerContext* ctx,
                     const absl::Status& st);
+  // The caller of `rpc` if it may call it (auth.h), anonymous without auth.
+  absl::StatusOr<Caller> Authorize(const grpc::ServerContext* ctx,
+                                   const char* rpc, Role need) const;
   OptimizerService* const service_;
+  const Authenticator* const auth_;
   std::function<void()> on_drain_;
+  std::function<absl::Status()> on_undrain_;
 };
 
 }  // namespace dmuon::server

@@ -11,7 +11,7 @@
 
 namespace dmuon::server {
 
-std::string ListenProbe(const std::string& host, int port) {
+absl::StatusOr<int> BindTcp(const std::string& host, int port, bool listen) {
   std::string h = host;
   if (h.size() >= 2 && h.front() == '[' && h.back() == ']')
     h = h.substr(1, h.size() - 2);
@@ -24,27 +24,35 @@ std::string ListenProbe(const std::string& host, int port) {
   if (int e = getaddrinfo(h.empty() ? nullptr : h.c_str(), service.c_str(),
                           &hints, &res);
       e != 0) {
-    return gai_strerror(e);
+    return absl::UnavailableError(gai_strerror(e));
   }
+  int fd = -1;
   std::string why = "no address";
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
       why = std::strerror(errno);
       continue;
     }
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    const bool bound = bind(fd, a->ai_addr, a->ai_addrlen) == 0;
-    if (!bound) why = std::strerror(errno);
-    close(fd);
-    if (bound) {
-      why.clear();
-      break;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 ||
+        (listen && ::listen(fd, 128) != 0)) {
+      why = std::strerror(errno);
+      close(fd);
+      fd = -1;
     }
   }
   freeaddrinfo(res);
-  return why;
+  if (fd < 0) return absl::UnavailableError(why);
+  return fd;
+}
+
+std::string ListenProbe(const std::string& host, int port) {
+  auto fd = BindTcp(host, port, /*listen=*/false);
+  if (!fd.ok()) return std::string(fd.status().message());
+  close(*fd);
+  return "";
 }
 
 }  // namespace dmuon::server

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "daemon/listen_probe.h"
 
 namespace dmuon::server {
 namespace {
@@ -109,39 +110,12 @@ std::string Error(int status, std::string_view message,
 absl::StatusOr<std::unique_ptr<MetricsHttp>> MetricsHttp::Start(
     const std::string& host, int port, Render render) {
   const std::string address = host + ":" + std::to_string(port);
-  std::string h = host;
-  if (h.size() >= 2 && h.front() == '[' && h.back() == ']')
-    h = h.substr(1, h.size() - 2);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  if (int e = getaddrinfo(h.empty() ? nullptr : h.c_str(),
-                          std::to_string(port).c_str(), &hints, &res);
-      e != 0) {
+  auto bound_fd = BindTcp(host, port, /*listen=*/true);
+  if (!bound_fd.ok()) {
     return absl::UnavailableError("cannot listen on " + address + ": " +
-                                  gai_strerror(e));
+                                  std::string(bound_fd.status().message()));
   }
-  int fd = -1;
-  std::string why = "no address";
-  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
-      why = std::strerror(errno);
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(res);
-  if (fd < 0)
-    return absl::UnavailableError("cannot listen on " + address + ": " + why);
+  const int fd = *bound_fd;
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);

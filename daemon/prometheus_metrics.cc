@@ -157,7 +157,18 @@ PrometheusMetrics::PrometheusMetrics()
                             .Name("dmuon_snapshot_seconds")
                             .Help("Time to write one job's snapshot")
                             .Register(*registry_)
-                            .Add({}, LatencyBuckets())) {}
+                            .Add({}, LatencyBuckets())),
+      snapshot_failures_(
+          BuildCounter()
+              .Name("dmuon_snapshot_failures_total")
+              .Help("Snapshot failures by kind: write (an I/O error), stale "
+                    "(an older state not written over a newer file), corrupt "
+                    "(a file that cannot be used, moved aside)")
+              .Register(*registry_)) {
+  // Every kind from the start, at 0, so that alerts see the series.
+  for (const char* kind : {"write", "stale", "corrupt"})
+    snapshot_failures_.Add({{"kind", kind}});
+}
 
 void PrometheusMetrics::StepCompleted(double seconds) {
   steps_.Increment();
@@ -171,6 +182,10 @@ void PrometheusMetrics::Error(const std::string& code) {
 void PrometheusMetrics::Snapshot(double seconds) {
   snapshots_.Increment();
   snapshot_seconds_.Observe(seconds);
+}
+
+void PrometheusMetrics::SnapshotFailure(const std::string& kind) {
+  snapshot_failures_.Add({{"kind", kind}}).Increment();
 }
 
 void PrometheusMetrics::SetExecutorSource(

@@ -38,6 +38,7 @@ class PrometheusMetrics : public ServiceMetrics {
   void NonFiniteGradient() override { nonfinite_.Increment(); }
   void Error(const std::string& code) override;
   void Snapshot(double seconds) override;
+  void SnapshotFailure(const std::string& kind) override;
 
   // Serves executor metrics from `stats` at scrape time (including the
   // per-step load fields, which the service fills in).
@@ -61,6 +62,7 @@ class PrometheusMetrics : public ServiceMetrics {
   prometheus::Family<prometheus::Counter>& errors_;
   prometheus::Counter& snapshots_;
   prometheus::Histogram& snapshot_seconds_;
+  prometheus::Family<prometheus::Counter>& snapshot_failures_;
 };
 
 }  // namespace dmuon::server

@@ -43,6 +43,9 @@ TEST(PrometheusMetrics, ServesTheServiceObservations) {
   observed.Error("INVALID_ARGUMENT");
   observed.Error("UNAVAILABLE");
   observed.Snapshot(0.01);
+  observed.SnapshotFailure("write");
+  observed.SnapshotFailure("corrupt");
+  observed.SnapshotFailure("corrupt");
 
   const std::string text = m.Render();
   EXPECT_EQ(MetricValue(text, "dmuon_sessions"), 3) << text;
@@ -61,6 +64,16 @@ TEST(PrometheusMetrics, ServesTheServiceObservations) {
       << text;
   EXPECT_EQ(MetricValue(text, "dmuon_snapshots_total"), 1) << text;
   EXPECT_EQ(MetricValue(text, "dmuon_snapshot_seconds_count"), 1) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_snapshot_failures_total{kind=\"write\"}"),
+            1)
+      << text;
+  EXPECT_EQ(
+      MetricValue(text, "dmuon_snapshot_failures_total{kind=\"corrupt\"}"), 2)
+      << text;
+  // Every kind is served from the start, at 0.
+  EXPECT_EQ(MetricValue(text, "dmuon_snapshot_failures_total{kind=\"stale\"}"),
+            0)
+      << text;
 
   // Gauges follow the latest value.
   observed.SetJobs(0);

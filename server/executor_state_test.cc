@@ -91,6 +91,39 @@ TEST(ExecutorState, SnapshotOfDeviceStateResumesAfterRestart) {
   EXPECT_EQ(cpu.Step(3, g), again.Step(3, g));
 }
 
+TEST(ExecutorState, AJobBrokenMidStepIsSucceededFromItsSnapshotNotZero) {
+  // Executors that hold state keep no pre-step copy: a rank leaving after a
+  // parameter computed breaks the job (no rollback). The next job of the id
+  // resumes from the snapshot on disk (step 2) instead of starting at step
+  // 1 and overwriting it.
+  char dir[] = "/tmp/dmuon-devbreak-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ServiceOptions o;
+  o.state_dir = dir;
+  o.snapshot_every = 1;
+  Daemon cpu(false);
+  ASSERT_TRUE(cpu.Open(1, false).ok());
+  Daemon dev(true, o);
+  ASSERT_TRUE(dev.Open(1, true).ok());
+  for (int64_t step = 1; step <= 2; ++step) {
+    const auto g = Grads(1, 90 + step);
+    EXPECT_EQ(cpu.Step(step, g), dev.Step(step, g));
+  }
+  v1::StepRequest one;
+  one.mutable_gradients_ready()->set_step(3);
+  one.mutable_gradients_ready()->add_param_ids(0);
+  ASSERT_TRUE(dev.svc->OnStepRequest(dev.open[0].session_id(), one).ok());
+  ASSERT_TRUE(dev.sinks[0]->WaitUpdatesReady(3, 0));
+  dev.svc->Detach(dev.open[0].session_id(), absl::CancelledError("died"));
+  EXPECT_EQ(dev.svc->Status().jobs_size(), 0);  // broken, dropped
+  dev.open.clear();
+  dev.sinks.clear();
+  ASSERT_TRUE(dev.Open(1, true).ok());
+  EXPECT_EQ(dev.open[0].next_step(), 3);
+  const auto g = Grads(1, 93);
+  EXPECT_EQ(cpu.Step(3, g), dev.Step(3, g));
+}
+
 TEST(ExecutorState, IdleJobDropReleasesDeviceStateAndResumesFromSnapshot) {
   char dir[] = "/tmp/dmuon-devidle-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);

@@ -36,6 +36,7 @@ Job::Job(std::string id, uint64_t serial, int world_size, Table table,
       world_size_(world_size),
       table_(std::move(table)),
       plan_(std::move(plan)),
+      host_momentum_(host_momentum),
       ranks_(world_size),
       params_(table_.params.size()),
       compute_seconds_(executors, 0.0),
@@ -43,7 +44,8 @@ Job::Job(std::string id, uint64_t serial, int world_size, Table table,
   for (size_t i = 0; i < params_.size(); ++i) {
     if (host_momentum)
       params_[i].momentum.assign(table_.params[i].shape.elements(), 0.0f);
-    params_[i].arrived.assign(world_size_, 0);
+    // `arrived` (by rank) is sized at its first arrival (Arrive), not
+    // here: world_size x parameters flags only for jobs that step.
   }
 }
 
@@ -60,6 +62,26 @@ bool Job::mid_step() const {
   for (const auto& p : params_)
     if (p.arrived_count > 0 || p.running) return true;
   return false;
+}
+
+bool Job::running() const {
+  for (const auto& p : params_)
+    if (p.running) return true;
+  return false;
+}
+
+bool Job::can_roll_back() const {
+  if (host_momentum_) return true;
+  for (const auto& p : params_)
+    if (p.ran) return false;
+  return true;
+}
+
+std::vector<const std::vector<float>*> Job::last_complete_momentum() const {
+  std::vector<const std::vector<float>*> out;
+  for (const auto& p : params_)
+    out.push_back(p.ran && p.has_step_start ? &p.step_start : &p.momentum);
+  return out;
 }
 
 void Job::OpenRank(std::shared_ptr<Session> s) {
@@ -87,21 +109,63 @@ void Job::AbortStreams(const absl::Status& why) {
   }
 }
 
+bool Job::RollBack() {
+  if (!can_roll_back()) return false;
+  for (auto& p : params_) {
+    if (p.running) {
+      p.abandoned = true;  // restored when it ends (EndParam)
+      continue;
+    }
+    if (p.ran && p.has_step_start) std::swap(p.momentum, p.step_start);
+    p.ran = false;
+    p.has_step_start = false;
+    p.arrived_count = 0;
+    std::fill(p.arrived.begin(), p.arrived.end(), 0);
+  }
+  params_done_ = 0;
+  std::fill(compute_seconds_.begin(), compute_seconds_.end(), 0.0);
+  for (auto& r : ranks_) {
+    if (!r) continue;
+    SessionState& st = r->state(*this);
+    st.step = completed_steps_ + 1;
+    st.delivered = 0;
+    st.step_started = false;
+    std::fill(st.declared.begin(), st.declared.end(), 0);
+    std::fill(st.received.begin(), st.received.end(), 0);
+  }
+  return true;
+}
+
 bool Job::Arrive(int rank, int param) {
   ParamState& p = params_[param];
+  if (p.arrived.empty()) p.arrived.assign(world_size_, 0);
   p.arrived[rank] = 1;
   if (++p.arrived_count == world_size_ && open_ranks() == world_size_) {
     p.running = true;
+    p.ran = true;
     return true;
   }
   return false;
 }
 
-void Job::EndParam(int param) {
+void Job::SaveStepStart(int param) {
+  if (!host_momentum_) return;
+  ParamState& p = running_param(param);
+  p.step_start.assign(p.momentum.begin(), p.momentum.end());
+  p.has_step_start = true;
+}
+
+bool Job::EndParam(int param) {
   ParamState& p = params_[param];
   p.running = false;
   p.arrived_count = 0;
   std::fill(p.arrived.begin(), p.arrived.end(), 0);
+  if (!p.abandoned) return true;
+  p.abandoned = false;
+  p.ran = false;
+  if (p.has_step_start) std::swap(p.momentum, p.step_start);
+  p.has_step_start = false;
+  return false;
 }
 
 void Job::AddComputeSeconds(int param, double seconds) {
@@ -115,6 +179,7 @@ bool Job::FinishParam(int64_t step) {
   if (++params_done_ < static_cast<int>(params_.size())) return false;
   params_done_ = 0;
   completed_steps_ = step;
+  for (auto& p : params_) p.ran = p.has_step_start = false;
   last_step_compute_seconds_ = compute_seconds_;
   std::fill(compute_seconds_.begin(), compute_seconds_.end(), 0.0);
   return true;

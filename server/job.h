@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,6 +37,10 @@ inline bool IsDeviceTransport(v1::Transport t) {
 // A steady_clock time as an absl deadline (absl::Mutex waits on absl::Time).
 // min() and past times are already due; max() never is.
 absl::Time DeadlineOf(std::chrono::steady_clock::time_point t);
+
+// The most completed steps a job may be set to (SetState, a snapshot):
+// steps then count up by one each, so step numbers (int64) never overflow.
+inline constexpr int64_t kMaxCompletedSteps = int64_t{1} << 62;
 
 // Set once a session's region is gone: destroyed with the Session, i.e. when
 // nothing holds the session any more — neither the service's tables nor a
@@ -79,6 +84,21 @@ struct ParamState {
   std::vector<uint8_t> arrived;  // by rank, this step
   int arrived_count = 0;
   bool running = false;  // submitted: `momentum` and `work` are the step's
+  // Submitted in the step in progress (running, or ended): its momentum has
+  // advanced (or will) past the job's last completed step. Cleared when the
+  // step completes or is rolled back.
+  bool ran = false;
+  // The step in progress was rolled back while this parameter ran: its
+  // result is discarded and its momentum restored when it ends (EndParam).
+  bool abandoned = false;
+  // Host momentum only (Job::host_momentum()): `momentum` as of the last
+  // completed step, copied by the step's computation before it changes it
+  // (Job::SaveStepStart, from ParamWork::Prepare), meaningful while
+  // `has_step_start` (only with `ran`: a computation that failed before
+  // that point left the momentum untouched). What a rollback restores and
+  // what a snapshot of a job stuck mid-step holds.
+  std::vector<float> step_start;
+  bool has_step_start = false;
 };
 
 class Job {
@@ -93,12 +113,20 @@ class Job {
 
   // Constant for the job's life: read without the lock.
   const std::string& id() const { return id_; }
+  // The momentum lives in the host buffers (ParamState::momentum), not in
+  // executors that hold state.
+  bool host_momentum() const { return host_momentum_; }
   // Unique in this daemon: the executors' StateKey::job.
   uint64_t serial() const { return serial_; }
   int world_size() const { return world_size_; }
   const Table& table() const { return table_; }
   const planner::Plan& plan() const { return plan_; }
   int num_params() const { return static_cast<int>(table_.params.size()); }
+  // The principal that created the job (principal.h; empty: unowned). Set
+  // once, before the job is published in the service's jobs; constant
+  // after, so read without the lock.
+  const std::string& owner() const { return owner_; }
+  void set_owner(std::string owner) { owner_ = std::move(owner); }
 
   absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
 
@@ -116,8 +144,21 @@ class Job {
   bool open() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !broken_ && open_ranks() > 0;
   }
-  // Some parameter of the step in progress arrived, runs or is done.
+  // Some parameter of the step in progress arrived, runs or is done (or a
+  // rolled-back step's computation has not ended yet).
   bool mid_step() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Some parameter's computation is in progress (submitted, not ended).
+  bool running() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the state as of the last completed step can be had mid-step:
+  // every parameter that ran in the step in progress kept a pre-step copy
+  // (host momentum). False with executors that hold state (momentum in
+  // device memory, advanced in place with no copy) once a parameter ran.
+  bool can_roll_back() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Momentum as of the last completed step, by parameter (the pre-step copy
+  // where the parameter ran this step). Requires can_roll_back() and no
+  // parameter running().
+  std::vector<const std::vector<float>*> last_complete_momentum() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts `s` (of this job, its rank free) on its rank, starting at the
   // job's next step.
   void OpenRank(std::shared_ptr<Session> s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -131,6 +172,12 @@ class Job {
   bool Break() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends every open rank's Step stream with `why`.
   void AbortStreams(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rank left mid-step: the step in progress is voided instead of breaking
+  // the job. Every parameter's momentum goes back to the last completed step
+  // (running ones when their computation ends: EndParam), arrivals and the
+  // step's counters are cleared, and every open rank's step state restarts
+  // at completed_steps() + 1. False (nothing changed) when !can_roll_back().
+  bool RollBack() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- A step.
   // Rank `rank`'s gradient of `param` has arrived. The one rule of when a
@@ -138,9 +185,15 @@ class Job {
   // rank is open; the parameter is then running and the caller submits its
   // step (ParamWork), once the lock is released.
   bool Arrive(int rank, int param) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Host momentum: copies the parameter's momentum to its step_start before
+  // its computation changes it, without the lock (the parameter is running:
+  // its momentum is the step's own, see running_param). No-op otherwise.
+  void SaveStepStart(int param);
   // The parameter's step ended (delivered or failed): no longer running,
-  // its arrivals cleared for the next step.
-  void EndParam(int param) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // its arrivals cleared for the next step. False when its step was rolled
+  // back meanwhile (RollBack): the result is to be discarded (its momentum
+  // is restored here).
+  bool EndParam(int param) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts `seconds` of Executor::Compute (Work::Computed) on `param`'s
   // executor in the step in progress.
   void AddComputeSeconds(int param, double seconds)
@@ -204,6 +257,8 @@ class Job {
   const int world_size_;
   const Table table_;
   const planner::Plan plan_;
+  const bool host_momentum_;
+  std::string owner_;  // set before publication (owner())
 
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Session>> ranks_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/job.h"
 #include "server/scheduler.h"
 
@@ -24,8 +25,19 @@ absl::Status PushState(Scheduler& scheduler, Job& job)
 
 // The job's state as snapshot file bytes (snapshot_store.h), the executors'
 // state pulled first, for SnapshotStore::Write once the lock is released.
-// The caller checks that the state is consistent (not broken, not mid-step).
+// The caller checks that the job is not broken. Mid-step, the snapshot is
+// of the last completed step (Job::last_complete_momentum): FAILED_PRECONDITION
+// while a computation runs or when executors hold the state (no pre-step
+// copy).
 absl::StatusOr<std::string> SnapshotBytes(Scheduler& scheduler, Job& job)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
+
+// How long a snapshot of a job waits for its running computations (each
+// one executor call) to end.
+inline constexpr absl::Duration kSnapshotWait = absl::Seconds(10);
+// Waits (the lock released meanwhile) until no parameter of the job runs,
+// at most `timeout`; whether none does.
+bool WaitUntilNotRunning(Job& job, absl::Duration timeout)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
 
 }  // namespace dmuon::server

@@ -8,7 +8,9 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/cost_model.h"
 #include "planner/planner.h"
 #include "server/job.h"
@@ -69,9 +71,23 @@ absl::Status CheckRowTiling(const Job& job, int rank,
   return absl::OkStatus();
 }
 
+// The fp32 momentum a job of `table` holds (whole matrices).
+uint64_t MomentumBytes(const Table& table) {
+  uint64_t n = 0;
+  for (const ParamInfo& p : table.params)
+    n += static_cast<uint64_t>(p.shape.elements()) * sizeof(float);
+  return n;
+}
+
 // Whether a snapshot of job `id` fits `table`.
 absl::Status CheckSnapshot(const std::string& id, const Table& table,
                            const v1::StateHeader& h) {
+  if (h.completed_steps() < 0 || h.completed_steps() > kMaxCompletedSteps) {
+    return absl::DataLossError(absl::StrCat(
+        "job '", id, "' has a snapshot in --state-dir with completed_steps ",
+        h.completed_steps(),
+        ", outside [0, 2^62]: remove the file to start the job afresh"));
+  }
   if (h.parameters_size() != static_cast<int>(table.params.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("job '", id, "' has a snapshot in --state-dir with ",
@@ -135,7 +151,7 @@ absl::Status CheckJoin(const Job& job, const v1::OpenSessionRequest& req,
 }  // namespace
 
 absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
-    const v1::OpenSessionRequest& req) {
+    const v1::OpenSessionRequest& req, const Principal& who) {
   if (auto st = ValidateOpen(req); !st.ok()) return st;
   std::vector<RowRange> rows;
   auto table = BuildTable(req, &rows);
@@ -173,8 +189,22 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
         absl::StrCat("dmuond serves at most ", options_.max_sessions,
                      " sessions (--max-sessions); all are in use"));
   }
+  if (options_.max_state_bytes > 0 && jobs_.count(req.job_id()) == 0) {
+    uint64_t held = 0;
+    for (const auto& [id, j] : jobs_) held += MomentumBytes(j->table());
+    const uint64_t want = MomentumBytes(*table);
+    if (held + want > options_.max_state_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a new job of ", want,
+          " bytes of fp32 momentum would bring the "
+          "daemon's state to ",
+          held + want,
+          " bytes, over --max-state-bytes=", options_.max_state_bytes, " (",
+          held, " held by ", jobs_.size(), " jobs, idle ones included)"));
+    }
+  }
   bool created = false;
-  auto found = FindOrCreateJobLocked(req, *table, tuned, &created);
+  auto found = FindOrCreateJobLocked(req, *table, tuned, who, &created);
   if (!found.ok()) return found.status();
   const std::shared_ptr<Job> job = *std::move(found);
   absl::MutexLock jl(&job->mu());
@@ -193,6 +223,7 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
   job->OpenRank(s);
   if (created) jobs_[job->id()] = job;
   sessions_[s->id()] = s;
+  attach_reaper_.Kick();  // its attach deadline
   if (metrics_) {
     metrics_->SetSessions(static_cast<int>(sessions_.size()));
     metrics_->SetJobs(static_cast<int>(jobs_.size()));
@@ -200,6 +231,67 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
   resp.set_next_step(s->state(*job).step);
   FillOpenResponse(*s, &resp);
   return resp;
+}
+
+absl::Status OptimizerService::CheckLimits(
+    const v1::OpenSessionRequest& req) const {
+  const std::string& id = req.job_id();
+  if (id.size() > static_cast<size_t>(options_.max_job_id_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id is ", id.size(), " bytes; at most ",
+                     options_.max_job_id_bytes, " (--max-job-id-bytes)"));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "job_id '%s' has byte 0x%02x at %d: job ids are printable ASCII "
+          "(0x20-0x7e: letters, digits, space, punctuation)",
+          absl::CHexEscape(id.substr(0, 64)), c, i));
+    }
+  }
+  if (req.world_size() > options_.max_world_size) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "world_size ", req.world_size(), " is over this daemon's limit of ",
+        options_.max_world_size, " ranks per job (--max-world-size)"));
+  }
+  if (req.parameters_size() > options_.max_job_parameters) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the table has ", req.parameters_size(),
+        " parameters; this daemon takes at most ", options_.max_job_parameters,
+        " per job (--max-job-parameters)"));
+  }
+  // Malformed shapes are BuildTable's to report; here only their size.
+  int64_t elements = 0;
+  bool over = false;
+  for (const v1::ParameterSpec& p : req.parameters()) {
+    if (p.shape_size() != 2 || p.shape(0) <= 0 || p.shape(1) <= 0) continue;
+    int64_t n = 0;
+    if (__builtin_mul_overflow(p.shape(0), p.shape(1), &n) ||
+        __builtin_add_overflow(elements, n, &elements)) {
+      over = true;
+      break;
+    }
+  }
+  if (over || elements > options_.max_job_elements) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the table has ",
+        over ? std::string("more than 2^63") : absl::StrCat(elements),
+        " matrix elements; this daemon takes at most ",
+        options_.max_job_elements, " per job (--max-job-elements)"));
+  }
+  for (int i = 0; i < req.groups_size(); ++i) {
+    const v1::HyperparameterGroup& g = req.groups(i);
+    if (g.coefficients_size() > options_.max_ns_steps ||
+        (g.has_ns_steps() && g.ns_steps() > options_.max_ns_steps)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("group ", i, ": a schedule of ",
+                       std::max<int64_t>(g.coefficients_size(), g.ns_steps()),
+                       " Newton-Schulz steps; this daemon runs at most ",
+                       options_.max_ns_steps, " (--max-ns-steps)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status OptimizerService::ValidateOpen(
@@ -221,6 +313,7 @@ absl::Status OptimizerService::ValidateOpen(
         absl::StrCat("rank ", req.rank(),
                      " is outside [0, world_size=", req.world_size(), ")"));
   }
+  if (auto st = CheckLimits(req); !st.ok()) return st;
   switch (req.transport()) {
     case v1::TRANSPORT_SHM:
     case v1::TRANSPORT_INLINE:
@@ -240,10 +333,23 @@ absl::Status OptimizerService::ValidateOpen(
 
 absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
     const v1::OpenSessionRequest& req, const Table& table,
-    std::optional<Tuned>& tuned, bool* created) {
+    std::optional<Tuned>& tuned, const Principal& who, bool* created) {
   if (auto it = jobs_.find(req.job_id()); it != jobs_.end()) {
+    // Before anything that could describe the job (CheckJoin's messages).
+    if (auto st = CheckJobOwner(who, it->second->owner(), req.job_id());
+        !st.ok()) {
+      return st;
+    }
     *created = false;
     return it->second;
+  }
+  const SnapshotFile* pending = pending_.Find(req.job_id());
+  if (pending) {
+    if (auto st =
+            CheckJobOwner(who, pending->head.header().owner(), req.job_id());
+        !st.ok()) {
+      return st;
+    }
   }
   if (!tuned) {  // the job was dropped between the look and now
     tuned.emplace(table, std::vector<double>{});
@@ -267,6 +373,8 @@ absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
       req.job_id(), next_job_serial_++, req.world_size(),
       std::move(tuned->first), std::move(plan), scheduler_->executors(),
       /*host_momentum=*/!scheduler_->holds_state());
+  // A resumed job keeps its snapshot's owner; a new one is `who`'s.
+  job->set_owner(pending ? pending->head.header().owner() : who.name);
   if (const SnapshotFile* snap = pending_.Find(job->id())) {
     if (auto st = CheckSnapshot(job->id(), job->table(), snap->head.header());
         !st.ok()) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
@@ -15,13 +16,30 @@
 namespace dmuon::server {
 namespace {
 
-const float* GradientOf(const Session& s, int param) {
-  return reinterpret_cast<const float*>(
-      s.region()->bytes().data() + s.layout().slots[param].gradient_offset);
+// Host regions are read and written only through Region::Read/Write, never
+// through their mapping: a client may shrink its shm segment at any moment,
+// and a touch past its new end would be SIGBUS for the whole daemon; the
+// copies fail with DATA_LOSS naming the segment instead. (The inline
+// transport's heap region is also sent from directly: UpdateOf.)
+absl::Status ReadGradient(const Session& s, int param, int64_t elements,
+                          float* out) {
+  absl::Status st = s.region()->Read(s.layout().slots[param].gradient_offset,
+                                     out, elements * sizeof(float));
+  if (st.ok()) return st;
+  return absl::Status(st.code(),
+                      absl::StrCat("rank ", s.rank(), ": ", st.message()));
 }
-float* UpdateOf(const Session& s, int param) {
-  return reinterpret_cast<float*>(s.region()->bytes().data() +
-                                  s.layout().slots[param].update_offset);
+absl::Status WriteUpdate(const Session& s, int param, const float* in,
+                         int64_t elements) {
+  absl::Status st = s.region()->Write(s.layout().slots[param].update_offset, in,
+                                      elements * sizeof(float));
+  if (st.ok()) return st;
+  return absl::Status(st.code(),
+                      absl::StrCat("rank ", s.rank(), ": ", st.message()));
+}
+const float* UpdateOf(const Session& s, int param) {
+  return reinterpret_cast<const float*>(s.region()->bytes().data() +
+                                        s.layout().slots[param].update_offset);
 }
 
 // Every rank's slots of `param` in its GPU region.
@@ -116,15 +134,19 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
     case v1::SHARDING_ROWS:
       for (const auto& s : ranks) {
         const RowRange r = s->rows()[param];
-        std::memcpy(p.work.data() + r.begin * cols, GradientOf(*s, param),
-                    (r.end - r.begin) * cols * sizeof(float));
+        if (auto st = ReadGradient(*s, param, (r.end - r.begin) * cols,
+                                   p.work.data() + r.begin * cols);
+            !st.ok()) {
+          return st;
+        }
       }
       break;
     case v1::SHARDING_UNREDUCED: {
       // The mean in rank order 0..W-1, so arrival order never changes a bit.
       std::fill(p.work.begin(), p.work.end(), 0.0f);
+      std::vector<float> g(n);
       for (const auto& s : ranks) {
-        const float* g = GradientOf(*s, param);
+        if (auto st = ReadGradient(*s, param, n, g.data()); !st.ok()) return st;
         for (int64_t i = 0; i < n; ++i) p.work[i] += g[i];
       }
       const float inv = 1.0f / static_cast<float>(ranks.size());
@@ -132,8 +154,10 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
       break;
     }
     default:  // replicated: rank 0's gradient
-      std::memcpy(p.work.data(), GradientOf(*ranks[0], param),
-                  n * sizeof(float));
+      if (auto st = ReadGradient(*ranks[0], param, n, p.work.data());
+          !st.ok()) {
+        return st;
+      }
   }
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(p.work[i])) {
@@ -144,6 +168,9 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
                        i / cols, ",", i % cols, ")"));
     }
   }
+  // The momentum as of the last completed step, kept until this step
+  // completes: what a rollback or a mid-step snapshot needs (job.h).
+  job->SaveStepStart(param);
   t.grad = p.work.data();
   t.update = p.work.data();
   return t;
@@ -177,38 +204,60 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
   if (nonfinite && metrics_) metrics_->NonFiniteGradient();
   std::string snapshot;
   int64_t snapshot_steps = 0;
+  // A step that --snapshot-every snapshots is acknowledged (step_complete)
+  // only once its snapshot is written: a daemon killed after a client was
+  // told a step is complete restarts from that step (durable state).
+  const bool durable = snapshots_.enabled() && options_.snapshot_every > 0 &&
+                       step % options_.snapshot_every == 0;
+  std::vector<std::pair<std::shared_ptr<StepSink>, v1::StepResponse>> acks;
   {
     absl::MutexLock lock(&job->mu());
-    job->EndParam(param);
-    if (job->broken()) return;
+    // A step rolled back meanwhile (a rank left mid-step): discarded.
+    if (!job->EndParam(param) || job->broken()) return;
     job->AddComputeSeconds(param, compute_seconds);
     const bool skip = nonfinite && options_.skip_nonfinite;
-    if (!status.ok() && !skip) {
+    // The step fails for the whole job: every rank's stream ends with it.
+    auto fail = [&](const absl::Status& why) {
+      job->mu().AssertHeld();
       job->Break();
       for (auto& s : job->ranks()) {
         if (!s) continue;
         const auto& sink = s->state(*job).sink;
         if (!sink) continue;
-        sink->Send(ErrorResponse(step, param, info.name, status, false));
-        sink->Abort(status);
+        sink->Send(ErrorResponse(step, param, info.name, why, false));
+        sink->Abort(why);
       }
-      CountError(status);
-      return;
-    }
+      CountError(why);
+    };
+    if (!status.ok() && !skip) return fail(status);
     const int64_t cols = info.shape.cols;
+    // Every host region's update first (GPU regions: the executor wrote it,
+    // zeros when skipped), before anything is announced: a segment its
+    // client shrank fails the step (DATA_LOSS naming the rank and segment).
+    std::vector<float> zeros;
+    for (auto& s : job->ranks()) {
+      if (!s || s->region()->device()) continue;
+      const RowRange r = s->rows()[param];
+      const int64_t n = (r.end - r.begin) * cols;
+      if (skip && zeros.size() < static_cast<size_t>(n)) zeros.assign(n, 0.0f);
+      const float* in =
+          skip ? zeros.data() : job->param(param).work.data() + r.begin * cols;
+      if (auto e = WriteUpdate(*s, param, in, n); !e.ok()) {
+        return fail(absl::Status(
+            e.code(),
+            absl::StrCat("the update of parameter '", info.name, "' at step ",
+                         step, " cannot be delivered: ", e.message())));
+      }
+    }
     for (auto& s : job->ranks()) {
       if (!s) continue;
       SessionState& st = s->state(*job);
       const RowRange r = s->rows()[param];
       const int64_t n = (r.end - r.begin) * cols;
-      // GPU regions: the executor wrote the update (zeros when skipped).
-      float* out = s->region()->device() ? nullptr : UpdateOf(*s, param);
-      if (out != nullptr && skip) {
-        std::fill(out, out + n, 0.0f);
-      } else if (out != nullptr) {
-        std::memcpy(out, job->param(param).work.data() + r.begin * cols,
-                    n * sizeof(float));
-      }
+      // Inline: the update goes out in chunks from the (heap) region.
+      const float* out = s->transport() == v1::TRANSPORT_INLINE
+                             ? UpdateOf(*s, param)
+                             : nullptr;
       st.bytes_out += n * sizeof(float);
       if (metrics_) metrics_->BytesSent(n * sizeof(float));
       if (!st.sink) continue;
@@ -247,7 +296,11 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
             });
       } else {
         st.sink->Send(std::move(ready));
-        if (last) st.sink->Send(std::move(done));
+        if (last && durable) {
+          acks.emplace_back(st.sink, std::move(done));
+        } else if (last) {
+          st.sink->Send(std::move(done));
+        }
       }
       if (last) {
         RecordLatency(std::chrono::duration<double>(
@@ -280,6 +333,7 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
         !st.ok())
       CountError(st);
   }
+  for (auto& [sink, done] : acks) sink->Send(std::move(done));
 }
 
 }  // namespace dmuon::server

@@ -95,8 +95,11 @@ ReapResult OptimizerService::ReapIdleJobs(
       {
         absl::MutexLock jl(&job->mu());
         if (job->open_ranks() > 0 || job->drop_at() != at) continue;
-        // A broken job's state is not consistent: nothing to keep.
+        // A broken job's state is not consistent: nothing to keep. A job
+        // whose step was rolled back (a rank left mid-step) may still be
+        // ending a computation of it.
         if (!job->broken()) {
+          (void)WaitUntilNotRunning(*job, kSnapshotWait);
           auto got = SnapshotBytes(*scheduler_, *job);
           saved = got.status();
           if (got.ok()) {

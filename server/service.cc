@@ -5,7 +5,12 @@
 
 #include "server/service.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/job.h"
@@ -19,20 +24,32 @@ OptimizerService::OptimizerService(ServiceOptions options,
       scheduler_(std::move(scheduler)),
       metrics_(metrics),
       started_(std::chrono::steady_clock::now()),
-      snapshots_(options_.state_dir, [metrics](double seconds) {
-        if (metrics) metrics->Snapshot(seconds);
-      }) {
+      snapshots_(
+          options_.state_dir,
+          [metrics](double seconds) {
+            if (metrics) metrics->Snapshot(seconds);
+          },
+          [metrics, report = options_.snapshot_failed](const char* kind,
+                                                       const absl::Status& st) {
+            if (metrics) metrics->SnapshotFailure(kind);
+            if (report) report(st);
+          }) {
   if (!options_.autotune_cache.empty()) {
     autotuner_ = std::make_unique<kernels::Autotuner>(options_.autotune_cache);
   }
   // The destructor removes the source before the service goes away.
   if (metrics_)
     metrics_->SetExecutorSource([this] { return ExecutorStatsWithLoad(); });
+  if (options_.attach_timeout_seconds > 0) {
+    attach_reaper_.Start(
+        [this] { return ExpireUnattached(std::chrono::steady_clock::now()); });
+  }
 }
 
 OptimizerService::~OptimizerService() {
-  // The reaper first: it may be dropping a job through the scheduler.
+  // The reapers first: one may be dropping a job through the scheduler.
   reaper_.Stop();
+  attach_reaper_.Stop();
   scheduler_->Shutdown();
   if (metrics_) metrics_->SetExecutorSource(nullptr);
   std::vector<std::unique_ptr<transport::Region>> gpu;
@@ -119,14 +136,31 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
   for (auto it = closing_.begin(); it != closing_.end();)
     it = it->second->done() ? closing_.erase(it) : std::next(it);
   closing_[s->id()] = s->release();
+  // The job's other ranks, closed with it when its step is rolled back.
+  std::vector<std::shared_ptr<Session>> others;
   if (auto job = s->job()) {
     absl::MutexLock jl(&job->mu());
     job->CloseRank(*s);
-    if (job->mid_step() && job->Break()) {
+    const std::string left = absl::StrCat(
+        "rank ", s->rank(), " of job '", job->id(), "' left mid-step",
+        why.ok() ? "" : absl::StrCat(" (", why.message(), ")"));
+    if (job->mid_step() && !job->broken() && job->RollBack()) {
+      // The step is void for every rank (its updates are not all out):
+      // the job goes back to its last completed step and is kept like an
+      // idle job, every rank closed, for the trainer to reopen.
       job->AbortStreams(absl::AbortedError(absl::StrCat(
-          "rank ", s->rank(), " of job '", job->id(), "' left mid-step",
-          why.ok() ? "" : absl::StrCat(" (", why.message(), ")"),
-          "; reopen every rank and restore state from a checkpoint")));
+          left, "; the job is back at its last completed step ",
+          job->completed_steps(), " and kept for --job-retention-seconds",
+          options_.state_dir.empty() ? "" : " (then snapshotted)",
+          ": reopen every rank and continue from step ",
+          job->completed_steps() + 1)));
+      for (const auto& r : job->ranks())
+        if (r) others.push_back(r);
+      for (const auto& r : others) job->CloseRank(*r);
+    } else if (job->mid_step() && job->Break()) {
+      // Executors that hold state advanced it in place: no way back.
+      job->AbortStreams(absl::AbortedError(absl::StrCat(
+          left, "; reopen every rank and restore state from a checkpoint")));
     }
     if (const auto& sink = s->state(*job).sink) sink->Abort(absl::OkStatus());
     if (job->open_ranks() == 0 && job->broken()) {
@@ -134,6 +168,13 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
       scheduler_->DropJob(job->serial());
       if (options_.device_transports)
         options_.device_transports->DropJob(job->serial());
+      // The next job of this id resumes from the last snapshot on disk,
+      // never from zero over it.
+      if (snapshots_.enabled()) {
+        const std::string path = snapshots_.PathOf(job->id());
+        if (::access(path.c_str(), F_OK) == 0)
+          pending_.AddFile(job->id(), path);
+      }
     } else if (job->open_ranks() == 0) {
       // Kept for a restarted trainer to reopen, until the reaper drops it.
       job->set_drop_at(std::chrono::steady_clock::now() +
@@ -143,16 +184,91 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
   }
   if (s->transport() == v1::TRANSPORT_SHM && s->region())
     (void)transport::UnlinkShm(s->region()->name());
+  for (const auto& r : others) {
+    sessions_.erase(r->id());
+    closing_[r->id()] = r->release();
+    if (r->transport() == v1::TRANSPORT_SHM && r->region())
+      (void)transport::UnlinkShm(r->region()->name());
+  }
+  LimitIdleJobsLocked();
   if (metrics_) {
     metrics_->SetSessions(static_cast<int>(sessions_.size()));
     metrics_->SetJobs(static_cast<int>(jobs_.size()));
   }
 }
 
+void OptimizerService::LimitIdleJobsLocked() {
+  using Clock = std::chrono::steady_clock;
+  // Idle jobs (no open rank, waiting for their drop), oldest close first
+  // (the retention is one for all, so the earliest drop time).
+  std::vector<std::pair<Clock::time_point, std::shared_ptr<Job>>> idle;
+  for (const auto& [id, job] : jobs_) {
+    absl::MutexLock jl(&job->mu());
+    if (job->open_ranks() == 0 && !job->dropped() &&
+        job->drop_at() != Clock::time_point::max()) {
+      idle.emplace_back(job->drop_at(), job);
+    }
+  }
+  const size_t keep = static_cast<size_t>(std::max(0, options_.max_idle_jobs));
+  if (idle.size() <= keep) return;
+  std::sort(idle.begin(), idle.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const Clock::time_point now = Clock::now();
+  for (size_t i = 0; i + keep < idle.size(); ++i) {
+    Job& job = *idle[i].second;
+    absl::MutexLock jl(&job.mu());
+    // Due now: the reaper drops it (snapshotted first with --state-dir).
+    if (job.drop_at() > now) job.set_drop_at(now);
+  }
+  reaper_.Kick();
+}
+
+std::chrono::steady_clock::time_point OptimizerService::ExpireUnattached(
+    std::chrono::steady_clock::time_point now) {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point next = Clock::time_point::max();
+  if (options_.attach_timeout_seconds <= 0) return next;
+  const auto timeout = std::chrono::seconds(options_.attach_timeout_seconds);
+  // Held past the lock: a session's region goes when its last holder does.
+  std::vector<std::shared_ptr<Session>> due;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, s] : sessions_) {
+    if (auto job = s->job()) {
+      absl::MutexLock jl(&job->mu());
+      if (s->state(*job).sink) continue;  // attached
+    }
+    if (s->opened() + timeout <= now) {
+      due.push_back(s);
+    } else {
+      next = std::min(next, s->opened() + timeout);
+    }
+  }
+  for (const auto& s : due) {
+    CloseLocked(s, absl::DeadlineExceededError(
+                       absl::StrCat("rank ", s->rank(),
+                                    " never attached its Step stream within "
+                                    "--attach-timeout-seconds=",
+                                    options_.attach_timeout_seconds)));
+  }
+  return next;
+}
+
 int OptimizerService::Drain() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
   return static_cast<int>(sessions_.size());
+}
+
+void OptimizerService::Undrain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = false;
+}
+
+std::map<std::string, std::string> OptimizerService::JobOwners() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, std::string> owners;
+  for (const auto& [id, job] : jobs_) owners[id] = job->owner();
+  return owners;
 }
 
 bool OptimizerService::draining() const {

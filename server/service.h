@@ -29,6 +29,7 @@
 #include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
 #include "server/device_transport.h"
+#include "server/principal.h"
 #include "server/reaper.h"
 #include "server/scheduler.h"
 #include "server/service_metrics.h"
@@ -82,6 +83,24 @@ struct ServiceOptions {
   // Idle-job retention (ReapIdleJobs; docs/protocol.md "Idle jobs").
   // >= 0 (an int of seconds past now cannot overflow steady_clock).
   int job_retention_seconds = 600;
+  // Limits on what one peer can make the daemon hold or do (each refused
+  // with a message naming the dmuond flag; docs/security.md "Limits").
+  // OpenSession (ValidateOpen, open_session.cc): RESOURCE_EXHAUSTED above
+  // these, INVALID_ARGUMENT for a malformed job id.
+  int max_world_size = 4096;                    // --max-world-size
+  int max_job_parameters = 16384;               // --max-job-parameters
+  int64_t max_job_elements = int64_t{1} << 34;  // --max-job-elements
+  // fp32 momentum bytes of every job the daemon holds (idle ones
+  // included) that a new job may bring the total to; 0: no limit.
+  uint64_t max_state_bytes = 0;  // --max-state-bytes
+  int max_ns_steps = 100;        // --max-ns-steps: ns_steps, custom length
+  int max_job_id_bytes = 256;    // --max-job-id-bytes
+  // Jobs without an open rank kept at once: past it the oldest idle ones
+  // are dropped first (snapshotted with state_dir) by the reaper.
+  int max_idle_jobs = 64;  // --max-idle-jobs, >= 0
+  // A session whose Step stream has not attached this long after
+  // OpenSession is closed and its region freed (ExpireUnattached); 0: never.
+  int attach_timeout_seconds = 60;  // --attach-timeout-seconds
   std::vector<std::string> devices;
   // Autotuner cache file: parameters with method "auto" get the method
   // measured fastest for their shape by `tuning` (once; then cached), and
@@ -89,6 +108,10 @@ struct ServiceOptions {
   std::string autotune_cache;
   // How the autotuner measures; the default measures on the CPU.
   Tuning tuning;
+  // Each snapshot failure (write error, stale state refused, corrupt file
+  // moved aside), for the daemon to log; may be empty. Called from the
+  // thread that failed, with none of the service's locks held.
+  std::function<void(const absl::Status&)> snapshot_failed;
   // GPU transports (cuda_ipc, nccl); null on a CPU daemon. Sessions use them
   // only when every executor reads device memory (CUDA executors).
   std::shared_ptr<DeviceTransports> device_transports;
@@ -118,8 +141,11 @@ class OptimizerService {
                    ServiceMetrics* metrics);
   ~OptimizerService();
 
+  // `who` (principal.h): a job it does not own is PERMISSION_DENIED; a job
+  // it creates is its own. The default (anonymous) may use every job.
   absl::StatusOr<v1::OpenSessionResponse> OpenSession(
-      const v1::OpenSessionRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+      const v1::OpenSessionRequest& req, const Principal& who = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Binds the session's Step stream. One stream per session.
   absl::Status Attach(const std::string& session_id,
                       std::shared_ptr<StepSink> sink) ABSL_LOCKS_EXCLUDED(mu_);
@@ -144,14 +170,23 @@ class OptimizerService {
                                 std::chrono::steady_clock::time_point::min(),
                             bool* released = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // `who`: as OpenSession (the session's job must be its own).
   absl::StatusOr<std::vector<v1::StateChunk>> GetState(
-      const std::string& session_id) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<int64_t> SetState(const std::vector<v1::StateChunk>& chunks)
+      const std::string& session_id, const Principal& who = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // `who`: as OpenSession (the session's job must be its own).
+  absl::StatusOr<int64_t> SetState(const std::vector<v1::StateChunk>& chunks,
+                                   const Principal& who = {})
       ABSL_LOCKS_EXCLUDED(mu_);
 
   v1::StatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
   // Refuses new sessions from now on; returns the sessions still open.
   int Drain() ABSL_LOCKS_EXCLUDED(mu_);
+  // Accepts new sessions again (after Drain).
+  void Undrain() ABSL_LOCKS_EXCLUDED(mu_);
+  // Job id -> owner (principal.h) of every job, for the adapter to hide
+  // other principals' job ids in Status.
+  std::map<std::string, std::string> JobOwners() const ABSL_LOCKS_EXCLUDED(mu_);
   bool draining() const ABSL_LOCKS_EXCLUDED(mu_);
   int open_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
   // True while any job is in the middle of a step.
@@ -180,6 +215,14 @@ class OptimizerService {
   // thread. The destructor stops it (waiting for a snapshot in progress).
   // Call at most once.
   void StartReaper(std::function<void(const ReapResult&)> report);
+  // Closes every session whose Step stream has not attached within
+  // attach_timeout_seconds of its OpenSession at `now` (its shm segment
+  // unlinked and unmapped: as a Detach with DEADLINE_EXCEEDED naming
+  // --attach-timeout-seconds); returns when the next one is due (max():
+  // none). Its own thread runs it (started by the constructor); tests call
+  // it with a clock of their own. (service.cc)
+  std::chrono::steady_clock::time_point ExpireUnattached(
+      std::chrono::steady_clock::time_point now) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend struct ParamWork;
@@ -197,12 +240,17 @@ class OptimizerService {
   // OpenSession's steps (open_session.cc), in order.
   // The request's own checks: protocol, ids, world size, transport.
   absl::Status ValidateOpen(const v1::OpenSessionRequest& req) const;
+  // ValidateOpen's limits (ServiceOptions, docs/security.md "Limits"):
+  // job id, world size, table size, schedule length.
+  absl::Status CheckLimits(const v1::OpenSessionRequest& req) const;
   // The job `req` joins: found, or made (planned, resumed from its
   // snapshot); `*created` says which. Uses `tuned` for a new job (tuning
   // here when it is empty).
+  // A job's owner that is not `who` is PERMISSION_DENIED, before anything
+  // else about the job (its snapshot is kept).
   absl::StatusOr<std::shared_ptr<Job>> FindOrCreateJobLocked(
       const v1::OpenSessionRequest& req, const Table& table,
-      std::optional<Tuned>& tuned, bool* created)
+      std::optional<Tuned>& tuned, const Principal& who, bool* created)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The new session's region (shm, heap or a GPU transport's); a GPU
   // transport may add to `resp`.
@@ -221,6 +269,10 @@ class OptimizerService {
       ABSL_LOCKS_EXCLUDED(mu_);
   void CloseLocked(std::shared_ptr<Session> s, const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Past max_idle_jobs jobs without an open rank, makes the oldest idle
+  // ones due now and kicks the reaper (which drops them, snapshotted with
+  // --state-dir). (service.cc)
+  void LimitIdleJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A parameter's step ended with `status`: its update goes to every rank
   // (or the job breaks). `compute_seconds`: the parameter's
   // Executor::Compute time this step (Work::Computed), counted in the job's
@@ -287,6 +339,9 @@ class OptimizerService {
   PendingSnapshots pending_ ABSL_GUARDED_BY(mu_);
   // StartReaper's thread; stopped first by the destructor.
   Reaper reaper_;
+  // ExpireUnattached's thread (attach_timeout_seconds > 0), started by the
+  // constructor, kicked by each OpenSession; stopped by the destructor.
+  Reaper attach_reaper_;
 };
 
 }  // namespace dmuon::server

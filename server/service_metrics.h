@@ -35,6 +35,10 @@ class ServiceMetrics {
   virtual void Error(const std::string& code) = 0;
   // One job's snapshot written in `seconds`.
   virtual void Snapshot(double seconds) = 0;
+  // A snapshot failure by kind (server/snapshot_store.h): "write" (an I/O
+  // error), "stale" (refused: older than the file), "corrupt" (a file that
+  // cannot be used, moved aside).
+  virtual void SnapshotFailure(const std::string& /*kind*/) {}
   // Executor statistics (with the per-step load fields filled in by the
   // service), to be read when the metrics are exported, so the hot path
   // never touches them; null detaches the source. Thread-safe.

@@ -9,8 +9,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -29,27 +32,175 @@
 namespace dmuon::server::testing {
 namespace {
 
-TEST(Service, RankLeavingMidStepAbortsItsJobOnly) {
+std::vector<std::vector<std::vector<float>>> StepsOfGradients(
+    const std::vector<Param>& ps, int steps, std::mt19937_64& rng) {
+  std::vector<std::vector<std::vector<float>>> g;
+  for (int k = 0; k < steps; ++k) g.push_back(RandomGradients(ps, rng));
+  return g;
+}
+
+// Sends the gradients of `ids` only (shm) at `step`.
+absl::Status SendSome(OptimizerService& svc, Rank& r, int64_t step,
+                      const std::vector<std::vector<float>>& grads,
+                      const std::vector<int>& ids) {
+  v1::StepRequest ready;
+  ready.mutable_gradients_ready()->set_step(step);
+  for (int i : ids) {
+    const auto& slot = r.open.layout().slots(i);
+    std::memcpy(r.shm->bytes().data() + slot.gradient_offset(), grads[i].data(),
+                slot.bytes());
+    ready.mutable_gradients_ready()->add_param_ids(i);
+  }
+  return svc.OnStepRequest(r.open.session_id(), ready);
+}
+
+// Both ranks of a two-rank job run `grads[from-1..to-1]` (the same
+// gradients on both: replicated parameters); returns rank 0's last updates.
+std::vector<std::vector<float>> RunBoth(
+    OptimizerService& svc, Rank& a, Rank& b, int from, int to,
+    const std::vector<std::vector<std::vector<float>>>& grads) {
+  std::vector<std::vector<float>> last;
+  for (int s = from; s <= to; ++s) {
+    EXPECT_TRUE(a.Send(svc, s, grads[s - 1]).ok()) << "step " << s;
+    EXPECT_TRUE(b.Send(svc, s, grads[s - 1]).ok()) << "step " << s;
+    auto msgs = a.sink->WaitStep(s);
+    b.sink->WaitStep(s);
+    EXPECT_TRUE(!msgs.empty() && msgs.back().has_step_complete()) << s;
+    last.clear();
+    for (int i = 0; i < a.open.layout().slots_size(); ++i)
+      last.push_back(a.Update(i, msgs));
+  }
+  return last;
+}
+
+const std::vector<Param> kTwo = {{"a", 24, 40, v1::SHARDING_REPLICATED},
+                                 {"b", 40, 24, v1::SHARDING_REPLICATED}};
+
+// Steps 1..`to` of job "ref" on a service of its own, uninterrupted.
+std::vector<std::vector<float>> Uninterrupted(
+    int to, const std::vector<std::vector<std::vector<float>>>& grads) {
+  auto ref = NewService();
+  Rank a, b;
+  EXPECT_TRUE(a.Open(*ref, Request("ref", 0, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+  EXPECT_TRUE(b.Open(*ref, Request("ref", 1, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+  return RunBoth(*ref, a, b, 1, to, grads);
+}
+
+// Step `step` half done: parameter 0 stepped on both ranks (its momentum
+// advanced), parameter 1 declared by rank `a` only.
+void HalfStep(OptimizerService& svc, Rank& a, Rank& b, int step,
+              const std::vector<std::vector<float>>& grads) {
+  ASSERT_TRUE(SendSome(svc, a, step, grads, {0}).ok());
+  ASSERT_TRUE(SendSome(svc, b, step, grads, {0}).ok());
+  ASSERT_TRUE(a.sink->WaitUpdatesReady(step, 0));
+  ASSERT_TRUE(SendSome(svc, a, step, grads, {1}).ok());
+}
+
+TEST(Service, RankLeavingMidStepRollsItsJobBackAndKeepsIt) {
+  // A rank dies mid-step: the step is void for every rank, the job goes
+  // back to its last completed step (parameter 0's momentum had advanced)
+  // and is kept like an idle job; reopened, it continues bit for bit like
+  // an uninterrupted run. Other jobs never notice.
+  std::mt19937_64 rng(std::random_device{}());
+  const auto grads = StepsOfGradients(kTwo, 3, rng);
+  const auto straight = Uninterrupted(3, grads);
+
   auto svc = NewService();
-  const std::vector<Param> ps = {{"w", 8, 8, v1::SHARDING_UNREDUCED}};
   Rank a, b, other;
-  ASSERT_TRUE(a.Open(*svc, Request("j", 0, 2, v1::TRANSPORT_SHM, ps)).ok());
-  ASSERT_TRUE(b.Open(*svc, Request("j", 1, 2, v1::TRANSPORT_SHM, ps)).ok());
-  ASSERT_TRUE(other.Open(*svc, Request("k", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
-  ASSERT_TRUE(a.Send(*svc, 1, {std::vector<float>(64, 1.0f)}).ok());
+  ASSERT_TRUE(a.Open(*svc, Request("j", 0, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+  ASSERT_TRUE(b.Open(*svc, Request("j", 1, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+  ASSERT_TRUE(
+      other.Open(*svc, Request("k", 0, 1, v1::TRANSPORT_SHM, kTwo)).ok());
+  RunBoth(*svc, a, b, 1, 1, grads);
+  HalfStep(*svc, a, b, 2, grads[1]);
   svc->Detach(b.open.session_id(), absl::CancelledError("client died"));
   absl::Status st;
   ASSERT_TRUE(a.sink->WaitAbort(&st));
   EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
-  EXPECT_NE(st.message().find("rank 1 of job 'j' left mid-step"),
-            std::string::npos)
-      << st;
-  // The segment of the dead rank is gone; the other job keeps stepping.
+  for (const char* part :
+       {"rank 1 of job 'j' left mid-step (client died)",
+        "back at its last completed step 1", "continue from step 2"}) {
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << ": " << st;
+  }
+  // The segment of the dead rank is gone; every rank of the job is closed,
+  // the job kept at step 1.
   EXPECT_EQ(transport::OpenShmRegion(b.open.shm_name(), 1).status().code(),
             absl::StatusCode::kNotFound);
-  ASSERT_TRUE(other.Send(*svc, 1, {std::vector<float>(64, 2.0f)}).ok());
+  const v1::StatusResponse status = svc->Status();
+  ASSERT_EQ(status.jobs_size(), 2);
+  for (const auto& j : status.jobs()) {
+    if (j.job_id() != "j") continue;
+    EXPECT_EQ(j.completed_steps(), 1);
+    EXPECT_EQ(j.ranks_open(), 0);
+  }
+  EXPECT_EQ(svc->open_sessions(), 1);  // "k"'s
+  EXPECT_EQ(svc->OnStepRequest(a.open.session_id(), v1::StepRequest()).code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(other.Send(*svc, 1, grads[0]).ok());
   auto msgs = other.sink->WaitStep(1);
   EXPECT_TRUE(!msgs.empty() && msgs.back().has_step_complete());
+
+  Rank a2, b2;
+  ASSERT_TRUE(a2.Open(*svc, Request("j", 0, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+  ASSERT_TRUE(b2.Open(*svc, Request("j", 1, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+  EXPECT_EQ(a2.open.next_step(), 2);
+  EXPECT_EQ(b2.open.next_step(), 2);
+  EXPECT_EQ(RunBoth(*svc, a2, b2, 2, 3, grads), straight);  // bit for bit
+}
+
+TEST(Service, DrainRefusesNewStepsAndTheFinalSnapshotHoldsTheLastComplete) {
+  // While draining, a step nobody started is refused (UNAVAILABLE naming the
+  // drain); the final snapshot takes a job stuck mid-step at its last
+  // completed step (voiding that step on its streams), and a daemon
+  // restarted on the directory continues it bit for bit.
+  char tmpl[] = "/tmp/dmuon-drain-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ServiceOptions o;
+  o.state_dir = tmpl;
+  std::mt19937_64 rng(std::random_device{}());
+  const auto grads = StepsOfGradients(kTwo, 3, rng);
+  const auto straight = Uninterrupted(3, grads);
+  {
+    auto svc = NewService(o);
+    Rank a, b, idle;
+    ASSERT_TRUE(a.Open(*svc, Request("j", 0, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+    ASSERT_TRUE(b.Open(*svc, Request("j", 1, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+    ASSERT_TRUE(
+        idle.Open(*svc, Request("k", 0, 1, v1::TRANSPORT_SHM, kTwo)).ok());
+    RunBoth(*svc, a, b, 1, 1, grads);
+    ASSERT_TRUE(idle.Send(*svc, 1, grads[0]).ok());
+    idle.sink->WaitStep(1);
+    HalfStep(*svc, a, b, 2, grads[1]);  // rank 1 never sends parameter 1
+
+    svc->Drain();
+    const absl::Status refused = idle.Send(*svc, 2, grads[1]);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+    EXPECT_NE(refused.message().find("draining"), std::string::npos) << refused;
+    EXPECT_NE(refused.message().find("step 2 of job 'k' was not started"),
+              std::string::npos)
+        << refused;
+    // A step in progress is not refused: rank 1 may still finish it.
+    EXPECT_TRUE(svc->Busy());
+
+    ASSERT_TRUE(svc->SnapshotAll().ok());
+    absl::Status st;
+    ASSERT_TRUE(a.sink->WaitAbort(&st));
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+    EXPECT_NE(st.message().find("step 2 of job 'j' was not complete"),
+              std::string::npos)
+        << st;
+    EXPECT_FALSE(svc->Busy());
+  }
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  Rank a, b, idle;
+  ASSERT_TRUE(a.Open(*svc, Request("j", 0, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+  ASSERT_TRUE(b.Open(*svc, Request("j", 1, 2, v1::TRANSPORT_SHM, kTwo)).ok());
+  ASSERT_TRUE(
+      idle.Open(*svc, Request("k", 0, 1, v1::TRANSPORT_SHM, kTwo)).ok());
+  EXPECT_EQ(a.open.next_step(), 2);
+  EXPECT_EQ(idle.open.next_step(), 2);
+  EXPECT_EQ(RunBoth(*svc, a, b, 2, 3, grads), straight);  // bit for bit
 }
 
 TEST(Service, ShrunkSegmentIsDataLoss) {
@@ -245,13 +396,6 @@ std::vector<std::vector<double>> ReferenceSteps(
     }
   }
   return want;
-}
-
-std::vector<std::vector<std::vector<float>>> StepsOfGradients(
-    const std::vector<Param>& ps, int steps, std::mt19937_64& rng) {
-  std::vector<std::vector<std::vector<float>>> g;
-  for (int k = 0; k < steps; ++k) g.push_back(RandomGradients(ps, rng));
-  return g;
 }
 
 const std::vector<Param> kIdle = {{"a", 24, 40, v1::SHARDING_REPLICATED},
@@ -451,8 +595,8 @@ TEST(Service, DroppedJobWithStateDirResumesBitExactlyFromItsSnapshot) {
   }
 
   // Dropped again (step 4 saved), and the file damaged: a reopen is refused
-  // rather than silently starting from zero; once the file is removed, the
-  // job starts afresh.
+  // rather than silently starting from zero, and the file moved aside (never
+  // overwritten); the next reopen starts the job afresh.
   ASSERT_EQ(
       svc->ReapIdleJobs(Clock::now() + std::chrono::seconds(31)).dropped.size(),
       1u);
@@ -466,10 +610,11 @@ TEST(Service, DroppedJobWithStateDirResumesBitExactlyFromItsSnapshot) {
   auto refused =
       svc->OpenSession(Request("snap", 0, 1, v1::TRANSPORT_INLINE, kIdle));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(refused.status().message().find("remove " + file),
-            std::string::npos)
+  EXPECT_NE(
+      refused.status().message().find("moved aside to " + file + ".corrupt-"),
+      std::string::npos)
       << refused.status();
-  ASSERT_EQ(unlink(file.c_str()), 0);
+  EXPECT_NE(access(file.c_str(), F_OK), 0);
   Rank r;
   ASSERT_TRUE(
       r.Open(*svc, Request("snap", 0, 1, v1::TRANSPORT_INLINE, kIdle)).ok());
@@ -499,6 +644,156 @@ TEST(Service, ReaperThreadDropsIdleJobsByItself) {
   mu.AwaitWithTimeout(absl::Condition(&reported_one), absl::Seconds(10));
   EXPECT_EQ(svc->Status().jobs_size(), 0);
   EXPECT_EQ(reported, std::vector<std::string>{"j"});
+}
+
+// Files of `dir` whose name contains `part`.
+std::vector<std::string> FilesWith(const std::string& dir,
+                                   const std::string& part) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.find(part) != std::string::npos) out.push_back(n);
+  }
+  return out;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(Service, CorruptSnapshotsAreMovedAsideReportedAndTheJobStartsAfresh) {
+  char tmpl[] = "/tmp/dmuon-corrupt-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ServiceOptions o;
+  o.state_dir = dir;
+  o.snapshot_every = 1;
+  std::mt19937_64 rng(std::random_device{}());
+  const auto grads = StepsOfGradients(kIdle, 2, rng);
+  // Good snapshots of "good" and "later" at step 2.
+  {
+    auto svc = NewService(o);
+    for (const char* id : {"good", "later"}) {
+      Rank r;
+      ASSERT_TRUE(
+          r.Open(*svc, Request(id, 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());
+      RunSteps(*svc, r, 1, grads);
+    }
+  }
+  SnapshotStore names(dir, nullptr);
+  // Damaged: junk under "junk"'s name; crafted: a valid file of "good"
+  // under "evil"'s name.
+  { std::ofstream(names.PathOf("junk")) << "not a snapshot"; }
+  const std::string crafted = ReadAll(names.PathOf("good"));
+  { std::ofstream(names.PathOf("evil"), std::ios::binary) << crafted; }
+
+  RecordingMetrics metrics;
+  std::vector<std::string> logged;
+  absl::Mutex log_mu;
+  o.snapshot_failed = [&](const absl::Status& st) {
+    absl::MutexLock l(&log_mu);
+    logged.push_back(std::string(st.message()));
+  };
+  auto svc = NewService(o, 2, &metrics);
+  const absl::Status scan = svc->LoadSnapshots();
+  EXPECT_TRUE(absl::IsDataLoss(scan)) << scan;
+  EXPECT_NE(scan.message().find("moved aside to"), std::string::npos) << scan;
+  // Both moved aside, bytes intact; the good ones stay.
+  const auto aside = FilesWith(dir, ".corrupt-");
+  EXPECT_EQ(aside.size(), 2u);
+  for (const auto& n : aside) {
+    const std::string bytes = ReadAll(dir + "/" + n);
+    EXPECT_TRUE(bytes == "not a snapshot" || bytes == crafted) << n;
+  }
+  EXPECT_EQ(FilesWith(dir, ".dmst").size(), 4u);  // 2 good + 2 moved aside
+  EXPECT_EQ(metrics.snapshot_failures()["corrupt"], 2u);
+  EXPECT_EQ(logged.size(), 2u);
+  v1::StatusResponse status = svc->Status();
+  ASSERT_EQ(status.snapshot_errors_size(), 2);
+  for (const auto& e : status.snapshot_errors())
+    EXPECT_NE(e.find(".corrupt-"), std::string::npos) << e;
+  // "evil" starts afresh (its file was moved aside at start).
+  {
+    Rank r;
+    ASSERT_TRUE(
+        r.Open(*svc, Request("evil", 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());
+    EXPECT_EQ(r.open.next_step(), 1);
+  }
+
+  // Damaged after the start (found good then): the reopen fails, naming
+  // where the file went; the next reopen starts afresh.
+  {
+    std::string bytes = ReadAll(names.PathOf("later"));
+    bytes[bytes.size() / 2] ^= 0x5a;
+    std::ofstream(names.PathOf("later"), std::ios::binary | std::ios::trunc)
+        << bytes;
+  }
+  Rank r;
+  const absl::Status refused =
+      r.Open(*svc, Request("later", 0, 1, v1::TRANSPORT_SHM, kIdle));
+  EXPECT_TRUE(absl::IsDataLoss(refused)) << refused;
+  for (const char* part :
+       {"checksum mismatch", "moved aside to", "zero momentum at step 1"}) {
+    EXPECT_NE(refused.message().find(part), std::string::npos)
+        << part << ": " << refused;
+  }
+  EXPECT_FALSE(std::filesystem::exists(names.PathOf("later")));
+  EXPECT_EQ(FilesWith(dir, ".corrupt-").size(), 3u);
+  EXPECT_EQ(metrics.snapshot_failures()["corrupt"], 3u);
+  EXPECT_EQ(svc->Status().snapshot_errors_size(), 3);
+  ASSERT_TRUE(
+      r.Open(*svc, Request("later", 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());
+  EXPECT_EQ(r.open.next_step(), 1);
+  // The good one still resumes.
+  Rank g;
+  ASSERT_TRUE(
+      g.Open(*svc, Request("good", 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());
+  EXPECT_EQ(g.open.next_step(), 3);
+}
+
+TEST(Service, SnapshotWriteFailuresAreCountedReportedAndReturned) {
+  char tmpl[] = "/tmp/dmuon-wfail-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ServiceOptions o;
+  o.state_dir = dir;
+  o.snapshot_every = 1;
+  std::vector<std::string> logged;
+  absl::Mutex log_mu;
+  o.snapshot_failed = [&](const absl::Status& st) {
+    absl::MutexLock l(&log_mu);
+    logged.push_back(std::string(st.message()));
+  };
+  RecordingMetrics metrics;
+  auto svc = NewService(o, 2, &metrics);
+  // The temporary file's name is taken by a directory: every write fails.
+  const std::string tmp = SnapshotStore(dir, nullptr).PathOf("w") + ".tmp";
+  ASSERT_TRUE(std::filesystem::create_directory(tmp));
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("w", 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());
+  std::mt19937_64 rng(std::random_device{}());
+  RunSteps(*svc, r, 1, StepsOfGradients(kIdle, 2, rng));  // steps still work
+  EXPECT_EQ(metrics.snapshot_failures()["write"], 2u);
+  const absl::Status final_snapshot = svc->SnapshotAll();
+  EXPECT_TRUE(absl::IsUnavailable(final_snapshot)) << final_snapshot;
+  EXPECT_NE(final_snapshot.message().find(tmp), std::string::npos)
+      << final_snapshot;
+  EXPECT_EQ(metrics.snapshot_failures()["write"], 3u);
+  {
+    absl::MutexLock l(&log_mu);
+    EXPECT_EQ(logged.size(), 3u);
+  }
+  EXPECT_EQ(svc->Status().snapshot_errors_size(), 3);
+  EXPECT_FALSE(
+      std::filesystem::exists(SnapshotStore(dir, nullptr).PathOf("w")));
+  // The disk recovers: the next write succeeds.
+  std::filesystem::remove(tmp);
+  ASSERT_TRUE(svc->SnapshotAll().ok());
+  EXPECT_TRUE(std::filesystem::exists(SnapshotStore(dir, nullptr).PathOf("w")));
+  EXPECT_FALSE(std::filesystem::exists(tmp));
 }
 
 }  // namespace

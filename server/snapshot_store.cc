@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace dmuon::server {
 namespace {
@@ -50,8 +52,52 @@ std::string EncodeSnapshot(
 }
 
 SnapshotStore::SnapshotStore(std::string dir,
-                             std::function<void(double)> written)
-    : dir_(std::move(dir)), written_(std::move(written)) {}
+                             std::function<void(double)> written, Failed failed)
+    : dir_(std::move(dir)),
+      written_(std::move(written)),
+      failed_(std::move(failed)) {}
+
+void SnapshotStore::Record(const absl::Status& st) {
+  absl::MutexLock lock(&errors_mu_);
+  if (errors_.size() == kMaxErrors) errors_.erase(errors_.begin());
+  errors_.push_back(std::string(st.message()));
+}
+
+std::vector<std::string> SnapshotStore::errors() const {
+  absl::MutexLock lock(&errors_mu_);
+  return errors_;
+}
+
+absl::StatusOr<std::string> SnapshotStore::MoveAside(const std::string& path,
+                                                     const absl::Status& why) {
+  absl::StatusOr<std::string> out;
+  absl::Status report;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string stamp =
+        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
+    std::string to = absl::StrCat(path, ".corrupt-", stamp);
+    struct stat st;
+    for (int n = 1; ::lstat(to.c_str(), &st) == 0; ++n)
+      to = absl::StrCat(path, ".corrupt-", stamp, "-", n);
+    if (::rename(path.c_str(), to.c_str()) != 0) {
+      out = absl::DataLossError(absl::StrCat(
+          why.message(), "; could not be moved aside to ", to, " (",
+          strerror(errno), "): left in place, move it away by hand"));
+      report = out.status();
+    } else {
+      out = to;
+      report = absl::DataLossError(
+          absl::StrCat(why.message(), "; moved aside to ", to));
+      for (auto it = newest_.begin(); it != newest_.end();) {
+        it = PathOf(it->first) == path ? newest_.erase(it) : std::next(it);
+      }
+    }
+    Record(report);
+  }
+  if (failed_) failed_(kSnapshotCorrupt, report);
+  return out;
+}
 
 std::string SnapshotStore::PathOf(const std::string& job_id) const {
   return absl::StrCat(dir_, "/job-", HexOf(job_id), ".dmst");
@@ -60,41 +106,72 @@ std::string SnapshotStore::PathOf(const std::string& job_id) const {
 absl::Status SnapshotStore::Write(const std::string& job_id,
                                   uint64_t job_serial, int64_t completed_steps,
                                   const std::string& bytes) {
-  absl::MutexLock lock(&mu_);
-  if (auto it = steps_.find(job_serial);
-      it != steps_.end() && it->second > completed_steps) {
-    return absl::OkStatus();  // a newer state of this job is on disk already
+  absl::Status st;
+  {
+    absl::MutexLock lock(&mu_);
+    st = WriteLocked(job_id, job_serial, completed_steps, bytes);
+    if (!st.ok()) Record(st);
+  }
+  if (!st.ok() && failed_) {
+    failed_(
+        absl::IsFailedPrecondition(st) ? kSnapshotStale : kSnapshotWriteFailed,
+        st);
+  }
+  return st;
+}
+
+absl::Status SnapshotStore::WriteLocked(const std::string& job_id,
+                                        uint64_t job_serial,
+                                        int64_t completed_steps,
+                                        const std::string& bytes) {
+  const std::string path = PathOf(job_id);
+  if (auto it = newest_.find(job_id);
+      it != newest_.end() && it->second.second > completed_steps) {
+    if (it->second.first == job_serial)
+      return absl::OkStatus();  // a newer state of this job is on disk already
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "snapshot of job '", job_id, "' at step ", completed_steps,
+          " not written: ", path, " holds step ", it->second.second,
+          " (an earlier run of the job), and a newer snapshot is never "
+          "replaced by an older state; move that file aside to snapshot this "
+          "job"));
+    }
+    newest_.erase(it);  // removed by the operator
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string path = PathOf(job_id);
   const std::string tmp = absl::StrCat(path, ".tmp");
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0) {
+  // Nothing half-written stays behind: the temporary file goes on failure.
+  auto fail = [&tmp](const std::string& what, int err) {
+    ::unlink(tmp.c_str());
     return absl::UnavailableError(
-        absl::StrCat("snapshot: cannot create ", tmp, ": ", strerror(errno)));
-  }
+        absl::StrCat("snapshot: ", what, ": ", strerror(err)));
+  };
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return fail(absl::StrCat("cannot create ", tmp), errno);
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
       ::close(fd);
-      return absl::UnavailableError(
-          absl::StrCat("snapshot: writing ", tmp, ": ", strerror(errno)));
+      return fail(absl::StrCat("writing ", tmp), err);
     }
     done += static_cast<size_t>(n);
   }
   const bool synced = ::fsync(fd) == 0;
+  const int sync_err = errno;
   ::close(fd);
-  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("snapshot: cannot commit ", path, ": ", strerror(errno)));
-  }
+  if (!synced) return fail(absl::StrCat("cannot sync ", tmp), sync_err);
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    return fail(absl::StrCat("cannot commit ", path), errno);
   int dir = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
   if (dir >= 0) {
     ::fsync(dir);
     ::close(dir);
   }
-  steps_[job_serial] = completed_steps;
+  newest_[job_id] = {job_serial, completed_steps};
   if (written_) {
     written_(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -163,7 +240,7 @@ absl::StatusOr<SnapshotFile> SnapshotStore::Read(const std::string& path) {
 
 absl::StatusOr<
     std::pair<std::vector<std::pair<std::string, std::string>>, absl::Status>>
-SnapshotStore::Scan() const {
+SnapshotStore::Scan() {
   DIR* d = ::opendir(dir_.c_str());
   if (!d) {
     return absl::FailedPreconditionError(
@@ -182,12 +259,29 @@ SnapshotStore::Scan() const {
   for (const std::string& n : names) {
     const std::string path = absl::StrCat(dir_, "/", n);
     auto snap = Read(path);
-    if (!snap.ok()) {
+    absl::Status bad = snap.status();
+    if (snap.ok() && PathOf(snap->head.header().job_id()) != path) {
+      bad = absl::DataLossError(absl::StrCat(
+          "snapshot ", path, " holds job '", snap->head.header().job_id(),
+          "', whose file is ", PathOf(snap->head.header().job_id())));
+    }
+    if (!bad.ok()) {
+      if (absl::IsNotFound(bad)) continue;  // removed meanwhile
+      auto moved = MoveAside(path, bad);
       if (first.ok()) {
-        first = absl::DataLossError(
-            absl::StrCat(snap.status().message(), "; ignored"));
+        first = absl::DataLossError(absl::StrCat(
+            bad.message(), "; ",
+            moved.ok() ? absl::StrCat("moved aside to ", *moved,
+                                      " (its job starts from zero momentum "
+                                      "when reopened)")
+                       : std::string(moved.status().message())));
       }
       continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      newest_[snap->head.header().job_id()] = {
+          0, snap->head.header().completed_steps()};
     }
     good.emplace_back(snap->head.header().job_id(), path);
   }
@@ -232,6 +326,12 @@ absl::Status PendingSnapshots::FinishRead(const std::string& job_id,
   files_.erase(job_id);
   read_[job_id] = std::move(*file);
   return absl::OkStatus();
+}
+
+void PendingSnapshots::Forget(const std::string& job_id,
+                              const std::string& path) {
+  if (auto f = files_.find(job_id); f != files_.end() && f->second == path)
+    files_.erase(f);
 }
 
 const SnapshotFile* PendingSnapshots::Find(const std::string& job_id) const {

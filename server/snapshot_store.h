@@ -41,13 +41,23 @@ std::string EncodeSnapshot(
     const v1::StateHeader& header,
     const std::vector<const std::vector<float>*>& momentum);
 
+// What went wrong with a snapshot (SnapshotStore's `failed` callback and
+// the dmuon_snapshot_failures_total{kind} metric).
+inline constexpr char kSnapshotWriteFailed[] = "write";  // I/O error
+inline constexpr char kSnapshotStale[] = "stale";      // older than the file's
+inline constexpr char kSnapshotCorrupt[] = "corrupt";  // moved aside
+
 // The snapshot files of one directory. Thread-safe.
 class SnapshotStore {
  public:
+  // (kind, error) of a failure: one of the kinds above.
+  using Failed = std::function<void(const char*, const absl::Status&)>;
   // `dir` empty: no snapshots (enabled() false; nothing else may be
   // called). `written` (may be empty) gets each write's duration in
-  // seconds, with the store's lock held.
-  SnapshotStore(std::string dir, std::function<void(double)> written);
+  // seconds, with the store's lock held. `failed` (may be empty) gets each
+  // failure, without the store's lock.
+  SnapshotStore(std::string dir, std::function<void(double)> written,
+                Failed failed = nullptr);
 
   bool enabled() const { return !dir_.empty(); }
   const std::string& dir() const { return dir_; }
@@ -58,10 +68,25 @@ class SnapshotStore {
   // `job_serial` taken after `completed_steps`. Writes are serialized, and
   // one older than a snapshot of the same job (serial) already written is
   // skipped (OK): a --snapshot-every write, the idle drop and the shutdown
-  // snapshot may race, and the file must end with the newest state.
+  // snapshot may race, and the file must end with the newest state. One
+  // older than the file of the id written by another serial, or found by
+  // Scan, is refused (FAILED_PRECONDITION, kind "stale"): a newer snapshot
+  // is never replaced by an older state. A failed write removes its
+  // temporary file (kind "write").
   absl::Status Write(const std::string& job_id, uint64_t job_serial,
                      int64_t completed_steps, const std::string& bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A snapshot file that cannot be used (`why`): renamed to
+  // `<path>.corrupt-<UTC time>` (never overwritten or deleted), recorded
+  // (errors(), kind "corrupt"). Returns the new path, or the rename's error
+  // (the file then stays where it is).
+  absl::StatusOr<std::string> MoveAside(const std::string& path,
+                                        const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The last failures (at most kMaxErrors, oldest first), for Status.
+  static constexpr size_t kMaxErrors = 32;
+  std::vector<std::string> errors() const ABSL_LOCKS_EXCLUDED(errors_mu_);
 
   // Reads and checks one snapshot file: NOT_FOUND when it does not exist,
   // DATA_LOSS naming what is wrong with it otherwise.
@@ -69,20 +94,32 @@ class SnapshotStore {
 
   // Every snapshot file of the directory, each checked (read whole):
   // (job id, path) of the good ones, and DATA_LOSS for the first bad one
-  // (the others are still listed). FAILED_PRECONDITION when the directory
-  // cannot be read.
+  // (the others are still listed); each bad one is moved aside
+  // (MoveAside). FAILED_PRECONDITION when the directory cannot be read.
   absl::StatusOr<
       std::pair<std::vector<std::pair<std::string, std::string>>, absl::Status>>
-  Scan() const;
+  Scan() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  absl::Status WriteLocked(const std::string& job_id, uint64_t job_serial,
+                           int64_t completed_steps, const std::string& bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Record(const absl::Status& st) ABSL_LOCKS_EXCLUDED(errors_mu_);
+
   const std::string dir_;
   const std::function<void(double)> written_;
+  const Failed failed_;
   // Held for a whole write, and taken with no other lock held (only
   // `written_`'s own lock nests inside it).
-  absl::Mutex mu_;
-  // By job serial: the completed steps of the newest snapshot written.
-  std::map<uint64_t, int64_t> steps_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex mu_;
+  // By job id: the serial that wrote its file last (0: found by Scan) and
+  // that file's completed steps.
+  std::map<std::string, std::pair<uint64_t, int64_t>> newest_
+      ABSL_GUARDED_BY(mu_);
+  // A leaf (taken inside mu_ too): Status reads it without waiting for a
+  // write in progress.
+  mutable absl::Mutex errors_mu_;
+  std::vector<std::string> errors_ ABSL_GUARDED_BY(errors_mu_);
 };
 
 // Snapshots that the next job of their id resumes from: first a file to
@@ -108,6 +145,9 @@ class PendingSnapshots {
   // not silently restart from zero).
   absl::Status FinishRead(const std::string& job_id, const std::string& path,
                           absl::StatusOr<SnapshotFile> file);
+  // Forgets the file of `job_id` at `path` (moved aside: the job starts
+  // afresh).
+  void Forget(const std::string& job_id, const std::string& path);
   // The snapshot read for `job_id`, or null.
   const SnapshotFile* Find(const std::string& job_id) const;
   // Removes and returns the snapshot read for `job_id` (Find not null).

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -60,14 +63,87 @@ TEST(SnapshotStore, AnOlderSnapshotOfTheSameJobNeverReplacesANewerOne) {
   auto f = SnapshotStore::Read(store.PathOf("j"));
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->head.header().completed_steps(), 5);
-  // The same step again is written; a new job of the id (another serial)
-  // starts its own history.
+  // The same step again is written.
   ASSERT_TRUE(store.Write("j", 1, 5, Encode("j", 5, 6.0f)).ok());
   EXPECT_EQ(SnapshotStore::Read(store.PathOf("j"))->momentum[0][0], 6.0f);
-  ASSERT_TRUE(store.Write("j", 2, 1, Encode("j", 1, 1.0f)).ok());
+}
+
+TEST(SnapshotStore, AnotherRunOfTheJobNeverReplacesANewerSnapshot) {
+  std::vector<std::pair<std::string, std::string>> failed;
+  SnapshotStore store(TempDir(), nullptr,
+                      [&](const char* kind, const absl::Status& st) {
+                        failed.emplace_back(kind, std::string(st.message()));
+                      });
+  ASSERT_TRUE(store.Write("j", 1, 50, Encode("j", 50, 5.0f)).ok());
+  // A new job of the id (another serial) that restarted at step 1.
+  const absl::Status st = store.Write("j", 2, 1, Encode("j", 1, 1.0f));
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_NE(st.message().find("holds step 50"), std::string::npos) << st;
+  EXPECT_EQ(
+      SnapshotStore::Read(store.PathOf("j"))->head.header().completed_steps(),
+      50);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].first, "stale");
+  EXPECT_EQ(store.errors().size(), 1u);
+  // Past it, it writes; and files found at start count the same.
+  ASSERT_TRUE(store.Write("j", 2, 51, Encode("j", 51, 2.0f)).ok());
+  SnapshotStore restarted(store.dir(), nullptr);
+  ASSERT_TRUE(restarted.Scan().ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      restarted.Write("j", 1, 3, Encode("j", 3, 3.0f))));
+  // The operator moved the file away: a fresh history may start.
+  ASSERT_EQ(::unlink(store.PathOf("j").c_str()), 0);
+  EXPECT_TRUE(restarted.Write("j", 1, 3, Encode("j", 3, 3.0f)).ok());
+}
+
+TEST(SnapshotStore, AFailedWriteLeavesNoTemporaryFileAndIsReported) {
+  std::vector<std::string> kinds;
+  SnapshotStore store(
+      TempDir(), nullptr,
+      [&](const char* kind, const absl::Status&) { kinds.push_back(kind); });
+  ASSERT_TRUE(store.Write("j", 1, 1, Encode("j", 1, 1.0f)).ok());
+  // The disk fills up mid-write (the file-size limit: EFBIG).
+  std::string big = Encode("j", 2, 2.0f);
+  big.resize(1 << 20, 'x');
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status st = store.Write("j", 1, 2, big);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_NE(st.message().find("writing"), std::string::npos) << st;
+  struct stat sb;
+  EXPECT_NE(::stat((store.PathOf("j") + ".tmp").c_str(), &sb), 0)
+      << "temporary file left behind";
+  // The old snapshot is intact.
   EXPECT_EQ(
       SnapshotStore::Read(store.PathOf("j"))->head.header().completed_steps(),
       1);
+  EXPECT_EQ(kinds, std::vector<std::string>{"write"});
+  ASSERT_EQ(store.errors().size(), 1u);
+}
+
+TEST(SnapshotStore, MoveAsideKeepsTheBytesUnderANewName) {
+  SnapshotStore store(TempDir(), nullptr);
+  const std::string path = store.PathOf("m");
+  { std::ofstream(path) << "bad"; }
+  auto first = store.MoveAside(path, absl::DataLossError("snapshot bad"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_NE(first->find(".corrupt-"), std::string::npos);
+  { std::ofstream(path) << "bad again"; }  // the same second: a new name
+  auto second = store.MoveAside(path, absl::DataLossError("snapshot bad"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(*first, *second);
+  std::ifstream a(*first), b(*second);
+  std::string sa, sb;
+  std::getline(a, sa);
+  std::getline(b, sb);
+  EXPECT_EQ(sa, "bad");
+  EXPECT_EQ(sb, "bad again");
+  EXPECT_FALSE(store.MoveAside(path, absl::DataLossError("gone")).ok());
 }
 
 TEST(SnapshotStore, ReadTellsGoneFromDamaged) {
@@ -123,6 +199,11 @@ TEST(SnapshotStore, ScanListsGoodFilesAndReportsTheFirstBadOne) {
   EXPECT_EQ(scan->first[0].first, "a");
   EXPECT_EQ(scan->first[0].second, store.PathOf("a"));
   EXPECT_TRUE(absl::IsDataLoss(scan->second));
+  // The bad file was moved aside, not left to be overwritten.
+  EXPECT_NE(scan->second.message().find("moved aside to"), std::string::npos)
+      << scan->second;
+  struct stat sb;
+  EXPECT_NE(::stat((store.dir() + "/job-ff.dmst").c_str(), &sb), 0);
 
   SnapshotStore missing(store.dir() + "/nope", nullptr);
   EXPECT_TRUE(absl::IsFailedPrecondition(missing.Scan().status()));

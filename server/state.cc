@@ -20,6 +20,7 @@ v1::StateHeader HeaderOf(const Job& job)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
   v1::StateHeader h;
   h.set_job_id(job.id());
+  h.set_owner(job.owner());
   h.set_completed_steps(job.completed_steps());
   for (const auto& p : job.table().params) *h.add_parameters() = ToSpec(p);
   for (const auto& g : job.table().groups) *h.add_groups() = g;
@@ -67,11 +68,13 @@ absl::StatusOr<std::vector<v1::StateChunk>> StateChunks(const Job& job,
 }  // namespace
 
 absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::GetState(
-    const std::string& session_id) {
+    const std::string& session_id, const Principal& who) {
   auto s = FindSession(session_id);
   if (!s) return absl::NotFoundError("no open session with this session_id");
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
+  if (auto st = CheckJobOwner(who, job->owner(), job->id()); !st.ok())
+    return st;
   absl::MutexLock lock(&job->mu());
   if (!job->broken() && !job->mid_step()) {
     if (auto st = PullState(*scheduler_, *job); !st.ok()) return st;
@@ -81,7 +84,7 @@ absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::GetState(
 }
 
 absl::StatusOr<int64_t> OptimizerService::SetState(
-    const std::vector<v1::StateChunk>& chunks) {
+    const std::vector<v1::StateChunk>& chunks, const Principal& who) {
   if (chunks.empty() || !chunks[0].has_header()) {
     return absl::InvalidArgumentError(
         "SetState: the first message must carry the header");
@@ -92,6 +95,8 @@ absl::StatusOr<int64_t> OptimizerService::SetState(
         "SetState: no open session with this session_id");
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
+  if (auto st = CheckJobOwner(who, job->owner(), job->id()); !st.ok())
+    return st;
   const v1::StateHeader& h = chunks[0].header();
   absl::MutexLock lock(&job->mu());
   if (job->mid_step() || job->broken()) {
@@ -116,8 +121,10 @@ absl::StatusOr<int64_t> OptimizerService::SetState(
                        kernels::ShapeString(params[i].shape)));
     }
   }
-  if (h.completed_steps() < 0)
-    return absl::InvalidArgumentError("completed_steps is negative");
+  if (h.completed_steps() < 0 || h.completed_steps() > kMaxCompletedSteps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "completed_steps ", h.completed_steps(), " is outside [0, 2^62]"));
+  }
   // Assemble into scratch: nothing changes unless every byte is accounted for.
   std::vector<std::vector<float>> mom(params.size());
   std::vector<uint64_t> got(params.size(), 0);
@@ -164,18 +171,39 @@ absl::StatusOr<int64_t> OptimizerService::SetState(
 }
 
 absl::StatusOr<std::string> SnapshotBytes(Scheduler& scheduler, Job& job) {
+  if (job.mid_step() && (job.running() || !job.can_roll_back())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id(), "' is in the middle of step ",
+        job.completed_steps() + 1,
+        job.running() ? " (a computation is running)"
+                      : " on executors that hold state (its momentum has "
+                        "advanced in place)",
+        ": no snapshot of its last completed step ", job.completed_steps(),
+        " can be taken now"));
+  }
   if (auto st = PullState(scheduler, job); !st.ok()) return st;
-  std::vector<const std::vector<float>*> momentum;
-  for (int i = 0; i < job.num_params(); ++i)
-    momentum.push_back(&job.param(i).momentum);
-  return EncodeSnapshot(HeaderOf(job), momentum);
+  // Mid-step (host momentum): each parameter that ran this step as of
+  // before it, i.e. the whole job at its last completed step.
+  return EncodeSnapshot(HeaderOf(job), job.last_complete_momentum());
+}
+
+bool WaitUntilNotRunning(Job& job, absl::Duration timeout)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+  auto idle = [&job] {
+    job.mu().AssertHeld();
+    return !job.running();
+  };
+  return job.mu().AwaitWithDeadline(absl::Condition(&idle),
+                                    absl::Now() + timeout);
 }
 
 absl::Status OptimizerService::SnapshotAll() {
   if (!snapshots_.enabled()) return absl::OkStatus();
   std::vector<std::shared_ptr<Job>> jobs;
+  bool draining = false;
   {
     absl::MutexLock lock(&mu_);
+    draining = draining_;
     for (auto& [id, j] : jobs_) jobs.push_back(j);
   }
   absl::Status first;
@@ -184,8 +212,29 @@ absl::Status OptimizerService::SnapshotAll() {
     int64_t steps = 0;
     {
       absl::MutexLock lock(&j->mu());
-      // Only consistent states; a job the reaper dropped saved its own.
-      if (j->broken() || j->dropped() || j->mid_step()) continue;
+      // A job the reaper dropped saved its own; a broken one has nothing
+      // consistent (its last snapshot stays).
+      if (j->broken() || j->dropped()) continue;
+      if (j->mid_step()) {
+        // Not while draining: a step of a live job is taken by the next
+        // --snapshot-every write instead.
+        if (!draining && j->running()) continue;
+        if (draining) {
+          // The final snapshot: a computation in progress ends (an executor
+          // call) and the step still incomplete is void, so that no client
+          // is told a step is complete that the snapshot does not hold.
+          (void)WaitUntilNotRunning(*j, kSnapshotWait);
+          if (!j->running() && j->RollBack()) {
+            j->AbortStreams(absl::UnavailableError(absl::StrCat(
+                "dmuond is shutting down: step ", j->completed_steps() + 1,
+                " of job '", j->id(),
+                "' was not complete and is void; the state as of step ",
+                j->completed_steps(),
+                " is snapshotted: reopen every rank and continue from step ",
+                j->completed_steps() + 1)));
+          }
+        }
+      }
       auto got = SnapshotBytes(*scheduler_, *j);
       if (!got.ok()) {
         if (first.ok()) first = got.status();
@@ -226,8 +275,31 @@ absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id) {
     if (!path) return absl::OkStatus();
   }
   auto file = SnapshotStore::Read(*path);
+  absl::Status bad = file.status();
+  if (file.ok() && file->head.header().job_id() != job_id) {
+    bad = absl::DataLossError(absl::StrCat("snapshot ", *path, " is of job '",
+                                           file->head.header().job_id(),
+                                           "', not '", job_id, "'"));
+  }
+  if (bad.ok() || absl::IsNotFound(bad)) {
+    absl::MutexLock lock(&mu_);
+    return pending_.FinishRead(job_id, *path, std::move(file));
+  }
+  // Corrupt or crafted: refused, and moved aside (never overwritten or
+  // deleted) so that the next open of the id starts afresh, knowingly.
+  auto moved = snapshots_.MoveAside(*path, bad);
   absl::MutexLock lock(&mu_);
-  return pending_.FinishRead(job_id, *path, std::move(file));
+  if (!moved.ok()) {
+    // Left in place: every open of the id fails until it is dealt with.
+    return pending_.FinishRead(job_id, *path, moved.status());
+  }
+  (void)pending_.FinishRead(job_id, *path, bad);
+  pending_.Forget(job_id, *path);
+  return absl::DataLossError(absl::StrCat(
+      "job '", job_id, "' has a snapshot in --state-dir that cannot be used (",
+      bad.message(), "); it was moved aside to ", *moved,
+      ": open the job again to start it from zero momentum at step 1, or "
+      "restore its state (SetState) from a checkpoint"));
 }
 
 }  // namespace dmuon::server

@@ -46,16 +46,44 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
   if (!s) return absl::NotFoundError("session is closed");
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
+  const bool draining = this->draining();
   std::vector<int> ready;
   int64_t step = 0;
   {
     absl::MutexLock lock(&job->mu());
+    if (req.has_gradients_ready()) {
+      // A step rolled back while these parameters ran (a rank left
+      // mid-step, RollBack) ends their computation before they can run
+      // again; it always ends (an executor call), so wait for it.
+      auto idle = [&job, &req] {
+        job->mu().AssertHeld();
+        for (int id : req.gradients_ready().param_ids()) {
+          if (id >= 0 && id < job->num_params() && job->param(id).running)
+            return false;
+        }
+        return true;
+      };
+      job->mu().Await(absl::Condition(&idle));
+    }
     if (!job->Holds(*s)) return absl::NotFoundError("session is closed");
     if (job->broken()) {
       return absl::AbortedError(absl::StrCat(
           "job '", job->id(), "' is broken (a rank left mid-step)"));
     }
     SessionState& st = s->state(*job);
+    if (draining && !job->mid_step() &&
+        (req.has_gradient() || req.has_gradients_ready())) {
+      // No step starts once the daemon drains, so the final snapshot holds
+      // every step a client was told is complete; a step some rank started
+      // already finishes.
+      return absl::UnavailableError(absl::StrCat(
+          "dmuond is draining (Drain or SIGTERM): step ", st.step, " of job '",
+          job->id(), "' was not started and is refused; its state as of step ",
+          st.step - 1,
+          " is kept (--state-dir: snapshotted); reopen the job (on this "
+          "daemon once restarted, or another) and continue from step ",
+          st.step));
+    }
     if (req.has_gradient()) {
       const v1::TensorChunk& c = req.gradient();
       if (s->transport() != v1::TRANSPORT_INLINE) {

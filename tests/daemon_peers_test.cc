@@ -3,12 +3,14 @@
 // gRPC port by this test process, while a real rank process keeps stepping.
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -358,6 +360,84 @@ TEST(Peers, AStreamProtocolErrorAlwaysReachesTheClientWithItsStatus) {
   EXPECT_TRUE(Alive(d)) << d.log();
 }
 
+// A client that truncates its own shm segment right after declaring its
+// gradients ready (while the daemon gathers or computes) gets DATA_LOSS
+// naming the segment; the daemon does not die of SIGBUS, and a real rank
+// keeps stepping.
+TEST(Peers, AShmSegmentShrunkMidStepIsDataLossNotACrash) {
+  Daemon d;
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto rank = SteppingRank(d, "busy");
+  int64_t steps = StepsBeyond(d, "busy", 0);
+  ASSERT_GT(steps, 0) << d.log();
+  auto stub = v1::Optimizer::NewStub(
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
+  // Truncated at once (the daemon may see it at gradients_ready), or a
+  // little later: while it gathers, computes (512x512) or delivers.
+  const std::vector<int> delays_ms = {0, 1, 2, 5, 10, 20};
+  for (size_t i = 0; i < delays_ms.size(); ++i) {
+    v1::OpenSessionRequest req = OneMatrixJob("shrink-" + std::to_string(i));
+    req.set_transport(v1::TRANSPORT_SHM);
+    req.mutable_parameters(0)->set_shape(0, 512);
+    req.mutable_parameters(0)->set_shape(1, 512);
+    v1::OpenSessionResponse open;
+    {
+      grpc::ClientContext ctx;
+      const grpc::Status st = stub->OpenSession(&ctx, req, &open);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+    }
+    // Opened by name before attaching (the daemon unlinks it then).
+    const int fd = shm_open(open.shm_name().c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0) << open.shm_name();
+    grpc::ClientContext ctx;
+    auto stream = stub->Step(&ctx);
+    v1::StepRequest m;
+    m.mutable_attach()->set_session_id(open.session_id());
+    ASSERT_TRUE(stream->Write(m));
+    v1::StepRequest ready;  // gradients: the segment's zeros
+    ready.mutable_gradients_ready()->set_step(open.next_step());
+    ready.mutable_gradients_ready()->add_param_ids(0);
+    ASSERT_TRUE(stream->Write(ready));
+    std::this_thread::sleep_for(std::chrono::milliseconds(delays_ms[i]));
+    ASSERT_EQ(ftruncate(fd, 64), 0);
+    close(fd);
+    v1::StepResponse r;
+    bool completed = false;
+    std::string in_band;  // the reason the daemon sent before ending it
+    while (stream->Read(&r)) {
+      if (r.has_error() && r.error().code() == grpc::StatusCode::DATA_LOSS)
+        in_band = r.error().message();
+      if (r.has_step_complete()) {
+        // The whole step beat the truncation. The stream stays open for the
+        // next step (this client sends none): end it from here, or Read
+        // would wait for ever.
+        completed = true;
+        stream->WritesDone();
+        break;
+      }
+    }
+    if (completed) {
+      stream->Finish();
+      continue;
+    }
+    const grpc::Status st = stream->Finish();
+    // DATA_LOSS naming the segment: the stream's status (the daemon saw the
+    // shrink at gradients_ready, or ended the stream itself), or CANCELLED
+    // with the reason in-band when the service ended the stream while the
+    // adapter waited in Read (security.md, "Errors reach the client").
+    ASSERT_TRUE(st.error_code() == grpc::StatusCode::DATA_LOSS ||
+                st.error_code() == grpc::StatusCode::CANCELLED)
+        << "try " << i << ": " << st.error_code() << " " << st.error_message();
+    const std::string why = st.error_code() == grpc::StatusCode::DATA_LOSS
+                                ? st.error_message()
+                                : in_band;
+    EXPECT_NE(why.find(open.shm_name()), std::string::npos)
+        << "try " << i << ": '" << why << "'";
+  }
+  ASSERT_TRUE(Alive(d)) << d.log();
+  EXPECT_GT(StepsBeyond(d, "busy", CompletedSteps(d, "busy")), 0) << d.log();
+}
+
 TEST(Peers, JobIdsCannotInjectLogLines) {
   Daemon d;
   ASSERT_NE(d.port(), 0) << d.log();
@@ -367,9 +447,13 @@ TEST(Peers, JobIdsCannotInjectLogLines) {
       "x\n[2026-01-01 00:00:00.000] [dmuond] [info] FORGED\r\x1b[2K";
   const std::string huge(100000, 'h');
   for (const std::string& job : {forged, huge, forged + "\n" + huge}) {
+    // Refused (control characters; over --max-job-id-bytes), its error
+    // quoting a cut, escaped id, and logged.
     grpc::ClientContext ctx;
     v1::OpenSessionResponse open;
-    ASSERT_TRUE(stub->OpenSession(&ctx, OneMatrixJob(job), &open).ok());
+    const grpc::Status st = stub->OpenSession(&ctx, OneMatrixJob(job), &open);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << st.error_message();
     // A failing call whose error quotes the job id, logged too.
     grpc::ClientContext ctx2;
     auto bad = OneMatrixJob(job);
@@ -378,7 +462,9 @@ TEST(Peers, JobIdsCannotInjectLogLines) {
     stub->OpenSession(&ctx2, bad, &open);
   }
   const std::string log = d.log();
-  EXPECT_NE(log.find("x\\n[2026-01-01"), std::string::npos) << log;
+  // The forged id reached the log (escaped: "x\\n[2026-01-01 ... FORGED"),
+  // inside a line of its own.
+  EXPECT_NE(log.find("FORGED"), std::string::npos) << log;
   std::istringstream lines(log);
   std::string line;
   int n = 0;

@@ -51,6 +51,10 @@ class RecordingMetrics : public ServiceMetrics {
     absl::MutexLock lock(&mu_);
     snapshot_seconds_.push_back(seconds);
   }
+  void SnapshotFailure(const std::string& kind) override {
+    absl::MutexLock lock(&mu_);
+    ++snapshot_failures_[kind];
+  }
   void SetExecutorSource(
       std::function<std::vector<ExecutorStats>()> stats) override {
     absl::MutexLock lock(&source_mu_);
@@ -96,6 +100,10 @@ class RecordingMetrics : public ServiceMetrics {
     absl::MutexLock lock(&mu_);
     return snapshot_seconds_;
   }
+  std::map<std::string, uint64_t> snapshot_failures() const {
+    absl::MutexLock lock(&mu_);
+    return snapshot_failures_;
+  }
 
  private:
   mutable absl::Mutex mu_;
@@ -107,6 +115,7 @@ class RecordingMetrics : public ServiceMetrics {
   uint64_t nonfinite_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint64_t> errors_ ABSL_GUARDED_BY(mu_);
   std::vector<double> snapshot_seconds_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> snapshot_failures_ ABSL_GUARDED_BY(mu_);
   // Separate from mu_: the source takes the service's locks, and the
   // service reports gauges while holding them.
   mutable absl::Mutex source_mu_;

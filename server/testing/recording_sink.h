@@ -56,6 +56,24 @@ class RecordingSink : public StepSink {
       }
     }
   }
+  // Waits (without consuming anything) for updates_ready of `param` at
+  // `step`; false on timeout or when the stream ended first.
+  bool WaitUpdatesReady(int64_t step, int param) {
+    absl::MutexLock l(&mu_);
+    auto seen = [&] {
+      mu_.AssertHeld();
+      if (aborted_) return true;
+      for (const auto& m : msgs_) {
+        if (!m.has_updates_ready() || m.updates_ready().step() != step)
+          continue;
+        for (int id : m.updates_ready().param_ids())
+          if (id == param) return true;
+      }
+      return false;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(30)) &&
+           !aborted_;
+  }
   // Waits for the stream to be ended; false on timeout.
   bool WaitAbort(absl::Status* st) {
     absl::MutexLock l(&mu_);

@@ -1,0 +1,79 @@
+#include "daemon/auth.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dmuon::server {
+namespace {
+
+TEST(ParseTokens, RolesNamesAndComments) {
+  auto t = ParseTokens(
+      "# comment\n\nreader r-token\n  trainer\tt-token alice \noperator o-t\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 3u);
+  int readers = 0, named = 0;
+  for (const auto& [digest, e] : *t) {
+    EXPECT_EQ(digest.size(), 32u);  // a SHA-256, never the token
+    EXPECT_EQ(digest.find("token"), std::string::npos);
+    if (e.role == Role::kReader) ++readers;
+    if (e.name == "alice") {
+      ++named;
+      EXPECT_EQ(e.role, Role::kTrainer);
+    } else {
+      EXPECT_EQ(e.name.rfind("token-", 0), 0u) << e.name;
+      EXPECT_EQ(e.name.size(), 22u);
+    }
+  }
+  EXPECT_EQ(readers, 1);
+  EXPECT_EQ(named, 1);
+}
+
+TEST(ParseTokens, UnnamedTokensGetDistinctStableNames) {
+  auto a = ParseTokens("trainer one\ntrainer two\n");
+  auto b = ParseTokens("trainer one\n");
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::set<std::string> names;
+  for (const auto& [d, e] : *a) names.insert(e.name);
+  EXPECT_EQ(names.size(), 2u);
+  EXPECT_TRUE(names.count(b->begin()->second.name));
+}
+
+TEST(ParseTokens, ErrorsNameTheLine) {
+  for (const auto& [text, want] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"reader a\nadmin b\n", "line 2: role 'admin'"},
+           {"reader\n", "line 1: expected"},
+           {"reader a b c\n", "line 1: expected"},
+           {"reader a\ntrainer a\n", "line 2: the same token twice"},
+       }) {
+    auto t = ParseTokens(text);
+    ASSERT_FALSE(t.ok()) << text;
+    EXPECT_EQ(std::string(t.status().message()).rfind(want, 0), 0u)
+        << t.status();
+  }
+}
+
+TEST(Authenticator, MissingFileNamesTheFlag) {
+  auto a = Authenticator::Create("/nonexistent/tokens", false);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(std::string(a.status().message()).find("--auth-token-file"),
+            std::string::npos);
+}
+
+TEST(Principal, OwnersAndOperators) {
+  const Principal alice{"alice", false}, bob{"bob", false}, op{"op", true};
+  EXPECT_TRUE(CheckJobOwner(alice, "alice", "j").ok());
+  EXPECT_TRUE(CheckJobOwner(alice, "", "j").ok());
+  EXPECT_TRUE(CheckJobOwner(op, "alice", "j").ok());
+  EXPECT_TRUE(CheckJobOwner(Principal{}, "alice", "j").ok());
+  const absl::Status st = CheckJobOwner(bob, "alice", "j");
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(std::string(st.message()).find("alice"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dmuon::server

@@ -1,0 +1,177 @@
+// Durable state with real processes (issue 14): a dmuond with --state-dir
+// and --snapshot-every=1 killed (SIGKILL) or stopped (SIGTERM) mid-step; a
+// daemon restarted on the directory continues every job from its last
+// acknowledged step, and the next update is bit for bit the one an
+// uninterrupted run computes (a second job on the restarted daemon). And a
+// final snapshot that cannot be written makes dmuond exit non-zero.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "client/client.h"
+#include "tests/muon_job.h"
+#include "tests/process.h"
+
+namespace dmuon::testing {
+namespace {
+
+constexpr int kWorld = 1;
+
+struct Trainer {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Session> session;
+  std::vector<ParamSpec> table = TestTable(0, kWorld);
+};
+
+// Opens rank 0 of `job` (one rank, shm) on `d`.
+std::unique_ptr<Trainer> Open(const Daemon& d, const std::string& job) {
+  auto t = std::make_unique<Trainer>();
+  ClientOptions o;
+  o.deadline = std::chrono::seconds(30);
+  auto c = Client::Connect(d.address(), o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return nullptr;
+  t->client = *std::move(c);
+  SessionSpec spec;
+  spec.job_id = job;
+  spec.rank = 0;
+  spec.world_size = kWorld;
+  spec.params = t->table;
+  spec.transport = TransportChoice::kShm;
+  auto s = t->client->OpenSession(spec);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return nullptr;
+  t->session = *std::move(s);
+  return t;
+}
+
+// Declares the gradients of the session's current step for `params`.
+void Declare(Trainer& t, uint64_t seed, const std::vector<int>& params) {
+  for (int p : params) {
+    auto g = View(Gradient(seed, t.session->step(), p, 0, kWorld), t.table[p]);
+    auto dst = t.session->gradient(p);
+    std::copy(g.begin(), g.end(), dst.begin());
+    ASSERT_TRUE(t.session->GradientReady(p).ok());
+  }
+}
+
+std::vector<int> AllParams(const Trainer& t) {
+  std::vector<int> ids;
+  for (int p = static_cast<int>(t.table.size()) - 1; p >= 0; --p)
+    ids.push_back(p);
+  return ids;
+}
+
+// Runs the session's current step whole; returns its updates.
+std::vector<std::vector<float>> Step(Trainer& t, uint64_t seed) {
+  Declare(t, seed, AllParams(t));
+  std::vector<std::vector<float>> out;
+  for (int p = 0; p < static_cast<int>(t.table.size()); ++p) {
+    const absl::Status st = t.session->WaitUpdate(p);
+    EXPECT_TRUE(st.ok()) << st;
+    auto u = t.session->update(p);
+    out.emplace_back(u.begin(), u.end());
+  }
+  const absl::Status st = t.session->FinishStep();
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+// Steps 1..`to` of a fresh job `job` on `d`: the uninterrupted run.
+std::vector<std::vector<float>> Straight(const Daemon& d,
+                                         const std::string& job, uint64_t seed,
+                                         int to) {
+  auto t = Open(d, job);
+  if (!t) return {};
+  std::vector<std::vector<float>> last;
+  for (int s = 1; s <= to; ++s) last = Step(*t, seed);
+  return last;
+}
+
+uint64_t Seed() { return std::random_device{}(); }
+
+// Steps 1..3 acknowledged, step 4 half declared (its first parameters
+// computed, momentum advanced), then the daemon gets `sig`; a daemon
+// restarted on the directory must continue at step 4, bit for bit.
+void InterruptAndResume(int sig, const std::vector<std::string>& flags,
+                        int want_exit) {
+  const std::string dir = TempDir(sig == SIGKILL ? "kill9" : "sigterm");
+  const uint64_t seed = Seed();
+  std::vector<std::string> all = {"--state-dir=" + dir, "--snapshot-every=1"};
+  all.insert(all.end(), flags.begin(), flags.end());
+  {
+    Daemon d(all);
+    ASSERT_NE(d.port(), 0) << d.log();
+    auto t = Open(d, "durable");
+    ASSERT_TRUE(t);
+    for (int s = 1; s <= 3; ++s) Step(*t, seed);
+    ASSERT_EQ(t->session->step(), 4);
+    auto ids = AllParams(*t);
+    ids.pop_back();  // parameter 0 never comes
+    Declare(*t, seed, ids);
+    // Let some of step 4 compute (momentum advanced in place).
+    ASSERT_TRUE(t->session->WaitUpdate(ids.front()).ok());
+    d.process().Signal(sig);
+    EXPECT_EQ(d.process().Wait(30), want_exit) << d.log();
+    if (sig == SIGTERM) {
+      EXPECT_NE(d.log().find("state snapshotted"), std::string::npos)
+          << d.log();
+      // The trainer is told step 4 is void, naming the step to go on from.
+      const absl::Status st = t->session->WaitUpdate(0);
+      EXPECT_FALSE(st.ok());
+    }
+  }
+  Daemon d(all);
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto t = Open(d, "durable");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->session->step(), 4) << d.log();
+  const auto resumed = Step(*t, seed);
+  const auto straight = Straight(d, "straight", seed, 4);
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (size_t p = 0; p < resumed.size(); ++p)
+    EXPECT_EQ(resumed[p], straight[p]) << "parameter " << p;  // bit for bit
+}
+
+TEST(DurableState, KilledDaemonResumesFromTheLastAcknowledgedStep) {
+  InterruptAndResume(SIGKILL, {}, 128 + SIGKILL);
+}
+
+TEST(DurableState, SigtermMidStepSnapshotsTheLastCompleteStep) {
+  // The step still incomplete after 3/4 of --exit-timeout-secs is void.
+  InterruptAndResume(SIGTERM, {"--exit-timeout-secs=2"}, 0);
+}
+
+TEST(DurableState, AFinalSnapshotThatFailsExitsNonZero) {
+  const std::string dir = TempDir("final-fails");
+  // The job's temporary file name is taken by a directory: its writes fail.
+  ASSERT_TRUE(std::filesystem::create_directory(
+      dir + "/job-6e6f70652d6469736b.dmst.tmp"));  // hex("nope-disk")
+  Daemon d({"--state-dir=" + dir, "--exit-timeout-secs=5"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  {
+    auto t = Open(d, "nope-disk");
+    ASSERT_TRUE(t);
+    Step(*t, Seed());
+    ASSERT_TRUE(t->session->Close().ok());
+  }
+  int code;
+  const std::string status = Ctl(d.address(), {"status", "--json"}, &code);
+  EXPECT_EQ(code, 0) << status;
+  d.process().Signal(SIGTERM);
+  EXPECT_EQ(d.process().Wait(30), 1) << d.log();
+  EXPECT_NE(d.log().find("final snapshot failed"), std::string::npos)
+      << d.log();
+  EXPECT_NE(d.log().find("snapshot: UNAVAILABLE"), std::string::npos)
+      << d.log();
+}
+
+}  // namespace
+}  // namespace dmuon::testing
