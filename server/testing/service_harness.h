@@ -233,6 +233,14 @@ inline std::vector<std::vector<float>> RandomGradients(
   return g;
 }
 
+// `steps` steps of RandomGradients.
+inline std::vector<std::vector<std::vector<float>>> StepsOfGradients(
+    const std::vector<Param>& ps, int steps, std::mt19937_64& rng) {
+  std::vector<std::vector<std::vector<float>>> g;
+  for (int k = 0; k < steps; ++k) g.push_back(RandomGradients(ps, rng));
+  return g;
+}
+
 }  // namespace dmuon::server::testing
 
 #endif  // DMUON_SERVER_TESTING_SERVICE_HARNESS_H_
