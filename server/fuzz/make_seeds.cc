@@ -105,7 +105,7 @@ void ServiceSeeds(const std::filesystem::path& dir) {
   rec.Add(0, open.SerializeAsString());
   rec.Add(1, 0);
   v1::StateChunk header;
-  header.set_session_id("placeholder");
+  // No session_id: the harness gives it the last session opened.
   auto* h = header.mutable_header();
   h->set_job_id("state");
   h->set_completed_steps(3);

@@ -30,6 +30,8 @@ enum Op : uint8_t {
   kStep = 2,        // payload[0]: session, then a StepRequest
   kGetState = 3,    // payload[0]: session
   kStateChunk = 4,  // payload: StateChunk, appended to the pending SetState
+                    // (an empty session_id: the last session opened, since
+                    // session ids are secrets an input cannot know)
   kSetState = 5,    // SetState of the pending chunks
   kDetach = 6,      // payload[0]: session
   kClose = 7,       // payload[0]: session
@@ -96,6 +98,8 @@ void Run(const uint8_t* data, size_t size) {
       case kStateChunk: {
         v1::StateChunk c;
         if (c.ParseFromArray(p, static_cast<int>(len))) {
+          if (c.session_id().empty() && !sessions.empty())
+            c.set_session_id(sessions.back());
           pending.push_back(std::move(c));
         }
         break;

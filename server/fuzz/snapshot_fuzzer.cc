@@ -25,19 +25,10 @@
 #include "proto/dmuon.pb.h"
 #include "server/fuzz/fuzz_support.h"
 #include "server/service.h"
+#include "server/snapshot_store.h"
 
 namespace dmuon::server::fuzz {
 namespace {
-
-std::string Hex(const std::string& s) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
-}
 
 const std::string& StateDir() {
   static const std::string* dir = [] {
@@ -66,7 +57,8 @@ void Run(const uint8_t* data, size_t size) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   {
-    std::ofstream out(dir + "/job-" + Hex(req.job_id()) + ".dmst",
+    // Where the service looks for the job's snapshot.
+    std::ofstream out(SnapshotStore(dir, nullptr).PathOf(req.job_id()),
                       std::ios::binary);
     out.write(file.data(), static_cast<std::streamsize>(file.size()));
   }
