@@ -24,8 +24,40 @@ absl::Status PullState(Scheduler& scheduler, Job& job) {
                                        job.table().params[i].name, "' of job '",
                                        job.id(), "': ", st.message()));
     }
+    // Mid-step: a parameter that ran this step advanced in place; the
+    // executor's step-start copy is its last completed step's momentum
+    // (Job::last_complete_momentum).
+    ParamState& p = job.param(i);
+    if (!job.keeps_step_start() || !p.ran || !p.has_step_start) continue;
+    p.step_start.assign(m.size(), 0.0f);
+    if (auto st = scheduler.ReadStepStart(job.plan().executor_of[i], key,
+                                          absl::MakeSpan(p.step_start));
+        !st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("reading the step-start momentum of "
+                                       "parameter '",
+                                       job.table().params[i].name, "' of job '",
+                                       job.id(), "': ", st.message()));
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status RestoreStepStarts(Scheduler& scheduler, Job& job) {
+  absl::Status first;
+  for (int i : job.TakeStepStartRestores()) {
+    const StateKey key{job.serial(), i};
+    if (auto st = scheduler.RestoreStepStart(job.plan().executor_of[i], key);
+        !st.ok() && first.ok()) {
+      first = absl::Status(
+          st.code(), absl::StrCat("restoring the momentum of parameter '",
+                                  job.table().params[i].name, "' of job '",
+                                  job.id(), "' to its last completed step ",
+                                  job.completed_steps(), ": ", st.message()));
+    }
+  }
+  if (!first.ok()) job.Break();
+  return first;
 }
 
 absl::Status PushState(Scheduler& scheduler, Job& job) {
@@ -65,7 +97,7 @@ void OptimizerService::PullDone(const std::shared_ptr<Job>& job,
     for (int id : ids) {
       st.bytes_in += s->layout().slots[id].bytes;
       if (metrics_) metrics_->BytesReceived(s->layout().slots[id].bytes);
-      if (job->Arrive(s->rank(), id)) ready.push_back(id);
+      if (job->Arrive(s->rank(), id) == Job::Arrival::kRun) ready.push_back(id);
     }
   }
   SubmitParams(job, step, ready);

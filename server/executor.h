@@ -121,6 +121,24 @@ class Executor {
   }
   // Frees every state of job serial `job`.
   virtual void DropJob(uint64_t job) {}
+
+  // Step-start copies (executors that hold state). When keeps_step_start()
+  // is true, every Compute first copies each task's state, as it is before
+  // that Compute changes it (also for a task then skipped as non-finite), to
+  // a second buffer of the key: its "step start" (the momentum as of the
+  // job's last completed step while the parameter's step is incomplete).
+  // RestoreStepStart puts it back as the state (a rolled-back step);
+  // ReadStepStart copies it into `host` like ReadState (a snapshot mid-step).
+  // Both leave everything as it is when the executor has no state for `key`,
+  // and are called only while no Compute of `key` is in progress.
+  virtual bool keeps_step_start() const { return false; }
+  virtual absl::Status RestoreStepStart(const StateKey& key) {
+    return absl::UnimplementedError("this executor keeps no step-start copy");
+  }
+  virtual absl::Status ReadStepStart(const StateKey& key,
+                                     absl::Span<float> host) {
+    return absl::UnimplementedError("this executor keeps no step-start copy");
+  }
   virtual bool reads_device_memory() const { return false; }
 
   // Health and memory, for Status and /metrics; cheap and thread-safe.

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "server/testing/fake_daemon.h"
 #include "server/testing/recording_metrics.h"
@@ -44,6 +46,47 @@ TEST(ExecutorState, DeviceResidentStateAndDeviceIoMatchTheCpuService) {
   const auto g = Grads(world, 77);
   EXPECT_EQ(cpu.Step(4, g), dev.Step(4, g));
   EXPECT_EQ(dev.State(), cpu.State());
+}
+
+// GetState of device-resident state reads one parameter at a time into
+// host memory (the reader holds at most the largest parameter, never the
+// whole state) and streams it in chunks, bit-identical to the CPU service.
+TEST(ExecutorState, GetStateOfDeviceStateHoldsOneParameterAtATime) {
+  ServiceOptions o;
+  o.max_message_bytes = 4096;  // several chunks per parameter
+  Daemon cpu(false, o), dev(true, o);
+  ASSERT_TRUE(cpu.Open(1, false).ok());
+  ASSERT_TRUE(dev.Open(1, true).ok());
+  for (int64_t step = 1; step <= 2; ++step) {
+    const auto g = Grads(1, 300 + step);
+    EXPECT_EQ(cpu.Step(step, g), dev.Step(step, g));
+  }
+  const auto want = cpu.State();
+  uint64_t largest = 0, total = 0;
+  for (const auto& m : want) {
+    largest = std::max<uint64_t>(largest, m.size() * sizeof(float));
+    total += m.size() * sizeof(float);
+  }
+  ASSERT_LT(largest, total);
+  auto reader = dev.svc->ReadState(dev.open[0].session_id());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::vector<float>> got(want.size());
+  uint64_t peak = 0;
+  for (;;) {
+    auto c = (*reader)->Next();
+    ASSERT_TRUE(c.ok()) << c.status();
+    if (!c->has_value()) break;
+    peak = std::max(peak, (*reader)->buffered_bytes());
+    if (!(*c)->has_momentum()) continue;
+    const std::string& d = (*c)->momentum().data();
+    EXPECT_LE(d.size(), transport::MaxChunkPayload(o.max_message_bytes));
+    auto& v = got[(*c)->momentum().param_id()];
+    v.resize(v.size() + d.size() / 4);
+    std::memcpy(v.data() + v.size() - d.size() / 4, d.data(), d.size());
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_GT(peak, 0u);
+  EXPECT_LE(peak, largest);
 }
 
 TEST(ExecutorState, NonFiniteDeviceGradientIsSkippedStateUntouched) {
@@ -91,11 +134,121 @@ TEST(ExecutorState, SnapshotOfDeviceStateResumesAfterRestart) {
   EXPECT_EQ(cpu.Step(3, g), again.Step(3, g));
 }
 
+// Every rank of `d` declares `ids` of `step` (their gradients copied in).
+void SendSome(Daemon& d, int64_t step,
+              const std::vector<std::vector<std::vector<float>>>& grads,
+              const std::vector<int>& ids) {
+  for (size_t r = 0; r < d.open.size(); ++r) {
+    v1::StepRequest ready;
+    ready.mutable_gradients_ready()->set_step(step);
+    for (int i : ids) {
+      const auto& slot = d.open[r].layout().slots(i);
+      std::memcpy(d.Base(static_cast<int>(r)) + slot.gradient_offset(),
+                  grads[r][i].data(), slot.bytes());
+      ready.mutable_gradients_ready()->add_param_ids(i);
+    }
+    EXPECT_TRUE(d.svc->OnStepRequest(d.open[r].session_id(), ready).ok());
+  }
+}
+
+int Restores(const Daemon& d) {
+  int n = 0;
+  for (const auto* f : d.fakes) n += f->restores_;
+  return n;
+}
+
+TEST(ExecutorState, RankLeavingMidStepRollsDeviceStateBackToLastComplete) {
+  // Executors that keep a step-start copy (the CUDA executor's contract): a
+  // rank dying after some parameters computed in place voids the step; the
+  // executors' momentum goes back to the last completed step (that of the
+  // CPU service stopped there), the job is kept, and reopened it continues
+  // bit for bit like the CPU service.
+  const int world = 2;
+  Daemon cpu(false), dev(true);
+  ASSERT_TRUE(cpu.Open(world, false).ok());
+  ASSERT_TRUE(dev.Open(world, true).ok());
+  for (int64_t step = 1; step <= 2; ++step) {
+    const auto g = Grads(world, 700 + step);
+    EXPECT_EQ(cpu.Step(step, g), dev.Step(step, g)) << "step " << step;
+  }
+  const auto at2 = cpu.State();
+  // Step 3: parameters 0 and 2 compute (one per executor at least), 1 and 3
+  // never arrive.
+  SendSome(dev, 3, Grads(world, 713), {0, 2});
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(dev.sinks[r]->WaitUpdatesReady(3, 0));
+    ASSERT_TRUE(dev.sinks[r]->WaitUpdatesReady(3, 2));
+  }
+  dev.svc->Detach(dev.open[1].session_id(), absl::CancelledError("died"));
+  absl::Status st;
+  ASSERT_TRUE(dev.sinks[0]->WaitAbort(&st));
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_NE(st.message().find("back at its last completed step 2"),
+            std::string::npos)
+      << st;
+  EXPECT_EQ(Restores(dev), 2) << "parameters 0 and 2 restored";
+  ASSERT_EQ(dev.svc->Status().jobs_size(), 1) << "kept, not broken";
+  dev.open.clear();
+  dev.sinks.clear();
+  ASSERT_TRUE(dev.Open(world, true).ok());
+  EXPECT_EQ(dev.open[0].next_step(), 3);
+  EXPECT_EQ(dev.State(), at2) << "the last complete step's momentum";
+  const auto g = Grads(world, 733);
+  EXPECT_EQ(cpu.Step(3, g), dev.Step(3, g));
+  EXPECT_EQ(dev.State(), cpu.State());
+}
+
+TEST(ExecutorState, SnapshotMidStepOfDeviceStateHoldsTheLastCompleteStep) {
+  // A snapshot taken while a step is in flight (parameters 0 and 2 computed
+  // in place, 1 and 3 not arrived) holds the executors' step-start copies:
+  // the last completed step, as the CPU service has it. The step then
+  // completes as if nothing happened.
+  char dir[] = "/tmp/dmuon-devmid-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ServiceOptions o;
+  o.state_dir = dir;
+  Daemon cpu(false), dev(true, o);
+  ASSERT_TRUE(cpu.Open(1, false).ok());
+  ASSERT_TRUE(dev.Open(1, true).ok());
+  for (int64_t step = 1; step <= 2; ++step) {
+    const auto g = Grads(1, 800 + step);
+    EXPECT_EQ(cpu.Step(step, g), dev.Step(step, g));
+  }
+  const auto g3 = Grads(1, 803);
+  SendSome(dev, 3, g3, {0, 2});
+  ASSERT_TRUE(dev.sinks[0]->WaitUpdatesReady(3, 0));
+  ASSERT_TRUE(dev.sinks[0]->WaitUpdatesReady(3, 2));
+  ASSERT_TRUE(dev.svc->SnapshotAll().ok());
+  {
+    Daemon again(true, o);
+    ASSERT_TRUE(again.svc->LoadSnapshots().ok());
+    ASSERT_TRUE(again.Open(1, true).ok());
+    EXPECT_EQ(again.open[0].next_step(), 3);
+    // Step 3 from it gives the CPU service's updates and momentum.
+    Daemon ref(false);
+    ASSERT_TRUE(ref.Open(1, false).ok());
+    for (int64_t step = 1; step <= 2; ++step)
+      ref.Step(step, Grads(1, 800 + step));
+    // Read before its first step (no executor holds a copy yet): the
+    // snapshot's momentum, not zeros.
+    EXPECT_EQ(again.State(), ref.State());
+    EXPECT_EQ(again.Step(3, g3), ref.Step(3, g3));
+    EXPECT_EQ(again.State(), ref.State());
+  }
+  EXPECT_EQ(Restores(dev), 0);
+  // The step goes on: parameters 1 and 3 arrive, the step completes.
+  SendSome(dev, 3, g3, {1, 3});
+  auto m = dev.sinks[0]->WaitStep(3);
+  EXPECT_TRUE(!m.empty() && m.back().has_step_complete());
+  cpu.Step(3, g3);
+  EXPECT_EQ(dev.State(), cpu.State());
+}
+
 TEST(ExecutorState, AJobBrokenMidStepIsSucceededFromItsSnapshotNotZero) {
-  // Executors that hold state keep no pre-step copy: a rank leaving after a
-  // parameter computed breaks the job (no rollback). The next job of the id
-  // resumes from the snapshot on disk (step 2) instead of starting at step
-  // 1 and overwriting it.
+  // Executors that hold state without a step-start copy: a rank leaving
+  // after a parameter computed breaks the job (no rollback). The next job
+  // of the id resumes from the snapshot on disk (step 2) instead of
+  // starting at step 1 and overwriting it.
   char dir[] = "/tmp/dmuon-devbreak-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   ServiceOptions o;
@@ -103,7 +256,7 @@ TEST(ExecutorState, AJobBrokenMidStepIsSucceededFromItsSnapshotNotZero) {
   o.snapshot_every = 1;
   Daemon cpu(false);
   ASSERT_TRUE(cpu.Open(1, false).ok());
-  Daemon dev(true, o);
+  Daemon dev(true, o, 2, nullptr, /*keeps_step_start=*/false);
   ASSERT_TRUE(dev.Open(1, true).ok());
   for (int64_t step = 1; step <= 2; ++step) {
     const auto g = Grads(1, 90 + step);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace dmuon::server {
 
 absl::Time DeadlineOf(std::chrono::steady_clock::time_point t) {
@@ -71,7 +73,7 @@ bool Job::running() const {
 }
 
 bool Job::can_roll_back() const {
-  if (host_momentum_) return true;
+  if (host_momentum_ || keeps_step_start_) return true;
   for (const auto& p : params_)
     if (p.ran) return false;
   return true;
@@ -116,13 +118,22 @@ bool Job::RollBack() {
       p.abandoned = true;  // restored when it ends (EndParam)
       continue;
     }
-    if (p.ran && p.has_step_start) std::swap(p.momentum, p.step_start);
+    if (p.ran && p.has_step_start) {
+      if (host_momentum_) {
+        std::swap(p.momentum, p.step_start);
+      } else {
+        restores_.push_back(static_cast<int>(&p - params_.data()));
+      }
+    }
     p.ran = false;
     p.has_step_start = false;
     p.arrived_count = 0;
     std::fill(p.arrived.begin(), p.arrived.end(), 0);
+    p.absent_count = 0;
+    std::fill(p.absent.begin(), p.absent.end(), 0);
   }
   params_done_ = 0;
+  rewind_step_ = 0;
   std::fill(compute_seconds_.begin(), compute_seconds_.end(), 0.0);
   for (auto& r : ranks_) {
     if (!r) continue;
@@ -136,20 +147,42 @@ bool Job::RollBack() {
   return true;
 }
 
-bool Job::Arrive(int rank, int param) {
+Job::Arrival Job::Arrive(int rank, int param, bool absent) {
   ParamState& p = params_[param];
+  rewind_step_ = 0;  // the next step's SaveStepStart reuses step_start
   if (p.arrived.empty()) p.arrived.assign(world_size_, 0);
+  if (p.absent.empty()) p.absent.assign(world_size_, 0);
   p.arrived[rank] = 1;
+  p.absent[rank] = absent;
+  p.absent_count += absent;
   if (++p.arrived_count == world_size_ && open_ranks() == world_size_) {
     p.running = true;
+    // Every rank absent: nothing is computed and the momentum is not
+    // touched, so the parameter does not count as `ran`.
+    if (p.absent_count == world_size_) return Arrival::kAbsent;
     p.ran = true;
-    return true;
+    return Arrival::kRun;
   }
-  return false;
+  return Arrival::kWaiting;
+}
+
+int Job::AbsentDisagrees(int rank, int param, bool absent) const {
+  if (table_.params[param].sharding == v1::SHARDING_UNREDUCED) return -1;
+  const ParamState& p = params_[param];
+  for (size_t r = 0; r < p.arrived.size(); ++r) {
+    if (static_cast<int>(r) != rank && p.arrived[r] &&
+        static_cast<bool>(p.absent[r]) != absent)
+      return static_cast<int>(r);
+  }
+  return -1;
 }
 
 void Job::SaveStepStart(int param) {
-  if (!host_momentum_) return;
+  if (!host_momentum_) {
+    // The executor copies it itself, in the Compute that follows.
+    if (keeps_step_start_) running_param(param).has_step_start = true;
+    return;
+  }
   ParamState& p = running_param(param);
   p.step_start.assign(p.momentum.begin(), p.momentum.end());
   p.has_step_start = true;
@@ -160,10 +193,18 @@ bool Job::EndParam(int param) {
   p.running = false;
   p.arrived_count = 0;
   std::fill(p.arrived.begin(), p.arrived.end(), 0);
+  p.absent_count = 0;
+  std::fill(p.absent.begin(), p.absent.end(), 0);
   if (!p.abandoned) return true;
   p.abandoned = false;
   p.ran = false;
-  if (p.has_step_start) std::swap(p.momentum, p.step_start);
+  if (p.has_step_start) {
+    if (host_momentum_) {
+      std::swap(p.momentum, p.step_start);
+    } else {
+      restores_.push_back(param);
+    }
+  }
   p.has_step_start = false;
   return false;
 }
@@ -179,13 +220,70 @@ bool Job::FinishParam(int64_t step) {
   if (++params_done_ < static_cast<int>(params_.size())) return false;
   params_done_ = 0;
   completed_steps_ = step;
-  for (auto& p : params_) p.ran = p.has_step_start = false;
+  for (auto& p : params_) {
+    p.prev_ran = host_momentum_ && p.ran && p.has_step_start;
+    p.ran = p.has_step_start = false;
+  }
+  rewind_step_ = host_momentum_ ? step : 0;
   last_step_compute_seconds_ = compute_seconds_;
   std::fill(compute_seconds_.begin(), compute_seconds_.end(), 0.0);
   return true;
 }
 
+absl::Status Job::Rewind(int64_t step) {
+  if (!host_momentum_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " of job '", id_,
+        "' cannot be rewound: this daemon's executors hold the momentum in "
+        "device memory and keep no copy from before a step (rewinding needs "
+        "CPU executors); hand gradients off after editing them instead "
+        "(DMuon: overlap=False)"));
+  }
+  if (world_size_ != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " of job '", id_, "' cannot be rewound: the job has ",
+        world_size_, " ranks and rewinding is for jobs of one rank"));
+  }
+  if (mid_step()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rewind of step ", step, " of job '", id_,
+                     "' after gradients of step ", completed_steps_ + 1,
+                     " arrived: only the last completed step can be rewound, "
+                     "before the next one starts"));
+  }
+  if (state_readers_ > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rewind of step ", step, " of job '", id_,
+        "' while a GetState is reading its state: rewind once it has ended"));
+  }
+  if (step != completed_steps_ || rewind_step_ != step || step < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " of job '", id_,
+        "' cannot be rewound: the last completed step is ", completed_steps_,
+        rewind_step_ == completed_steps_ && rewind_step_ > 0
+            ? ""
+            : " (and it cannot be rewound either: already rewound, or its "
+              "state was set or restored since)"));
+  }
+  for (auto& p : params_) {
+    if (p.prev_ran) std::swap(p.momentum, p.step_start);
+    p.prev_ran = false;
+  }
+  rewind_step_ = 0;
+  SetCompletedSteps(step - 1);
+  for (auto& r : ranks_) {
+    if (!r) continue;
+    SessionState& st = r->state(*this);
+    st.delivered = 0;
+    st.step_started = false;
+    std::fill(st.declared.begin(), st.declared.end(), 0);
+    std::fill(st.received.begin(), st.received.end(), 0);
+  }
+  return absl::OkStatus();
+}
+
 void Job::SetCompletedSteps(int64_t completed) {
+  rewind_step_ = 0;
   completed_steps_ = completed;
   for (auto& r : ranks_)
     if (r) r->state(*this).step = completed_steps_ + 1;

@@ -83,6 +83,10 @@ struct ParamState {
   std::vector<float> work;       // gathered gradient, then the update
   std::vector<uint8_t> arrived;  // by rank, this step
   int arrived_count = 0;
+  // By rank, this step: the rank declared the parameter absent (no
+  // gradient: GradientsReady.absent_param_ids). Sized with `arrived`.
+  std::vector<uint8_t> absent;
+  int absent_count = 0;
   bool running = false;  // submitted: `momentum` and `work` are the step's
   // Submitted in the step in progress (running, or ended): its momentum has
   // advanced (or will) past the job's last completed step. Cleared when the
@@ -97,8 +101,16 @@ struct ParamState {
   // `has_step_start` (only with `ran`: a computation that failed before
   // that point left the momentum untouched). What a rollback restores and
   // what a snapshot of a job stuck mid-step holds.
+  // Executors that keep a step-start copy (Job::keeps_step_start()):
+  // `has_step_start` says the executor was given the step's task, so its
+  // own copy holds that momentum (Executor::RestoreStepStart restores it);
+  // `step_start` is filled only by a snapshot mid-step (PullState).
   std::vector<float> step_start;
   bool has_step_start = false;
+  // Host momentum only: the last completed step computed this parameter and
+  // `step_start` still holds its momentum from before that step (until the
+  // next step's first arrival). What Job::Rewind restores.
+  bool prev_ran = false;
 };
 
 class Job {
@@ -127,6 +139,11 @@ class Job {
   // after, so read without the lock.
   const std::string& owner() const { return owner_; }
   void set_owner(std::string owner) { owner_ = std::move(owner); }
+  // The executors hold the momentum and keep a step-start copy of it
+  // (Executor::keeps_step_start): the job can be rolled back mid-step. Set
+  // once, like the owner, before the job is published.
+  bool keeps_step_start() const { return keeps_step_start_; }
+  void set_keeps_step_start(bool keeps) { keeps_step_start_ = keeps; }
 
   absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
 
@@ -151,8 +168,9 @@ class Job {
   bool running() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the state as of the last completed step can be had mid-step:
   // every parameter that ran in the step in progress kept a pre-step copy
-  // (host momentum). False with executors that hold state (momentum in
-  // device memory, advanced in place with no copy) once a parameter ran.
+  // (host momentum, or executors that keep a step-start copy). False with
+  // executors that hold state without such a copy (momentum advanced in
+  // place) once a parameter ran.
   bool can_roll_back() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Momentum as of the last completed step, by parameter (the pre-step copy
   // where the parameter ran this step). Requires can_roll_back() and no
@@ -177,14 +195,40 @@ class Job {
   // (running ones when their computation ends: EndParam), arrivals and the
   // step's counters are cleared, and every open rank's step state restarts
   // at completed_steps() + 1. False (nothing changed) when !can_roll_back().
+  // With keeps_step_start(), the executors' copies are restored by the
+  // caller: see TakeStepStartRestores.
   bool RollBack() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // keeps_step_start(): the parameters whose executor state must be put
+  // back to its step-start copy (Executor::RestoreStepStart), queued by
+  // RollBack (parameters not running) and by EndParam returning false (a
+  // rolled-back parameter whose computation ended). The caller restores
+  // them before it releases the lock (RestoreStepStarts, job_state.h).
+  std::vector<int> TakeStepStartRestores() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::move(restores_);
+  }
 
   // --- A step.
-  // Rank `rank`'s gradient of `param` has arrived. The one rule of when a
-  // parameter's step runs: true when that was the last rank's and every
-  // rank is open; the parameter is then running and the caller submits its
-  // step (ParamWork), once the lock is released.
-  bool Arrive(int rank, int param) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What an arrival leads to.
+  enum class Arrival {
+    kWaiting,  // other ranks have not declared it yet (or one is closed)
+    kRun,      // the step runs: the caller submits it (ParamWork)
+    kAbsent,   // every rank declared it absent: nothing is computed, the
+               // caller delivers it as absent (OptimizerService::Deliver)
+  };
+  // Rank `rank`'s gradient of `param` has arrived (`absent`: the rank has
+  // none this step). The one rule of when a parameter's step runs: when
+  // that was the last rank's and every rank is open. It is then running
+  // (also when absent: until its Deliver ends it) and the caller submits
+  // or delivers it once the lock is released. Absent only when every rank
+  // said so (SHARDING_UNREDUCED: an absent rank otherwise counts as zeros;
+  // the other shardings must agree, AbsentDisagrees).
+  Arrival Arrive(int rank, int param, bool absent = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `rank` declaring `param` absent (or present) disagrees with a
+  // rank that declared it already this step: the other rank's index, or -1.
+  // Only SHARDING_REPLICATED and SHARDING_ROWS must agree.
+  int AbsentDisagrees(int rank, int param, bool absent) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Host momentum: copies the parameter's momentum to its step_start before
   // its computation changes it, without the lock (the parameter is running:
   // its momentum is the step's own, see running_param). No-op otherwise.
@@ -202,6 +246,13 @@ class Job {
   // step's last: the step is complete (completed_steps() == step) and its
   // measured load is the last step's.
   bool FinishParam(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rewind (protocol minor 1): undoes the last completed step `step`, after
+  // its step_complete and before any arrival of the next one. Every
+  // parameter's momentum goes back to before `step` (its pre-step copy) and
+  // every open rank's next step is `step` again. FAILED_PRECONDITION (the
+  // job unchanged) with executors that hold state (no pre-step copy), more
+  // than one rank, mid-step, or a step other than the last completed one.
+  absl::Status Rewind(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- State.
   ParamState& param(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -251,6 +302,26 @@ class Job {
   bool dropped() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return dropped_; }
   void MarkDropped() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { dropped_ = true; }
 
+  // --- GetState readers (state.cc, StateReader). While one is open the job
+  // stays at the step boundary it was opened at: a parameter whose
+  // gradients have all arrived (Arrive said it runs) is deferred by
+  // SubmitParams instead of submitted, and the last reader to go submits
+  // the deferred ones. Nothing else changes momentum meanwhile (SetState
+  // is refused).
+  int state_readers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_readers_;
+  }
+  void AddStateReader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++state_readers_; }
+  // Returns the deferred (step, parameter) pairs when it was the last.
+  std::vector<std::pair<int64_t, int>> RemoveStateReader()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (--state_readers_ > 0) return {};
+    return std::move(deferred_);
+  }
+  void Defer(int64_t step, int param) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    deferred_.emplace_back(step, param);
+  }
+
  private:
   const std::string id_;
   const uint64_t serial_;
@@ -258,7 +329,8 @@ class Job {
   const Table table_;
   const planner::Plan plan_;
   const bool host_momentum_;
-  std::string owner_;  // set before publication (owner())
+  std::string owner_;              // set before publication (owner())
+  bool keeps_step_start_ = false;  // set before publication
 
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Session>> ranks_ ABSL_GUARDED_BY(mu_);
@@ -266,6 +338,10 @@ class Job {
   int64_t completed_steps_ ABSL_GUARDED_BY(mu_) = 0;
   // Parameters finished in the step in progress.
   int params_done_ ABSL_GUARDED_BY(mu_) = 0;
+  // The completed step Rewind can undo (0: none): set when a step completes
+  // with host momentum, cleared by the next step's first arrival, a
+  // rollback, state being set, or a rewind.
+  int64_t rewind_step_ ABSL_GUARDED_BY(mu_) = 0;
   // By executor: Compute seconds of the step in progress (AddComputeSeconds),
   // and of the last completed one.
   std::vector<double> compute_seconds_ ABSL_GUARDED_BY(mu_);
@@ -274,6 +350,9 @@ class Job {
   std::chrono::steady_clock::time_point drop_at_ ABSL_GUARDED_BY(mu_) =
       std::chrono::steady_clock::time_point::max();
   bool dropped_ ABSL_GUARDED_BY(mu_) = false;
+  int state_readers_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> restores_ ABSL_GUARDED_BY(mu_);  // TakeStepStartRestores
+  std::vector<std::pair<int64_t, int>> deferred_ ABSL_GUARDED_BY(mu_);
 };
 
 // One rank of a job. Its identity, layout and region are fixed when it is

@@ -22,13 +22,20 @@ absl::Status PullState(Scheduler& scheduler, Job& job)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
 absl::Status PushState(Scheduler& scheduler, Job& job)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
+// Executors that keep a step-start copy: puts the parameters of
+// Job::TakeStepStartRestores back to their step-start copies (after a
+// rollback, or a rolled-back computation's end). On failure the job is
+// broken (its momentum is a mix of two steps) and the error returned.
+absl::Status RestoreStepStarts(Scheduler& scheduler, Job& job)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
 
 // The job's state as snapshot file bytes (snapshot_store.h), the executors'
 // state pulled first, for SnapshotStore::Write once the lock is released.
 // The caller checks that the job is not broken. Mid-step, the snapshot is
-// of the last completed step (Job::last_complete_momentum): FAILED_PRECONDITION
-// while a computation runs or when executors hold the state (no pre-step
-// copy).
+// of the last completed step (Job::last_complete_momentum, from the
+// executors' step-start copies when they hold the state): FAILED_PRECONDITION
+// while a computation runs or when executors hold the state without such a
+// copy.
 absl::StatusOr<std::string> SnapshotBytes(Scheduler& scheduler, Job& job)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
 

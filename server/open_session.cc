@@ -11,6 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/protocol.h"
 #include "kernels/cost_model.h"
 #include "planner/planner.h"
 #include "server/job.h"
@@ -148,6 +149,46 @@ absl::Status CheckJoin(const Job& job, const v1::OpenSessionRequest& req,
   return absl::OkStatus();
 }
 
+// What a minor adds is gated on ProtocolMinor(), so that a build speaking an
+// older minor (//daemon:dmuond_prev) behaves as that release did: protocol
+// 1.0 knew neither resume nor protocol_minor (both ignored).
+bool SpeaksMinor(uint32_t minor) { return ProtocolMinor() >= minor; }
+
+// The request's Resume as this daemon honours it.
+v1::Resume ResumeOf(const v1::OpenSessionRequest& req) {
+  return SpeaksMinor(1) ? req.resume() : v1::RESUME_UNSPECIFIED;
+}
+
+// FRESH on a job holding momentum: ALREADY_EXISTS, naming the job, its step,
+// where the momentum is and the two ways on.
+absl::Status HoldsMomentumError(const std::string& id, int64_t completed,
+                                const std::string& where) {
+  return absl::AlreadyExistsError(absl::StrCat(
+      "job '", id, "' already holds momentum: it has completed step ",
+      completed, " (", where,
+      ") and this session asked for a fresh start (resume=fresh). To go on "
+      "from step ",
+      completed + 1,
+      " open it with resume=continue (Python: DMuon(..., resume=True)); to "
+      "discard its momentum and start again at step 1, resume=replace "
+      "(Python: resume=\"replace\"); or use another job_id"));
+}
+
+// CONTINUE on a job holding none: NOT_FOUND.
+absl::Status NothingToContinueError(const std::string& id,
+                                    const std::string& state_dir) {
+  return absl::NotFoundError(absl::StrCat(
+      "job '", id,
+      "' holds no momentum to continue (resume=continue): no completed step "
+      "in this dmuond's memory",
+      state_dir.empty()
+          ? " (it runs without --state-dir, so a job does not outlive a "
+            "restart)"
+          : absl::StrCat(" nor a snapshot under --state-dir ", state_dir),
+      ". Check the job_id and the daemon's address, or start the job at step "
+      "1 with resume=fresh (Python: the default)"));
+}
+
 }  // namespace
 
 absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
@@ -166,7 +207,13 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
 
   // A job dropped idle, or snapshotted before a restart, resumes from its
   // snapshot: read now, before mu_ is taken for good.
-  if (auto st = LoadPendingSnapshot(req.job_id()); !st.ok()) return st;
+  // resume=replace discards the snapshot anyway: one that cannot be used
+  // (moved aside, or left in place for Replace to move) does not stop it.
+  if (auto st = LoadPendingSnapshot(req.job_id());
+      !st.ok() &&
+      !(ResumeOf(req) == v1::RESUME_REPLACE && absl::IsDataLoss(st))) {
+    return st;
+  }
   // A new job's methods and costs are measured (--autotune-cache: on a cache
   // miss, real kernel runs) before mu_ is taken, so other sessions' calls
   // and Status are not held up; a rank that finds the job made meanwhile
@@ -302,6 +349,24 @@ absl::Status OptimizerService::ValidateOpen(
         " is not supported: this daemon speaks version 1 (upgrade the client "
         "or the daemon)"));
   }
+  if (SpeaksMinor(1) && req.protocol_minor() > ProtocolMinor()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the client speaks protocol 1.", req.protocol_minor(), " (client ",
+        req.client_version().empty() ? "version unknown"
+                                     : req.client_version().substr(0, 64),
+        ") but this dmuond speaks protocol 1.", ProtocolMinor(), " (dmuond ",
+        options_.version,
+        "), which lacks features the client may use: upgrade dmuond to a "
+        "release of protocol 1.",
+        req.protocol_minor(), " or newer, or use a client of protocol 1.",
+        ProtocolMinor()));
+  }
+  if (SpeaksMinor(1) && !v1::Resume_IsValid(req.resume())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resume is ", static_cast<int>(req.resume()),
+        ", not a Resume this dmuond knows (RESUME_UNSPECIFIED, RESUME_FRESH, "
+        "RESUME_CONTINUE, RESUME_REPLACE)"));
+  }
   if (req.job_id().empty())
     return absl::InvalidArgumentError("job_id is empty");
   if (req.world_size() < 1) {
@@ -334,14 +399,71 @@ absl::Status OptimizerService::ValidateOpen(
 absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
     const v1::OpenSessionRequest& req, const Table& table,
     std::optional<Tuned>& tuned, const Principal& who, bool* created) {
+  const v1::Resume resume = ResumeOf(req);
   if (auto it = jobs_.find(req.job_id()); it != jobs_.end()) {
     // Before anything that could describe the job (CheckJoin's messages).
     if (auto st = CheckJobOwner(who, it->second->owner(), req.job_id());
         !st.ok()) {
       return st;
     }
-    *created = false;
-    return it->second;
+    const std::shared_ptr<Job> job = it->second;
+    // Resume (docs/protocol.md "Resume"): the job in memory is the job's
+    // newest state (a snapshot of it on disk is as old or older).
+    absl::MutexLock jl(&job->mu());
+    const int64_t done = job->completed_steps();
+    const int open = job->open_ranks();
+    if (resume == v1::RESUME_FRESH && done > 0) {
+      return HoldsMomentumError(
+          job->id(), done,
+          open > 0 ? absl::StrCat(open, " of its ", job->world_size(),
+                                  " ranks open on this dmuond")
+                   : "idle in this dmuond's memory");
+    }
+    if (resume == v1::RESUME_CONTINUE && done == 0)
+      return NothingToContinueError(job->id(), options_.state_dir);
+    if (resume != v1::RESUME_REPLACE || (open > 0 && done == 0)) {
+      // Joined (REPLACE too: the other ranks of a job just started, at step
+      // 1, hold nothing to discard).
+      *created = false;
+      return job;
+    }
+    if (open > 0) {
+      std::string ranks;
+      for (const auto& r : job->ranks())
+        if (r) absl::StrAppend(&ranks, ranks.empty() ? "" : ",", r->rank());
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job->id(), "' cannot be replaced (resume=replace): rank",
+          open > 1 ? "s " : " ", ranks, " of it ", open > 1 ? "are" : "is",
+          " open, past completed step ", done,
+          ". Close every session of the job first (stop those trainers), "
+          "then open it again with resume=replace; or use another job_id"));
+    }
+    // Idle: its snapshot goes first (nothing changes if that fails), then
+    // its memory, as the reaper drops a job (reaper.cc).
+    if (snapshots_.enabled()) {
+      if (auto moved = snapshots_.Replace(job->id(), next_job_serial_);
+          !moved.ok()) {
+        return moved.status();
+      }
+    }
+    job->MarkDropped();
+    jobs_.erase(it);
+    scheduler_->DropJob(job->serial());
+    if (options_.device_transports)
+      options_.device_transports->DropJob(job->serial());
+  } else if (resume == v1::RESUME_REPLACE && snapshots_.enabled()) {
+    const SnapshotFile* old = pending_.Find(req.job_id());
+    if (auto st =
+            CheckJobOwner(who, old ? old->head.header().owner() : std::string(),
+                          req.job_id());
+        !st.ok()) {
+      return st;
+    }
+    if (auto moved = snapshots_.Replace(req.job_id(), next_job_serial_);
+        !moved.ok()) {
+      return moved.status();
+    }
+    pending_.Drop(req.job_id());
   }
   const SnapshotFile* pending = pending_.Find(req.job_id());
   if (pending) {
@@ -351,6 +473,16 @@ absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
       return st;
     }
   }
+  const int64_t pending_done =
+      pending ? pending->head.header().completed_steps() : 0;
+  if (resume == v1::RESUME_FRESH && pending_done > 0) {
+    return HoldsMomentumError(
+        req.job_id(), pending_done,
+        absl::StrCat("in its snapshot under --state-dir ", options_.state_dir,
+                     ", not loaded yet"));
+  }
+  if (resume == v1::RESUME_CONTINUE && pending_done <= 0)
+    return NothingToContinueError(req.job_id(), options_.state_dir);
   if (!tuned) {  // the job was dropped between the look and now
     tuned.emplace(table, std::vector<double>{});
     tuned->second = TuneTable(tuned->first);
@@ -373,6 +505,7 @@ absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
       req.job_id(), next_job_serial_++, req.world_size(),
       std::move(tuned->first), std::move(plan), scheduler_->executors(),
       /*host_momentum=*/!scheduler_->holds_state());
+  job->set_keeps_step_start(scheduler_->keeps_step_start());
   // A resumed job keeps its snapshot's owner; a new one is `who`'s.
   job->set_owner(pending ? pending->head.header().owner() : who.name);
   if (const SnapshotFile* snap = pending_.Find(job->id())) {
@@ -425,6 +558,7 @@ void OptimizerService::FillOpenResponse(const Session& s,
   }
   auto* caps = resp->mutable_capabilities();
   caps->set_version(options_.version);
+  caps->set_protocol_minor(ProtocolMinor());
   caps->add_transports(v1::TRANSPORT_SHM);
   caps->add_transports(v1::TRANSPORT_INLINE);
   for (v1::Transport t : {v1::TRANSPORT_CUDA_IPC, v1::TRANSPORT_NCCL})

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
+#include "server/ack_gate.h"
 #include "server/job_state.h"
 #include "server/service.h"
 
@@ -122,10 +123,20 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
   if (ranks[0]->region()->device() != nullptr) {
     // GPU transports: the executor gathers on the device and checks
     // finiteness there (nonfinite is set before Finish).
+    if (p.absent_count > 0) {
+      // SHARDING_UNREDUCED present on some ranks only: the device gather
+      // reads every rank's slot, and an absent rank's holds no gradient.
+      return absl::UnimplementedError(absl::StrCat(
+          "parameter '", info.name, "' at step ", step,
+          " has a gradient on some ranks and is absent on others; over GPU "
+          "transports a rank without one must send zeros"));
+    }
     io = DeviceIoOf(ranks, param, info.sharding);
     sessions = ranks;
     t.device_io = &io;
     t.nonfinite = &nonfinite;
+    // Executors that keep a step-start copy take it in this Compute (job.h).
+    job->SaveStepStart(param);
     return t;
   }
   const int64_t cols = info.shape.cols, n = info.shape.elements();
@@ -146,6 +157,8 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
       std::fill(p.work.begin(), p.work.end(), 0.0f);
       std::vector<float> g(n);
       for (const auto& s : ranks) {
+        // A rank that declared it absent contributes zeros (nothing read).
+        if (!p.absent.empty() && p.absent[s->rank()]) continue;
         if (auto st = ReadGradient(*s, param, n, g.data()); !st.ok()) return st;
         for (int64_t i = 0; i < n; ++i) p.work[i] += g[i];
       }
@@ -191,6 +204,16 @@ void ParamWork::Finish(absl::Status status) {
 void OptimizerService::SubmitParams(const std::shared_ptr<Job>& job,
                                     int64_t step,
                                     const std::vector<int>& params) {
+  if (params.empty()) return;
+  {
+    // A GetState reads the job at its step boundary: these wait for it
+    // (the last reader submits them, StateReader).
+    absl::MutexLock lock(&job->mu());
+    if (job->state_readers() > 0) {
+      for (int id : params) job->Defer(step, id);
+      return;
+    }
+  }
   for (int id : params) {
     scheduler_->Submit(job->plan().executor_of[id],
                        std::make_shared<ParamWork>(this, job, id, step));
@@ -199,7 +222,8 @@ void OptimizerService::SubmitParams(const std::shared_ptr<Job>& job,
 
 void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
                                int64_t step, absl::Status status,
-                               bool nonfinite, double compute_seconds) {
+                               bool nonfinite, double compute_seconds,
+                               bool absent) {
   const ParamInfo& info = job->table().params[param];
   if (nonfinite && metrics_) metrics_->NonFiniteGradient();
   std::string snapshot;
@@ -210,10 +234,18 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
   const bool durable = snapshots_.enabled() && options_.snapshot_every > 0 &&
                        step % options_.snapshot_every == 0;
   std::vector<std::pair<std::shared_ptr<StepSink>, v1::StepResponse>> acks;
+  // nccl ranks' step_complete of a durable step: sent once the last update
+  // send is posted and the snapshot below is written.
+  std::vector<std::shared_ptr<AckGate>> gates;
   {
     absl::MutexLock lock(&job->mu());
-    // A step rolled back meanwhile (a rank left mid-step): discarded.
-    if (!job->EndParam(param) || job->broken()) return;
+    // A step rolled back meanwhile (a rank left mid-step): discarded, and
+    // an executor's state put back to its step-start copy.
+    if (!job->EndParam(param)) {
+      (void)RestoreStepStarts(*scheduler_, *job);
+      return;
+    }
+    if (job->broken()) return;
     job->AddComputeSeconds(param, compute_seconds);
     const bool skip = nonfinite && options_.skip_nonfinite;
     // The step fails for the whole job: every rank's stream ends with it.
@@ -236,6 +268,7 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
     // client shrank fails the step (DATA_LOSS naming the rank and segment).
     std::vector<float> zeros;
     for (auto& s : job->ranks()) {
+      if (absent) break;  // no update: the slot is left as it was
       if (!s || s->region()->device()) continue;
       const RowRange r = s->rows()[param];
       const int64_t n = (r.end - r.begin) * cols;
@@ -253,17 +286,17 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
       if (!s) continue;
       SessionState& st = s->state(*job);
       const RowRange r = s->rows()[param];
-      const int64_t n = (r.end - r.begin) * cols;
+      const int64_t n = absent ? 0 : (r.end - r.begin) * cols;
       // Inline: the update goes out in chunks from the (heap) region.
       const float* out = s->transport() == v1::TRANSPORT_INLINE
                              ? UpdateOf(*s, param)
                              : nullptr;
       st.bytes_out += n * sizeof(float);
-      if (metrics_) metrics_->BytesSent(n * sizeof(float));
+      if (metrics_ && n > 0) metrics_->BytesSent(n * sizeof(float));
       if (!st.sink) continue;
       if (skip)
         st.sink->Send(ErrorResponse(step, param, info.name, status, true));
-      if (s->transport() == v1::TRANSPORT_INLINE) {
+      if (s->transport() == v1::TRANSPORT_INLINE && !absent) {
         const uint64_t bytes = n * sizeof(float);
         const char* base = reinterpret_cast<const char*>(out);
         for (const auto& c : transport::SplitChunks(
@@ -280,19 +313,31 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
       }
       v1::StepResponse ready;
       ready.mutable_updates_ready()->set_step(step);
-      ready.mutable_updates_ready()->add_param_ids(param);
+      if (absent) {
+        ready.mutable_updates_ready()->add_absent_param_ids(param);
+      } else {
+        ready.mutable_updates_ready()->add_param_ids(param);
+      }
       const bool last = ++st.delivered == job->num_params();
       v1::StepResponse done;
       done.mutable_step_complete()->set_step(step);
       if (s->region()->moves_data()) {
         // nccl: UpdatesReady once the send is posted (the client posts the
-        // matching receive when it reads it), StepComplete after the last.
+        // matching receive when it reads it), StepComplete after the last,
+        // and on a durable step only once its snapshot is written too (as
+        // `acks` below).
+        std::shared_ptr<AckGate> gate;
+        if (last) {
+          gate = std::make_shared<AckGate>(
+              durable ? 2 : 1, [sink = st.sink, done] { sink->Send(done); });
+          if (durable) gates.push_back(gate);
+        }
         s->region()->Push(
             step, {param},
-            [this, job, sink = st.sink, ready, done, last](absl::Status e) {
+            [this, job, sink = st.sink, ready, gate](absl::Status e) {
               if (!e.ok()) return TransferFailed(job, e);
               sink->Send(ready);
-              if (last) sink->Send(done);
+              if (gate) gate->Done();
             });
       } else {
         st.sink->Send(std::move(ready));
@@ -334,6 +379,7 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
       CountError(st);
   }
   for (auto& [sink, done] : acks) sink->Send(std::move(done));
+  for (auto& gate : gates) gate->Done();
 }
 
 }  // namespace dmuon::server

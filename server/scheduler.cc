@@ -9,10 +9,12 @@ Scheduler::Scheduler(std::vector<std::unique_ptr<Executor>> executors,
                      int max_batch)
     : max_batch_(std::max(1, max_batch)) {
   reads_device_memory_ = !executors.empty();
+  bool all_keep = true;
   {
     absl::MutexLock lock(&mu_);
     for (auto& e : executors) {
       holds_state_ = holds_state_ || e->holds_state();
+      all_keep = all_keep && (!e->holds_state() || e->keeps_step_start());
       reads_device_memory_ = reads_device_memory_ && e->reads_device_memory();
       ExecutorStats stats;
       stats.device = e->device();
@@ -21,6 +23,7 @@ Scheduler::Scheduler(std::vector<std::unique_ptr<Executor>> executors,
       workers_.push_back(Worker{std::move(e), std::thread()});
     }
   }
+  keeps_step_start_ = holds_state_ && all_keep;
   for (size_t i = 0; i < workers_.size(); ++i)
     workers_[i].thread = std::thread([this, i] { Loop(i); });
 }
@@ -63,6 +66,15 @@ absl::Status Scheduler::ReadState(int index, const StateKey& key,
 absl::Status Scheduler::WriteState(int index, const StateKey& key,
                                    absl::Span<const float> host) {
   return executor(index).WriteState(key, host);
+}
+
+absl::Status Scheduler::RestoreStepStart(int index, const StateKey& key) {
+  return executor(index).RestoreStepStart(key);
+}
+
+absl::Status Scheduler::ReadStepStart(int index, const StateKey& key,
+                                      absl::Span<float> host) {
+  return executor(index).ReadStepStart(key, host);
 }
 
 void Scheduler::DropJob(uint64_t job) {

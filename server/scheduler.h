@@ -78,6 +78,12 @@ class Scheduler {
                          absl::Span<float> host);
   absl::Status WriteState(int index, const StateKey& key,
                           absl::Span<const float> host);
+  // Every executor that holds state keeps a step-start copy (and at least
+  // one holds state): a mid-step job of such executors can be rolled back.
+  bool keeps_step_start() const { return keeps_step_start_; }
+  absl::Status RestoreStepStart(int index, const StateKey& key);
+  absl::Status ReadStepStart(int index, const StateKey& key,
+                             absl::Span<float> host);
   void DropJob(uint64_t job);
   // Runs what is queued, then stops the workers. Idempotent.
   void Shutdown();
@@ -101,6 +107,7 @@ class Scheduler {
 
   const int max_batch_;
   bool holds_state_ = false;          // any executor holds state
+  bool keeps_step_start_ = false;     // see keeps_step_start()
   bool reads_device_memory_ = false;  // every executor reads device memory
   std::vector<Worker> workers_;       // by executor index
   // Never held while a Work or an Executor runs.

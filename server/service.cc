@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/job.h"
+#include "server/job_state.h"
 
 namespace dmuon::server {
 
@@ -147,13 +148,22 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
     if (job->mid_step() && !job->broken() && job->RollBack()) {
       // The step is void for every rank (its updates are not all out):
       // the job goes back to its last completed step and is kept like an
-      // idle job, every rank closed, for the trainer to reopen.
-      job->AbortStreams(absl::AbortedError(absl::StrCat(
-          left, "; the job is back at its last completed step ",
-          job->completed_steps(), " and kept for --job-retention-seconds",
-          options_.state_dir.empty() ? "" : " (then snapshotted)",
-          ": reopen every rank and continue from step ",
-          job->completed_steps() + 1)));
+      // idle job, every rank closed, for the trainer to reopen. Executors
+      // that hold the state put back their step-start copies (the job
+      // breaks, and is dropped below, when they cannot).
+      const absl::Status restored = RestoreStepStarts(*scheduler_, *job);
+      job->AbortStreams(absl::AbortedError(
+          restored.ok()
+              ? absl::StrCat(
+                    left, "; the job is back at its last completed step ",
+                    job->completed_steps(),
+                    " and kept for --job-retention-seconds",
+                    options_.state_dir.empty() ? "" : " (then snapshotted)",
+                    ": reopen every rank and continue from step ",
+                    job->completed_steps() + 1)
+              : absl::StrCat(left, "; ", restored.message(),
+                             "; reopen every rank and restore state from a "
+                             "checkpoint")));
       for (const auto& r : job->ranks())
         if (r) others.push_back(r);
       for (const auto& r : others) job->CloseRank(*r);

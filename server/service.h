@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "base/protocol.h"
 #include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
 #include "server/device_transport.h"
@@ -70,7 +71,7 @@ struct Tuning {
 };
 
 struct ServiceOptions {
-  std::string version = "0.1.0";
+  std::string version = kDmuonVersion;  // base/protocol.h
   int max_sessions = 64;
   uint64_t max_message_bytes = 64ull << 20;
   // Non-finite gradient: true = skip that parameter's step (momentum
@@ -118,8 +119,74 @@ struct ServiceOptions {
 };
 
 class Job;
+class OptimizerService;
 class RegionRelease;
 class Session;
+
+// A GetState stream (OptimizerService::ReadState; state.cc). While a
+// reader lives, its job stays at the step boundary it was opened at: a
+// parameter whose gradients have all arrived waits (its step is submitted
+// when the job's last reader goes) and SetState and Rewind are refused, so
+// every byte read is of that boundary. Each Next copies one chunk of at
+// most the chunk size out of the job's state; with executors that hold
+// state, one parameter at a time is read into the reader. Use from one
+// thread; destroy before the service.
+class StateReader {
+ public:
+  StateReader(const StateReader&) = delete;
+  StateReader& operator=(const StateReader&) = delete;
+  // Lets the job step again (submits the parameters that waited).
+  ~StateReader();
+  // The header first, then each parameter's momentum in order, in chunks;
+  // nullopt after the last. ABORTED when the job broke or was dropped
+  // meanwhile.
+  absl::StatusOr<std::optional<v1::StateChunk>> Next();
+  // State bytes the reader holds besides the chunk Next returned: one
+  // parameter read from executors that hold state, else 0.
+  uint64_t buffered_bytes() const { return buf_.size() * sizeof(float); }
+
+ private:
+  friend class OptimizerService;
+  StateReader(OptimizerService* service, std::shared_ptr<Job> job,
+              v1::StateChunk header, uint64_t max_chunk);
+  OptimizerService* const service_;
+  const std::shared_ptr<Job> job_;
+  std::optional<v1::StateChunk> header_;  // until Next returned it
+  const uint64_t max_chunk_;
+  int param_ = 0;           // the parameter being read
+  uint64_t offset_ = 0;     // its next byte
+  std::vector<float> buf_;  // it, read from an executor that holds state
+};
+
+// A SetState stream (OptimizerService::WriteState; state.cc): the header
+// was checked against the session's job before any momentum is taken; each
+// chunk is checked and copied into the new state as it comes (never more
+// than the header declared for its parameter); Commit replaces the job's
+// state only when every byte arrived.
+class StateWriter {
+ public:
+  StateWriter(const StateWriter&) = delete;
+  StateWriter& operator=(const StateWriter&) = delete;
+  // INVALID_ARGUMENT naming the parameter for a chunk that is not the next
+  // of its tensor or runs past the bytes its header declared.
+  absl::Status Add(const v1::StateChunk& chunk);
+  // Every byte arrived and the job is between steps: its momentum and step
+  // count replaced; returns its completed steps.
+  absl::StatusOr<int64_t> Commit();
+  // Momentum bytes taken so far (at most the job's state).
+  uint64_t buffered_bytes() const { return buffered_; }
+
+ private:
+  friend class OptimizerService;
+  StateWriter(OptimizerService* service, std::shared_ptr<Job> job,
+              int64_t completed_steps);
+  OptimizerService* const service_;
+  const std::shared_ptr<Job> job_;
+  const int64_t completed_steps_;
+  std::vector<std::vector<float>> mom_;  // by parameter, sized on its first
+  std::vector<uint64_t> got_;            // bytes received, by parameter
+  uint64_t buffered_ = 0;
+};
 
 // What one OptimizerService::ReapIdleJobs pass did.
 struct ReapResult {
@@ -170,11 +237,23 @@ class OptimizerService {
                                 std::chrono::steady_clock::time_point::min(),
                             bool* released = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // GetState: the session's job held at its step boundary and read chunk
+  // by chunk (StateReader). FAILED_PRECONDITION mid-step or when broken.
   // `who`: as OpenSession (the session's job must be its own).
+  absl::StatusOr<std::unique_ptr<StateReader>> ReadState(
+      const std::string& session_id, const Principal& who = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // SetState: `first` (session_id, header) checked against the session's
+  // job before any momentum is taken; then StateWriter::Add each chunk and
+  // Commit. `who`: as OpenSession.
+  absl::StatusOr<std::unique_ptr<StateWriter>> WriteState(
+      const v1::StateChunk& first, const Principal& who = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The whole stream at once (tests, fuzzers): ReadState drained, and
+  // WriteState with every chunk.
   absl::StatusOr<std::vector<v1::StateChunk>> GetState(
       const std::string& session_id, const Principal& who = {})
       ABSL_LOCKS_EXCLUDED(mu_);
-  // `who`: as OpenSession (the session's job must be its own).
   absl::StatusOr<int64_t> SetState(const std::vector<v1::StateChunk>& chunks,
                                    const Principal& who = {})
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -226,6 +305,8 @@ class OptimizerService {
 
  private:
   friend struct ParamWork;
+  friend class StateReader;
+  friend class StateWriter;
   // Methods that need a job's lock held are free functions of the files
   // that use them (job_state.h, open_session.cc, state.cc): an annotation
   // naming job.mu() needs Job complete, and job.h is internal.
@@ -276,10 +357,12 @@ class OptimizerService {
   // A parameter's step ended with `status`: its update goes to every rank
   // (or the job breaks). `compute_seconds`: the parameter's
   // Executor::Compute time this step (Work::Computed), counted in the job's
-  // measured load. (param_work.cc)
+  // measured load. `absent`: every rank declared it absent (Job::Arrival::
+  // kAbsent): nothing was computed, no update is written, and each rank's
+  // UpdatesReady lists it in absent_param_ids. (param_work.cc)
   void Deliver(const std::shared_ptr<Job>& job, int param, int64_t step,
-               absl::Status status, bool nonfinite, double compute_seconds)
-      ABSL_LOCKS_EXCLUDED(mu_);
+               absl::Status status, bool nonfinite, double compute_seconds,
+               bool absent = false) ABSL_LOCKS_EXCLUDED(mu_);
   // Submits the step of each of `params` of `job` (Job::Arrive said they
   // run), without the job's lock.
   void SubmitParams(const std::shared_ptr<Job>& job, int64_t step,
@@ -317,6 +400,9 @@ class OptimizerService {
   const std::chrono::steady_clock::time_point started_;
   // --state-dir's files. Its lock is held for a whole write, never with
   // another: snapshots are copied under a job's lock and written after.
+  // (SnapshotStore::Replace, an OpenSession with resume=replace, takes it
+  // under mu_ and the replaced job's lock: nothing holding the store's lock
+  // waits for either, and the rename must happen with the job's drop.)
   SnapshotStore snapshots_;
   mutable StepStats stats_;  // its lock is a leaf
 

@@ -1,6 +1,6 @@
 // The service's state without sockets: a rank leaving mid-step (rollback),
 // drain and the final snapshot, a shrunk segment, GetState/SetState,
-// --state-dir snapshots and restarts.
+// --state-dir snapshots and restarts, SetState rolling a snapshot back.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -23,6 +23,7 @@
 #include "kernels/testing/oracle.h"
 #include "planner/planner.h"
 #include "server/service.h"
+#include "server/snapshot_store.h"
 #include "server/testing/open_request.h"
 #include "server/testing/recording_metrics.h"
 #include "server/testing/recording_sink.h"
@@ -351,6 +352,83 @@ TEST(Service, RacingSnapshotsEndWithTheNewestState) {
   Rank r;
   ASSERT_TRUE(r.Open(*svc, Request("race", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
   EXPECT_EQ(r.open.next_step(), kSteps + 1);
+}
+
+TEST(Service, SetStateRollsBackANewerSnapshotFile) {
+  // A SetState is an explicit restore: an older checkpoint replaces the
+  // newer snapshot file (kept aside as .rolled-back-*), and the automatic
+  // snapshots continue from the restored step.
+  char tmpl[] = "/tmp/dmuon-rollback-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ServiceOptions o;
+  o.state_dir = tmpl;
+  o.snapshot_every = 1;
+  const std::vector<Param> ps = {{"w", 20, 30, v1::SHARDING_REPLICATED}};
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<v1::StateChunk> at2;
+  {
+    auto svc = NewService(o);
+    Rank r;
+    ASSERT_TRUE(r.Open(*svc, Request("rb", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+    for (int s = 1; s <= 4; ++s) {
+      ASSERT_TRUE(r.Send(*svc, s, RandomGradients(ps, rng)).ok());
+      r.sink->WaitStep(s);
+      if (s == 2) {
+        auto got = svc->GetState(r.open.session_id());
+        ASSERT_TRUE(got.ok()) << got.status();
+        at2 = *got;
+      }
+    }
+  }  // the file holds step 4
+  const std::string dir = tmpl;
+  auto files = [&dir](const std::string& part) {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (name.find(part) != std::string::npos) out.push_back(e.path());
+    }
+    return out;
+  };
+  auto steps_in = [](const std::string& path) -> int64_t {
+    auto f = SnapshotStore::Read(path);
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.ok() ? f->head.header().completed_steps() : -1;
+  };
+  const auto snap = files(".dmst");
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_EQ(steps_in(snap[0]), 4);
+  {
+    // Another run of the job (a restarted daemon) resumes at step 4, and is
+    // restored to step 2.
+    auto svc = NewService(o);
+    ASSERT_TRUE(svc->LoadSnapshots().ok());
+    Rank r;
+    ASSERT_TRUE(r.Open(*svc, Request("rb", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+    EXPECT_EQ(r.open.next_step(), 5);
+    at2[0].set_session_id(r.open.session_id());
+    auto set = svc->SetState(at2);
+    ASSERT_TRUE(set.ok()) << set.status();
+    EXPECT_EQ(*set, 2);
+    EXPECT_EQ(steps_in(snap[0]), 2);
+    const auto kept = files(".rolled-back-");
+    ASSERT_EQ(kept.size(), 1u);
+    EXPECT_EQ(steps_in(kept[0]), 4);
+    ASSERT_TRUE(r.Send(*svc, 3, RandomGradients(ps, rng)).ok());
+    r.sink->WaitStep(3);
+    EXPECT_EQ(steps_in(snap[0]), 3);
+    // The same job restored again, to step 2: its own newer file (step 3)
+    // goes back too.
+    auto again = svc->SetState(at2);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(steps_in(snap[0]), 2);
+    EXPECT_EQ(files(".rolled-back-").size(), 2u);
+    EXPECT_EQ(svc->Status().snapshot_errors_size(), 0);
+  }
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("rb", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
+  EXPECT_EQ(r.open.next_step(), 3);
 }
 
 // Idle jobs (ServiceOptions::job_retention_seconds): the reaper is driven

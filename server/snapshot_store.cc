@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -99,6 +100,74 @@ absl::StatusOr<std::string> SnapshotStore::MoveAside(const std::string& path,
   return out;
 }
 
+absl::StatusOr<std::string> SnapshotStore::Replace(const std::string& job_id,
+                                                   uint64_t first_serial) {
+  absl::MutexLock lock(&mu_);
+  const std::string path = PathOf(job_id);
+  std::string to;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    const std::string stamp =
+        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
+    to = absl::StrCat(path, ".replaced-", stamp);
+    for (int n = 1; ::lstat(to.c_str(), &st) == 0; ++n)
+      to = absl::StrCat(path, ".replaced-", stamp, "-", n);
+    if (::rename(path.c_str(), to.c_str()) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job_id, "' cannot be replaced: its snapshot ", path,
+          " could not be moved aside to ", to, " (", strerror(errno),
+          "); move it away by hand and open the job again"));
+    }
+  }
+  newest_.erase(job_id);
+  uint64_t& first = replaced_[job_id];
+  first = std::max(first, first_serial);
+  return to;
+}
+
+absl::StatusOr<std::string> SnapshotStore::Restore(
+    const std::string& job_id, uint64_t job_serial, int64_t completed_steps,
+    const std::function<absl::StatusOr<std::string>()>& bytes) {
+  absl::Status st;
+  std::string kept;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string path = PathOf(job_id);
+    auto it = newest_.find(job_id);
+    struct stat sb;
+    if (it == newest_.end() || it->second.second <= completed_steps ||
+        ::stat(path.c_str(), &sb) != 0) {
+      return std::string();  // not newer: the next snapshot writes as usual
+    }
+    auto encoded = bytes();
+    if (!encoded.ok()) return encoded.status();
+    const std::string stamp =
+        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
+    kept = absl::StrCat(path, ".rolled-back-", stamp);
+    for (int n = 1; ::lstat(kept.c_str(), &sb) == 0; ++n)
+      kept = absl::StrCat(path, ".rolled-back-", stamp, "-", n);
+    if (::link(path.c_str(), kept.c_str()) != 0) {
+      st = absl::UnavailableError(absl::StrCat(
+          "snapshot: restore of job '", job_id, "' to step ", completed_steps,
+          ": cannot keep ", path, " as ", kept, ": ", strerror(errno)));
+    } else {
+      const auto newer = it->second;
+      newest_.erase(it);  // the explicit restore may go back
+      st = WriteLocked(job_id, job_serial, completed_steps, *encoded);
+      if (!st.ok()) {  // the newer file stayed, and stays protected
+        ::unlink(kept.c_str());
+        newest_[job_id] = newer;
+      }
+    }
+    if (!st.ok()) Record(st);
+  }
+  if (!st.ok()) {
+    if (failed_) failed_(kSnapshotWriteFailed, st);
+    return st;
+  }
+  return kept;
+}
+
 std::string SnapshotStore::PathOf(const std::string& job_id) const {
   return absl::StrCat(dir_, "/job-", HexOf(job_id), ".dmst");
 }
@@ -125,6 +194,10 @@ absl::Status SnapshotStore::WriteLocked(const std::string& job_id,
                                         int64_t completed_steps,
                                         const std::string& bytes) {
   const std::string path = PathOf(job_id);
+  if (auto r = replaced_.find(job_id);
+      r != replaced_.end() && job_serial < r->second) {
+    return absl::OkStatus();  // a replaced job's late write (Replace)
+  }
   if (auto it = newest_.find(job_id);
       it != newest_.end() && it->second.second > completed_steps) {
     if (it->second.first == job_serial)
@@ -332,6 +405,11 @@ void PendingSnapshots::Forget(const std::string& job_id,
                               const std::string& path) {
   if (auto f = files_.find(job_id); f != files_.end() && f->second == path)
     files_.erase(f);
+}
+
+void PendingSnapshots::Drop(const std::string& job_id) {
+  files_.erase(job_id);
+  read_.erase(job_id);
 }
 
 const SnapshotFile* PendingSnapshots::Find(const std::string& job_id) const {

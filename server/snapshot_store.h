@@ -84,6 +84,37 @@ class SnapshotStore {
   absl::StatusOr<std::string> MoveAside(const std::string& path,
                                         const absl::Status& why)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The snapshot of `job_id` is discarded (OpenSession with resume=replace,
+  // docs/protocol.md "Resume"): its file, if there is one, is renamed to
+  // `<path>.replaced-<UTC time>` (kept for the operator to delete, never
+  // read again: Scan takes only `.dmst` names), the id's newest write is
+  // forgotten, and from now on writes of the id by a job serial below
+  // `first_serial` (the replaced job's: an idle drop or shutdown snapshot in
+  // flight) are skipped (OK) so that they cannot bring the old state back.
+  // Returns the new path, "" when there was no file, or FAILED_PRECONDITION
+  // when the file could not be renamed (nothing changed then).
+  absl::StatusOr<std::string> Replace(const std::string& job_id,
+                                      uint64_t first_serial)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // An explicit restore (SetState) of job `job_serial` to
+  // `completed_steps`: when the file of `job_id` holds a later step (an
+  // earlier run, or this job before the restore), the restored state
+  // replaces it now, older or not: `bytes()` (EncodeSnapshot of the
+  // restored state) is written atomically, and the file it replaces is
+  // kept as `<path>.rolled-back-<UTC time>` (a hard link made before the
+  // rename: never read again, kept for the operator). From then on the
+  // automatic snapshots of this job continue from the restored step (the
+  // rule that an older state never replaces a newer one applies again
+  // from there). Nothing is written when the file is not newer (the next
+  // automatic snapshot writes the restored state as usual). Returns the
+  // path the newer file was kept as, "" when none; a failed write is an
+  // error (kind "write") and leaves the newer file in place.
+  // Called with the job's lock held, so that no step of it runs meanwhile.
+  absl::StatusOr<std::string> Restore(
+      const std::string& job_id, uint64_t job_serial, int64_t completed_steps,
+      const std::function<absl::StatusOr<std::string>()>& bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // The last failures (at most kMaxErrors, oldest first), for Status.
   static constexpr size_t kMaxErrors = 32;
   std::vector<std::string> errors() const ABSL_LOCKS_EXCLUDED(errors_mu_);
@@ -110,12 +141,16 @@ class SnapshotStore {
   const std::function<void(double)> written_;
   const Failed failed_;
   // Held for a whole write, and taken with no other lock held (only
-  // `written_`'s own lock nests inside it).
+  // `written_`'s own lock nests inside it), except by Restore (SetState),
+  // which holds its job's lock: the store never takes a job's lock.
   mutable absl::Mutex mu_;
   // By job id: the serial that wrote its file last (0: found by Scan) and
   // that file's completed steps.
   std::map<std::string, std::pair<uint64_t, int64_t>> newest_
       ABSL_GUARDED_BY(mu_);
+  // By job id: the first job serial whose writes count (Replace); writes by
+  // older serials are skipped.
+  std::map<std::string, uint64_t> replaced_ ABSL_GUARDED_BY(mu_);
   // A leaf (taken inside mu_ too): Status reads it without waiting for a
   // write in progress.
   mutable absl::Mutex errors_mu_;
@@ -148,6 +183,10 @@ class PendingSnapshots {
   // Forgets the file of `job_id` at `path` (moved aside: the job starts
   // afresh).
   void Forget(const std::string& job_id, const std::string& path);
+  // Forgets everything of `job_id`: its file to read and its contents read
+  // (the job is replaced: SnapshotStore::Replace). Not while it is being
+  // read (reading()).
+  void Drop(const std::string& job_id);
   // The snapshot read for `job_id`, or null.
   const SnapshotFile* Find(const std::string& job_id) const;
   // Removes and returns the snapshot read for `job_id` (Find not null).

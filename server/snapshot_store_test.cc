@@ -68,6 +68,52 @@ TEST(SnapshotStore, AnOlderSnapshotOfTheSameJobNeverReplacesANewerOne) {
   EXPECT_EQ(SnapshotStore::Read(store.PathOf("j"))->momentum[0][0], 6.0f);
 }
 
+TEST(SnapshotStore, AnExplicitRestoreRollsBackAndKeepsTheNewerFile) {
+  std::vector<std::string> kinds;
+  SnapshotStore store(
+      TempDir(), nullptr,
+      [&](const char* kind, const absl::Status&) { kinds.push_back(kind); });
+  // A newer file of an earlier run, and this job's own newer file alike.
+  for (uint64_t earlier : {uint64_t{1}, uint64_t{2}}) {
+    ASSERT_TRUE(store.Write("j", earlier, 50, Encode("j", 50, 5.0f)).ok());
+    int calls = 0;
+    auto kept = store.Restore("j", 2, 10, [&]() -> absl::StatusOr<std::string> {
+      ++calls;
+      return Encode("j", 10, 1.0f);
+    });
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_EQ(calls, 1);
+    EXPECT_NE(kept->find(store.PathOf("j") + ".rolled-back-"),
+              std::string::npos)
+        << *kept;
+    EXPECT_EQ(SnapshotStore::Read(*kept)->head.header().completed_steps(), 50);
+    auto f = SnapshotStore::Read(store.PathOf("j"));
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->head.header().completed_steps(), 10);
+    EXPECT_EQ(f->momentum[0][0], 1.0f);
+    // The automatic snapshots continue from the restored step ...
+    ASSERT_TRUE(store.Write("j", 2, 11, Encode("j", 11, 2.0f)).ok());
+    EXPECT_EQ(SnapshotStore::Read(store.PathOf("j"))->momentum[0][0], 2.0f);
+    // ... and still never go back by themselves.
+    ASSERT_TRUE(store.Write("j", 2, 10, Encode("j", 10, 3.0f)).ok());
+    EXPECT_EQ(SnapshotStore::Read(store.PathOf("j"))->momentum[0][0], 2.0f);
+    ASSERT_EQ(unlink(kept->c_str()), 0);
+    ASSERT_EQ(unlink(store.PathOf("j").c_str()), 0);
+    // (the next round's first write finds no file: a fresh start)
+    ASSERT_TRUE(store.Write("j", 3, 0, Encode("j", 0, 0.0f)).ok());
+    ASSERT_EQ(unlink(store.PathOf("j").c_str()), 0);
+  }
+  // A restore that is not older than the file writes nothing.
+  ASSERT_TRUE(store.Write("k", 1, 5, Encode("k", 5, 5.0f)).ok());
+  auto none = store.Restore("k", 1, 7, []() -> absl::StatusOr<std::string> {
+    ADD_FAILURE() << "nothing to write";
+    return std::string();
+  });
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, "");
+  EXPECT_TRUE(kinds.empty());
+}
+
 TEST(SnapshotStore, AnotherRunOfTheJobNeverReplacesANewerSnapshot) {
   std::vector<std::pair<std::string, std::string>> failed;
   SnapshotStore store(TempDir(), nullptr,

@@ -1,7 +1,10 @@
 // Momentum state in and out: the GetState/SetState streams and the
 // --state-dir snapshots (the files: snapshot_store.h).
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -27,10 +30,8 @@ v1::StateHeader HeaderOf(const Job& job)
   return h;
 }
 
-// The job's state as GetState's stream: its header, then its momentum in
-// chunks of at most `max_chunk` bytes.
-absl::StatusOr<std::vector<v1::StateChunk>> StateChunks(const Job& job,
-                                                        uint64_t max_chunk)
+// GetState's refusals: a broken job, or one mid-step.
+absl::Status AtStepBoundary(const Job& job)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
   if (job.broken()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -43,31 +44,120 @@ absl::StatusOr<std::vector<v1::StateChunk>> StateChunks(const Job& job,
         "job '", job.id(), "' is in the middle of step ",
         job.completed_steps() + 1, "; read or write state between steps"));
   }
-  std::vector<v1::StateChunk> out;
-  v1::StateChunk head;
-  *head.mutable_header() = HeaderOf(job);
-  out.push_back(std::move(head));
-  for (int i = 0; i < job.num_params(); ++i) {
-    const auto& m = job.param(i).momentum;
-    const uint64_t bytes = m.size() * sizeof(float);
-    const char* base = reinterpret_cast<const char*>(m.data());
-    for (const auto& c : transport::SplitChunks(bytes, max_chunk)) {
-      v1::StateChunk ch;
-      auto* mc = ch.mutable_momentum();
-      mc->set_param_id(i);
-      mc->set_name(job.table().params[i].name);
-      mc->set_offset(c.offset);
-      mc->set_total_bytes(bytes);
-      mc->set_data(base + c.offset, c.bytes);
-      out.push_back(std::move(ch));
-    }
+  return absl::OkStatus();
+}
+
+// SetState's refusals (at its header and again at its commit).
+absl::Status Settable(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+  if (job.mid_step() || job.broken()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id(),
+        "' is in the middle of a step; restore state before the first step"));
   }
-  return out;
+  if (job.state_readers() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a GetState of job '", job.id(),
+        "' is reading its state; set it once that stream has ended"));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t TensorBytes(const Job& job, int param) {
+  return static_cast<uint64_t>(job.table().params[param].shape.elements()) *
+         sizeof(float);
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::GetState(
+StateReader::StateReader(OptimizerService* service, std::shared_ptr<Job> job,
+                         v1::StateChunk header, uint64_t max_chunk)
+    : service_(service),
+      job_(std::move(job)),
+      header_(std::move(header)),
+      max_chunk_(std::max<uint64_t>(max_chunk, 1)) {}
+
+StateReader::~StateReader() {
+  // The parameters whose steps waited for the reader (SubmitParams) run
+  // now, unless their step was rolled back or the job broke meanwhile
+  // (then they end here, as their computation would have).
+  std::map<int64_t, std::vector<int>> run;
+  {
+    absl::MutexLock lock(&job_->mu());
+    for (const auto& [step, id] : job_->RemoveStateReader()) {
+      if (job_->param(id).abandoned || job_->broken() || job_->dropped()) {
+        (void)job_->EndParam(id);
+        continue;
+      }
+      run[step].push_back(id);
+    }
+  }
+  for (const auto& [step, ids] : run) service_->SubmitParams(job_, step, ids);
+}
+
+absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
+  if (header_) {
+    std::optional<v1::StateChunk> h = std::move(header_);
+    header_.reset();
+    return h;
+  }
+  Job& job = *job_;
+  absl::MutexLock lock(&job.mu());
+  while (param_ < job.num_params() && offset_ >= TensorBytes(job, param_)) {
+    ++param_;
+    offset_ = 0;
+    buf_.clear();
+    buf_.shrink_to_fit();
+  }
+  if (param_ >= job.num_params()) return std::nullopt;
+  if (job.broken() || job.dropped()) {
+    return absl::AbortedError(
+        absl::StrCat("job '", job.id(), "' ",
+                     job.broken() ? "broke" : "was dropped (no rank open)",
+                     " while its state was read; read it again"));
+  }
+  const uint64_t bytes = TensorBytes(job, param_);
+  const char* base = nullptr;
+  Scheduler& scheduler = *service_->scheduler_;
+  if (scheduler.holds_state()) {
+    if (buf_.empty()) {
+      // Start from the host mirror: an executor that has no copy of the
+      // parameter yet (a job resumed from its snapshot, before its first
+      // step) leaves the buffer as it is, and the mirror is the state then.
+      const std::vector<float>& mirror = job.param(param_).momentum;
+      const uint64_t elements = job.table().params[param_].shape.elements();
+      if (mirror.size() == elements) {
+        buf_.assign(mirror.begin(), mirror.end());
+      } else {
+        buf_.assign(elements, 0.0f);
+      }
+      const StateKey key{job.serial(), param_};
+      if (auto st = scheduler.ReadState(job.plan().executor_of[param_], key,
+                                        absl::MakeSpan(buf_));
+          !st.ok()) {
+        return absl::Status(
+            st.code(),
+            absl::StrCat("reading the momentum of parameter '",
+                         job.table().params[param_].name, "' of job '",
+                         job.id(), "': ", st.message()));
+      }
+    }
+    base = reinterpret_cast<const char*>(buf_.data());
+  } else {
+    base = reinterpret_cast<const char*>(job.param(param_).momentum.data());
+  }
+  const uint64_t n = std::min(max_chunk_, bytes - offset_);
+  v1::StateChunk ch;
+  auto* mc = ch.mutable_momentum();
+  mc->set_param_id(param_);
+  mc->set_name(job.table().params[param_].name);
+  mc->set_offset(offset_);
+  mc->set_total_bytes(bytes);
+  mc->set_data(base + offset_, n);
+  offset_ += n;
+  return std::optional<v1::StateChunk>(std::move(ch));
+}
+
+absl::StatusOr<std::unique_ptr<StateReader>> OptimizerService::ReadState(
     const std::string& session_id, const Principal& who) {
   auto s = FindSession(session_id);
   if (!s) return absl::NotFoundError("no open session with this session_id");
@@ -76,20 +166,43 @@ absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::GetState(
   if (auto st = CheckJobOwner(who, job->owner(), job->id()); !st.ok())
     return st;
   absl::MutexLock lock(&job->mu());
-  if (!job->broken() && !job->mid_step()) {
-    if (auto st = PullState(*scheduler_, *job); !st.ok()) return st;
-  }
-  return StateChunks(*job,
-                     transport::MaxChunkPayload(options_.max_message_bytes));
+  if (auto st = AtStepBoundary(*job); !st.ok()) return st;
+  v1::StateChunk head;
+  *head.mutable_header() = HeaderOf(*job);
+  job->AddStateReader();
+  return std::unique_ptr<StateReader>(
+      new StateReader(this, job, std::move(head),
+                      transport::MaxChunkPayload(options_.max_message_bytes)));
 }
 
-absl::StatusOr<int64_t> OptimizerService::SetState(
-    const std::vector<v1::StateChunk>& chunks, const Principal& who) {
-  if (chunks.empty() || !chunks[0].has_header()) {
+absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::GetState(
+    const std::string& session_id, const Principal& who) {
+  auto reader = ReadState(session_id, who);
+  if (!reader.ok()) return reader.status();
+  std::vector<v1::StateChunk> out;
+  for (;;) {
+    auto c = (*reader)->Next();
+    if (!c.ok()) return c.status();
+    if (!c->has_value()) return out;
+    out.push_back(**std::move(c));
+  }
+}
+
+StateWriter::StateWriter(OptimizerService* service, std::shared_ptr<Job> job,
+                         int64_t completed_steps)
+    : service_(service),
+      job_(std::move(job)),
+      completed_steps_(completed_steps),
+      mom_(job_->num_params()),
+      got_(job_->num_params(), 0) {}
+
+absl::StatusOr<std::unique_ptr<StateWriter>> OptimizerService::WriteState(
+    const v1::StateChunk& first, const Principal& who) {
+  if (!first.has_header()) {
     return absl::InvalidArgumentError(
         "SetState: the first message must carry the header");
   }
-  auto s = FindSession(chunks[0].session_id());
+  auto s = FindSession(first.session_id());
   if (!s)
     return absl::NotFoundError(
         "SetState: no open session with this session_id");
@@ -97,12 +210,16 @@ absl::StatusOr<int64_t> OptimizerService::SetState(
   if (!job) return absl::AbortedError("the session's job is gone");
   if (auto st = CheckJobOwner(who, job->owner(), job->id()); !st.ok())
     return st;
-  const v1::StateHeader& h = chunks[0].header();
-  absl::MutexLock lock(&job->mu());
-  if (job->mid_step() || job->broken()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", job->id(),
-        "' is in the middle of a step; restore state before the first step"));
+  {
+    absl::MutexLock lock(&job->mu());
+    if (auto st = Settable(*job); !st.ok()) return st;
+  }
+  // The table is constant: checked without the lock.
+  const v1::StateHeader& h = first.header();
+  if (!h.job_id().empty() && h.job_id() != job->id()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetState: the header is of job '", h.job_id(),
+                     "'; this session's job is '", job->id(), "'"));
   }
   const auto& params = job->table().params;
   if (h.parameters_size() != static_cast<int>(params.size())) {
@@ -125,49 +242,108 @@ absl::StatusOr<int64_t> OptimizerService::SetState(
     return absl::InvalidArgumentError(absl::StrCat(
         "completed_steps ", h.completed_steps(), " is outside [0, 2^62]"));
   }
-  // Assemble into scratch: nothing changes unless every byte is accounted for.
-  std::vector<std::vector<float>> mom(params.size());
-  std::vector<uint64_t> got(params.size(), 0);
-  for (size_t i = 0; i < params.size(); ++i)
-    mom[i].assign(params[i].shape.elements(), 0.0f);
-  for (size_t k = 1; k < chunks.size(); ++k) {
-    if (!chunks[k].has_momentum())
-      return absl::InvalidArgumentError("SetState: a second header");
-    const v1::MomentumChunk& c = chunks[k].momentum();
-    if (c.param_id() < 0 || c.param_id() >= static_cast<int>(params.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("momentum chunk for parameter id ", c.param_id(),
-                       " which does not exist"));
-    }
-    const uint64_t bytes = mom[c.param_id()].size() * sizeof(float);
-    if (c.offset() != got[c.param_id()] ||
-        c.offset() + c.data().size() > bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "momentum chunk of '", params[c.param_id()].name, "' at offset ",
-          c.offset(), " (", c.data().size(), " bytes) does not continue the ",
-          bytes, "-byte tensor"));
-    }
-    std::memcpy(reinterpret_cast<char*>(mom[c.param_id()].data()) + c.offset(),
-                c.data().data(), c.data().size());
-    got[c.param_id()] += c.data().size();
+  return std::unique_ptr<StateWriter>(
+      new StateWriter(this, job, h.completed_steps()));
+}
+
+absl::Status StateWriter::Add(const v1::StateChunk& chunk) {
+  if (!chunk.has_momentum())
+    return absl::InvalidArgumentError("SetState: a second header");
+  const v1::MomentumChunk& c = chunk.momentum();
+  const auto& params = job_->table().params;
+  if (c.param_id() < 0 || c.param_id() >= static_cast<int>(params.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum chunk for parameter id ", c.param_id(),
+                     " which does not exist"));
   }
+  const int id = c.param_id();
+  const ParamInfo& p = params[id];
+  const uint64_t bytes = TensorBytes(*job_, id);
+  if (c.total_bytes() != 0 && c.total_bytes() != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum chunk of '", p.name, "' says its tensor has ",
+                     c.total_bytes(), " bytes; the header declared ",
+                     kernels::ShapeString(p.shape), ", ", bytes, " bytes"));
+  }
+  if (c.offset() == got_[id] && c.offset() + c.data().size() > bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum chunk of '", p.name, "' at offset ", c.offset(),
+                     " (", c.data().size(), " bytes) runs past the ", bytes,
+                     " bytes the header declared for it (",
+                     kernels::ShapeString(p.shape), ")"));
+  }
+  if (c.offset() != got_[id]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum chunk of '", p.name, "' at offset ", c.offset(),
+                     " (", c.data().size(), " bytes) does not continue the ",
+                     bytes, "-byte tensor"));
+  }
+  if (c.data().empty()) return absl::OkStatus();
+  if (mom_[id].empty()) {
+    mom_[id].assign(p.shape.elements(), 0.0f);
+    buffered_ += bytes;
+  }
+  std::memcpy(reinterpret_cast<char*>(mom_[id].data()) + c.offset(),
+              c.data().data(), c.data().size());
+  got_[id] += c.data().size();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> StateWriter::Commit() {
+  const auto& params = job_->table().params;
   for (size_t i = 0; i < params.size(); ++i) {
-    if (got[i] != mom[i].size() * sizeof(float)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "momentum of '", params[i].name, "' is incomplete: ", got[i], " of ",
-          mom[i].size() * sizeof(float), " bytes"));
+    const uint64_t bytes = TensorBytes(*job_, static_cast<int>(i));
+    if (got_[i] != bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("momentum of '", params[i].name,
+                       "' is incomplete: ", got_[i], " of ", bytes, " bytes"));
     }
   }
+  const std::shared_ptr<Job>& job = job_;
+  absl::MutexLock lock(&job->mu());
+  if (auto st = Settable(*job); !st.ok()) return st;
   for (size_t i = 0; i < params.size(); ++i)
-    job->param(static_cast<int>(i)).momentum = std::move(mom[i]);
-  if (auto st = PushState(*scheduler_, *job); !st.ok()) {
+    job->param(static_cast<int>(i)).momentum = std::move(mom_[i]);
+  buffered_ = 0;
+  if (auto st = PushState(*service_->scheduler_, *job); !st.ok()) {
     // Some executors may hold the new state and others the old: the job
     // cannot step until state is set again.
     job->Break();
     return st;
   }
-  job->SetCompletedSteps(h.completed_steps());
+  job->SetCompletedSteps(completed_steps_);
+  if (service_->snapshots_.enabled()) {
+    // An explicit restore may go back: a newer snapshot file of the id (an
+    // earlier run, or this job before the restore) is replaced by the
+    // restored state now, and kept aside (SnapshotStore::Restore).
+    auto kept = service_->snapshots_.Restore(
+        job->id(), job->serial(), job->completed_steps(),
+        [&]() -> absl::StatusOr<std::string> {
+          job->mu().AssertHeld();
+          return SnapshotBytes(*service_->scheduler_, *job);
+        });
+    if (!kept.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "SetState: the state is set (step ", job->completed_steps(),
+          ") but could not replace the newer snapshot of job '", job->id(),
+          "' in --state-dir, which a restarted daemon would resume from: ",
+          kept.status().message()));
+    }
+  }
   return job->completed_steps();
+}
+
+absl::StatusOr<int64_t> OptimizerService::SetState(
+    const std::vector<v1::StateChunk>& chunks, const Principal& who) {
+  if (chunks.empty()) {
+    return absl::InvalidArgumentError(
+        "SetState: the first message must carry the header");
+  }
+  auto w = WriteState(chunks[0], who);
+  if (!w.ok()) return w.status();
+  for (size_t k = 1; k < chunks.size(); ++k)
+    if (auto st = (*w)->Add(chunks[k]); !st.ok()) return st;
+  return (*w)->Commit();
 }
 
 absl::StatusOr<std::string> SnapshotBytes(Scheduler& scheduler, Job& job) {
@@ -225,6 +401,13 @@ absl::Status OptimizerService::SnapshotAll() {
           // is told a step is complete that the snapshot does not hold.
           (void)WaitUntilNotRunning(*j, kSnapshotWait);
           if (!j->running() && j->RollBack()) {
+            // Executors that hold the state put back their step-start
+            // copies; if they cannot, the job broke (no snapshot).
+            if (auto st = RestoreStepStarts(*scheduler_, *j); !st.ok()) {
+              j->AbortStreams(st);
+              if (first.ok()) first = st;
+              continue;
+            }
             j->AbortStreams(absl::UnavailableError(absl::StrCat(
                 "dmuond is shutting down: step ", j->completed_steps() + 1,
                 " of job '", j->id(),

@@ -47,7 +47,7 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
   const bool draining = this->draining();
-  std::vector<int> ready;
+  std::vector<int> ready, absent;  // to submit; to deliver as absent
   int64_t step = 0;
   {
     absl::MutexLock lock(&job->mu());
@@ -58,6 +58,10 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
       auto idle = [&job, &req] {
         job->mu().AssertHeld();
         for (int id : req.gradients_ready().param_ids()) {
+          if (id >= 0 && id < job->num_params() && job->param(id).running)
+            return false;
+        }
+        for (int id : req.gradients_ready().absent_param_ids()) {
           if (id >= 0 && id < job->num_params() && job->param(id).running)
             return false;
         }
@@ -83,6 +87,16 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
           " is kept (--state-dir: snapshotted); reopen the job (on this "
           "daemon once restarted, or another) and continue from step ",
           st.step));
+    }
+    if (req.has_rewind()) {
+      // Protocol minor 1: undo the last completed step (job.h Job::Rewind).
+      if (draining) {
+        return absl::UnavailableError(absl::StrCat(
+            "dmuond is draining (Drain or SIGTERM): rewinding step ",
+            req.rewind().step(), " of job '", job->id(),
+            "' is refused (its state as of that step is kept)"));
+      }
+      return job->Rewind(req.rewind().step());
     }
     if (req.has_gradient()) {
       const v1::TensorChunk& c = req.gradient();
@@ -122,7 +136,7 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
     }
     if (!req.has_gradients_ready()) {
       return absl::InvalidArgumentError(
-          "expected gradients_ready or gradient after attach");
+          "expected gradients_ready, gradient or rewind after attach");
     }
     const v1::GradientsReady& g = req.gradients_ready();
     if (auto e = CheckStep(*s, st, g.step()); !e.ok()) return e;
@@ -143,12 +157,70 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
                          s->layout().slots[id].bytes, " bytes received"));
       }
     }
+    // Protocol minor 1: parameters without a gradient this step (torch:
+    // .grad is None). Nothing is read for them; they complete as absent.
+    for (int id : g.absent_param_ids()) {
+      if (auto e = CheckParam(*job, id); !e.ok()) return e;
+      const std::string& name = job->table().params[id].name;
+      if (st.declared[id] || seen[id]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter '", name, "' declared twice at step ",
+                         g.step(), " (absent_param_ids included)"));
+      }
+      seen[id] = 1;
+      if (st.received[id] != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", name, "' declared absent at step ", g.step(),
+            " after ", st.received[id], " bytes of its gradient were sent"));
+      }
+      if (s->region()->moves_data()) {
+        return absl::UnimplementedError(absl::StrCat(
+            "parameter '", name, "' declared absent at step ", g.step(),
+            ": TRANSPORT_NCCL does not take absent parameters yet; send a "
+            "zero gradient"));
+      }
+    }
+    // SHARDING_REPLICATED (rank 0's gradient is the one used) and
+    // SHARDING_ROWS: every rank must say alike whether it has a gradient.
+    // SHARDING_UNREDUCED: absent only when absent on every rank; a rank
+    // without one counts as zeros in the mean (torch DDP's all-reduce with
+    // find_unused_parameters).
+    for (const auto* list : {&g.param_ids(), &g.absent_param_ids()}) {
+      const bool none = list == &g.absent_param_ids();
+      for (int id : *list) {
+        if (int r = job->AbsentDisagrees(s->rank(), id, none); r >= 0) {
+          const ParamInfo& info = job->table().params[id];
+          return absl::InvalidArgumentError(absl::StrCat(
+              "parameter '", info.name, "' at step ", g.step(), ": rank ",
+              s->rank(), none ? " has no gradient (absent)" : " has one",
+              " but rank ", r, none ? " has one" : " has none (absent)", "; a ",
+              info.sharding == v1::SHARDING_ROWS ? "SHARDING_ROWS"
+                                                 : "SHARDING_REPLICATED",
+              " parameter is present or absent on every rank alike "
+              "(SHARDING_UNREDUCED counts a missing gradient as zeros)"));
+        }
+      }
+    }
     if (s->transport() == v1::TRANSPORT_SHM) {
       if (auto e = s->region()->Check(); !e.ok()) return e;
     }
     StartStep(st);
     const std::vector<int> ids(g.param_ids().begin(), g.param_ids().end());
     for (int id : ids) st.declared[id] = 1;
+    for (int id : g.absent_param_ids()) {
+      st.declared[id] = 1;
+      switch (job->Arrive(s->rank(), id, /*absent=*/true)) {
+        case Job::Arrival::kRun:
+          ready.push_back(id);  // SHARDING_UNREDUCED, present elsewhere
+          break;
+        case Job::Arrival::kAbsent:
+          absent.push_back(id);
+          break;
+        case Job::Arrival::kWaiting:
+          break;
+      }
+    }
+    step = g.step();
     if (s->region()->moves_data()) {
       // nccl: the gradients come by transfers; they count as arrived once
       // they have landed (PullDone).
@@ -165,11 +237,14 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
         st.bytes_in += s->layout().slots[id].bytes;
         if (metrics_) metrics_->BytesReceived(s->layout().slots[id].bytes);
       }
-      if (job->Arrive(s->rank(), id)) ready.push_back(id);
+      if (job->Arrive(s->rank(), id) == Job::Arrival::kRun) ready.push_back(id);
     }
-    step = g.step();
   }
   SubmitParams(job, step, ready);
+  for (int id : absent) {
+    Deliver(job, id, step, absl::OkStatus(), /*nonfinite=*/false,
+            /*compute_seconds=*/0, /*absent=*/true);
+  }
   return absl::OkStatus();
 }
 

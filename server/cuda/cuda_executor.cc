@@ -44,13 +44,18 @@ class CudaExecutor final : public Executor {
   ~CudaExecutor() override {
     (void)cudaSetDevice(device_);
     (void)cudaStreamSynchronize(stream_);
-    for (auto& [key, s] : pool_) (void)cudaFree(s.ptr);
+    for (auto& [key, s] : pool_) {
+      (void)cudaFree(s.ptr);
+      (void)cudaFree(s.start);
+    }
     if (flags_ != nullptr) (void)cudaFree(flags_);
     if (flags_host_ != nullptr) (void)cudaFreeHost(flags_host_);
   }
 
   std::string device() const override { return name_; }
   bool holds_state() const override { return true; }
+  // Every state has a second buffer of its size: the step-start copy.
+  bool keeps_step_start() const override { return true; }
   bool reads_device_memory() const override { return true; }
   bool healthy() const override { return health_.healthy(); }
   std::string last_error() const override { return health_.last_error(); }
@@ -83,18 +88,25 @@ class CudaExecutor final : public Executor {
     absl::MutexLock lock(&mu_);
     auto state = StateForCopy(key, host.size(), "read into");
     if (!state.ok() || *state == nullptr) return state.status();
-    const State& s = **state;
-    const void* src = s.ptr;
-    if (options_.bf16_momentum) {
-      if (auto st = EnsureScratch(s.n); !st.ok()) return st;
-      DMUON_CUDA_RETURN_IF_ERROR(
-          dev::LaunchCast(s.ptr, dev::Elem::kBF16, scratch_.data(),
-                          dev::Elem::kF32, s.n, stream_));
-      src = scratch_.data();
-    }
-    DMUON_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(host.data(), src, s.n * sizeof(float),
-                        cudaMemcpyDeviceToHost, stream_));
+    return Read((*state)->ptr, (*state)->n, host);
+  }
+
+  absl::Status ReadStepStart(const StateKey& key,
+                             absl::Span<float> host) override {
+    absl::MutexLock lock(&mu_);
+    auto state = StateForCopy(key, host.size(), "read into");
+    if (!state.ok() || *state == nullptr) return state.status();
+    return Read((*state)->start, (*state)->n, host);
+  }
+
+  absl::Status RestoreStepStart(const StateKey& key) override {
+    absl::MutexLock lock(&mu_);
+    auto it = pool_.find(key);
+    if (it == pool_.end()) return absl::OkStatus();
+    const State& s = it->second;
+    DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    DMUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        s.ptr, s.start, s.bytes, cudaMemcpyDeviceToDevice, stream_));
     DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
@@ -116,18 +128,37 @@ class CudaExecutor final : public Executor {
     for (auto it = pool_.lower_bound({job, -1});
          it != pool_.end() && it->first.job == job;) {
       (void)cudaFree(it->second.ptr);
-      pool_bytes_ -= it->second.bytes;
+      (void)cudaFree(it->second.start);
+      pool_bytes_ -= 2 * it->second.bytes;
       it = pool_.erase(it);
     }
     UpdateMemory();
   }
 
  private:
+  // A momentum buffer and its step-start copy (keeps_step_start): `bytes`
+  // each, fp32 or bf16 (options_.bf16_momentum).
   struct State {
     void* ptr = nullptr;
+    void* start = nullptr;
     int64_t n = 0;
     size_t bytes = 0;
   };
+
+  // host <- fp32 of `src` (a State's ptr or start, n elements).
+  absl::Status Read(const void* src, int64_t n, absl::Span<float> host)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.bf16_momentum) {
+      if (auto st = EnsureScratch(n); !st.ok()) return st;
+      DMUON_CUDA_RETURN_IF_ERROR(dev::LaunchCast(
+          src, dev::Elem::kBF16, scratch_.data(), dev::Elem::kF32, n, stream_));
+      src = scratch_.data();
+    }
+    DMUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        host.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
 
   absl::Status ComputeLocked(absl::Span<const ComputeTask> batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -145,6 +176,12 @@ class CudaExecutor final : public Executor {
       auto s = StateFor(t);
       if (!s.ok()) return s.status();
       states.push_back(*s);
+    }
+    // Step-start copies, before anything can change the momentum (skipped
+    // tasks included): what a rollback restores (executor.h).
+    for (const State* s : states) {
+      DMUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          s->start, s->ptr, s->bytes, cudaMemcpyDeviceToDevice, stream_));
     }
 
     // Gradients into the staging slots; device gradients checked there.
@@ -308,16 +345,21 @@ class CudaExecutor final : public Executor {
     State s;
     s.n = t.shape.elements();
     s.bytes = s.n * (options_.bf16_momentum ? 2 : 4);
-    const cudaError_t e = cudaMalloc(&s.ptr, s.bytes);
+    cudaError_t e = cudaMalloc(&s.ptr, s.bytes);
+    if (e == cudaSuccess) {
+      e = cudaMalloc(&s.start, s.bytes);
+      if (e != cudaSuccess) (void)cudaFree(s.ptr);
+    }
     if (e != cudaSuccess) {
       base::ClearLastCudaError();
       return absl::Status(
           e == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
                                          : absl::StatusCode::kInternal,
           absl::StrCat("cannot allocate the momentum of a ",
-                       kernels::ShapeString(t.shape), " matrix (", s.bytes,
-                       " bytes; the pool holds ", pool_bytes_, " bytes for ",
-                       pool_.size(), " matrices): ", cudaGetErrorString(e)));
+                       kernels::ShapeString(t.shape), " matrix (2 x ", s.bytes,
+                       " bytes with its step-start copy; the pool holds ",
+                       pool_bytes_, " bytes for ", pool_.size(),
+                       " matrices): ", cudaGetErrorString(e)));
     }
     absl::Status st;
     if (t.momentum != nullptr) {
@@ -330,9 +372,10 @@ class CudaExecutor final : public Executor {
     }
     if (!st.ok()) {
       (void)cudaFree(s.ptr);
+      (void)cudaFree(s.start);
       return st;
     }
-    pool_bytes_ += s.bytes;
+    pool_bytes_ += 2 * s.bytes;
     return &pool_.emplace(t.state, s).first->second;
   }
 

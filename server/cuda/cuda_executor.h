@@ -16,7 +16,12 @@
 // parameter), initialized from the task's host momentum on first use: fp32,
 // or bf16 with `bf16_momentum` — half the memory, and it CHANGES THE NUMBERS
 // (the momentum is rounded to bf16 every step, as torch does with a bf16
-// buffer), so it is off by default.
+// buffer), so it is off by default. Each buffer has a second one of its size
+// and type, its step-start copy (executor.h keeps_step_start): every batch
+// first copies each task's momentum there (device to device), so that a
+// step voided mid-step (a rank left, shutdown) goes back to the last
+// completed step and a snapshot mid-step holds it. This doubles the
+// momentum's device memory (counted in memory_bytes()).
 //
 // Failures: every CUDA error fails the batch with a status naming the
 // device, the batch and the call (RESOURCE_EXHAUSTED for out of memory) and

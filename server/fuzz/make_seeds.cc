@@ -70,6 +70,32 @@ void Step(Recorder& rec, uint8_t session, const v1::OpenSessionRequest& open,
   rec.Add(2, session, ready.SerializeAsString());
 }
 
+// Step with parameter `absent` declared absent (no gradient, protocol minor
+// 1) and the others' inline gradients sent; absent < 0: none absent.
+void StepAbsent(Recorder& rec, uint8_t session,
+                const v1::OpenSessionRequest& open, int64_t step, int absent) {
+  v1::StepRequest ready;
+  ready.mutable_gradients_ready()->set_step(step);
+  for (int i = 0; i < open.parameters_size(); ++i) {
+    if (i == absent) {
+      ready.mutable_gradients_ready()->add_absent_param_ids(i);
+      continue;
+    }
+    const auto& p = open.parameters(i);
+    const int64_t rows = p.sharding() == v1::SHARDING_ROWS
+                             ? p.row_end() - p.row_begin()
+                             : p.shape(0);
+    std::vector<float> g(rows * p.shape(1), 0.5f * (i + 1));
+    v1::StepRequest c;
+    c.mutable_gradient()->set_step(step);
+    c.mutable_gradient()->set_param_id(i);
+    c.mutable_gradient()->set_data(g.data(), g.size() * sizeof(float));
+    rec.Add(2, session, c.SerializeAsString());
+    ready.mutable_gradients_ready()->add_param_ids(i);
+  }
+  rec.Add(2, session, ready.SerializeAsString());
+}
+
 void Write(const std::filesystem::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
   std::printf("%s: %zu bytes\n", path.c_str(), bytes.size());
@@ -98,6 +124,23 @@ void ServiceSeeds(const std::filesystem::path& dir) {
                    std::to_string(world)),
             rec.bytes());
     }
+  }
+  {
+    // Absent parameters: two ranks, one parameter absent at step 1 (on
+    // every rank), the other at step 2, then both present.
+    Recorder rec;
+    std::vector<v1::OpenSessionRequest> opens;
+    for (int r = 0; r < 2; ++r) {
+      opens.push_back(Open("absent", r, 2, v1::TRANSPORT_INLINE));
+      rec.Add(0, opens.back().SerializeAsString());
+      rec.Add(1, static_cast<uint8_t>(r));
+    }
+    for (int64_t step = 1; step <= 3; ++step) {
+      for (int r = 0; r < 2; ++r)
+        StepAbsent(rec, r, opens[r], step, step == 3 ? -1 : int(step) - 1);
+    }
+    rec.Add(3, 0);
+    Write(dir / "steps-absent-world2", rec.bytes());
   }
   // SetState: a header and a momentum chunk for a job of one rank.
   Recorder rec;

@@ -41,12 +41,13 @@ struct Daemon {
   std::vector<std::vector<std::byte>> client_mem;  // device regions
   std::vector<std::shared_ptr<Sink>> sinks;
 
+  // keeps_step_start: the fake executors' (FakeDeviceExecutor).
   Daemon(bool device, ServiceOptions o = {}, int executors = 2,
-         ServiceMetrics* metrics = nullptr) {
+         ServiceMetrics* metrics = nullptr, bool keeps_step_start = true) {
     std::vector<std::unique_ptr<Executor>> ex;
     for (int i = 0; i < executors; ++i) {
       if (device) {
-        auto f = std::make_unique<FakeDeviceExecutor>(i);
+        auto f = std::make_unique<FakeDeviceExecutor>(i, keeps_step_start);
         fakes.push_back(f.get());
         ex.push_back(std::move(f));
       } else {

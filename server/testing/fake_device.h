@@ -60,10 +60,15 @@ namespace dmuon::server::testing {
 // anything, as a failed capture does.
 class FakeDeviceExecutor : public Executor {
  public:
-  explicit FakeDeviceExecutor(int i)
-      : cpu_(NewCpuExecutor(i, 1)), name_("fake:" + std::to_string(i)) {}
+  // keeps_step_start: as the CUDA executor, a copy of each task's state
+  // from before its Compute (executor.h); false: none (rollbacks refused).
+  explicit FakeDeviceExecutor(int i, bool keeps_step_start = true)
+      : cpu_(NewCpuExecutor(i, 1)),
+        name_("fake:" + std::to_string(i)),
+        keeps_step_start_(keeps_step_start) {}
   std::string device() const override { return name_; }
   bool holds_state() const override { return true; }
+  bool keeps_step_start() const override { return keeps_step_start_; }
   bool reads_device_memory() const override { return true; }
   bool healthy() const override { return healthy_ && health_.healthy(); }
   std::string last_error() const override { return health_.last_error(); }
@@ -105,6 +110,8 @@ class FakeDeviceExecutor : public Executor {
       if (m.empty())
         m = t.momentum ? std::vector<float>(t.momentum, t.momentum + n)
                        : std::vector<float>(n, 0.0f);
+      // Before anything can change it, skipped tasks included.
+      if (keeps_step_start_) start_[t.state] = m;
       g[k].assign(n, 0.0f);
       if (t.device_io == nullptr) {
         std::copy(t.grad, t.grad + n, g[k].begin());
@@ -193,10 +200,31 @@ class FakeDeviceExecutor : public Executor {
     if (it != state_.end()) it->second.assign(host.begin(), host.end());
     return absl::OkStatus();
   }
+  absl::Status RestoreStepStart(const StateKey& key) override {
+    absl::MutexLock lock(&mu_);
+    if (!keeps_step_start_) return Executor::RestoreStepStart(key);
+    auto it = start_.find(key);
+    if (it != start_.end()) state_[key] = it->second;
+    restores_++;
+    return absl::OkStatus();
+  }
+  absl::Status ReadStepStart(const StateKey& key,
+                             absl::Span<float> host) override {
+    absl::MutexLock lock(&mu_);
+    if (!keeps_step_start_) return Executor::ReadStepStart(key, host);
+    auto it = start_.find(key);
+    if (it != start_.end())
+      std::copy(it->second.begin(), it->second.end(), host.begin());
+    return absl::OkStatus();
+  }
+  // RestoreStepStart calls.
+  std::atomic<int> restores_{0};
   void DropJob(uint64_t job) override {
     absl::MutexLock lock(&mu_);
     for (auto it = state_.begin(); it != state_.end();)
       it = it->first.job == job ? state_.erase(it) : std::next(it);
+    for (auto it = start_.begin(); it != start_.end();)
+      it = it->first.job == job ? start_.erase(it) : std::next(it);
   }
   size_t states() {
     absl::MutexLock lock(&mu_);
@@ -206,10 +234,13 @@ class FakeDeviceExecutor : public Executor {
  private:
   std::unique_ptr<Executor> cpu_;
   const std::string name_;
+  const bool keeps_step_start_;
   Health health_;
   GraphFallback graphs_{true};
   absl::Mutex mu_;
   std::map<StateKey, std::vector<float>> state_ ABSL_GUARDED_BY(mu_);
+  // By key: its state before its last Compute (keeps_step_start_).
+  std::map<StateKey, std::vector<float>> start_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> warnings_ ABSL_GUARDED_BY(mu_);  // GraphFallback's
 };
 

@@ -1,0 +1,8 @@
+#include "base/protocol.h"
+
+namespace dmuon {
+
+// Weak: //base:protocol_prev overrides it in dmuond_prev (protocol.h).
+__attribute__((weak)) uint32_t ProtocolMinor() { return kProtocolMinor; }
+
+}  // namespace dmuon
