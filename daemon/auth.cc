@@ -137,7 +137,14 @@ absl::StatusOr<size_t> Authenticator::Reload() {
   return tokens_.size();
 }
 
-absl::StatusOr<Caller> Authenticator::Check(const grpc::ServerContext& ctx,
+Role Authenticator::RoleOfToken(const std::string& token) const {
+  const std::string digest = Sha256(token);
+  absl::MutexLock l(&mu_);
+  auto t = tokens_.find(digest);
+  return t == tokens_.end() ? Role::kNone : t->second.role;
+}
+
+absl::StatusOr<Caller> Authenticator::Check(const grpc::ServerContextBase& ctx,
                                             const char* rpc, Role need) const {
   Caller c;
   if (!token_file_.empty()) {

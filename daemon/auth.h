@@ -62,13 +62,18 @@ class Authenticator {
   // were. Returns the number of tokens now.
   absl::StatusOr<size_t> Reload() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The role of `token` (without "Bearer "), kNone when it is not one of
+  // the token file's (for the metrics port: any role may read /metrics).
+  Role RoleOfToken(const std::string& token) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // The caller of `rpc`, which needs `need`: UNAUTHENTICATED without a
   // known token (tokens) or a certificate identity (mTLS only),
   // PERMISSION_DENIED naming the role needed when the token's is lower.
   // With mTLS and no tokens every certificate holder may call every RPC,
   // and owns jobs as the certificate's first URI SAN, else DNS SAN, else CN.
-  absl::StatusOr<Caller> Check(const grpc::ServerContext& ctx, const char* rpc,
-                               Role need) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Caller> Check(const grpc::ServerContextBase& ctx,
+                               const char* rpc, Role need) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   Authenticator(std::string token_file, bool mtls)

@@ -74,7 +74,14 @@ ABSL_FLAG(int, max_idle_jobs, 64,
           "--state-dir)");
 ABSL_FLAG(int, attach_timeout_seconds, 60,
           "a session whose Step stream has not attached this many seconds "
-          "after OpenSession is closed and its shm segment freed");
+          "after OpenSession is closed and its shm segment freed; a Step "
+          "stream that has not sent its attach this long after it started "
+          "ends with DEADLINE_EXCEEDED");
+ABSL_FLAG(int64_t, max_step_queue_bytes, int64_t{64} << 20,
+          "most bytes of Step responses queued for one session whose client "
+          "does not read them; past it the daemon stops reading that "
+          "session's requests (its next step waits) until the client has "
+          "read below it");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "largest gRPC message accepted or sent; inline tensors travel in "
           "chunks below it");
@@ -104,6 +111,12 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "file of '<role> <token> [name]' lines (roles: reader, trainer, "
           "operator); clients send 'authorization: Bearer <token>'; re-read "
           "on SIGHUP");
+ABSL_FLAG(bool, metrics_tls, false,
+          "serve /metrics over HTTPS with --tls-cert-file and --tls-key-file "
+          "(re-read on SIGHUP with them)");
+ABSL_FLAG(bool, metrics_auth, false,
+          "/metrics needs 'Authorization: Bearer <token>' with a token of "
+          "--auth-token-file (any role: reader suffices)");
 ABSL_FLAG(bool, insecure, false,
           "allow a --listen address other than loopback without TLS "
           "(--tls-cert-file) and authentication (--auth-token-file or "
@@ -165,6 +178,8 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.max_idle_jobs < 0) return Invalid("--max-idle-jobs must be >= 0");
   if (c.attach_timeout_seconds < 1)
     return Invalid("--attach-timeout-seconds must be >= 1");
+  if (c.max_step_queue_bytes < 1)
+    return Invalid("--max-step-queue-bytes must be >= 1");
   if (c.max_message_bytes < 4096 ||
       c.max_message_bytes > (int64_t{1} << 31) - 1)
     return Invalid("--max-message-bytes must be in [4096, 2^31)");
@@ -182,6 +197,10 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
     return Invalid(
         "--tls-client-ca-file needs --tls-cert-file and "
         "--tls-key-file (mTLS is TLS)");
+  if (c.metrics_tls && c.tls_cert_file.empty())
+    return Invalid("--metrics-tls needs --tls-cert-file and --tls-key-file");
+  if (c.metrics_auth && c.auth_token_file.empty())
+    return Invalid("--metrics-auth needs --auth-token-file");
   if (c.exposed_insecurely() && !c.insecure) {
     return Invalid(
         "--listen=" + c.listen +
@@ -215,6 +234,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.max_job_id_bytes = absl::GetFlag(FLAGS_max_job_id_bytes);
   c.max_idle_jobs = absl::GetFlag(FLAGS_max_idle_jobs);
   c.attach_timeout_seconds = absl::GetFlag(FLAGS_attach_timeout_seconds);
+  c.max_step_queue_bytes = absl::GetFlag(FLAGS_max_step_queue_bytes);
   c.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   c.exit_timeout_secs = absl::GetFlag(FLAGS_exit_timeout_secs);
   c.nan_policy = absl::GetFlag(FLAGS_nan_policy);
@@ -226,6 +246,8 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   c.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   c.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  c.metrics_tls = absl::GetFlag(FLAGS_metrics_tls);
+  c.metrics_auth = absl::GetFlag(FLAGS_metrics_auth);
   c.insecure = absl::GetFlag(FLAGS_insecure);
   if (absl::Status st = ValidateConfig(c); !st.ok()) return st;
   return c;

@@ -44,6 +44,9 @@ struct DaemonConfig {
   int max_job_id_bytes = 256;       // --max-job-id-bytes, >= 1
   int max_idle_jobs = 64;           // --max-idle-jobs, >= 0
   int attach_timeout_seconds = 60;  // --attach-timeout-seconds, >= 1
+  // --max-step-queue-bytes, >= 1: a session's Step responses queued for
+  // its client; past it the stream's next request is not read.
+  int64_t max_step_queue_bytes = int64_t{64} << 20;
   int64_t max_message_bytes = int64_t{64} << 20;  // [4096, 2^31)
   int exit_timeout_secs = 30;                     // --exit-timeout-secs
   std::string nan_policy = "skip";                // 'skip' | 'fail'
@@ -61,6 +64,12 @@ struct DaemonConfig {
   // --auth-token-file: `<role> <token> [name]` lines (daemon/auth.h);
   // clients send `authorization: Bearer <token>`. Re-read on SIGHUP.
   std::string auth_token_file;
+  // --metrics-tls: /metrics over HTTPS with --tls-cert-file and
+  // --tls-key-file (re-read on SIGHUP with them). Needs them.
+  bool metrics_tls = false;
+  // --metrics-auth: /metrics needs 'Authorization: Bearer <token>' with a
+  // token of --auth-token-file, of any role. Needs it.
+  bool metrics_auth = false;
   // --insecure: allow a non-loopback --listen without TLS and
   // authentication (tokens or mTLS); logged as a warning.
   bool insecure = false;
@@ -84,6 +93,12 @@ struct DaemonConfig {
   // --insecure (ValidateConfig), and dmuond warns.
   bool exposed_insecurely() const {
     return !loopback() && !(tls() && authenticated());
+  }
+  // The gRPC port is protected (TLS and authentication) but /metrics is
+  // served without TLS or without tokens: dmuond warns.
+  bool metrics_less_protected() const {
+    return metrics_port > 0 && tls() && authenticated() &&
+           !(metrics_tls && metrics_auth);
   }
 };
 

@@ -44,6 +44,8 @@ TEST(DaemonConfig, EachBadValueIsRefusedNamingItsFlag) {
       {"--devices=cuda:0,0", [](DaemonConfig& c) { c.devices = "cuda:0,0"; }},
       {"--momentum-dtype", [](DaemonConfig& c) { c.momentum_dtype = "fp16"; }},
       {"--cpu-executors", [](DaemonConfig& c) { c.cpu_executors = 0; }},
+      {"--metrics-tls", [](DaemonConfig& c) { c.metrics_tls = true; }},
+      {"--metrics-auth", [](DaemonConfig& c) { c.metrics_auth = true; }},
       {"--max-world-size", [](DaemonConfig& c) { c.max_world_size = 0; }},
       {"--max-job-parameters",
        [](DaemonConfig& c) { c.max_job_parameters = 0; }},
@@ -54,6 +56,8 @@ TEST(DaemonConfig, EachBadValueIsRefusedNamingItsFlag) {
       {"--max-idle-jobs", [](DaemonConfig& c) { c.max_idle_jobs = -1; }},
       {"--attach-timeout-seconds",
        [](DaemonConfig& c) { c.attach_timeout_seconds = 0; }},
+      {"--max-step-queue-bytes",
+       [](DaemonConfig& c) { c.max_step_queue_bytes = 0; }},
       {"--tls-cert-file", [](DaemonConfig& c) { c.tls_cert_file = "c"; }},
       {"--tls-cert-file", [](DaemonConfig& c) { c.tls_key_file = "k"; }},
       {"--tls-client-ca-file",
@@ -126,6 +130,24 @@ TEST(DaemonConfig, NonLoopbackListenNeedsTlsAndAuthOrInsecure) {
   c.auth_token_file.clear();
   c.tls_client_ca_file = "ca.pem";
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(DaemonConfig, AnUnprotectedMetricsPortBesideAProtectedGrpcPortWarns) {
+  DaemonConfig c;
+  c.metrics_port = 9464;
+  EXPECT_FALSE(c.metrics_less_protected());  // nothing is protected
+  c.tls_cert_file = "cert.pem";
+  c.tls_key_file = "key.pem";
+  c.auth_token_file = "tokens";
+  EXPECT_TRUE(c.metrics_less_protected());
+  c.metrics_tls = true;
+  EXPECT_TRUE(c.metrics_less_protected());
+  c.metrics_auth = true;
+  EXPECT_FALSE(c.metrics_less_protected());
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.metrics_port = 0;
+  c.metrics_tls = false;
+  EXPECT_FALSE(c.metrics_less_protected());  // no metrics port
 }
 
 }  // namespace

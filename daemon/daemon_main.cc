@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "base/protocol.h"
 #include "daemon/auth.h"
 #include "daemon/config.h"
 #include "daemon/flags.h"
@@ -39,6 +40,7 @@
 #include "daemon/logging.h"
 #include "daemon/metrics_http.h"
 #include "daemon/prometheus_metrics.h"
+#include "daemon/tls_files.h"
 #include "server/gpu_logic.h"
 #include "server/service.h"
 
@@ -202,12 +204,45 @@ absl::Status StartService(const DaemonConfig& config,
   return absl::OkStatus();
 }
 
-// GET /metrics on the --listen host; null when --metrics-port is off.
+// The metrics port's TLS context from the files `tls` serves now.
+absl::StatusOr<MetricsHttp::TlsContext> MetricsTls(const TlsFiles& tls) {
+  const TlsFiles::Pem pem = tls.current();
+  return MetricsHttp::MakeTlsContext(pem.cert, pem.key);
+}
+
+// GET /metrics on the --listen host; null when --metrics-port is off. Over
+// HTTPS with --metrics-tls (`tls`: the --tls-* files), with tokens of `auth`
+// with --metrics-auth.
 absl::StatusOr<std::unique_ptr<MetricsHttp>> StartMetrics(
-    const DaemonConfig& config, const PrometheusMetrics& metrics) {
+    const DaemonConfig& config, const PrometheusMetrics& metrics,
+    const TlsFiles* tls, const Authenticator* auth) {
   if (config.metrics_port <= 0) return nullptr;
-  auto m = MetricsHttp::Start(config.ListenHost(), config.metrics_port,
-                              [&metrics] { return metrics.Render(); });
+  MetricsHttp::Security sec;
+  if (config.metrics_tls && tls != nullptr) {
+    auto ctx = MetricsTls(*tls);
+    if (!ctx.ok()) {
+      return absl::InvalidArgumentError("--metrics-tls: " +
+                                        std::string(ctx.status().message()));
+    }
+    sec.tls = *std::move(ctx);
+  }
+  if (config.metrics_auth && auth != nullptr) {
+    sec.token_ok = [auth](const std::string& token) {
+      return auth->RoleOfToken(token) >= Role::kReader;
+    };
+  }
+  if (config.metrics_less_protected()) {
+    spdlog::warn(
+        "--metrics-port={} serves /metrics {}{}{} while gRPC needs TLS and "
+        "authentication: anyone who reaches it reads the daemon's load and "
+        "job counts (add --metrics-tls and --metrics-auth)",
+        config.metrics_port, config.metrics_tls ? "" : "in plaintext",
+        !config.metrics_tls && !config.metrics_auth ? " and " : "",
+        config.metrics_auth ? "" : "without tokens");
+  }
+  auto m = MetricsHttp::Start(
+      config.ListenHost(), config.metrics_port,
+      [&metrics] { return metrics.Render(); }, std::move(sec));
   if (!m.ok()) {
     return absl::UnavailableError(
         "--metrics-port=" + std::to_string(config.metrics_port) + ": " +
@@ -216,52 +251,26 @@ absl::StatusOr<std::unique_ptr<MetricsHttp>> StartMetrics(
   return m;
 }
 
-// A PEM file's contents; an error names `flag`.
-absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  if (in) ss << in.rdbuf();
-  if (!in || ss.str().empty()) {
-    return absl::InvalidArgumentError(std::string(flag) + "=" + path +
-                                      ": cannot read it");
-  }
-  return ss.str();
-}
-
-// --listen's credentials: TLS with --tls-cert-file (client certificates
-// required and verified with --tls-client-ca-file), else none.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
-    const DaemonConfig& config) {
-  if (!config.tls()) return grpc::InsecureServerCredentials();
-  auto cert = ReadPem("--tls-cert-file", config.tls_cert_file);
-  if (!cert.ok()) return cert.status();
-  auto key = ReadPem("--tls-key-file", config.tls_key_file);
-  if (!key.ok()) return key.status();
-  grpc::SslServerCredentialsOptions opts(
-      GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  opts.pem_key_cert_pairs.push_back({*key, *cert});
-  if (!config.tls_client_ca_file.empty()) {
-    auto ca = ReadPem("--tls-client-ca-file", config.tls_client_ca_file);
-    if (!ca.ok()) return ca.status();
-    opts.pem_root_certs = *ca;
-    opts.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
-  }
-  return grpc::SslServerCredentials(opts);
+// --listen's credentials: TLS from `tls` (the --tls-* files, re-read on
+// SIGHUP; client certificates required and verified with
+// --tls-client-ca-file), else none.
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(TlsFiles* tls) {
+  if (tls == nullptr) return grpc::InsecureServerCredentials();
+  return tls->Credentials();
 }
 
 // The gRPC server on --listen, started; *port: the bound port. Without
 // SO_REUSEPORT: a second daemon on a taken address fails here instead of
 // sharing its connections.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(
-    const DaemonConfig& config, GrpcOptimizer* service, int* port) {
-  auto creds = ServerCredentials(config);
-  if (!creds.ok()) return creds.status();
+    const DaemonConfig& config, TlsFiles* tls, GrpcOptimizer* service,
+    int* port) {
+  const auto creds = ServerCredentials(tls);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(config.listen, *creds, port);
+  builder.AddListeningPort(config.listen, creds, port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
   builder.RegisterService(service);
@@ -403,12 +412,19 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   if (absl::Status st = StartService(config, &service); !st.ok())
     return Fail(st);
 
-  auto metrics_http = StartMetrics(config, metrics);
-  if (!metrics_http.ok()) return Fail(metrics_http.status());
-
   auto auth = Authenticator::Create(config.auth_token_file,
                                     !config.tls_client_ca_file.empty());
   if (!auth.ok()) return Fail(auth.status());
+  std::unique_ptr<TlsFiles> tls;
+  if (config.tls()) {
+    auto t = TlsFiles::Create(config.tls_cert_file, config.tls_key_file,
+                              config.tls_client_ca_file);
+    if (!t.ok()) return Fail(t.status());
+    tls = *std::move(t);
+  }
+
+  auto metrics_http = StartMetrics(config, metrics, tls.get(), auth->get());
+  if (!metrics_http.ok()) return Fail(metrics_http.status());
   if (config.exposed_insecurely()) {
     spdlog::warn(
         "--insecure: serving {} without {}: anyone who reaches it may open "
@@ -422,9 +438,13 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   // refuses (the shutdown's drain stays).
   std::mutex undrain_mu;
   bool stopping = false;
-  GrpcOptimizer grpc_service(&service, auth->get());
+  GrpcOptions grpc_options;
+  grpc_options.attach_timeout_seconds = config.attach_timeout_seconds;
+  grpc_options.max_step_queue_bytes =
+      static_cast<uint64_t>(config.max_step_queue_bytes);
+  GrpcOptimizer grpc_service(&service, auth->get(), grpc_options);
   int port = 0;
-  auto server = StartGrpc(config, &grpc_service, &port);
+  auto server = StartGrpc(config, tls.get(), &grpc_service, &port);
   if (!server.ok()) return Fail(server.status());
   ServingHealth health((*server)->GetHealthCheckService());
   grpc_service.set_on_drain([&health] { health.SetReady(false); });
@@ -443,14 +463,29 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   WritePortFile(config.port_file, port);
   const std::string host = config.ListenHost();
   spdlog::info(
-      "dmuond {} serving on {}:{} (devices {}, {} OpenBLAS threads, metrics "
-      "{})",
-      opts.version, host, port, absl::StrJoin(opts.devices, ","), threads,
+      "dmuond {} (protocol 1.{}) serving on {}:{} (devices {}, {} OpenBLAS "
+      "threads, metrics {})",
+      opts.version, ProtocolMinor(), host, port,
+      absl::StrJoin(opts.devices, ","), threads,
       *metrics_http ? host + ":" + std::to_string(config.metrics_port) : "off");
 
-  const int sig = Serve(config, service, sigs, [&auth, &config] {
+  const int sig = Serve(config, service, sigs, [&] {
+    if (tls) {
+      auto cert = tls->Reload();
+      if (cert.ok() && *metrics_http && config.metrics_tls) {
+        if (auto ctx = MetricsTls(*tls); ctx.ok())
+          (*metrics_http)->SetTls(*std::move(ctx));
+      }
+      if (cert.ok()) {
+        spdlog::info("SIGHUP: TLS files re-read ({}); new connections use them",
+                     *cert);
+      } else {
+        spdlog::error("SIGHUP: {}; the TLS certificates stay as they were",
+                      std::string(cert.status().message()));
+      }
+    }
     if (config.auth_token_file.empty()) {
-      spdlog::info("SIGHUP: no --auth-token-file to re-read");
+      if (!tls) spdlog::info("SIGHUP: no --auth-token-file to re-read");
       return;
     }
     auto n = (*auth)->Reload();

@@ -193,6 +193,14 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
       }
       std::printf("\n");
     }
+    // With --state-dir: the last snapshot failures (write errors, stale
+    // states refused, corrupt files moved aside), oldest first.
+    if (s.snapshot_errors_size() > 0) {
+      std::printf("\nSNAPSHOT ERRORS (%d, oldest first)\n",
+                  s.snapshot_errors_size());
+      for (const auto& e : s.snapshot_errors())
+        std::printf("  %s\n", e.c_str());
+    }
     std::printf("\n");
   }
   std::printf("%-24s %5s %-16s %8s %12s %12s %10s\n", "SESSION_JOB", "RANK",

@@ -1,14 +1,18 @@
 #include "daemon/grpc_service.h"
 
+#include <grpcpp/alarm.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
+#include <memory>
 #include <thread>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/logging.h"
 
 namespace dmuon::server {
@@ -22,91 +26,6 @@ constexpr std::chrono::milliseconds kReleaseMargin{200};
 // Statuses in log lines are cut there (they may quote a peer's job id).
 constexpr size_t kMaxLoggedStatus = 1024;
 
-// Step responses queued by the service, written by one thread per stream.
-class QueueSink : public StepSink {
- public:
-  void Send(v1::StepResponse m) override {
-    std::lock_guard<std::mutex> l(mu_);
-    if (closed_) return;
-    q_.push_back(std::move(m));
-    cv_.notify_all();
-  }
-  void Abort(absl::Status st) override {
-    std::lock_guard<std::mutex> l(mu_);
-    if (closed_) return;
-    if (!st.ok()) {  // the reason travels in-band: the stream is cancelled next
-      v1::StepResponse r;
-      r.mutable_error()->set_param_id(-1);
-      r.mutable_error()->set_code(static_cast<int>(st.code()));
-      r.mutable_error()->set_message(std::string(st.message()));
-      q_.push_back(std::move(r));
-    }
-    closed_ = true;
-    status_ = st;
-    cv_.notify_all();
-  }
-  // Writer loop: returns when closed and drained, or the client is gone.
-  // A stream the service ended while the handler waits in Read is
-  // cancelled, which is what unblocks that Read (the reason went in-band).
-  // It is never cancelled while the handler is outside Read: the handler
-  // then returns the stream's status itself (a cancel would race it, and
-  // the client would get CANCELLED instead of that status).
-  void Run(grpc::ServerContext* ctx,
-           grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* s) {
-    std::unique_lock<std::mutex> l(mu_);
-    for (;;) {
-      cv_.wait(l, [&] { return !q_.empty() || closed_ || stop_; });
-      while (!q_.empty()) {
-        v1::StepResponse m = std::move(q_.front());
-        q_.pop_front();
-        l.unlock();
-        const bool ok = s->Write(m);
-        l.lock();
-        if (!ok) {
-          closed_ = true;
-          return;
-        }
-      }
-      if (stop_) return;
-      if (closed_) {
-        if (reading_) ctx->TryCancel();
-        return;
-      }
-    }
-  }
-  // The handler is about to block in Read; false: the service ended the
-  // stream (do not read).
-  bool BeginRead() {
-    std::lock_guard<std::mutex> l(mu_);
-    if (closed_) return false;
-    reading_ = true;
-    return true;
-  }
-  void EndRead() {
-    std::lock_guard<std::mutex> l(mu_);
-    reading_ = false;
-  }
-  void Stop() {
-    std::lock_guard<std::mutex> l(mu_);
-    stop_ = true;
-    cv_.notify_all();
-  }
-  bool aborted(absl::Status* st) {
-    std::lock_guard<std::mutex> l(mu_);
-    *st = status_;
-    return closed_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::StepResponse> q_;
-  bool closed_ = false;
-  bool stop_ = false;
-  bool reading_ = false;  // the handler is in (or about to be in) Read
-  absl::Status status_;
-};
-
 }  // namespace
 
 grpc::Status ToGrpc(const absl::Status& st) {
@@ -116,7 +35,7 @@ grpc::Status ToGrpc(const absl::Status& st) {
 }
 
 grpc::Status GrpcOptimizer::Done(const char* rpc,
-                                 const grpc::ServerContext* ctx,
+                                 const grpc::ServerContextBase* ctx,
                                  const absl::Status& st) {
   if (!st.ok()) {
     service_->CountError(st);
@@ -126,12 +45,303 @@ grpc::Status GrpcOptimizer::Done(const char* rpc,
   return ToGrpc(st);
 }
 
-absl::StatusOr<Caller> GrpcOptimizer::Authorize(const grpc::ServerContext* ctx,
-                                                const char* rpc,
-                                                Role need) const {
+absl::StatusOr<Caller> GrpcOptimizer::Authorize(
+    const grpc::ServerContextBase* ctx, const char* rpc, Role need) const {
   if (auth_ == nullptr) return Caller{Role::kOperator, Principal{}};
   return auth_->Check(*ctx, rpc, need);
 }
+
+namespace {
+
+// A Step stream's state, shared by its reactor, the reactor's worker thread
+// and the service (which holds it as the session's StepSink, maybe past the
+// stream). The service calls Send and Abort with a job's lock held: they
+// only queue. The reactions only record what completed. The worker does
+// the rest and never holds mu_ while calling the reactor or the service
+// (gRPC may run a reaction inline in a Start* call; reactions take mu_).
+class StepCall final : public StepSink {
+ public:
+  // What the worker does next (Next, Drain).
+  enum class Event {
+    kWrite,         // *out is set: StartWrite it
+    kRead,          // the read ended (read_ok(): a message is in)
+    kStartRead,     // below the queue limit again: StartRead
+    kServiceEnded,  // the service ended the stream (service_status())
+    kClientGone,    // a write failed or the call was cancelled
+    kDrained,       // Drain: nothing more to write
+  };
+
+  explicit StepCall(uint64_t max_queue_bytes)
+      : max_queue_bytes_(max_queue_bytes) {}
+
+  void Send(v1::StepResponse m) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    if (service_ended_) return;
+    Push(std::move(m));
+  }
+  void Abort(absl::Status st) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    if (service_ended_) return;
+    if (!st.ok()) {  // in-band too, for clients that read it there
+      v1::StepResponse r;
+      r.mutable_error()->set_param_id(-1);
+      r.mutable_error()->set_code(static_cast<int>(st.code()));
+      r.mutable_error()->set_message(std::string(st.message()));
+      Push(std::move(r));
+    }
+    service_ended_ = true;
+    service_status_ = std::move(st);
+  }
+
+  // Before the first message: the first of these wins (true); the other
+  // then does nothing.
+  bool FirstReadDone() ABSL_LOCKS_EXCLUDED(mu_) { return Leave(); }
+  bool AttachTimedOut() ABSL_LOCKS_EXCLUDED(mu_) { return Leave(); }
+
+  // Reactions.
+  void ReadDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    read_pending_ = false;
+    read_done_ = true;
+    read_ok_ = ok;
+  }
+  void WriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    write_pending_ = false;
+    queued_bytes_ -= in_flight_bytes_;
+    in_flight_bytes_ = 0;
+    if (!ok) client_gone_ = true;
+  }
+  void Cancelled() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    client_gone_ = true;
+  }
+
+  // The worker: a read is started (StartRead next).
+  void Reading() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    read_pending_ = true;
+  }
+  // The worker, while the stream runs: waits for the next thing to do.
+  // kRead consumes the read's end (read_ok() says how it ended).
+  Event Next(v1::StepResponse* out) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(this, &StepCall::HasEvent));
+    if (client_gone_) return Event::kClientGone;
+    if (service_ended_) return Event::kServiceEnded;
+    if (CanWrite()) return PopInto(out);
+    if (read_done_) {
+      read_done_ = false;
+      return Event::kRead;
+    }
+    read_pending_ = true;  // CanStartRead
+    return Event::kStartRead;
+  }
+  // The worker, once the stream ends: what is queued goes out first.
+  Event Drain(v1::StepResponse* out) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    // No more responses from the service: the session is closed.
+    service_ended_ = true;
+    mu_.Await(absl::Condition(this, &StepCall::Drainable));
+    if (!client_gone_ && CanWrite()) return PopInto(out);
+    return Event::kDrained;
+  }
+  bool read_ok() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return read_ok_;
+  }
+  absl::Status service_status() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return service_status_;
+  }
+
+ private:
+  void Push(v1::StepResponse m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t bytes = m.ByteSizeLong();
+    queued_bytes_ += bytes;
+    q_.emplace_back(std::move(m), bytes);
+  }
+  Event PopInto(v1::StepResponse* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    *out = std::move(q_.front().first);
+    in_flight_bytes_ = q_.front().second;
+    q_.pop_front();
+    write_pending_ = true;
+    return Event::kWrite;
+  }
+  bool Leave() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    if (!waiting_attach_) return false;
+    waiting_attach_ = false;
+    return true;
+  }
+  bool CanWrite() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !q_.empty() && !write_pending_;
+  }
+  bool HasEvent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return client_gone_ || service_ended_ || CanWrite() || read_done_ ||
+           (!read_pending_ && queued_bytes_ < max_queue_bytes_);
+  }
+  // Finish waits for the write in flight (a client gone fails it at once).
+  bool Drainable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (write_pending_) return false;
+    return client_gone_ || CanWrite() || q_.empty();
+  }
+
+  const uint64_t max_queue_bytes_;
+  absl::Mutex mu_;
+  bool waiting_attach_ ABSL_GUARDED_BY(mu_) = true;
+  // Responses not yet written, with their sizes; queued_bytes_ counts them
+  // and the one being written (in_flight_bytes_).
+  std::deque<std::pair<v1::StepResponse, uint64_t>> q_ ABSL_GUARDED_BY(mu_);
+  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_ok_ ABSL_GUARDED_BY(mu_) = false;
+  bool client_gone_ ABSL_GUARDED_BY(mu_) = false;
+  bool service_ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status service_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+// One Step stream. Until its first message no thread waits for it: a
+// timer (--attach-timeout-seconds) ends it if none comes. The attach starts
+// the worker thread (Work), which calls the service and starts every read
+// and write; the reactions hand their results to it through the StepCall.
+// A request is read only while the session's queued responses are under
+// --max-step-queue-bytes. Finish is called once, with the stream's real
+// status, whether or not a read is pending: never a cancel in its place.
+class StepReactor final
+    : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+ public:
+  StepReactor(GrpcOptimizer* owner, grpc::CallbackServerContext* ctx)
+      : owner_(owner),
+        ctx_(ctx),
+        call_(
+            std::make_shared<StepCall>(owner->options_.max_step_queue_bytes)) {
+    if (auto caller = owner_->Authorize(ctx, "Step", Role::kTrainer);
+        !caller.ok()) {
+      (void)call_->FirstReadDone();
+      Finish(owner_->Done("Step", ctx_, caller.status()));
+      return;
+    }
+    StartRead(&req_);
+    const int seconds = owner_->options_.attach_timeout_seconds;
+    alarm_.Set(std::chrono::system_clock::now() + std::chrono::seconds(seconds),
+               [this, call = call_, seconds](bool fired) {
+                 // The reactor is alive: nothing has finished it (the
+                 // first read has not ended).
+                 if (!fired || !call->AttachTimedOut()) return;
+                 Finish(owner_->Done(
+                     "Step", ctx_,
+                     absl::DeadlineExceededError(absl::StrCat(
+                         "the Step stream sent no attach{session_id} within "
+                         "--attach-timeout-seconds=",
+                         seconds, " of its start"))));
+               });
+  }
+
+  void OnReadDone(bool ok) override {
+    if (attached_) {
+      call_->ReadDone(ok);
+      return;
+    }
+    attached_ = true;  // the read side's reactions never overlap
+    if (!call_->FirstReadDone()) return;  // the timer finished the stream
+    alarm_.Cancel();
+    if (!ok) {  // closed before its first message
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (!req_.has_attach()) {
+      Finish(owner_->Done(
+          "Step", ctx_,
+          absl::InvalidArgumentError(
+              "the first Step message must be attach{session_id}")));
+      return;
+    }
+    worker_ = std::thread([this] { Work(); });
+  }
+  void OnWriteDone(bool ok) override { call_->WriteDone(ok); }
+  void OnCancel() override { call_->Cancelled(); }
+  void OnDone() override {
+    // The worker's last act was Finish; OnDone runs on a gRPC thread.
+    if (worker_.joinable()) {
+      if (worker_.get_id() == std::this_thread::get_id()) {
+        worker_.detach();
+      } else {
+        worker_.join();
+      }
+    }
+    delete this;
+  }
+
+ private:
+  void Work() {
+    OptimizerService* const service = owner_->service_;
+    const std::string id = req_.attach().session_id();
+    if (absl::Status st = service->Attach(id, call_); !st.ok()) {
+      Finish(owner_->Done("Step", ctx_, st));
+      return;
+    }
+    call_->Reading();
+    StartRead(&req_);
+    absl::Status result;  // the service refused a request
+    absl::Status why;     // why the stream ended, for Detach
+    for (bool done = false; !done;) {
+      switch (call_->Next(&writing_)) {
+        case StepCall::Event::kWrite:
+          StartWrite(&writing_);
+          break;
+        case StepCall::Event::kStartRead:
+          StartRead(&req_);
+          break;
+        case StepCall::Event::kRead:
+          if (!call_->read_ok()) {  // the client closed its side, or left
+            why = ctx_->IsCancelled()
+                      ? absl::CancelledError("client disconnected")
+                      : absl::OkStatus();
+            done = true;
+          } else if (result = service->OnStepRequest(id, req_); !result.ok()) {
+            why = result;
+            done = true;
+          }
+          break;
+        case StepCall::Event::kServiceEnded:
+          why = call_->service_status();
+          done = true;
+          break;
+        case StepCall::Event::kClientGone:
+        case StepCall::Event::kDrained:
+          why = absl::CancelledError("client disconnected");
+          done = true;
+          break;
+      }
+    }
+    // The stream is the session's lifeline: whichever way it ended, the
+    // session is reclaimed (a no-op when CloseSession already did).
+    if (service->Detach(id, why)) {
+      spdlog::info(
+          "session closed: Step stream of {} ended ({})", ctx_->peer(),
+          why.ok() ? "normally" : LogSafe(why.ToString(), kMaxLoggedStatus));
+    }
+    while (call_->Drain(&writing_) == StepCall::Event::kWrite)
+      StartWrite(&writing_);
+    Finish(owner_->Done("Step", ctx_,
+                        !result.ok() ? result : call_->service_status()));
+  }
+
+  GrpcOptimizer* const owner_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::shared_ptr<StepCall> call_;
+  grpc::Alarm alarm_;
+  bool attached_ = false;     // the first read ended (OnReadDone only)
+  std::thread worker_;        // set by the first OnReadDone, joined by OnDone
+  v1::StepRequest req_;       // the read in progress, then the worker's
+  v1::StepResponse writing_;  // the write in progress
+};
 
 grpc::Status GrpcOptimizer::OpenSession(grpc::ServerContext* ctx,
                                         const v1::OpenSessionRequest* req,
@@ -151,50 +361,9 @@ grpc::Status GrpcOptimizer::OpenSession(grpc::ServerContext* ctx,
   return Done("OpenSession", ctx, r.status());
 }
 
-grpc::Status GrpcOptimizer::Step(
-    grpc::ServerContext* ctx,
-    grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* stream) {
-  if (auto caller = Authorize(ctx, "Step", Role::kTrainer); !caller.ok())
-    return Done("Step", ctx, caller.status());
-  v1::StepRequest req;
-  if (!stream->Read(&req)) return grpc::Status::OK;
-  if (!req.has_attach()) {
-    return Done("Step", ctx,
-                absl::InvalidArgumentError(
-                    "the first Step message must be attach{session_id}"));
-  }
-  const std::string id = req.attach().session_id();
-  auto sink = std::make_shared<QueueSink>();
-  if (absl::Status st = service_->Attach(id, sink); !st.ok())
-    return Done("Step", ctx, st);
-  std::thread writer([&] { sink->Run(ctx, stream); });
-  absl::Status result;
-  for (;;) {
-    if (!sink->BeginRead()) break;  // the service ended the stream
-    const bool got = stream->Read(&req);
-    sink->EndRead();
-    if (!got) break;
-    result = service_->OnStepRequest(id, req);
-    if (!result.ok()) break;
-  }
-  absl::Status aborted;
-  const bool ended_by_service = sink->aborted(&aborted);
-  // The stream is the session's lifeline: whichever way it ended, the
-  // session is reclaimed (a no-op when CloseSession already did).
-  const absl::Status why = !result.ok()       ? result
-                           : ended_by_service ? aborted
-                           : ctx->IsCancelled()
-                               ? absl::CancelledError("client disconnected")
-                               : absl::OkStatus();
-  if (service_->Detach(id, why)) {
-    spdlog::info(
-        "session closed: Step stream of {} ended ({})", ctx->peer(),
-        why.ok() ? "normally" : LogSafe(why.ToString(), kMaxLoggedStatus));
-  }
-  sink->Stop();
-  writer.join();
-  if (!result.ok()) return Done("Step", ctx, result);
-  return Done("Step", ctx, aborted);
+grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* GrpcOptimizer::Step(
+    grpc::CallbackServerContext* ctx) {
+  return new StepReactor(this, ctx);
 }
 
 grpc::Status GrpcOptimizer::GetState(
@@ -202,10 +371,15 @@ grpc::Status GrpcOptimizer::GetState(
     grpc::ServerWriter<v1::StateChunk>* writer) {
   auto caller = Authorize(ctx, "GetState", Role::kTrainer);
   if (!caller.ok()) return Done("GetState", ctx, caller.status());
-  auto chunks = service_->GetState(req->session_id(), caller->principal);
-  if (!chunks.ok()) return Done("GetState", ctx, chunks.status());
-  for (const auto& c : *chunks) {
-    if (!writer->Write(c))
+  // The job is held at its step boundary until `reader` goes (its steps
+  // wait meanwhile); one chunk at a time is copied out of its state.
+  auto reader = service_->ReadState(req->session_id(), caller->principal);
+  if (!reader.ok()) return Done("GetState", ctx, reader.status());
+  for (;;) {
+    auto chunk = (*reader)->Next();
+    if (!chunk.ok()) return Done("GetState", ctx, chunk.status());
+    if (!chunk->has_value()) break;
+    if (!writer->Write(**chunk))
       return Done("GetState", ctx, absl::CancelledError("client went away"));
   }
   return grpc::Status::OK;
@@ -216,10 +390,23 @@ grpc::Status GrpcOptimizer::SetState(grpc::ServerContext* ctx,
                                      v1::SetStateResponse* resp) {
   auto caller = Authorize(ctx, "SetState", Role::kTrainer);
   if (!caller.ok()) return Done("SetState", ctx, caller.status());
-  std::vector<v1::StateChunk> chunks;
+  // The first message (session, header) is checked before anything else
+  // is read: a refused stream is answered at once, the rest unread.
   v1::StateChunk c;
-  while (reader->Read(&c)) chunks.push_back(std::move(c));
-  auto r = service_->SetState(chunks, caller->principal);
+  if (!reader->Read(&c)) {
+    return Done("SetState", ctx,
+                absl::InvalidArgumentError(
+                    "SetState: the first message must carry the header"));
+  }
+  auto w = service_->WriteState(c, caller->principal);
+  if (!w.ok()) return Done("SetState", ctx, w.status());
+  // Each chunk goes into the new state as it comes (the service refuses
+  // one past what the header declared); none is kept as a message.
+  while (reader->Read(&c)) {
+    if (absl::Status st = (*w)->Add(c); !st.ok())
+      return Done("SetState", ctx, st);
+  }
+  auto r = (*w)->Commit();
   if (r.ok()) resp->set_completed_steps(*r);
   return Done("SetState", ctx, r.status());
 }

@@ -1,7 +1,13 @@
 // The gRPC adapter: the only place an absl::Status becomes a grpc::Status.
 // Each RPC unpacks its request, calls OptimizerService, logs and counts
-// failures, and converts the result. Step streams get a queue and a writer
-// thread so the service never blocks on a slow client. Every RPC first
+// failures, and converts the result. Step is a callback (reactor) stream:
+// until its attach arrives no thread waits for it (a timer ends it after
+// --attach-timeout-seconds); once attached, one worker thread calls the
+// service and writes the queued responses, so the service never blocks on
+// a slow client, and the stream can end with the service's own status
+// while the client is idle (never CANCELLED in its place). A session's
+// queued responses are bounded (--max-step-queue-bytes): past it the next
+// request is not read (gRPC flow control pushes back). Every RPC first
 // authenticates its caller and checks its role (auth.h); the caller's
 // principal goes to the service, which keeps each job to its owner, and
 // Status hides the ids of other principals' jobs.
@@ -10,6 +16,8 @@
 #define DMUON_DAEMON_GRPC_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
+
+#include <cstdint>
 
 #include "daemon/auth.h"
 #include "proto/dmuon.grpc.pb.h"
@@ -20,19 +28,31 @@ namespace dmuon::server {
 // absl and gRPC share the canonical code numbering.
 grpc::Status ToGrpc(const absl::Status& st);
 
-class GrpcOptimizer final : public v1::Optimizer::Service {
+// The adapter's own limits (docs/security.md "Limits").
+struct GrpcOptions {
+  // A Step stream whose first message (attach) has not come this long after
+  // it started ends with DEADLINE_EXCEEDED naming --attach-timeout-seconds.
+  int attach_timeout_seconds = 60;
+  // --max-step-queue-bytes: a session's Step responses queued and not yet
+  // taken by its client; past it the stream's next request is not read
+  // until the client has read below it.
+  uint64_t max_step_queue_bytes = uint64_t{64} << 20;
+};
+
+class GrpcOptimizer final
+    : public v1::Optimizer::WithCallbackMethod_Step<v1::Optimizer::Service> {
  public:
   // `auth` null: no authentication (every caller anonymous).
   explicit GrpcOptimizer(OptimizerService* service,
-                         const Authenticator* auth = nullptr)
-      : service_(service), auth_(auth) {}
+                         const Authenticator* auth = nullptr,
+                         GrpcOptions options = {})
+      : service_(service), auth_(auth), options_(options) {}
 
   grpc::Status OpenSession(grpc::ServerContext* ctx,
                            const v1::OpenSessionRequest* req,
                            v1::OpenSessionResponse* resp) override;
-  grpc::Status Step(grpc::ServerContext* ctx,
-                    grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>*
-                        stream) override;
+  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* Step(
+      grpc::CallbackServerContext* ctx) override;
   grpc::Status GetState(grpc::ServerContext* ctx,
                         const v1::GetStateRequest* req,
                         grpc::ServerWriter<v1::StateChunk>* writer) override;
@@ -58,13 +78,15 @@ class GrpcOptimizer final : public v1::Optimizer::Service {
   }
 
  private:
-  grpc::Status Done(const char* rpc, const grpc::ServerContext* ctx,
+  friend class StepReactor;
+  grpc::Status Done(const char* rpc, const grpc::ServerContextBase* ctx,
                     const absl::Status& st);
   // The caller of `rpc` if it may call it (auth.h), anonymous without auth.
-  absl::StatusOr<Caller> Authorize(const grpc::ServerContext* ctx,
+  absl::StatusOr<Caller> Authorize(const grpc::ServerContextBase* ctx,
                                    const char* rpc, Role need) const;
   OptimizerService* const service_;
   const Authenticator* const auth_;
+  const GrpcOptions options_;
   std::function<void()> on_drain_;
   std::function<absl::Status()> on_undrain_;
 };

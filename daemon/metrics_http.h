@@ -16,6 +16,12 @@
 // request per connection (Connection: close). A slow or idle client holds
 // one of 4 workers for at most 10 s; the others serve meanwhile; beyond 64
 // connections waiting for a worker, new ones are closed at once.
+//
+// Optionally (Security, docs/security.md "The metrics port"): HTTPS, with a
+// certificate that can be replaced while serving (SetTls: the daemon's
+// --tls-cert-file re-read on SIGHUP; a TLS handshake that fails, or a
+// plaintext request, gets no HTTP answer), and bearer tokens: GET /metrics
+// without `Authorization: Bearer <token>` that `token_ok` accepts gets 401.
 
 #ifndef DMUON_DAEMON_METRICS_HTTP_H_
 #define DMUON_DAEMON_METRICS_HTTP_H_
@@ -39,28 +45,52 @@ class MetricsHttp {
   // The body of GET /metrics, called once per scrape from a worker thread.
   using Render = std::function<std::string()>;
 
+  // An OpenSSL SSL_CTX (opaque here), freed with the last connection using
+  // it.
+  using TlsContext = std::shared_ptr<void>;
+  // A server context for `cert_pem` (chain) and `key_pem`; INVALID_ARGUMENT
+  // when they do not parse or do not match.
+  static absl::StatusOr<TlsContext> MakeTlsContext(const std::string& cert_pem,
+                                                   const std::string& key_pem);
+
+  struct Security {
+    TlsContext tls;  // null: plain HTTP
+    // Set: /metrics needs a bearer token it accepts (called on a worker
+    // thread with the token, without "Bearer ").
+    std::function<bool(const std::string& token)> token_ok;
+  };
+
   // Serves `render` at http://host:port/metrics (host: a name, an IPv4
   // address or a bracketed IPv6 one; port 0 picks a free one). UNAVAILABLE
   // "cannot listen on host:port: why" when that address cannot be bound
   // (taken, or not an address of this host).
   static absl::StatusOr<std::unique_ptr<MetricsHttp>> Start(
-      const std::string& host, int port, Render render);
+      const std::string& host, int port, Render render, Security security = {});
   ~MetricsHttp();  // stops serving; requests in progress end within 200 ms
+
+  // New connections use `tls` (a server serving HTTPS only; null ignored).
+  void SetTls(TlsContext tls);
 
   MetricsHttp(const MetricsHttp&) = delete;
   MetricsHttp& operator=(const MetricsHttp&) = delete;
 
   int port() const { return port_; }
 
+  struct Conn;  // one connection, plain or TLS (metrics_http.cc)
+
  private:
-  MetricsHttp(int fd, int port, Render render);
+  MetricsHttp(int fd, int port, Render render, Security security);
   void AcceptLoop();
   void WorkerLoop();
-  void Serve(int fd);
+  void Serve(Conn& c);
+  TlsContext tls() const;
 
   const int listen_fd_;
   const int port_;
   const Render render_;
+  const std::function<bool(const std::string&)> token_ok_;
+  mutable std::mutex tls_mu_;
+  TlsContext tls_;  // guarded by tls_mu_
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,4 +1,5 @@
-// MetricsHttp on loopback: every request gets an HTTP answer of ours.
+// MetricsHttp on loopback: every request gets an HTTP answer of ours, and
+// /metrics needs a bearer token when asked to (HTTPS: tests/daemon_auth_test).
 
 #include "daemon/metrics_http.h"
 
@@ -129,6 +130,39 @@ TEST_F(MetricsHttpTest, StopsPromptlyWithAnIdleClientConnected) {
   server_.reset();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
   close(fd);
+}
+
+TEST(MetricsHttpAuth, NeedsABearerTokenItAccepts) {
+  MetricsHttp::Security sec;
+  sec.token_ok = [](const std::string& token) { return token == "good"; };
+  auto s = MetricsHttp::Start(
+      "127.0.0.1", 0, [] { return std::string("dmuon_up 1\n"); }, sec);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const int port = (*s)->port();
+  auto with = [port](const std::string& header) {
+    return Exchange(port,
+                    "GET /metrics HTTP/1.1\r\nHost: x\r\n" + header + "\r\n");
+  };
+  std::string r = with("");
+  EXPECT_EQ(StatusLine(r), "HTTP/1.1 401 Unauthorized");
+  EXPECT_NE(r.find("WWW-Authenticate: Bearer"), std::string::npos) << r;
+  EXPECT_EQ(r.find("dmuon_up"), std::string::npos) << r;
+  EXPECT_EQ(StatusLine(with("Authorization: Bearer bad\r\n")),
+            "HTTP/1.1 401 Unauthorized");
+  EXPECT_EQ(StatusLine(with("Authorization: Basic good\r\n")),
+            "HTTP/1.1 401 Unauthorized");
+  r = with("Authorization: Bearer good\r\n");
+  EXPECT_EQ(StatusLine(r), "HTTP/1.1 200 OK");
+  EXPECT_EQ(r.substr(r.size() - 11), "dmuon_up 1\n");
+  // Header name and scheme are case-insensitive.
+  EXPECT_EQ(StatusLine(with("authorization: bearer good\r\n")),
+            "HTTP/1.1 200 OK");
+  // Other paths and methods answer as without tokens.
+  EXPECT_EQ(StatusLine(Get(port, "GET", "/")), "HTTP/1.1 404 Not Found");
+}
+
+TEST(MetricsHttpAuth, TlsContextNeedsAMatchingPair) {
+  EXPECT_FALSE(MetricsHttp::MakeTlsContext("not a cert", "not a key").ok());
 }
 
 }  // namespace
