@@ -20,6 +20,7 @@
 namespace dmuon {
 namespace {
 
+using client_internal::CheckDaemonMinor;
 using client_internal::CheckLayout;
 using client_internal::FromGrpc;
 using client_internal::FromProto;
@@ -196,6 +197,12 @@ class ClientImpl : public Client {
       return stub_->OpenSession(ctx, req, &resp);
     });
     if (!st.ok()) return FromGrpc(st, address_);
+    // An older daemon ignored what it does not know: refused here, after
+    // the fact (its minor is in the answer), and its session closed.
+    if (absl::Status v = CheckDaemonMinor(req, resp, address_); !v.ok()) {
+      CloseQuietly(resp.session_id());
+      return v;
+    }
     return resp;
   }
 

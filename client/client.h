@@ -111,8 +111,28 @@ struct CudaIpcRegion {
   std::string device_uuid;   // cudaDeviceProp.uuid (16 bytes)
 };
 
+// What OpenSession expects of the job's existing momentum (the proto's
+// Resume; docs/protocol.md "Resume"). A job holds momentum when it has
+// completed a step, in the daemon's memory or in its --state-dir snapshot.
+enum class Resume {
+  // Protocol 1.0 behaviour: continue if the job holds momentum, else start.
+  kAuto,
+  // Start at step 1; ALREADY_EXISTS (naming the job's step) if it holds
+  // momentum.
+  kFresh,
+  // Continue its momentum; NOT_FOUND if it holds none.
+  kContinue,
+  // Discard its momentum (memory and snapshot) and start at step 1;
+  // FAILED_PRECONDITION while other ranks of it are open past step 0.
+  kReplace,
+};
+
 struct SessionSpec {
   std::string job_id;
+  // Anything but kAuto needs a daemon of protocol 1.1 or newer: an older
+  // one would ignore it, so OpenSession refuses it (FAILED_PRECONDITION
+  // naming both versions; the session it opened is closed unused).
+  Resume resume = Resume::kAuto;
   int rank = 0;
   int world_size = 1;
   std::vector<ParamSpec> params;
@@ -213,6 +233,18 @@ class Session {
   // this order (nccl); see the top of this file.
   virtual absl::Status GradientReady(int i) = 0;
   virtual absl::Status GradientsReady(absl::Span<const int> ids) = 0;
+  // Declares `ids` absent in the current step: no gradient (torch: .grad is
+  // None), so the daemon computes nothing for them and leaves their
+  // momentum untouched, as torch.optim.Muon skips them (protocol minor 1,
+  // GradientsReady.absent_param_ids). Nothing is written or sent for them
+  // (nccl: no ncclSend; the daemon refuses absent ids over nccl with
+  // UNIMPLEMENTED). Each is then done: WaitUpdate returns OK, absent(i) is
+  // true, update(i) is left as it was, and NextAnnounced never returns it.
+  // With several ranks: a SHARDING_REPLICATED or SHARDING_ROWS parameter
+  // must be absent on every rank or none (INVALID_ARGUMENT naming it); a
+  // SHARDING_UNREDUCED one is absent when it is absent on every rank, and
+  // otherwise counts as zeros from the ranks that declared it absent.
+  virtual absl::Status GradientsAbsent(absl::Span<const int> ids) = 0;
   // The parameter ids of the current step's next UpdatesReady message, in
   // arrival order; each message is returned exactly once. Blocks until one
   // has arrived (up to the deadline: DEADLINE_EXCEEDED; a failed stream: its
@@ -231,10 +263,22 @@ class Session {
   virtual absl::Status WaitUpdate(int i) = 0;
   virtual bool TryUpdate(int i) = 0;
   virtual bool skipped(int i) const = 0;
+  // Whether parameter i was declared absent this step and the daemon
+  // answered it (GradientsAbsent): no update, the parameter is unchanged.
+  virtual bool absent(int i) const = 0;
   // Waits for every update of the current step, then moves to the next.
   // nccl: the daemon completes the step only once the caller has posted the
   // receives of every announced update (NextAnnounced).
   virtual absl::Status FinishStep() = 0;
+  // Undoes the step FinishStep() just completed (protocol minor 1, Rewind in
+  // docs/protocol.md): the daemon puts every matrix's momentum back to
+  // before it and step() goes back by one, so the step's gradients can be
+  // declared again (e.g. edited after they were handed off) and its updates
+  // waited for anew. Only between FinishStep() and the next step's first
+  // GradientsReady; a daemon that cannot (several ranks, momentum held in
+  // device memory, an older daemon) ends the stream with
+  // FAILED_PRECONDITION, which the next wait returns.
+  virtual absl::Status Rewind() = 0;
 
   virtual absl::StatusOr<State> GetState() = 0;
   virtual absl::Status SetState(const State& state) = 0;

@@ -99,6 +99,16 @@ class PoolSession : public Session {
     return subs_[owner_[i]]->GradientReady(local_[i]);
   }
   absl::Status GradientsReady(absl::Span<const int> ids) override {
+    return ForEachDaemon(ids, &Session::GradientsReady);
+  }
+  absl::Status GradientsAbsent(absl::Span<const int> ids) override {
+    return ForEachDaemon(ids, &Session::GradientsAbsent);
+  }
+  // Splits pool indices by the daemon that owns them and calls `fn` on each
+  // daemon's session with its local indices.
+  absl::Status ForEachDaemon(
+      absl::Span<const int> ids,
+      absl::Status (Session::*fn)(absl::Span<const int>)) {
     std::vector<std::vector<int>> by(subs_.size());
     for (int i : ids) {
       if (!valid(i))
@@ -107,7 +117,7 @@ class PoolSession : public Session {
     }
     for (size_t d = 0; d < subs_.size(); ++d) {
       if (by[d].empty()) continue;
-      if (auto st = subs_[d]->GradientsReady(by[d]); !st.ok()) return st;
+      if (auto st = (subs_[d].get()->*fn)(by[d]); !st.ok()) return st;
     }
     return absl::OkStatus();
   }
@@ -122,9 +132,17 @@ class PoolSession : public Session {
   bool skipped(int i) const override {
     return valid(i) && subs_[owner_[i]]->skipped(local_[i]);
   }
+  bool absent(int i) const override {
+    return valid(i) && subs_[owner_[i]]->absent(local_[i]);
+  }
   absl::Status FinishStep() override {
     for (auto& s : subs_)
       if (auto st = s->FinishStep(); !st.ok()) return st;
+    return absl::OkStatus();
+  }
+  absl::Status Rewind() override {
+    for (auto& s : subs_)
+      if (auto st = s->Rewind(); !st.ok()) return st;
     return absl::OkStatus();
   }
   absl::StatusOr<State> GetState() override {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/protocol.h"
 #include "client/wire.h"
 #include "proto/dmuon.grpc.pb.h"
 
@@ -34,7 +35,8 @@ class SessionImpl final : public Session {
         step_(open_.next_step()),
         n_(open_.layout().slots_size()),
         ready_(n_, 0),
-        skipped_(n_, 0) {}
+        skipped_(n_, 0),
+        absent_(n_, 0) {}
 
   ~SessionImpl() override { (void)Close(); }
 
@@ -70,13 +72,42 @@ class SessionImpl final : public Session {
 
   absl::Status GradientReady(int i) override { return GradientsReady({i}); }
 
-  absl::Status GradientsReady(absl::Span<const int> ids) override {
+  absl::Status CheckIds(absl::Span<const int> ids) const {
     for (int i : ids) {
       if (i < 0 || i >= n_) {
         return absl::InvalidArgumentError(
             absl::StrCat("parameter index ", i, " is outside [0, ", n_, ")"));
       }
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status GradientsAbsent(absl::Span<const int> ids) override {
+    if (absl::Status st = CheckIds(ids); !st.ok()) return st;
+    std::lock_guard<std::mutex> w(write_mu_);
+    if (absl::Status st = stream_status(); !st.ok()) return st;
+    {
+      // A daemon of minor 0 ignores absent_param_ids and would wait for these
+      // gradients forever: refuse here, naming both versions.
+      std::lock_guard<std::mutex> l(mu_);
+      if (open_.capabilities().protocol_minor() < 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "a parameter without a gradient this step needs protocol minor 1; "
+            "dmuond at ",
+            address_, " (", open_.capabilities().version(), ") speaks minor ",
+            open_.capabilities().protocol_minor(), ", this client ",
+            ProtocolMinor(), ": upgrade the daemon"));
+      }
+    }
+    v1::StepRequest m;
+    m.mutable_gradients_ready()->set_step(step_);
+    for (int i : ids) m.mutable_gradients_ready()->add_absent_param_ids(i);
+    if (!stream_->Write(m)) return Broken();
+    return absl::OkStatus();
+  }
+
+  absl::Status GradientsReady(absl::Span<const int> ids) override {
+    if (absl::Status st = CheckIds(ids); !st.ok()) return st;
     std::lock_guard<std::mutex> w(write_mu_);
     if (absl::Status st = stream_status(); !st.ok()) return st;
     if (open_.transport() == v1::TRANSPORT_INLINE) {
@@ -121,14 +152,18 @@ class SessionImpl final : public Session {
   }
   absl::StatusOr<std::vector<int>> NextAnnounced() override {
     std::unique_lock<std::mutex> l(mu_);
-    if (announced_returned_ >= n_) return std::vector<int>();
+    // Absent parameters count as returned (nothing to receive for them).
+    const auto all_returned = [&] {
+      return announced_returned_ + absent_announced_ >= n_;
+    };
+    if (all_returned()) return std::vector<int>();
     const auto has_current = [&] {
       while (!announced_.empty() && announced_.front().first < step_)
         announced_.pop_front();  // a finished step's (never for this one)
       return !announced_.empty() && announced_.front().first == step_;
     };
     if (!cv_.wait_for(l, options_.deadline, [&] {
-          return has_current() || !final_.ok() || ended_;
+          return has_current() || all_returned() || !final_.ok() || ended_;
         })) {
       return absl::DeadlineExceededError(
           absl::StrCat("no update of step ", step_, " announced by dmuond at ",
@@ -137,6 +172,7 @@ class SessionImpl final : public Session {
                        " returned; with nccl, every gradient of the step "
                        "must be declared first)"));
     }
+    if (!has_current() && all_returned()) return std::vector<int>();
     if (!has_current()) {
       return final_.ok() ? absl::AbortedError(absl::StrCat(
                                "dmuond at ", address_, " ended the stream"))
@@ -146,6 +182,10 @@ class SessionImpl final : public Session {
     announced_.pop_front();
     announced_returned_ += static_cast<int>(ids.size());
     return ids;
+  }
+  bool absent(int i) const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return i >= 0 && i < n_ && absent_[i];
   }
   bool TryUpdate(int i) override {
     std::lock_guard<std::mutex> l(mu_);
@@ -172,6 +212,40 @@ class SessionImpl final : public Session {
     announced_returned_ = 0;
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(skipped_.begin(), skipped_.end(), 0);
+    std::fill(absent_.begin(), absent_.end(), 0);
+    absent_announced_ = 0;
+    return absl::OkStatus();
+  }
+
+  absl::Status Rewind() override {
+    std::lock_guard<std::mutex> w(write_mu_);
+    if (absl::Status st = stream_status(); !st.ok()) return st;
+    int64_t undone = 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (open_.capabilities().protocol_minor() < 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Rewind needs protocol minor 1; dmuond at ", address_, " (",
+            open_.capabilities().version(), ") speaks minor ",
+            open_.capabilities().protocol_minor(), ": upgrade it"));
+      }
+      if (step_ <= 1 || complete_ != step_ - 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Rewind: no completed step to undo (the step being built is ",
+            step_, "); call it right after FinishStep()"));
+      }
+      undone = --step_;
+      complete_ = undone - 1;
+      announced_.clear();
+      announced_returned_ = 0;
+      std::fill(ready_.begin(), ready_.end(), 0);
+      std::fill(skipped_.begin(), skipped_.end(), 0);
+      std::fill(absent_.begin(), absent_.end(), 0);
+      absent_announced_ = 0;
+    }
+    v1::StepRequest m;
+    m.mutable_rewind()->set_step(undone);
+    if (!stream_->Write(m)) return Broken();
     return absl::OkStatus();
   }
 
@@ -307,6 +381,14 @@ class SessionImpl final : public Session {
         }
         if (!ids.empty())
           announced_.emplace_back(r.updates_ready().step(), std::move(ids));
+        // Absent parameters (no gradient this step): done, nothing to
+        // receive; NextAnnounced counts them without returning them.
+        for (int i : r.updates_ready().absent_param_ids()) {
+          if (i < 0 || i >= n_) continue;
+          ready_[i] = 1;
+          absent_[i] = 1;
+          ++absent_announced_;
+        }
       } else if (r.has_error()) {
         const auto& e = r.error();
         if (e.param_id() >= 0 && e.param_id() < n_ && e.skipped()) {
@@ -345,7 +427,10 @@ class SessionImpl final : public Session {
   std::mutex write_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<uint8_t> ready_, skipped_;
+  std::vector<uint8_t> ready_, skipped_, absent_;
+  // Absent parameters announced in the current step (NextAnnounced counts
+  // them as returned).
+  int absent_announced_ = 0;
   // UpdatesReady messages (step, ids) not yet returned by NextAnnounced, and
   // how many ids of the current step it has returned.
   std::deque<std::pair<int64_t, std::vector<int>>> announced_;

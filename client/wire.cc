@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/protocol.h"
 
 namespace dmuon::client_internal {
 
@@ -84,6 +85,22 @@ absl::Status CheckLayout(const RegionLayout& want, const RegionLayout& got,
 v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
   v1::OpenSessionRequest r;
   r.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  r.set_protocol_minor(ProtocolMinor());
+  r.set_client_version(kDmuonVersion);
+  switch (spec.resume) {
+    case Resume::kAuto:
+      r.set_resume(v1::RESUME_UNSPECIFIED);
+      break;
+    case Resume::kFresh:
+      r.set_resume(v1::RESUME_FRESH);
+      break;
+    case Resume::kContinue:
+      r.set_resume(v1::RESUME_CONTINUE);
+      break;
+    case Resume::kReplace:
+      r.set_resume(v1::RESUME_REPLACE);
+      break;
+  }
   r.set_job_id(spec.job_id);
   r.set_rank(spec.rank);
   r.set_world_size(spec.world_size);
@@ -129,6 +146,27 @@ v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
     if (p.layer >= 0) s->set_layer(p.layer);
   }
   return r;
+}
+
+uint32_t RequiredMinor(const v1::OpenSessionRequest& req) {
+  return req.resume() != v1::RESUME_UNSPECIFIED ? 1 : 0;
+}
+
+absl::Status CheckDaemonMinor(const v1::OpenSessionRequest& req,
+                              const v1::OpenSessionResponse& resp,
+                              const std::string& address) {
+  const uint32_t need = RequiredMinor(req);
+  const uint32_t has = resp.capabilities().protocol_minor();
+  if (has >= need) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "dmuond at ", address, " (version ", resp.capabilities().version(),
+      ") speaks protocol 1.", has, "; this client (version ", kDmuonVersion,
+      ", protocol 1.", ProtocolMinor(), ") asked for ",
+      v1::Resume_Name(req.resume()), ", which needs protocol 1.", need,
+      " (an older daemon ignores it and would continue or start the job "
+      "regardless): upgrade dmuond, or open without a resume mode "
+      "(Resume::kAuto; Python: resume=\"auto\"). The session it opened was "
+      "closed unused"));
 }
 
 }  // namespace dmuon::client_internal

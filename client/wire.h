@@ -41,6 +41,16 @@ absl::Status CheckLayout(const RegionLayout& want, const RegionLayout& got,
 // The OpenSession request for `spec` over transport `t`.
 v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t);
 
+// The protocol minor a daemon must speak to honour `req` (base/protocol.h):
+// 1 when it asks for a Resume, else 0.
+uint32_t RequiredMinor(const v1::OpenSessionRequest& req);
+
+// FAILED_PRECONDITION naming both versions when the daemon that answered
+// `resp` speaks a minor older than RequiredMinor(req); OK otherwise.
+absl::Status CheckDaemonMinor(const v1::OpenSessionRequest& req,
+                              const v1::OpenSessionResponse& resp,
+                              const std::string& address);
+
 }  // namespace dmuon::client_internal
 
 #endif  // DMUON_CLIENT_WIRE_H_

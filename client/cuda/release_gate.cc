@@ -85,13 +85,18 @@ class GuardedSession final : public Session {
   absl::Status GradientsReady(absl::Span<const int> ids) override {
     return inner_->GradientsReady(ids);
   }
+  absl::Status GradientsAbsent(absl::Span<const int> ids) override {
+    return inner_->GradientsAbsent(ids);
+  }
   absl::StatusOr<std::vector<int>> NextAnnounced() override {
     return inner_->NextAnnounced();
   }
   absl::Status WaitUpdate(int i) override { return inner_->WaitUpdate(i); }
   bool TryUpdate(int i) override { return inner_->TryUpdate(i); }
   bool skipped(int i) const override { return inner_->skipped(i); }
+  bool absent(int i) const override { return inner_->absent(i); }
   absl::Status FinishStep() override { return inner_->FinishStep(); }
+  absl::Status Rewind() override { return inner_->Rewind(); }
   absl::StatusOr<State> GetState() override { return inner_->GetState(); }
   absl::Status SetState(const State& state) override {
     return inner_->SetState(state);

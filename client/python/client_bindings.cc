@@ -137,6 +137,16 @@ TransportChoice ParseTransport(const std::string& t) {
       "transport '", t, "' is not one of auto, shm, inline, cuda_ipc, nccl")));
 }
 
+// open_session(resume=...): the proto's Resume (client.h Resume).
+Resume ParseResume(const std::string& r) {
+  if (r == "auto") return Resume::kAuto;
+  if (r == "fresh") return Resume::kFresh;
+  if (r == "continue") return Resume::kContinue;
+  if (r == "replace") return Resume::kReplace;
+  Throw(absl::InvalidArgumentError(absl::StrCat(
+      "resume '", r, "' is not one of auto, fresh, continue, replace")));
+}
+
 // cuda_ipc: a dict with mem_handle (bytes), offset, bytes, event_handle
 // (bytes), device_uuid (bytes).
 CudaIpcRegion ToCudaIpc(const py::handle& h) {
@@ -328,15 +338,14 @@ std::shared_ptr<Client> Connect(const py::object& address, double deadline,
 }
 
 // Client.open_session(...).
-std::unique_ptr<PySession> OpenSession(Client& c, const std::string& job_id,
-                                       const py::list& params,
-                                       const py::object& groups, int rank,
-                                       int world_size,
-                                       const std::string& transport,
-                                       const py::object& cuda_ipc,
-                                       const py::object& pool_owner) {
+std::unique_ptr<PySession> OpenSession(
+    Client& c, const std::string& job_id, const py::list& params,
+    const py::object& groups, int rank, int world_size,
+    const std::string& transport, const py::object& cuda_ipc,
+    const py::object& pool_owner, const std::string& resume) {
   SessionSpec spec;
   spec.job_id = job_id;
+  spec.resume = ParseResume(resume);
   spec.rank = rank;
   spec.world_size = world_size;
   spec.params = ToParams(params);
@@ -441,6 +450,7 @@ void RegisterClientClass(py::module_& m) {
            py::arg("groups") = py::none(), py::arg("rank") = 0,
            py::arg("world_size") = 1, py::arg("transport") = "auto",
            py::arg("cuda_ipc") = py::none(), py::arg("pool_owner") = py::none(),
+           py::arg("resume") = "auto",
            "Opens a session of job `job_id` as `rank` of `world_size` with "
            "the parameter table `params` (each (name, rows, cols) or a dict "
            "with name, rows, cols, sharding='replicated'|'rows'|'unreduced', "
@@ -455,7 +465,13 @@ void RegisterClientClass(py::module_& m) {
            "laid out by region_layout(params)) or 'nccl' (then join "
            "Session.nccl()'s communicator). pool_owner (a pool only): the "
            "daemon of each parameter, e.g. plan_pool()'s, used as is; None: "
-           "the pool plans from its daemons' device_counts().");
+           "the pool plans from its daemons' device_counts(). resume: what "
+           "the job's existing momentum must be (docs/protocol.md "
+           "\"Resume\"): 'auto' (continue it if any, else start), 'fresh' "
+           "(start at step 1; ALREADY_EXISTS if the job has completed a "
+           "step), 'continue' (NOT_FOUND if it has not) or 'replace' "
+           "(discard it and start at step 1); all but 'auto' need dmuond of "
+           "protocol 1.1 or newer.");
 }
 
 // Session: what it is (names, layout, nccl, ...) and its memory (views).
@@ -548,6 +564,22 @@ void AddSessionCalls(py::class_<PySession>& cls) {
           },
           py::arg("ids"))
       .def(
+          "gradients_absent",
+          [](PySession& s, std::vector<int> ids) {
+            for (int i : ids) s.param(i);
+            absl::Status st;
+            {
+              py::gil_scoped_release release;
+              st = s.s().GradientsAbsent(ids);
+            }
+            Check(st);
+          },
+          py::arg("ids"),
+          "Declares parameters with no gradient this step (torch: .grad is "
+          "None; protocol minor 1): dmuond computes nothing for them and "
+          "leaves their momentum untouched; wait_update(i) returns at once "
+          "and absent(i) is True.")
+      .def(
           "wait_update",
           [](PySession& s, int i) {
             s.param(i);
@@ -565,6 +597,9 @@ void AddSessionCalls(py::class_<PySession>& cls) {
       .def(
           "skipped", [](PySession& s, int i) { return s.s().skipped(i); },
           py::arg("i"))
+      .def(
+          "absent", [](PySession& s, int i) { return s.s().absent(i); },
+          py::arg("i"))
       .def("finish_step",
            [](PySession& s) {
              absl::Status st;
@@ -574,6 +609,19 @@ void AddSessionCalls(py::class_<PySession>& cls) {
              }
              Check(st);
            })
+      .def(
+          "rewind",
+          [](PySession& s) {
+            absl::Status st;
+            {
+              py::gil_scoped_release release;
+              st = s.s().Rewind();
+            }
+            Check(st);
+          },
+          "Undoes the step finish_step() just completed (protocol minor 1): "
+          "dmuond puts the momentum back to before it and step goes back by "
+          "one, so its gradients can be declared again.")
       .def("get_state",
            [](PySession& s) {
              absl::StatusOr<State> st;
