@@ -37,6 +37,19 @@ plan_pool = _ext.plan_pool
 from ._daemon import LocalDaemon, find_dmuond  # noqa: E402
 from ._options import AdamWOptions, DaemonOptions  # noqa: E402
 
+_CONVERT = ("torch_param_groups", "to_torch_state_dicts", "to_torch",
+            "from_torch_state_dicts", "load_torch_state_dicts")
+
+
+def __getattr__(name: str):
+    # DMuon <-> torch.optim.Muon + AdamW state (dmuon/_convert.py); imports
+    # torch, so only when asked for.
+    if name in _CONVERT:
+        from . import _convert
+
+        return getattr(_convert, name)
+    raise AttributeError(f"module 'dmuon' has no attribute {name!r}")
+
 
 # numpy float32/float64 arrays or CPU torch tensors: the result has the type
 # of the input.
@@ -86,4 +99,5 @@ __all__ = [
     "UnavailableError",
     "DeadlineExceededError",
     "FailedPreconditionError",
+    *_CONVERT,
 ]

@@ -18,6 +18,7 @@ import warnings
 import torch
 
 from . import _errors
+from ._recovery import deferred_sigint
 
 
 class _HandoffMixin:
@@ -30,11 +31,20 @@ class _HandoffMixin:
         self._absent = [False] * n  # no gradient this step: left unchanged
         self._step_lr = [(0.0, 0.0)] * n
         self._pending = False
+        # (the .grad handed off, its _version then) per Muon index, None when
+        # none was: step() checks those for edits (_edited_after_handoff).
+        self._sent = [None] * n
 
     def _on_grad(self, i):
         if self._accumulating or (self._ddp is not None
                                   and not self._ddp.require_backward_grad_sync):
             return
+        # The backwards that produced Muon gradients since the last step()
+        # (_plan_next_handoff): one, and the next step hands off during
+        # backward; several, and it hands off at step().
+        self._grad_tasks.add(torch._C._current_graph_task_id())
+        if self._defer_handoff:
+            return  # handed off at step(), from .grad as it is then
         try:
             self._handoff(i, self._muon[i].param.grad)
         except Exception as e:  # noqa: BLE001 - raised by the next step()
@@ -77,45 +87,170 @@ class _HandoffMixin:
         return plan
 
     def _handoff(self, i, grad):
+        self._recover(backward_only=True)  # an earlier backward died mid-way (_recovery)
         if self._pending:
             self.synchronize()
+        self._track_backward()
         r = self._muon[i]
+        if self._handed[i] and self._can_rewind():
+            # A second backward before step(): a new .grad after a backward
+            # whose step() was not taken (zero_grad() then backward, as when
+            # GradScaler skips a step on inf/NaN), or the same .grad
+            # accumulated (gradient accumulation, a second loss, a GAN's other
+            # loss). dmuond's step of the first backward is undone (momentum
+            # untouched) and the gradients are handed off again as they are
+            # now; the rest of this step, and the next (_plan_next_handoff),
+            # hand off at step(), so that such a loop rewinds once.
+            self._defer_handoff = True
+            self._rewind_step()
+            return  # handed off at step(), from .grad as it is then
         if self._handed[i]:
+            why = ("it has several ranks" if self._world > 1 else
+                   "its tensors travel in GPU memory" if self._region is not None
+                   else "it has no session")
             raise RuntimeError(
-                f"DMuon: {r.name} got another gradient after it was handed to dmuond "
-                f"for step {self._session.step}; with gradient accumulation, run "
-                "every backward but the last micro-batch's inside "
-                "`with optimizer.no_sync():` (or DDP's no_sync()), or use overlap=False")
+                f"DMuon: {r.name} got a second gradient for step {self._session.step} "
+                "after the first was handed to dmuond during an earlier backward (a "
+                "second backward before step(): gradient accumulation, a second loss, "
+                "a backward whose step() was skipped, or zero_grad() then a new "
+                "backward). dmuond can redo a step only for one process on host "
+                f"buffers, and {why}. Pass overlap=False (gradients then leave at "
+                "step(), and every loop shape is exact), or run every backward but "
+                "the last of a step inside `with optimizer.no_sync():` (DDP: "
+                "model.no_sync())")
         if tuple(r.param.shape) != r.shape0 or (grad is not None and grad.numel() !=
                                                  self._grad[i].numel()):
             self._shape_error(r)
         t0 = time.perf_counter()
         buf = self._grad[i]
+        # nccl cannot declare a parameter absent yet (dmuond refuses it):
+        # there it gets zeros (_warn_absent).
+        nccl = self._region is not None and self._region.kind == "nccl"
         if grad is None:
-            # The protocol has no "no gradient this step": dmuond gets zeros,
-            # and _apply leaves the parameter unchanged (step()).
+            # torch.optim.Muon skips it: declared absent, dmuond computes
+            # nothing and leaves its momentum as it is; _apply leaves the
+            # parameter unchanged (no decay, no update).
             self._absent[i] = True
-            buf.zero_()
+            if nccl:
+                buf.zero_()
         elif not (r.sharding == "replicated" and self._rank != 0):
             buf.copy_(grad.detach().reshape(buf.shape))  # rank 0's is the one used
         if grad is not None:
             self._trained[i] = True
-        if self._region is None:
-            self._session.gradient_ready(i)
-        else:
-            # Hand-offs can come from several threads (autograd's, DDP's comm
-            # hook callbacks); over nccl the daemon receives in declaration
-            # order, so each send and its declaration go together.
-            with self._handoff_lock:
-                self._region.handed([i])  # cuda_ipc: event after the copy; nccl: send
+            self._sent[i] = (grad, grad._version)
+        # Declared and recorded together: a Ctrl-C in between would leave
+        # dmuond and _handed disagreeing (_recovery rolls back by _handed).
+        with deferred_sigint():
+            if grad is None and not nccl:
+                self._session.gradients_absent([i])  # no bytes: nothing to send
+            elif self._region is None:
                 self._session.gradient_ready(i)
-        self._handed[i] = True
+            else:
+                # Hand-offs can come from several threads (autograd's, DDP's
+                # comm hook callbacks); over nccl the daemon receives in
+                # declaration order, so each send and its declaration go
+                # together.
+                with self._handoff_lock:
+                    self._region.handed([i])  # cuda_ipc: event after the copy; nccl: send
+                    self._session.gradient_ready(i)
+            self._handed[i] = True
         self.stats["handoff_seconds"] += time.perf_counter() - t0
+
+    # ------------------------------------ gradients edited after their hand-off
+    def _can_rewind(self):
+        """Whether a step dmuond computed can be undone and redone here: one
+        process on host buffers (shm/inline; dmuond's CPU executors keep the
+        pre-step momentum that a Rewind restores)."""
+        return (self._world == 1 and self._region is None and self._session is not None
+                and getattr(self._session, "rewind", None) is not None)
+
+    def _edited_after_handoff(self):
+        """The Muon indices whose .grad changed after it was handed off:
+        clip_grad_norm_, GradScaler.unscale_, masking, a new .grad. Compared
+        bit for bit with what dmuond got: the version counter does not do
+        (GradScaler's unscale_ kernel changes the values without bumping it;
+        clip_grad_norm_ bumps it even when it multiplies by exactly 1.0). One
+        read of every handed-off gradient and its copy per step."""
+        edited = []
+        if self._world != 1:
+            return edited  # rank r's buffer holds rank 0's copy, or none
+        for i, rec in enumerate(self._sent):
+            if rec is None or not self._handed[i] or self._absent[i]:
+                continue
+            g = self._muon[i].param.grad
+            buf = self._grad[i]
+            if g is None or g.numel() != buf.numel() or not torch.equal(
+                    g.detach().reshape(buf.shape).to(device=buf.device,
+                                                      dtype=buf.dtype), buf):
+                edited.append(i)
+        return edited
+
+    def _rewind_step(self):
+        """Undoes dmuond's step in progress: every Muon gradient not handed
+        off yet goes now (the step must complete), the step's updates are
+        waited for and dropped, and dmuond puts the momentum back to before it
+        (Rewind). The step is then built again: every gradient is handed off
+        anew (_redo_step, or the backward in progress)."""
+        t0 = time.perf_counter()
+        for j, r in enumerate(self._muon):
+            if not self._handed[j]:
+                self._handoff(j, r.param.grad)
+        step_lr = self._step_lr
+        with _errors.explained(self._daemon):
+            self._session.finish_step()
+            self._session.rewind()
+        self._reset_step()
+        self._step_lr = step_lr
+        self.stats["rewound_steps"] = self.stats.get("rewound_steps", 0) + 1
+        self._wait += time.perf_counter() - t0
+
+    def _redo_step(self, edited):
+        """step(): gradients edited after their hand-off (`edited`, Muon
+        indices) are taken exactly as they are now: the step dmuond computed
+        from the handed-off ones is rewound and every gradient handed off
+        again. Without a rewind (several ranks, GPU transports) it raises
+        naming the parameters."""
+        names = ", ".join(self._muon[i].name for i in edited[:5])
+        more = f" and {len(edited) - 5} more" if len(edited) > 5 else ""
+        if not self._can_rewind():
+            raise RuntimeError(
+                f"DMuon: the gradient of {names}{more} changed after it was handed to "
+                f"dmuond for step {self._session.step} (e.g. clip_grad_norm_, "
+                "GradScaler.unscale_ or masking after backward()); with "
+                f"{'several ranks' if self._world > 1 else 'GPU transports'} dmuond "
+                "cannot redo a step: pass overlap=False so that gradients leave at "
+                "step(), after your edits")
+        self._rewind_step()
+        for j, r in enumerate(self._muon):
+            self._handoff(j, r.param.grad)
+        n = self.stats["redone_steps"] = self.stats.get("redone_steps", 0) + 1
+        self._redo_streak = getattr(self, "_redo_streak", 0) + 1
+        if self._redo_streak == 3 and not getattr(self, "_warned_redo", False):
+            self._warned_redo = True
+            warnings.warn(
+                f"DMuon: Muon gradients were changed after backward() in 3 steps in a "
+                f"row ({names}{more}; {n} so far), e.g. by gradient clipping that "
+                "clips or GradScaler's unscale_; each such step is computed twice by "
+                "dmuond (the second time not overlapped with backward). The numbers "
+                "are exact either way; overlap=False computes each step once",
+                RuntimeWarning, stacklevel=4)
+
+    def _plan_next_handoff(self):
+        """At a step's commit: the next step hands each gradient off during
+        backward (overlapped with the rest of backward) when this one had a
+        single backward producing Muon gradients; after several (gradient
+        accumulation, two losses, a GAN's other loss, a skipped step) it hands
+        them off at step(), as they are then, so that such loops cost no
+        rewind (each computes a step twice) and stay exact."""
+        self._defer_handoff = len(self._grad_tasks) > 1
+        self._grad_tasks = set()
 
     def _apply(self, i):
         if self._applied[i]:
             return
         r = self._muon[i]
+        if self._restage(i, r.param):  # interrupted after its value was staged
+            return
         t0 = time.perf_counter()
         if self._region is not None and self._region.kind == "nccl":
             self._receive_until(i)
@@ -134,9 +269,12 @@ class _HandoffMixin:
                 u = self._upd[i]
                 if p.device != u.device or p.dtype != u.dtype:
                     u = u.to(device=p.device, dtype=p.dtype)
-                if wd != 0:
-                    p.mul_(1 - lr * wd)
-                p.add_(u.view(p.shape), alpha=-lr)
+                # torch.optim.Muon's p.mul_(1 - lr * wd); p.add_(u, alpha=-lr),
+                # computed aside and copied in: an interrupt leaves p whole.
+                new = p.mul(1 - lr * wd) if wd != 0 else p.clone()
+                new.add_(u.view(p.shape), alpha=-lr)
+                self._stage_apply(i, p, new)
+                return
         self._applied[i] = True
 
     def _receive_until(self, i):
@@ -159,18 +297,22 @@ class _HandoffMixin:
                     self._apply(i)
 
     def _warn_absent(self, i):
-        """A Muon matrix with momentum and no gradient in this step: the
-        parameter is left unchanged, as torch.optim.Muon leaves it, but dmuond
-        cannot be told "no gradient" (the protocol declares every parameter
-        every step), so it gets zeros and its momentum decays (M <- mu * M),
-        where torch's stays. Exact while the momentum is zero (a branch or a
-        frozen parameter that has not trained yet)."""
+        """nccl only: a Muon matrix with momentum and no gradient in this
+        step. Everywhere else it is declared absent (protocol minor 1) and
+        dmuond leaves its momentum untouched, as torch.optim.Muon does; over
+        nccl dmuond cannot take an absent parameter yet, so it gets zeros and
+        its momentum decays (M <- mu * M) where torch's stays. Exact while the
+        momentum is zero (a branch or a frozen parameter that has not trained
+        yet)."""
+        if self._region is None or self._region.kind != "nccl":
+            return
         if i in self._warned_absent:
             return
         self._warned_absent.add(i)
         warnings.warn(
             f"DMuon: {self._muon[i].name} has no gradient in step {self._session.step}; "
-            "it is left unchanged as torch.optim.Muon leaves it, but dmuond gets zeros "
-            "for it, so its momentum decays by `momentum` where torch.optim.Muon's "
-            "stays (the dmuond protocol cannot yet say 'no gradient'). Said once per "
+            "it is left unchanged as torch.optim.Muon leaves it, but over the nccl "
+            "transport dmuond gets zeros for it, so its momentum decays by `momentum` "
+            "where torch.optim.Muon's stays (dmuond takes absent parameters over "
+            "every other transport: shm, inline, cuda_ipc). Said once per "
             "parameter", RuntimeWarning, stacklevel=3)

@@ -9,7 +9,7 @@ Each group stands for a few of DMuon's flat keywords, which keep working:
 
     adamw_lr, adamw_betas, adamw_eps, adamw_wd  AdamWOptions(lr, betas, eps, weight_decay)
     server, transport, timeout, job_id,         DaemonOptions(server, transport=, timeout=,
-    daemon_flags                                              job_id=, flags=)
+    daemon_flags, resume                                      job_id=, flags=, resume=)
 
 A call gives a value one way: a flat keyword of a group together with that
 group's options object is a TypeError naming both. Torch-free (dmuon
@@ -40,7 +40,8 @@ class AdamWOptions:
 @dataclasses.dataclass(frozen=True)
 class DaemonOptions:
     """Which dmuond holds the Muon matrices and how this process reaches it
-    (the flat keywords: server, transport, timeout, job_id, daemon_flags).
+    (the flat keywords: server, transport, timeout, job_id, daemon_flags,
+    resume).
 
     server: "auto" ($DMUON_SERVER, else a private dmuond for this process or
     process group), "host:port" of a running dmuond, or a list of addresses (a
@@ -48,6 +49,14 @@ class DaemonOptions:
     timeout: seconds, connecting and waiting for any one update. job_id: the
     daemon-side job name (None: a random one; the ranks agree on rank 0's).
     flags: extra dmuond flags for the private daemon of server="auto".
+    resume: what the job's momentum on dmuond must be when this DMuon opens
+    it (docs/protocol.md "Resume"). "fresh" (or False, the default): start
+    at step 1; a job_id whose job has completed a step (in the daemon's
+    memory, or in its --state-dir snapshot) is an error naming its step.
+    True (or "continue"): continue that job's momentum; an error if it has
+    none. "replace": discard its momentum and start at step 1. "auto": the
+    protocol 1.0 behaviour, continue if there is momentum, else start. All
+    but "auto" need dmuond 1.1 (protocol minor 1) or newer.
     """
 
     server: str | Sequence[str] = "auto"
@@ -56,13 +65,29 @@ class DaemonOptions:
     timeout: float = 60.0
     job_id: str | None = None
     flags: Sequence[str] = ()
+    resume: bool | str = "fresh"
 
 
 # Each group's flat keywords, as {flat keyword: field}.
 ADAMW_KEYWORDS = {"adamw_lr": "lr", "adamw_betas": "betas", "adamw_eps": "eps",
                   "adamw_wd": "weight_decay"}
 DAEMON_KEYWORDS = {"server": "server", "transport": "transport", "timeout": "timeout",
-                   "job_id": "job_id", "daemon_flags": "flags"}
+                   "job_id": "job_id", "daemon_flags": "flags", "resume": "resume"}
+
+# DaemonOptions.resume: each accepted value -> Client.open_session's resume.
+RESUME_MODES = {False: "fresh", "fresh": "fresh", True: "continue",
+                "continue": "continue", "replace": "replace", "auto": "auto"}
+
+
+def resume_mode(value: Any) -> str:
+    """Client.open_session's resume for DMuon's resume= (DaemonOptions.resume);
+    a ValueError naming the accepted values for anything else."""
+    if isinstance(value, (bool, str)) and value in RESUME_MODES:
+        return RESUME_MODES[value]
+    raise ValueError(
+        f"DMuon: resume={value!r} is not one of \"fresh\" (or False, the default: "
+        "start the job at step 1), True (or \"continue\": continue its momentum), "
+        "\"replace\" (discard its momentum) or \"auto\" (continue if any)")
 
 
 def resolve(cls: type, keyword: str, options: Any, flat: dict[str, Any],

@@ -97,7 +97,7 @@ def plan_pool(client, table, groups):
 
 
 def _open(client, address, job_id, table, groups, rank, world, transport, device,
-          owner=None):
+          owner=None, resume="auto"):
     """(session, GPU region or None, why host staging was chosen or None).
 
     CUDA tensors (device) use a GPU transport (_gpu.choose: cuda_ipc on this
@@ -106,7 +106,8 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
     memory instead, and the reason is returned for the routing table."""
     def host(kind, note=None):  # a host transport (shm/inline, or auto)
         return client.open_session(job_id, table, groups, rank=rank, world_size=world,
-                                   transport=kind, pool_owner=owner), None, note
+                                   transport=kind, pool_owner=owner,
+                                   resume=resume), None, note
 
     if device is not None and not isinstance(address, str) and transport == "auto":
         return host("auto", "CUDA tensors staged through host memory: a pool of "
@@ -120,7 +121,7 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
     try:
         session = client.open_session(job_id, table, groups, rank=rank,
                                       world_size=world, transport=kind,
-                                      cuda_ipc=region.export())
+                                      cuda_ipc=region.export(), resume=resume)
         region.join(session, rank)
         return session, region, None
     except _ext.Error as e:
@@ -141,12 +142,14 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
 
 
 def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_flags,
-                 table, groups, device=None):
+                 table, groups, device=None, resume="auto"):
     """Returns (session, GPU region or None, staging note or None, private
     daemon or None, address, job id, pool owner or None). device: the Muon
     parameters' CUDA device, or None (CPU tensors, or tensors on several
     devices). A pool (server a list of addresses): the daemon of each
-    parameter, which rank 0 plans and every rank passes as pool_owner."""
+    parameter, which rank 0 plans and every rank passes as pool_owner.
+    resume: Client.open_session's ("fresh", "continue", "replace", "auto"),
+    the same on every rank."""
     env = os.environ.get(ENV, "") if server == "auto" else ""
     if env:
         # Rank 0 resolves it; the others get rank 0's answer (the broadcast
@@ -193,7 +196,7 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
             if client is None:
                 client = _ext.Client(address, deadline=float(timeout))
             session, region, note = _open(client, address, job_id, table, groups, rank,
-                                          world, transport, device, owner)
+                                          world, transport, device, owner, resume)
         except Exception as e:  # noqa: BLE001 - reported on every rank
             err = e
     elif err is None:

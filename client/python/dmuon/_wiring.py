@@ -33,6 +33,25 @@ def _hook(ref, fn_name, *bound):
     return hook
 
 
+def _applied_in_forward_of(module):
+    """overlap_forward: [(m, parameters)], each parameter's update applied by
+    m's forward pre-hook, before m's forward uses it: a module's own
+    parameters, except that nn.MultiheadAttention takes its submodules'
+    (out_proj is never called: F.multi_head_attention_forward reads
+    out_proj.weight directly, so its pre-hook would never run and its update
+    would land after the forward had used, and saved, the old value)."""
+    out, inside = [], set()
+    for m in module.modules():
+        if id(m) in inside:
+            continue
+        if isinstance(m, torch.nn.MultiheadAttention):
+            inside.update(id(c) for c in m.modules())
+            out.append((m, list(m.parameters())))
+        else:
+            out.append((m, [p for p in m._parameters.values() if p is not None]))
+    return out
+
+
 class _WiringMixin:
     """DMuon's hand-off plan, hooks and session (see the module docstring)."""
 
@@ -76,15 +95,14 @@ class _WiringMixin:
                 self._hook_grad(i)
         if self._overlap_forward:
             new = {id(r.param): n_old + k for k, r in enumerate(new_muon)}
-            for m in self._module.modules():
-                ids = [new[id(p)] for p in m._parameters.values()
-                       if p is not None and id(p) in new]
+            for m, params in _applied_in_forward_of(self._module):
+                ids = [new[id(p)] for p in params if id(p) in new]
                 if ids:
                     self._handles.append(m.register_forward_pre_hook(
                         _hook(ref, "_apply_pending", tuple(ids))))
         if n_old == 0 and self._module is not None:
             self._handles.append(self._module.register_forward_pre_hook(
-                _hook(ref, "_check_shapes")))
+                _hook(ref, "_before_forward")))
         self._momentum_cache = None
         self._install_state()
         self._reset_step()
@@ -159,11 +177,10 @@ class _WiringMixin:
             # Before autograd meets a parameter whose shape changed: a clear
             # error instead of one from inside backward.
             self._handles.append(module.register_forward_pre_hook(
-                _hook(ref, "_check_shapes")))
+                _hook(ref, "_before_forward")))
         if self._overlap_forward:
-            for m in module.modules():
-                ids = [self._index[id(p)] for p in m._parameters.values()
-                       if p is not None and id(p) in self._index]
+            for m, params in _applied_in_forward_of(module):
+                ids = [self._index[id(p)] for p in params if id(p) in self._index]
                 if ids:
                     self._handles.append(m.register_forward_pre_hook(
                         _hook(ref, "_apply_pending", tuple(ids))))

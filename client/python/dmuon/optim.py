@@ -44,6 +44,7 @@ from torch.optim.optimizer import ParamsT
 from . import Session, _ddp, _errors, _groups, _native, _options, _routing, _session
 from ._groups import CLASSIC
 from ._handoff import _HandoffMixin
+from ._recovery import _RecoveryMixin, deferred_sigint
 from ._options import AdamWOptions, DaemonOptions
 from ._state import _StateMixin
 from ._wiring import _DDP, _WiringMixin
@@ -63,7 +64,18 @@ ParamSelector = Iterable[Tensor | nn.Module | str]
 Shards = Mapping[Tensor | str, tuple[int, int, int]]
 
 
-class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
+def _compiled_autograd() -> bool:
+    try:
+        import torch._dynamo.compiled_autograd as ca
+        import torch._dynamo.config as dynamo_config
+    except ImportError:
+        return False
+    return bool(getattr(dynamo_config, "compiled_autograd", False)
+                or getattr(ca, "compiled_autograd_enabled", False))
+
+
+class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
+            torch.optim.Optimizer):
     """Muon through dmuond (matrices) plus a local AdamW (everything else).
 
     params: a model (nn.Module, DDP included: best, names and embeddings are
@@ -82,9 +94,15 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
     weight_decay=0.01), the AdamW half's hyperparameters (torch.optim.AdamW's
     names and defaults); or, flat, adamw_lr, adamw_betas, adamw_eps, adamw_wd.
     daemon_options: a DaemonOptions(server="auto", transport="auto",
-    timeout=60.0, job_id=None, flags=()); or, flat, server, transport,
-    timeout, job_id, daemon_flags. A flat keyword left at None takes the
-    group's default; one given with its group's options is a TypeError.
+    timeout=60.0, job_id=None, flags=(), resume="fresh"); or, flat, server,
+    transport, timeout, job_id, daemon_flags, resume. A flat keyword left at
+    None takes the group's default; one given with its group's options is a
+    TypeError.
+    resume: "fresh" (default; False too) starts the job at step 1 and raises,
+    naming the job and its step, if job_id names a job dmuond holds momentum
+    of; True (or "continue") continues that momentum (an error if there is
+    none); "replace" discards it and starts at step 1; "auto" continues if
+    there is any. load_state_dict() replaces the momentum whatever the mode.
     server: "auto" (a private dmuond for this process, or for the process
     group, stopped with the optimizer), "host:port" of a running dmuond, or a
     list of addresses (a pool: each matrix goes to one of its daemons, by a
@@ -117,6 +135,7 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
         timeout: float | None = None,
         job_id: str | None = None,
         daemon_flags: Sequence[str] | None = None,
+        resume: bool | str | None = None,
         model: nn.Module | None = None,
         adamw: ParamSelector = (),
         muon: ParamSelector = (),
@@ -133,8 +152,10 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
                               _options.ADAMW_KEYWORDS)
         dd = _options.resolve(DaemonOptions, "daemon_options", daemon_options,
                               dict(server=server, transport=transport, timeout=timeout,
-                                   job_id=job_id, daemon_flags=daemon_flags),
+                                   job_id=job_id, daemon_flags=daemon_flags,
+                                   resume=resume),
                               _options.DAEMON_KEYWORDS)
+        resume = _options.resume_mode(dd.resume)
         adamw_lr, adamw_betas, adamw_eps, adamw_wd = (aw.lr, aw.betas, aw.eps,
                                                       aw.weight_decay)
         server, transport, timeout, job_id, daemon_flags = (
@@ -160,23 +181,39 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
         if overlap_forward and module is None:
             raise ValueError("DMuon: overlap_forward=True needs the model (pass it as "
                              "params or model=) to hook its modules' forward")
+        if overlap and _compiled_autograd():
+            raise ValueError(
+                "DMuon: compiled autograd is on (torch._dynamo.config.compiled_autograd"
+                "=True): it traces backward's hooks into a graph, and DMuon's overlap "
+                "hooks hand each gradient to dmuond (I/O) as backward makes it. Pass "
+                "overlap=False (gradients are handed over in step(); compiled "
+                "autograd then works), or turn compiled autograd off")
         adamw, muon = list(adamw), list(muon)  # kept for add_param_group
         groups, named = _groups.user_groups(params)
         routes = _routing.resolve(groups, module, adamw, muon, shards, named)
         self._module, self._selectors, self._user_groups = module, (adamw, muon), len(groups)
         self._reduce_in_daemon, self._overlap = reduce_in_daemon, overlap
         self._open_args, self._server = (timeout, transport), server
+        self._resume = resume  # the session's reopen after a rollback: _recovery
         self._pg, self._rank, self._world = _ddp.world(process_group)
         self._overlap_forward = bool(overlap_forward)
         self._accumulating = False
+        # Loop shape (_handoff._plan_next_handoff): the backwards that gave
+        # Muon gradients since the last step, and whether this step's
+        # gradients are handed off at step() instead of during backward.
+        self._grad_tasks, self._defer_handoff = set(), False
         self._wait = 0.0
         self._error = None
+        self._init_recovery()
         self._finalizer = None
         self._handles = []
         # wait: blocked on dmuond; handoff: copying gradients out and declaring
         # them (in backward's hooks, or in step()).
         self.stats = {"steps": 0, "wait_seconds": 0.0, "last_wait_seconds": 0.0,
-                      "last_step_seconds": 0.0, "handoff_seconds": 0.0}
+                      "last_step_seconds": 0.0, "handoff_seconds": 0.0,
+                      # steps dmuond computed again: gradients edited after
+                      # their hand-off (redone) or a step() not taken (rewound)
+                      "redone_steps": 0, "rewound_steps": 0}
         shared = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
                       nesterov=nesterov, ns_coefficients=ns_coefficients, eps=eps,
                       ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, method=method,
@@ -186,6 +223,11 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
         self._shared = shared
         self._constructing = True
         super().__init__(torch_groups, dict(lr=lr, weight_decay=weight_decay))
+        # So that OneCycleLR/CyclicLR with cycle_momentum=True can be made and
+        # step() can name them (_check_cycled_momentum) instead of torch's
+        # "optimizer must support momentum" (set after the groups: AdamW's
+        # have no momentum).
+        self.defaults["momentum"] = momentum
         self._constructing = False
         self._routes = routes
         self._muon = [r for r in routes if r.route == "muon"]
@@ -205,7 +247,8 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
              self.job_id, self.pool_owner) = _session.open_session(
                 self._pg, self._rank, self._world, server, job_id, timeout, transport,
                 daemon_flags, _groups.table(self._muon, group_of),
-                _groups.specs(self.param_groups, group_of), self._cuda_device(transport))
+                _groups.specs(self.param_groups, group_of), self._cuda_device(transport),
+                resume=resume)
             self._attach(session)
             self._install_hooks(module, overlap)
         n = len(self._muon)
@@ -276,14 +319,24 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
 
     # ------------------------------------------------------------- per step
     def synchronize(self) -> None:
-        """Applies every outstanding update of the last step (overlap_forward)."""
+        """Applies every outstanding update of the last step (overlap_forward;
+        or of a step() that an interrupt cut short after it committed)."""
         if not self._pending:
+            self._recover()  # a step interrupted before it committed: rolled back
             return
         with _errors.explained(self._daemon):
             for i in range(len(self._muon)):
                 self._apply(i)
-            self._session.finish_step()
+            if self._session.step == self._pending_step:  # not if it ran, then an interrupt
+                self._session.finish_step()
         self._reset_step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's zero_grad, after settling a step an interrupt cut short
+        (rolled back before its commit, completed after: client/python/
+        README.md, "Interrupts and exceptions")."""
+        self._settle()
+        super().zero_grad(set_to_none)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -315,10 +368,19 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
     def _step(self):
         if self._error is not None:
             err, self._error = self._error, None
+            # The step fails before it commits: rolled back (_recovery), so
+            # the next backward and step() start clean.
+            self._void_step(f"a gradient hand-off failed: {type(err).__name__}")
             raise err
         if self._session is not None:
             self.synchronize()  # a step() right after a step(), without backward
-            self._check_hyperparameters()
+            try:
+                self._check_cycled_momentum()
+                self._check_hyperparameters()
+            except ValueError:
+                self._void_step("a hyperparameter dmuond fixes was changed")
+                raise
+            self._stepping = True  # until it commits: an interrupt rolls it back
             for i, r in enumerate(self._muon):
                 if r.handoff == "step (frozen)" and r.param.requires_grad:
                     self._hook_grad(i)  # unfrozen: hooked from the next backward
@@ -328,10 +390,24 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
                     if r.param.grad is None and self._trained[i]:
                         self._warn_absent(i)
                     self._handoff(i, r.param.grad)
-        if self._adamw is not None:
-            self._adamw.step()  # runs while dmuond computes
+            # Gradients edited after their hand-off (clipping, unscaling,
+            # masking) are taken as they are now: exact, at the cost of
+            # computing the step again (client/python/README.md).
+            edited = self._edited_after_handoff()
+            if edited:
+                self._redo_step(edited)
+            else:
+                self._redo_streak = 0
+        # AdamW's step and the commit run whole: a Ctrl-C in them is raised
+        # after the commit (the step is then completed, not undone).
+        with deferred_sigint():
+            if self._adamw is not None:
+                self._adamw.step()  # runs while dmuond computes
+            if self._session is not None:
+                self._pending, self._pending_step = True, self._session.step
+                self._plan_next_handoff()
+                self._stepping, self._backwards = False, {}
         if self._session is not None:
-            self._pending = True
             if not self._overlap_forward:
                 self.synchronize()
         self._momentum_cache = None
@@ -389,6 +465,28 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, torch.optim.Optimizer):
         self._install_state()
         if self._session is not None:
             _ddp.barrier(self._pg)
+
+    def to_torch_state_dicts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(torch.optim.Muon's state_dict, torch.optim.AdamW's) of this
+        optimizer, for torch optimizers over dmuon.torch_param_groups(self)
+        (dmuon/_convert.py; dmuon.to_torch(opt) makes them)."""
+        from . import _convert
+
+        return _convert.to_torch_state_dicts(self)
+
+    def load_torch_state_dicts(self, muon_state_dict: dict[str, Any] | None,
+                               adamw_state_dict: dict[str, Any] | None = None, *,
+                               muon_params: Sequence[Tensor] | None = None,
+                               adamw_params: Sequence[Tensor] | None = None) -> None:
+        """Loads torch.optim.Muon's and AdamW's state dicts (Muon momentum
+        into dmuond), checked whole before anything changes. muon_params /
+        adamw_params: the parameters those optimizers held, in their order
+        (default: this DMuon's, as dmuon.torch_param_groups(self) lists them)."""
+        from . import _convert
+
+        _convert.load_torch_state_dicts(self, muon_state_dict, adamw_state_dict,
+                                        muon_params=muon_params,
+                                        adamw_params=adamw_params)
 
     # ------------------------------------------------------------ reporting
     def _where(self):

@@ -120,7 +120,7 @@ class InProcessMuon:
         self.adamw.zero_grad(set_to_none=True)
 
 
-def make_optimizer(kind, model, server="auto", daemon_flags=()):
+def make_optimizer(kind, model, server="auto", daemon_flags=(), overlap=True):
     if kind == "adamw":
         return torch.optim.AdamW(model.parameters(), **ADAMW)
     mats = model.matrices()
@@ -133,17 +133,20 @@ def make_optimizer(kind, model, server="auto", daemon_flags=()):
 
         return DMuon(model, server=server, adamw=[model.head], adamw_lr=ADAMW["lr"],
                      adamw_betas=ADAMW["betas"], adamw_eps=ADAMW["eps"],
-                     adamw_wd=ADAMW["weight_decay"], daemon_flags=daemon_flags, **MUON)
+                     adamw_wd=ADAMW["weight_decay"], daemon_flags=daemon_flags,
+                     overlap=overlap, **MUON)
     raise ValueError(f"unknown optimizer {kind!r}")
 
 
 def train(kind, corpus, steps, device="cpu", server="auto", seed=0, progress=None,
-          skip=0):
+          skip=0, clip=None, overlap=True):
     """Trains a fresh model (same init for every kind); returns losses and
-    per-step timings (iteration, step() call) in seconds."""
+    per-step timings (iteration, step() call) in seconds. clip: max_norm of a
+    clip_grad_norm_ after backward (counted in the step's time); overlap:
+    DMuon's."""
     torch.manual_seed(seed)
     model = GPT(corpus.vocab).to(device)
-    opt = make_optimizer(kind, model, server)
+    opt = make_optimizer(kind, model, server, overlap=overlap)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     losses, iters, steps_t = [], [], []
     t_start = time.perf_counter()
@@ -156,6 +159,8 @@ def train(kind, corpus, steps, device="cpu", server="auto", seed=0, progress=Non
         loss.backward()
         sync()
         t1 = time.perf_counter()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         sync()
         t2 = time.perf_counter()
@@ -169,6 +174,7 @@ def train(kind, corpus, steps, device="cpu", server="auto", seed=0, progress=Non
     if kind == "dmuon":
         extra["transport"] = opt.session.transport
         extra["handoff_seconds"] = opt.stats.get("handoff_seconds", 0.0)
+        extra["redone_steps"] = opt.stats.get("redone_steps", 0)
         opt.close()
     return dict(losses=losses, iter_seconds=iters, step_seconds=steps_t,
                 total_seconds=time.perf_counter() - t_start, **extra)

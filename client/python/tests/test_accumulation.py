@@ -40,11 +40,24 @@ def test_accumulation_equals_the_large_batch_step(daemon):
         o.close()
 
 
-def test_accumulating_without_no_sync_is_a_clear_error(daemon):
-    model = MLP()
-    opt = DMuon(model, server=daemon.address)
-    for k in range(2):
-        loss_of(model, mlp_batch(k)).backward()
-    with pytest.raises(RuntimeError, match="no_sync"):
-        opt.step()
-    opt.close()
+def test_accumulating_without_no_sync_equals_the_large_batch_step(daemon):
+    """torch's way (no no_sync): the first step's second backward rewinds
+    dmuond's step once; later steps hand off at step() (no rewind)."""
+    torch.manual_seed(6)
+    big = MLP()
+    acc = copy.deepcopy(big)
+    o_big = DMuon(big, lr=0.02, server=daemon.address)
+    o_acc = DMuon(acc, lr=0.02, server=daemon.address)
+    for s in range(4):
+        x, y = mlp_batch(s, n=32)
+        loss_of(big, (x, y)).backward()
+        o_big.step()
+        o_big.zero_grad()
+        for k in range(4):
+            (loss_of(acc, (x[8 * k:8 * k + 8], y[8 * k:8 * k + 8])) / 4).backward()
+        o_acc.step()
+        o_acc.zero_grad()
+        assert max_rel_err(acc, big) < 1e-5, s
+    assert o_acc.stats["rewound_steps"] == 1
+    for o in (o_big, o_acc):
+        o.close()

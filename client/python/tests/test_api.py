@@ -24,7 +24,8 @@ def test_dmuon_torch_is_an_alias_of_dmuon_optim():
 
 @pytest.mark.parametrize("fn", [
     DMuon.__init__, DMuon.step, DMuon.state_dict, DMuon.load_state_dict,
-    DMuon.local_state_dict,
+    DMuon.local_state_dict, DMuon.zero_grad, DMuon.to_torch_state_dicts,
+    DMuon.load_torch_state_dicts,
     DMuon.synchronize, DMuon.no_sync, DMuon.close, DMuon.add_param_group,
     DMuon.routing.fget, DMuon.routing_table.fget, DMuon.session.fget,
     DMuon.transport.fget, dmuon.LocalDaemon.__init__, dmuon.find_dmuond,
@@ -39,6 +40,7 @@ def test_public_api_is_annotated(fn):
 
 
 PUBLIC = ["__init__", "step", "state_dict", "load_state_dict", "local_state_dict",
+          "zero_grad", "to_torch_state_dicts", "load_torch_state_dicts",
           "synchronize", "no_sync", "close", "add_param_group", "routing",
           "routing_table", "session", "transport"]
 

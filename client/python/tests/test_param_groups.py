@@ -74,8 +74,7 @@ def test_add_param_group_and_momentum_buffer(monkeypatch, daemon):
 def test_one_cycle_lr_over_both_halves(monkeypatch, daemon):
     """One OneCycleLR over DMuon's groups (max_lr per group) == one over
     each of torch's optimizers. Momentum is fixed in dmuond, so
-    cycle_momentum must be False (True is refused when the scheduler is
-    made)."""
+    cycle_momentum must be False (True: the next test)."""
     ref, dm = pair(Two, seed=6)
     mats, others = _split(ref.parameters())
     muon = fp32_muon(monkeypatch)(mats, **MUON)
@@ -96,6 +95,38 @@ def test_one_cycle_lr_over_both_halves(monkeypatch, daemon):
         assert_same(ref, dm, step)
     assert [g["lr"] for g in opt.param_groups] == [muon.param_groups[0]["lr"],
                                                    adamw.param_groups[0]["lr"]]
-    with pytest.raises(ValueError, match="cycle_momentum"):
-        torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.04, total_steps=10)
+    opt.close()
+
+
+@pytest.mark.parametrize("make", [
+    lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.04, total_steps=10),
+    lambda o: torch.optim.lr_scheduler.CyclicLR(o, base_lr=0.01, max_lr=0.04,
+                                                step_size_up=2)],
+    ids=["OneCycleLR", "CyclicLR"])
+def test_cycled_momentum_is_refused_at_step_and_nothing_changes(daemon, make):
+    """cycle_momentum=True (both schedulers' default) sets a momentum per step
+    that dmuond cannot take (fixed at OpenSession; no protocol field): the
+    scheduler can be made, and step() raises naming it and the remedy
+    before anything changes; without the scheduler's keys DMuon goes on."""
+    torch.manual_seed(0)
+    dm = Two()
+    opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address)
+    sched = make(opt)
+    before = {n: p.detach().clone() for n, p in dm.named_parameters()}
+    _step(dm, 0)
+    with pytest.raises(ValueError, match=r"OneCycleLR or CyclicLR.*cycle_momentum=False"):
+        opt.step()
+    assert all(torch.equal(p, before[n]) for n, p in dm.named_parameters())
+    del sched
+    for g in opt.param_groups:
+        for k in ("base_momentum", "max_momentum"):
+            g.pop(k, None)
+        if g["use_muon"]:
+            g["momentum"] = MUON["momentum"]
+        else:
+            g.pop("momentum", None)
+    opt.zero_grad()
+    _step(dm, 0)
+    opt.step()
+    assert opt.state_dict()["dmuon"]["completed_steps"] == 1
     opt.close()

@@ -1,0 +1,265 @@
+"""KeyboardInterrupt and exceptions anywhere in backward or step() leave
+DMuon usable, and the steps after them equal torch.optim.Muon (fp32
+Newton–Schulz) + AdamW doing the same thing (client/python/README.md,
+"Interrupts and exceptions"): a step interrupted before it commits is
+rolled back, one interrupted after it is completed."""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from dmuon.optim import DMuon
+from helpers import MLP, loss_of, mlp_batch
+from torch_ref import DM_ADAMW, MUON, ADAMW, assert_same, fp32_muon, pair
+
+pytestmark = pytest.mark.timeout(60)
+PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Boom(Exception):
+    pass
+
+
+def _optimizers(monkeypatch, ref, dm, address, **kw):
+    mats = [p for p in ref.parameters() if p.dim() == 2]
+    others = [p for p in ref.parameters() if p.dim() != 2]
+    muon = fp32_muon(monkeypatch)(mats, **MUON)
+    adamw = torch.optim.AdamW(others, **ADAMW)
+    return (muon, adamw), DMuon(dm, **MUON, **DM_ADAMW, server=address, **kw)
+
+
+class Injector:
+    """Raises `exc` once, the first time it is armed and called."""
+
+    def __init__(self, exc):
+        self.exc, self.armed = exc, False
+
+    def __call__(self, *args):
+        if self.armed:
+            self.armed = False
+            raise self.exc
+
+
+def _hook(model, where, inject):
+    """Installs `inject` at `where`; returns a function to call on the loss
+    (for the loss-gradient hook) or None."""
+    if where == "forward hook fc2":
+        model.fc2.register_forward_hook(lambda m, i, o: inject())
+    elif where == "backward hook fc3 (before any hand-off)":
+        model.fc3.register_full_backward_pre_hook(lambda m, go: inject())
+    elif where == "backward hook fc2 (mid-way)":
+        model.fc2.register_full_backward_hook(lambda m, gi, go: inject())
+    elif where == "grad hook fc1.weight (after all)":
+        model.fc1.weight.register_hook(lambda g: inject())
+    elif where == "grad hook fc2.bias":
+        model.fc2.bias.register_hook(lambda g: inject())
+    elif where == "grad hook on the loss":
+        return lambda loss: loss.register_hook(lambda g: inject())
+    return None
+
+
+WHERE = ["forward hook fc2", "backward hook fc3 (before any hand-off)",
+         "backward hook fc2 (mid-way)", "grad hook fc1.weight (after all)",
+         "grad hook fc2.bias", "grad hook on the loss"]
+
+
+@pytest.mark.parametrize("then,exc", [("zero_grad", KeyboardInterrupt), ("again", Boom)],
+                         ids=["ctrl-c,zero_grad", "exception,again"])
+@pytest.mark.parametrize("where", WHERE)
+def test_interrupted_backward_is_rolled_back(monkeypatch, daemon, where, then, exc):
+    """At step 2 the backward raises at `where`; the loop catches it and
+    either zero_grads and goes on, or runs the batch again on top of the
+    partial gradients. torch's optimizers see the same .grad at step()."""
+    ref, dm = pair(MLP, seed=3)
+    (muon, adamw), opt = _optimizers(monkeypatch, ref, dm, daemon.address)
+    injectors, on_loss = [], []
+    for model in (ref, dm):
+        inj = Injector(exc())
+        injectors.append(inj)
+        on_loss.append(_hook(model, where, inj))
+    for step in range(5):
+        for k, (model, stepper) in enumerate(
+                ((ref, lambda: (muon.step(), adamw.step())), (dm, opt.step))):
+            zero = (lambda: (muon.zero_grad(), adamw.zero_grad())) if k == 0 else opt.zero_grad
+            batch = mlp_batch(step)
+            if step == 2:
+                injectors[k].armed = True
+                with pytest.raises(exc):
+                    loss = loss_of(model, batch)
+                    if on_loss[k]:
+                        on_loss[k](loss)
+                    loss.backward()
+                assert not injectors[k].armed
+                if then == "zero_grad":
+                    zero()
+            loss_of(model, batch).backward()
+            stepper()
+            zero()
+        assert_same(ref, dm, step)
+    # Still a normal optimizer: a checkpoint, then on.
+    assert opt.state_dict()["dmuon"]["completed_steps"] == 5
+    opt.close()
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, Boom], ids=["ctrl-c", "exception"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+def test_interrupted_before_commit_is_rolled_back(monkeypatch, daemon, exc, overlap):
+    """An interrupt in step() before it commits (here: as AdamW begins)
+    leaves the step undone: parameters, AdamW and dmuond's momentum as
+    before; calling step() again takes it whole."""
+    ref, dm = pair(MLP, seed=4)
+    (muon, adamw), opt = _optimizers(monkeypatch, ref, dm, daemon.address, overlap=overlap)
+    real = opt._adamw.step
+    inj = Injector(exc())
+    monkeypatch.setattr(opt._adamw, "step", lambda *a, **k: (inj(), real(*a, **k))[1])
+    for step in range(4):
+        loss_of(ref, mlp_batch(step)).backward()
+        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
+        loss_of(dm, mlp_batch(step)).backward()
+        if step == 1:
+            before = [p.detach().clone() for p in dm.parameters()]
+            inj.armed = True
+            with pytest.raises(exc):
+                opt.step()
+            assert all(torch.equal(a, b) for a, b in zip(before, dm.parameters()))
+        opt.step()
+        opt.zero_grad()
+        assert_same(ref, dm, step)
+    assert opt.stats["voided_steps"] == 1
+    opt.close()
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, Boom], ids=["ctrl-c", "exception"])
+@pytest.mark.parametrize("overlap_forward", [False, True], ids=["step", "overlap_forward"])
+def test_interrupted_after_commit_is_completed(monkeypatch, daemon, exc, overlap_forward):
+    """An interrupt while the updates are applied (in step(), or in the next
+    forward's pre-hooks with overlap_forward) is completed by the next call:
+    each parameter's update lands exactly once."""
+    ref, dm = pair(MLP, seed=5)
+    (muon, adamw), opt = _optimizers(monkeypatch, ref, dm, daemon.address,
+                                     overlap_forward=overlap_forward)
+    real = opt._apply
+    calls = {"n": 0, "at": None}
+
+    def apply(i):
+        calls["n"] += 1
+        if calls["at"] is not None and calls["n"] == calls["at"]:
+            # mid-way through the stage: the parameter written, not marked
+            monkeypatch.setattr(opt, "_stage_apply", stage_then_raise)
+        real(i)
+
+    real_stage = opt._stage_apply
+
+    def stage_then_raise(i, p, value):
+        monkeypatch.setattr(opt, "_stage_apply", real_stage)
+        opt._staged = (i, value)
+        p.copy_(value)
+        raise exc()
+
+    monkeypatch.setattr(opt, "_apply", apply)
+    for step in range(4):
+        loss_of(ref, mlp_batch(step)).backward()
+        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
+        if overlap_forward and step == 3:  # step 2's updates, in this forward
+            calls["n"], calls["at"] = 0, 2
+            with pytest.raises(exc):  # in fc2's pre-hook, fc2.weight written
+                loss_of(dm, mlp_batch(step))
+        loss_of(dm, mlp_batch(step)).backward()
+        if not overlap_forward and step == 2:
+            calls["n"], calls["at"] = 0, 2
+            with pytest.raises(exc):
+                opt.step()
+        else:
+            opt.step()
+        calls["at"] = None
+        opt.zero_grad()
+        if overlap_forward and step == 2:
+            continue  # its updates: in step 3's forward
+        opt.synchronize()
+        assert_same(ref, dm, step)
+    opt.close()
+
+
+def test_stored_handoff_error_rolls_back_and_the_loop_goes_on(monkeypatch, daemon):
+    """A hand-off error inside backward (stored, raised by step()) used to
+    leave the step's gradients with dmuond and every later backward failing
+    with the same error; now that step is rolled back."""
+    ref, dm = pair(MLP, seed=6)
+    (muon, adamw), opt = _optimizers(monkeypatch, ref, dm, daemon.address)
+    for step in range(4):
+        loss_of(ref, mlp_batch(step)).backward()
+        if step != 1:
+            muon.step(), adamw.step()
+        muon.zero_grad(), adamw.zero_grad()
+        loss_of(dm, mlp_batch(step)).backward()
+        if step == 1:
+            opt._error = RuntimeError("injected hand-off failure")
+            with pytest.raises(RuntimeError, match="injected"):
+                opt.step()
+        else:
+            opt.step()
+        opt.zero_grad()
+        assert_same(ref, dm, step)
+    opt.close()
+
+
+TRAINER = """
+import os, signal, sys, time, torch
+sys.path.insert(0, %r)
+from dmuon.optim import DMuon
+# One intra-op thread: a SIGINT that lands in an MKL gemm's OpenMP barrier
+# hangs plain torch too (torch 2.15, libgomp), with or without DMuon.
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+opt = DMuon(model, lr=0.02)
+d = opt._daemon
+print(d.pid, flush=True)
+interrupted, step = 0, 0
+while interrupted < 3 or step < 5:
+    try:
+        model(torch.randn(32, 64)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        step += 1
+        if step == 3:
+            print("ready", flush=True)
+    except KeyboardInterrupt:
+        interrupted += 1
+        step = 0
+        assert d.alive(), "the private dmuond got the SIGINT"
+        print("interrupted", flush=True)
+        sd = opt.state_dict()  # a checkpoint on Ctrl-C, whatever was cut short
+sd = opt.state_dict()
+print("done", d.alive(), sd["dmuon"]["completed_steps"] > 0,
+      opt.stats.get("voided_steps", 0) >= 0, flush=True)
+opt.close()
+""" % PKG
+
+
+def test_ctrl_c_to_the_process_group_anywhere_in_the_loop():
+    """SIGINT to the trainer's process group (what Ctrl-C sends), three
+    times at random points of the loop (each once it trains again): the trainer sees KeyboardInterrupt
+    each time, the private dmuond (its own session) survives, and the loop
+    goes on (state_dict() right away, then steps)."""
+    import signal
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        int(p.stdout.readline())
+        assert p.stdout.readline().strip() == "ready"
+        for k in range(3):
+            os.killpg(p.pid, signal.SIGINT)
+            assert p.stdout.readline().strip() == "interrupted"
+            if k < 2:  # training again (3 steps) before the next one
+                assert p.stdout.readline().strip() == "ready"
+        out, err = p.communicate(timeout=40)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert out.split()[-3:] == ["True", "True", "True"], (out, err)

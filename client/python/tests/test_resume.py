@@ -1,0 +1,163 @@
+"""DMuon(resume=...) against a real dmuond (docs/protocol.md "Resume"): the
+default starts fresh and refuses a job_id that holds momentum, naming the job,
+its step and both ways on; resume=True continues it, "replace" starts it
+over, "auto" is the 1.0 behaviour; each continued or replaced run matches an
+uninterrupted one bit for bit. Client.open_session(resume=) is the same on
+the low-level API. A daemon restarted on its --state-dir: resume=True
+continues the job from its snapshot."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import dmuon
+from dmuon import DaemonOptions
+from dmuon.optim import DMuon
+from helpers import mlp_batch, train
+
+HYPER = dict(lr=0.02, weight_decay=0.05)
+
+
+def _model():
+    # Every parameter a Muon matrix: nothing lives in the local AdamW, so a
+    # run split over two DMuons equals one DMuon's run exactly.
+    torch.manual_seed(11)
+    return nn.Sequential(nn.Linear(24, 48, bias=False), nn.Tanh(),
+                         nn.Linear(48, 10, bias=False))
+
+
+def _straight(address, job_id, steps):
+    model = _model()
+    opt = DMuon(model, server=address, job_id=job_id, **HYPER)
+    train(model, opt, steps, mlp_batch)
+    opt.close()
+    return model
+
+
+def _equal(a, b):
+    for (name, x), y in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(x, y), name
+
+
+def test_default_is_fresh_and_refuses_a_job_with_momentum(daemon):
+    model = _model()
+    opt = DMuon(model, server=daemon.address, job_id="py-resume-fresh", **HYPER)
+    assert opt.session.step == 1
+    train(model, opt, 2, mlp_batch)
+    opt.close()
+    with pytest.raises(dmuon.Error) as e:
+        DMuon(_model(), server=daemon.address, job_id="py-resume-fresh", **HYPER)
+    assert e.value.code == "ALREADY_EXISTS"
+    for part in ("job 'py-resume-fresh'", "completed step 2", "resume=True",
+                 'resume="replace"'):
+        assert part in str(e.value), part
+    # resume=False is the same as the default.
+    with pytest.raises(dmuon.Error, match="completed step 2"):
+        DMuon(_model(), server=daemon.address, job_id="py-resume-fresh",
+              resume=False, **HYPER)
+
+
+@pytest.mark.parametrize("resume", [True, "continue", "auto"])
+def test_resume_true_continues_bit_for_bit(daemon, resume):
+    job = f"py-resume-continue-{resume}"
+    want = _straight(daemon.address, f"{job}-straight", 4)
+    model = _model()
+    opt = DMuon(model, server=daemon.address, job_id=job, **HYPER)
+    train(model, opt, 2, mlp_batch)
+    opt.close()
+    again = copy.deepcopy(model)
+    opt = DMuon(again, server=daemon.address, job_id=job, resume=resume, **HYPER)
+    assert opt.session.step == 3
+    train(again, opt, 2, mlp_batch, start=2)
+    opt.close()
+    _equal(want, again)
+
+
+def test_replace_starts_over_bit_for_bit(daemon):
+    want = _straight(daemon.address, "py-resume-replace-straight", 2)
+    model = _model()
+    opt = DMuon(model, server=daemon.address, job_id="py-resume-replace", **HYPER)
+    train(model, opt, 3, mlp_batch)
+    opt.close()
+    model = _model()
+    opt = DMuon(model, daemon_options=DaemonOptions(
+        daemon.address, job_id="py-resume-replace", resume="replace"), **HYPER)
+    assert opt.session.step == 1
+    train(model, opt, 2, mlp_batch)
+    opt.close()
+    _equal(want, model)
+
+
+def test_continue_without_momentum_is_not_found(daemon):
+    with pytest.raises(dmuon.Error) as e:
+        DMuon(_model(), server=daemon.address, job_id="py-resume-nothing",
+              resume=True, **HYPER)
+    assert e.value.code == "NOT_FOUND"
+    assert "job 'py-resume-nothing'" in str(e.value)
+    assert "holds no momentum" in str(e.value)
+
+
+def test_a_bad_resume_value_names_the_choices():
+    with pytest.raises(ValueError, match=r"resume=1 is not one of .*True"):
+        DMuon(_model(), resume=1)
+    with pytest.raises(TypeError, match="both resume= and daemon_options="):
+        DMuon(_model(), resume=True, daemon_options=DaemonOptions())
+
+
+def test_load_state_dict_replaces_the_momentum_of_a_fresh_job(daemon):
+    # A checkpoint of job A loaded into a new DMuon (a new, fresh job): the
+    # run goes on as if never interrupted.
+    want = _straight(daemon.address, "py-resume-ckpt-straight", 4)
+    model = _model()
+    opt = DMuon(model, server=daemon.address, job_id="py-resume-ckpt-a", **HYPER)
+    train(model, opt, 2, mlp_batch)
+    state = opt.state_dict()
+    opt.close()
+    again = copy.deepcopy(model)
+    opt = DMuon(again, server=daemon.address, job_id="py-resume-ckpt-b", **HYPER)
+    opt.load_state_dict(state)
+    assert opt.session.step == 3
+    train(again, opt, 2, mlp_batch, start=2)
+    opt.close()
+    _equal(want, again)
+
+
+def test_low_level_client_modes(daemon):
+    c = dmuon.Client(daemon.address)
+    table = [("w", 8, 8)]
+    s = c.open_session("py-resume-client", table, resume="fresh")
+    assert s.step == 1
+    s.close()  # no step completed: fresh again is fine
+    s = c.open_session("py-resume-client", table, resume="replace")
+    s.close()
+    with pytest.raises(dmuon.Error, match="holds no momentum"):
+        c.open_session("py-resume-client", table, resume="continue")
+    with pytest.raises(dmuon.InvalidArgumentError, match="resume 'later'"):
+        c.open_session("py-resume-client", table, resume="later")
+
+
+def test_a_restarted_daemon_continues_from_its_snapshot(tmp_path):
+    d = dmuon.LocalDaemon(flags=[f"--state-dir={tmp_path}"], stop_grace=5.0)
+    try:
+        want = _straight(d.address, "py-resume-disk-straight", 4)
+        model = _model()
+        opt = DMuon(model, server=d.address, job_id="py-resume-disk", **HYPER)
+        train(model, opt, 2, mlp_batch)
+        opt.close()
+    finally:
+        d.stop()  # SIGTERM: the final snapshot
+    d = dmuon.LocalDaemon(flags=[f"--state-dir={tmp_path}"], stop_grace=5.0)
+    try:
+        with pytest.raises(dmuon.Error, match="snapshot under --state-dir"):
+            DMuon(_model(), server=d.address, job_id="py-resume-disk", **HYPER)
+        again = copy.deepcopy(model)
+        opt = DMuon(again, server=d.address, job_id="py-resume-disk", resume=True,
+                    **HYPER)
+        assert opt.session.step == 3
+        train(again, opt, 2, mlp_batch, start=2)
+        opt.close()
+        _equal(want, again)
+    finally:
+        d.stop()
