@@ -3,12 +3,19 @@
 // refuses plaintext clients, mTLS refuses clients without a certificate,
 // each role calls only its RPCs, a job belongs to its creator (another
 // trainer gets PERMISSION_DENIED that shows nothing of its table), Status
-// hides other principals' job ids, SIGHUP re-reads the tokens, and a
+// hides other principals' job ids, SIGHUP re-reads the tokens and the
+// certificates (new connections get the new one, open ones go on), the
+// metrics port serves HTTPS and needs a token when asked to (and dmuond warns
+// when it is left open beside a protected gRPC port), and a
 // non-loopback --listen without TLS and auth needs --insecure.
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -380,6 +387,171 @@ TEST(Auth, SighupRereadsTheTokens) {
   EXPECT_EQ(d.process().Wait(0.1), -1) << "SIGHUP must not stop dmuond";
   EXPECT_NE(d.log().find("line 1: role 'superuser'"), std::string::npos)
       << d.log();
+}
+
+// A channel of its own (no subchannel shared with an earlier channel), over
+// TLS trusting `ca_pem`.
+std::unique_ptr<v1::Optimizer::Stub> FreshTlsStub(const std::string& address,
+                                                  const std::string& ca_pem) {
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = ca_pem;
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return v1::Optimizer::NewStub(
+      grpc::CreateCustomChannel(address, grpc::SslCredentials(o), args));
+}
+
+TEST(Auth, SighupReloadsTheCertificates) {
+  const Pki& p = Certs();
+  // The daemon's files: the test CA's server certificate at first, then one
+  // of another CA (a rotation a client can tell apart).
+  const std::string d = TempDir("rotate");
+  Write(d + "/server.ext", Read(p.dir + "/server.ext"));
+  const std::string script =
+      "set -e; cd " + d +
+      "; openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+      "-nodes -keyout ca2.key -out ca2.pem -days 2 -subj /CN=dmuon-test-ca2 "
+      "-addext basicConstraints=critical,CA:TRUE "
+      "-addext keyUsage=critical,keyCertSign,cRLSign && "
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+      "-keyout new.key -out new.csr -subj /CN=dmuond-rotated && "
+      "openssl x509 -req -in new.csr -CA ca2.pem -CAkey ca2.key "
+      "-CAcreateserial -days 2 -out new.pem -extfile server.ext "
+      "2>openssl.log";
+  ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0)
+      << Read(d + "/openssl.log");
+  const std::string ca2 = Read(d + "/ca2.pem");
+  Write(d + "/tls.crt", Read(p.server_cert));
+  Write(d + "/tls.key", Read(p.server_key));
+  Daemon daemon({"--tls-cert-file=" + d + "/tls.crt",
+                 "--tls-key-file=" + d + "/tls.key",
+                 "--auth-token-file=" + TokenFile(kTokens)});
+  ASSERT_NE(daemon.port(), 0) << daemon.log();
+
+  // A session on a connection made before the rotation.
+  auto old_conn = FreshTlsStub(daemon.address(), p.ca);
+  v1::OpenSessionResponse session;
+  ASSERT_TRUE(
+      Open(old_conn.get(), "alice-token", OneMatrixJob("rotating"), &session)
+          .ok())
+      << daemon.log();
+  EXPECT_FALSE(
+      CallStatus(FreshTlsStub(daemon.address(), ca2).get(), "reader-token")
+          .ok());
+
+  // A key that is not the certificate's is refused: the old pair stays.
+  Write(d + "/tls.key", Read(d + "/new.key"));
+  daemon.process().Signal(SIGHUP);
+  for (int i = 0;
+       i < 100 && daemon.log().find("stay as they were") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(daemon.log().find("the private key is not the certificate's"),
+            std::string::npos)
+      << daemon.log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_TRUE(
+      CallStatus(FreshTlsStub(daemon.address(), p.ca).get(), "reader-token")
+          .ok())
+      << daemon.log();
+
+  // The rotation: new connections get the new certificate.
+  Write(d + "/tls.crt", Read(d + "/new.pem"));
+  daemon.process().Signal(SIGHUP);
+  bool rotated = false;
+  for (int i = 0; i < 100 && !rotated; ++i) {
+    rotated =
+        CallStatus(FreshTlsStub(daemon.address(), ca2).get(), "reader-token")
+            .ok();
+    if (!rotated) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(rotated) << daemon.log();
+  EXPECT_NE(daemon.log().find("/CN=dmuond-rotated"), std::string::npos)
+      << daemon.log();
+  EXPECT_FALSE(
+      CallStatus(FreshTlsStub(daemon.address(), p.ca).get(), "reader-token")
+          .ok());
+  // The connection made before goes on, and so does its session.
+  EXPECT_TRUE(CallStatus(old_conn.get(), "reader-token").ok()) << daemon.log();
+  EXPECT_TRUE(
+      SetZeroState(old_conn.get(), "alice-token", session.session_id()).ok())
+      << daemon.log();
+  EXPECT_EQ(daemon.process().Wait(0.1), -1) << "SIGHUP must not stop dmuond";
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t n = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// curl `url` with `args`: "<HTTP code>\n<body>" ("000" when no HTTP answer).
+std::string Curl(const std::string& url, const std::string& args) {
+  const std::string out = TempDir("curl") + "/out";
+  const int rc =
+      std::system(("curl -s -m 10 -o " + out + ".body -w '%{http_code}' " +
+                   args + " '" + url + "' > " + out + " 2>/dev/null")
+                      .c_str());
+  (void)rc;  // curl fails where no HTTP answer comes: the code says "000"
+  return Read(out) + "\n" + Read(out + ".body");
+}
+
+TEST(Auth, TheMetricsPortServesTlsAndNeedsATokenWhenAskedTo) {
+  const Pki& p = Certs();
+  const int mport = FreePort();
+  std::vector<std::string> flags = TlsFlags(/*mtls=*/false);
+  flags.push_back("--auth-token-file=" + TokenFile(kTokens));
+  flags.push_back("--metrics-port=" + std::to_string(mport));
+  flags.push_back("--metrics-tls");
+  flags.push_back("--metrics-auth");
+  Daemon d(flags);
+  ASSERT_NE(d.port(), 0) << d.log();
+  const std::string url =
+      "https://127.0.0.1:" + std::to_string(mport) + "/metrics";
+  const std::string ca = "--cacert " + p.dir + "/ca.pem";
+  std::string r = Curl(url, ca);
+  EXPECT_EQ(r.substr(0, 4), "401\n") << r;
+  EXPECT_NE(r.find("Bearer"), std::string::npos) << r;
+  r = Curl(url, ca + " -H 'Authorization: Bearer guess'");
+  EXPECT_EQ(r.substr(0, 4), "401\n") << r;
+  // The reader role suffices.
+  r = Curl(url, ca + " -H 'Authorization: Bearer reader-token'");
+  EXPECT_EQ(r.substr(0, 4), "200\n") << r << d.log();
+  EXPECT_NE(r.find("dmuon_"), std::string::npos) << r;
+  // Plain HTTP gets no answer; neither does a client that does not trust
+  // the certificate.
+  r = Curl("http://127.0.0.1:" + std::to_string(mport) + "/metrics", "");
+  EXPECT_EQ(r.substr(0, 4), "000\n") << r;
+  r = Curl(url, "-H 'Authorization: Bearer reader-token'");
+  EXPECT_EQ(r.substr(0, 4), "000\n") << r;
+  EXPECT_EQ(d.log().find("serves /metrics"), std::string::npos) << d.log();
+}
+
+TEST(Auth, AnUnprotectedMetricsPortBesideTlsAndTokensIsWarnedAbout) {
+  std::vector<std::string> flags = TlsFlags(/*mtls=*/false);
+  flags.push_back("--auth-token-file=" + TokenFile(kTokens));
+  flags.push_back("--metrics-port=" + std::to_string(FreePort()));
+  Daemon d(flags);
+  ASSERT_NE(d.port(), 0) << d.log();
+  EXPECT_NE(d.log().find("serves /metrics in plaintext and without tokens"),
+            std::string::npos)
+      << d.log();
+  // Either flag without what it needs is refused at start.
+  const std::string log = TempDir("metrics-flags") + "/log";
+  Process bad({Runfile("daemon/dmuond"), "--metrics-port=1", "--metrics-auth",
+               "--summary-every-secs=0"},
+              log);
+  EXPECT_EQ(bad.Wait(30), 2);
+  EXPECT_NE(Read(log).find("--metrics-auth needs --auth-token-file"),
+            std::string::npos)
+      << Read(log);
 }
 
 TEST(Auth, ClientsSendTokensAndCertificates) {

@@ -3,13 +3,15 @@
 // daemon restarted on the directory continues every job from its last
 // acknowledged step, and the next update is bit for bit the one an
 // uninterrupted run computes (a second job on the restarted daemon). And a
-// final snapshot that cannot be written makes dmuond exit non-zero.
+// final snapshot that cannot be written makes dmuond exit non-zero; a
+// corrupt snapshot file shows in `dmuonctl status`.
 
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -171,6 +173,25 @@ TEST(DurableState, AFinalSnapshotThatFailsExitsNonZero) {
       << d.log();
   EXPECT_NE(d.log().find("snapshot: UNAVAILABLE"), std::string::npos)
       << d.log();
+}
+
+TEST(DurableState, StatusTextListsSnapshotErrors) {
+  const std::string dir = TempDir("status-errors");
+  // A snapshot file that is not one: moved aside at start, and reported.
+  {
+    std::ofstream f(dir + "/job-626164.dmst");  // hex("bad")
+    f << "not a snapshot";
+  }
+  Daemon d({"--state-dir=" + dir});
+  ASSERT_NE(d.port(), 0) << d.log();
+  int code;
+  const std::string text = Ctl(d.address(), {"status"}, &code);
+  EXPECT_EQ(code, 0) << text;
+  EXPECT_NE(text.find("SNAPSHOT ERRORS (1, oldest first)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("moved aside to " + dir + "/job-626164.dmst.corrupt-"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // gradients every process can regenerate from (seed, step, parameter,
 // rank), and an fp64 Muon reference (docs/design.md, "The math of a Muon
 // step") independent of the daemon: momentum in double, NS from the SVD
-// oracle.
+// oracle. The reference also takes any other table and hyperparameter
+// groups (the soak and fault tests' varied jobs, tests/varied_job.h).
 
 #ifndef DMUON_TESTS_MUON_JOB_H_
 #define DMUON_TESTS_MUON_JOB_H_
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "kernels/types.h"
 
 namespace dmuon::testing {
 
@@ -22,18 +24,48 @@ std::vector<ParamSpec> TestTable(int rank, int world);
 // The whole-matrix gradient rank `rank` holds for parameter `p` at `step`.
 std::vector<float> Gradient(uint64_t seed, int64_t step, int p, int rank,
                             int world);
+// The same for parameter `p` of any table, `whole` being its spec (the
+// whole matrix; for kUnreduced each rank holds its own gradient, for the
+// other shardings every rank holds rank 0's).
+std::vector<float> Gradient(uint64_t seed, int64_t step, int p, int rank,
+                            const ParamSpec& whole);
 
 // fp64 reference: lr_scale * NS(nesterov momentum step) of the gradient the
 // daemon must use (rank 0's, the rows, or the rank-order mean), whole matrix.
+// The Newton–Schulz options a group asks for (schedule and ns_steps, or the
+// custom coefficients; eps), as docs/protocol.md defines them.
+kernels::NsOptions NsOptionsOf(const GroupSpec& group);
+
+// Each parameter follows its group's hyperparameters (momentum, nesterov,
+// schedule and ns_steps or custom coefficients, eps, adjust_lr_fn; the
+// method does not matter to the oracle); an empty `groups` is one group of
+// defaults.
 class Reference {
  public:
-  Reference(uint64_t seed, int world) : seed_(seed), world_(world) {}
+  // The test job (TestTable).
+  Reference(uint64_t seed, int world);
+  // Any table (whole matrices; row ranges are ignored).
+  Reference(uint64_t seed, int world, std::vector<ParamSpec> table,
+            std::vector<GroupSpec> groups = {});
   // Updates for `step` (steps must be asked for in order from 1).
   std::vector<std::vector<double>> Step(int64_t step);
+  // Only the momentum of `step` (no Newton–Schulz), for a caller that needs
+  // the state after a step but not its updates. Same order rule as Step.
+  void Advance(int64_t step);
+  // Steps taken so far, and each parameter's momentum after the last one
+  // (whole matrices; empty before step 1).
+  int64_t completed() const { return completed_; }
+  const std::vector<std::vector<double>>& momentum() const { return momentum_; }
 
  private:
+  // The Nesterov input of parameter p at `step` (advances its momentum).
+  std::vector<double> MomentumStep(int64_t step, size_t p);
+
   uint64_t seed_;
   int world_;
+  std::vector<ParamSpec> table_;
+  std::vector<GroupSpec> groups_;
+  int64_t completed_ = 0;
   std::vector<std::vector<double>> momentum_;
 };
 

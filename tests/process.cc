@@ -82,13 +82,13 @@ void Process::Signal(int sig) {
   if (pid_ > 0 && !done_) kill(pid_, sig);
 }
 
-Daemon::Daemon(std::vector<std::string> flags) {
+Daemon::Daemon(std::vector<std::string> flags, const std::string& binary) {
   const std::string dir = TempDir("dmuond");
   const std::string port_file = dir + "/port";
   log_path_ = dir + "/log";
-  std::vector<std::string> argv = {
-      Runfile("daemon/dmuond"), "--listen=127.0.0.1:0",
-      "--port-file=" + port_file, "--summary-every-secs=0"};
+  std::vector<std::string> argv = {Runfile(binary), "--listen=127.0.0.1:0",
+                                   "--port-file=" + port_file,
+                                   "--summary-every-secs=0"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   process_ = std::make_unique<Process>(argv, log_path_);
   for (int i = 0; i < 1000 && port_ == 0; ++i) {

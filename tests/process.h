@@ -32,10 +32,13 @@ class Process {
   bool done_ = false;
 };
 
-// A dmuond on 127.0.0.1 with a free port.
+// A dmuond on 127.0.0.1 with a free port (a --listen in `flags` overrides
+// it). `binary`: the runfile to start (Runfile's path), e.g.
+// "daemon/dmuond_prev".
 class Daemon {
  public:
-  explicit Daemon(std::vector<std::string> flags = {});
+  explicit Daemon(std::vector<std::string> flags = {},
+                  const std::string& binary = "daemon/dmuond");
   const std::string& address() const { return address_; }
   int port() const { return port_; }
   Process& process() { return *process_; }
