@@ -215,6 +215,38 @@ else
   bad "values.schema.json: $(tail -1 "$WORK/err")"
 fi
 
+# The limits in values.yaml are the daemon's defaults (daemon/config.cc's
+# ABSL_FLAGs), so that the chart changes nothing unless a value is set.
+if "$PY" - "$CHART/values.yaml" "$ROOT/daemon/config.cc" >"$WORK/limits.log" 2>&1 <<'PYEOF'
+import re, sys, yaml
+values = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))["daemon"]
+src = re.sub(r"\s+", " ", open(sys.argv[2], encoding="utf-8").read())
+keys = {"maxWorldSize": "max_world_size", "maxJobParameters": "max_job_parameters",
+        "maxJobElements": "max_job_elements", "maxStateBytes": "max_state_bytes",
+        "maxNsSteps": "max_ns_steps", "maxJobIdBytes": "max_job_id_bytes",
+        "maxIdleJobs": "max_idle_jobs", "attachTimeoutSeconds": "attach_timeout_seconds",
+        "jobRetentionSeconds": "job_retention_seconds",
+        "maxStepQueueBytes": "max_step_queue_bytes"}
+bad = []
+for key, flag in keys.items():
+    m = re.search(r"ABSL_FLAG\(\s*\w+, " + flag + r", ([^,]+),", src)
+    if not m:
+        bad.append(f"--{flag.replace('_', '-')}: no ABSL_FLAG in daemon/config.cc")
+        continue
+    expr = re.sub(r"int64_t\{(\d+)\}", r"\1", m.group(1).strip())
+    default = eval(expr, {"__builtins__": {}})  # literals and shifts only
+    if values.get(key) != default:
+        bad.append(f"daemon.{key} is {values.get(key)!r}, the daemon's default is {default}")
+print("\n".join(bad) if bad else f"{len(keys)} limits")
+sys.exit(1 if bad else 0)
+PYEOF
+then
+  ok "values.yaml limits are the daemon's defaults ($(tail -1 "$WORK/limits.log"))"
+else
+  bad "values.yaml limits differ from daemon/config.cc:"
+  sed 's/^/      /' "$WORK/limits.log"
+fi
+
 # ---------------------------------------------------------------- 5. image and flags
 DMUOND=${DMUOND:-$ROOT/bazel-bin/daemon/dmuond}
 DMUONCTL=${DMUONCTL:-$ROOT/bazel-bin/daemon/dmuonctl}

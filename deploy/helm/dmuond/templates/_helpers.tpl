@@ -110,6 +110,12 @@ dmuond's command line: every flag of the daemon, from values.
 {{- end }}
 {{- if .Values.metrics.enabled }}
 - {{ printf "--metrics-port=%d" (int .Values.ports.metrics) | quote }}
+{{- if .Values.metrics.tls }}
+- "--metrics-tls"
+{{- end }}
+{{- if .Values.metrics.auth }}
+- "--metrics-auth"
+{{- end }}
 {{- else }}
 - "--metrics-port=0"
 {{- end }}
@@ -127,6 +133,15 @@ dmuond's command line: every flag of the daemon, from values.
 {{- end }}
 - {{ printf "--exit-timeout-secs=%d" (int $d.exitTimeoutSecs) | quote }}
 - {{ printf "--job-retention-seconds=%d" (int $d.jobRetentionSeconds) | quote }}
+- {{ printf "--max-world-size=%d" (int $d.maxWorldSize) | quote }}
+- {{ printf "--max-job-parameters=%d" (int $d.maxJobParameters) | quote }}
+- {{ printf "--max-job-elements=%d" (int64 $d.maxJobElements) | quote }}
+- {{ printf "--max-state-bytes=%d" (int64 $d.maxStateBytes) | quote }}
+- {{ printf "--max-ns-steps=%d" (int $d.maxNsSteps) | quote }}
+- {{ printf "--max-job-id-bytes=%d" (int $d.maxJobIdBytes) | quote }}
+- {{ printf "--max-idle-jobs=%d" (int $d.maxIdleJobs) | quote }}
+- {{ printf "--attach-timeout-seconds=%d" (int $d.attachTimeoutSeconds) | quote }}
+- {{ printf "--max-step-queue-bytes=%d" (int64 $d.maxStepQueueBytes) | quote }}
 - {{ printf "--nan-policy=%s" $d.nanPolicy | quote }}
 - {{ printf "--log-level=%s" $d.logLevel | quote }}
 - {{ printf "--log-format=%s" $d.logFormat | quote }}
@@ -401,4 +416,32 @@ containers:
         mountPath: /dev/shm
 volumes:
   {{- include "dmuond.volumes" . | nindent 2 }}
+{{- end -}}
+
+
+{{/*
+Scrape settings of the ServiceMonitor and PodMonitor endpoints for a
+protected metrics port: scheme, tlsConfig (metrics.tls) and authorization
+(metrics.auth).
+*/}}
+{{- define "dmuond.scrapeSecurity" -}}
+{{- $m := .Values.metrics -}}
+{{- if $m.tls }}
+scheme: https
+{{- $tc := deepCopy (default dict $m.scrape.tlsConfig) -}}
+{{- if not (or (hasKey $tc "ca") (hasKey $tc "caFile")) -}}
+{{- $_ := set $tc "ca" (dict "secret" (dict "name" .Values.tls.secretName "key" "ca.crt")) -}}
+{{- end }}
+tlsConfig:
+  {{- toYaml $tc | nindent 2 }}
+{{- else }}
+scheme: http
+{{- end }}
+{{- if $m.auth }}
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ $m.scrape.tokenSecret.name }}
+    key: {{ $m.scrape.tokenSecret.key }}
+{{- end }}
 {{- end -}}

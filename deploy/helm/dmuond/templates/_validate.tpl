@@ -86,6 +86,27 @@ to change. Rendered once, from validate.yaml.
 {{- $_ := required "auth.secretName is required when auth.enabled=true (a Secret whose auth.key holds the '<role> <token> [name]' lines)" $v.auth.secretName -}}
 {{- end -}}
 
+{{- /* Metrics port protection. */ -}}
+{{- if $v.metrics.tls -}}
+{{- if not $v.metrics.enabled -}}
+{{- fail "metrics.tls=true needs metrics.enabled=true (there is no metrics port to protect)" -}}
+{{- end -}}
+{{- if not $v.tls.enabled -}}
+{{- fail "metrics.tls=true needs tls.enabled=true: --metrics-tls serves the daemon's --tls-cert-file/--tls-key-file, which come from tls.secretName" -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.metrics.auth -}}
+{{- if not $v.metrics.enabled -}}
+{{- fail "metrics.auth=true needs metrics.enabled=true (there is no metrics port to protect)" -}}
+{{- end -}}
+{{- if not $v.auth.enabled -}}
+{{- fail "metrics.auth=true needs auth.enabled=true: --metrics-auth checks bearer tokens against --auth-token-file, which comes from auth.secretName" -}}
+{{- end -}}
+{{- if and (or $v.metrics.serviceMonitor.enabled $v.metrics.podMonitor.enabled) (not $v.metrics.scrape.tokenSecret.name) -}}
+{{- fail "metrics.auth=true with a ServiceMonitor/PodMonitor needs metrics.scrape.tokenSecret.name (a Secret in the monitor's namespace whose metrics.scrape.tokenSecret.key holds a token of the auth file, e.g. a reader's): Prometheus would get 401" -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* Monitoring. */ -}}
 {{- if $v.metrics.serviceMonitor.enabled -}}
 {{- if not $v.metrics.enabled -}}
@@ -119,7 +140,7 @@ to change. Rendered once, from validate.yaml.
 {{- end -}}
 
 {{- /* Flags the chart owns cannot be passed again. */ -}}
-{{- $owned := list "--listen" "--devices" "--cpu-threads" "--cpu-executors" "--max-batch" "--summary-every-secs" "--metrics-port" "--state-dir" "--snapshot-every" "--max-sessions" "--max-message-bytes" "--exit-timeout-secs" "--job-retention-seconds" "--nan-policy" "--log-level" "--log-format" -}}
+{{- $owned := list "--listen" "--devices" "--cpu-threads" "--cpu-executors" "--max-batch" "--summary-every-secs" "--metrics-port" "--metrics-tls" "--metrics-auth" "--state-dir" "--snapshot-every" "--max-sessions" "--max-message-bytes" "--exit-timeout-secs" "--job-retention-seconds" "--max-world-size" "--max-job-parameters" "--max-job-elements" "--max-state-bytes" "--max-ns-steps" "--max-job-id-bytes" "--max-idle-jobs" "--attach-timeout-seconds" "--max-step-queue-bytes" "--nan-policy" "--log-level" "--log-format" -}}
 {{- range $d.extraArgs -}}
 {{- $flag := regexReplaceAll "^(-{1,2}[^=]+).*$" . "${1}" | replace "_" "-" -}}
 {{- $flag = regexReplaceAll "^-([^-])" $flag "--${1}" -}}
