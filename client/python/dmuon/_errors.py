@@ -17,8 +17,12 @@ def explain(daemon, e):
     d = daemon
     if d is None or getattr(e, "explained", False):
         return e
+    # Its sockets close just before it is reaped: a lost connection waits
+    # longer (a loaded machine can take over a second), other errors briefly.
+    lost = isinstance(e, (_native.load().UnavailableError,
+                          _native.load().DeadlineExceededError))
     try:
-        d.process.wait(timeout=0.5)  # its sockets close just before it is reaped
+        d.process.wait(timeout=2.0 if lost else 0.5)
     except Exception:  # noqa: BLE001 - still running (or not our child)
         pass
     if d.alive():

@@ -335,7 +335,15 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         """torch's zero_grad, after settling a step an interrupt cut short
         (rolled back before its commit, completed after: client/python/
         README.md, "Interrupts and exceptions")."""
-        self._settle()
+        try:
+            self._settle()
+        except _native.load().Error:
+            # The private dmuond died: nothing can complete the step, its
+            # error was raised where it happened, and state_dict() repeats it
+            # with what to do. zero_grad itself does not fail, as torch's.
+            daemon = getattr(self, "_daemon", None)
+            if daemon is None or daemon.alive():
+                raise
         super().zero_grad(set_to_none)
 
     @contextlib.contextmanager
