@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -695,6 +696,11 @@ TEST(Peers, AClientThatNeverReadsIsHeldByTheStepQueueLimit) {
     steps = n;
   }
   const int64_t rss1 = ProcKb(d.process().pid(), "VmRSS");
+  std::printf(
+      "figure: never-reading client: %lld of %d steps taken, dmuond "
+      "RSS +%lld kB\n",
+      static_cast<long long>(steps), kSteps,
+      static_cast<long long>(rss1 - rss0));
   // The limit, one step's responses and what gRPC's flow-control windows
   // hold between the two processes: a few steps, not all of them.
   EXPECT_LE(steps, 8) << "of " << kSteps << " sent to a client that reads "
@@ -762,6 +768,10 @@ TEST(Peers, ASetStateWithABadSessionIsRefusedBeforeItsPayload) {
       << st.error_message();
   EXPECT_LT(written, 64) << "the daemon read the whole payload";
   const int64_t hwm1 = ProcKb(d.process().pid(), "VmHWM");
+  std::printf(
+      "figure: SetState with a bad session + 256 MiB: %d of 64 4-MiB "
+      "chunks written before the refusal, dmuond peak RSS +%lld kB\n",
+      written, static_cast<long long>(hwm1 - hwm0));
   EXPECT_LT(hwm1 - hwm0, 64 * 1024)
       << "kB of peak memory for a refused 256 MiB payload";
   EXPECT_TRUE(Alive(d)) << d.log();
