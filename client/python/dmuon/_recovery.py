@@ -128,14 +128,23 @@ class _RecoveryMixin:
         if why is not None:
             self._void_step(why)
 
-    def _void_step(self, why):
+    def _void_step(self, why, cause=None):
         """Voids dmuond's step in progress (see the module docstring) and
-        resets this step's bookkeeping."""
+        resets this step's bookkeeping. cause: the dmuon error that ended the
+        step, if one did."""
         self._stepping = True  # until it is rolled back: the next call retries
         if self._session is None or not any(self._handed):
             self._backwards, self._stepping = {}, False
             self._reset_step()
             return
+        if cause is not None:
+            # A private dmuond that died took the momentum with it: nothing to
+            # roll back or reopen (a reopen would wait out the whole timeout
+            # for a daemon that is gone); say so now, and on every later call.
+            err = _errors.explain(self._daemon, cause)
+            if err is not cause:
+                self._lost = err
+                raise err from cause
         step = self._session.step
         if self._world > 1:
             raise RuntimeError(

@@ -378,7 +378,8 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             err, self._error = self._error, None
             # The step fails before it commits: rolled back (_recovery), so
             # the next backward and step() start clean.
-            self._void_step(f"a gradient hand-off failed: {type(err).__name__}")
+            self._void_step(f"a gradient hand-off failed: {type(err).__name__}",
+                            cause=err if isinstance(err, _native.load().Error) else None)
             raise err
         if self._session is not None:
             self.synchronize()  # a step() right after a step(), without backward
