@@ -1,7 +1,8 @@
 // ./dmuon bench scaling (predictions): the optimizer step and its exposed
 // time for each model and GPU count under the four strategies of
-// simulator.h, with kernel times from the cost model at a stated H200 rate
-// or from a measured kernels-*.json. Writes benchmarks/results/scaling.json.
+// simulator.h, for replicated (DDP) and FSDP2 jobs (--job), with kernel
+// times from the cost model at a stated H200 rate or from a measured
+// kernels-*.json. Writes benchmarks/results/scaling.json.
 
 #include <cstdio>
 #include <ctime>
@@ -54,6 +55,16 @@ ABSL_FLAG(double, apply_bytes, 10, "HBM bytes per Muon parameter to apply");
 ABSL_FLAG(double, comm_bytes, 2, "bytes per element on the wire (bf16)");
 ABSL_FLAG(int, max_batch, 16, "same-shape matrices per launch (dmuond's)");
 ABSL_FLAG(int, target_gpus, 64, "GPU count of the issue's target");
+ABSL_FLAG(std::string, job, "replicated,fsdp2",
+          "jobs to simulate: 'replicated' (DDP: every rank holds the model, "
+          "AdamW and applying on every rank), 'fsdp2' (each rank holds 1/G "
+          "of each parameter's rows: dmuon gathers a matrix's shards into "
+          "its owner and scatters the update's rows back; each rank applies "
+          "and AdamW-updates only its shard; AdamW is sharded), or both");
+ABSL_FLAG(bool, fsdp2_allgathers, true,
+          "FSDP2: simulate each segment's parameter all-gather (bf16, on "
+          "dmuon's channel, once its updates are back); false: assume them "
+          "hidden, as DDP's all-reduce is");
 ABSL_FLAG(std::string, out, "", "JSON results path");
 
 namespace dmuon::scaling {
@@ -69,8 +80,24 @@ std::string Now() {
 nlohmann::json Assumptions(const std::string& kernel_source) {
   return {
       {"parallelism",
-       "data parallel, every rank holds the model; DDP "
-       "gradient all-reduce hidden under backward"},
+       "data parallel, ranks in lockstep; the trainer's own gradient "
+       "collective (DDP all-reduce, FSDP2 reduce-scatter) hidden under "
+       "backward"},
+      {"jobs", absl::GetFlag(FLAGS_job)},
+      {"replicated_job",
+       "every rank holds the model: AdamW of the non-Muon parameters and "
+       "applying every update on every rank; AdamW baseline on every "
+       "parameter on every rank"},
+      {"fsdp2_job",
+       "each rank holds 1/G of each parameter's rows: dmuon gathers a "
+       "matrix's G row shards into its owner GPU (each rank sends S/G, the "
+       "owner receives (G-1)/G S) and scatters the update's rows back, on "
+       "its one serial channel; each rank applies only its rows (apply / G) "
+       "and runs AdamW only on its shard of the non-Muon parameters "
+       "(/ G); before each segment's forward its parameters are "
+       "all-gathered (bf16) on the same channel once its updates are back; "
+       "AdamW baseline sharded (each rank 1/G); exposed = the step's end "
+       "minus that of the same FSDP2 job with no optimizer"},
       {"gpus_per_node", absl::GetFlag(FLAGS_gpus_per_node)},
       {"nvlink_gbps", absl::GetFlag(FLAGS_nvlink_gbps)},
       {"ib_gbps", absl::GetFlag(FLAGS_ib_gbps)},
@@ -90,6 +117,7 @@ nlohmann::json Assumptions(const std::string& kernel_source) {
       {"apply_bytes_per_param", absl::GetFlag(FLAGS_apply_bytes)},
       {"comm_bytes_per_element", absl::GetFlag(FLAGS_comm_bytes)},
       {"max_batch", absl::GetFlag(FLAGS_max_batch)},
+      {"fsdp2_allgathers", absl::GetFlag(FLAGS_fsdp2_allgathers)},
       {"gpu_measurements",
        "none yet: no GPU machine was lent; kernel times "
        "come from the cost model at the stated rate"},
@@ -100,10 +128,13 @@ nlohmann::json Assumptions(const std::string& kernel_source) {
 absl::StatusOr<std::pair<double, double>> Ratio(const Model& model,
                                                 const KernelTimes& kt,
                                                 const TrainerConfig& tc,
-                                                const Links& links, int gpus) {
+                                                const Links& links, int gpus,
+                                                Job job) {
   auto w = BuildWorkload(model, kt, tc);
   if (!w.ok()) return w.status();
   Scenario sc = w->scenario;
+  sc.job = job;
+  if (!absl::GetFlag(FLAGS_fsdp2_allgathers)) sc.segment_param_bytes.clear();
   sc.gpus = gpus;
   sc.links = links;
   sc.max_batch = absl::GetFlag(FLAGS_max_batch);
@@ -123,7 +154,8 @@ absl::Status Sensitivity(const std::vector<Model>& models,
                          const std::vector<std::string>& names,
                          const Hardware& hw, bool measured,
                          const KernelTimes& kt, const TrainerConfig& tc,
-                         const Links& links, int gpus, nlohmann::json& out) {
+                         const Links& links, int gpus, Job job,
+                         nlohmann::json& out) {
   struct Variant {
     std::string name;
     Hardware hw;
@@ -142,8 +174,10 @@ absl::Status Sensitivity(const std::vector<Model>& models,
   vs.back().tc.tokens_per_gpu /= 4;
   vs.push_back({"AdamW at 2x the bytes/s (a faster AdamW)", hw, tc, links});
   vs.back().tc.adamw_bytes_per_param /= 2;
-  std::printf("\nsensitivity at %d GPUs: dmuon exposed / AdamW (dedicated)\n",
-              gpus);
+  std::printf(
+      "\nsensitivity at %d GPUs, %s job: dmuon exposed / AdamW%s "
+      "(dedicated)\n",
+      gpus, JobName(job), job == Job::kFsdp2 ? " (sharded)" : "");
   out = nlohmann::json::array();
   for (const Variant& v : vs) {
     const KernelTimes k = measured ? kt : KernelTimes::CostModel(v.hw);
@@ -152,7 +186,7 @@ absl::Status Sensitivity(const std::vector<Model>& models,
     for (const std::string& name : names) {
       auto m = FindModel(models, name);
       if (!m.ok()) return m.status();
-      auto r = Ratio(*m, k, v.tc, v.links, gpus);
+      auto r = Ratio(*m, k, v.tc, v.links, gpus, job);
       if (!r.ok()) return r.status();
       row[name] = {{"ratio", r->first}, {"ratio_dedicated", r->second}};
       std::printf(" %s %.2f (%.2f)", name.c_str(), r->first, r->second);
@@ -201,6 +235,19 @@ absl::Status Run() {
     }
     gpus.push_back(n);
   }
+  std::vector<Job> jobs;
+  for (absl::string_view j :
+       absl::StrSplit(absl::GetFlag(FLAGS_job), ',', absl::SkipEmpty())) {
+    if (j == "replicated" || j == "ddp") {
+      jobs.push_back(Job::kReplicated);
+    } else if (j == "fsdp2") {
+      jobs.push_back(Job::kFsdp2);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--job: '", j, "' (replicated, fsdp2)"));
+    }
+  }
+  if (jobs.empty()) return absl::InvalidArgumentError("--job: none");
   auto models = LoadModels(absl::GetFlag(FLAGS_model_shapes));
   if (!models.ok()) return models.status();
 
@@ -212,6 +259,7 @@ absl::Status Run() {
   out["models"] = nlohmann::json::array();
   out["rows"] = nlohmann::json::array();
   out["target"] = nlohmann::json::array();
+  out["fsdp2"] = nlohmann::json::array();
   const int target = absl::GetFlag(FLAGS_target_gpus);
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_models), ',', absl::SkipEmpty())) {
@@ -240,45 +288,84 @@ absl::Status Run() {
         model->name.c_str(), model->matrices.size(), w->muon_params / 1e9,
         w->other_params / 1e9, tl.forward(), tl.backward(), w->ns_seconds,
         w->gram_matrices, tl.after_backward_s * 1e3, apply * 1e3);
-    std::printf("%6s %6s  %-16s %12s %12s %10s\n", "gpus", "nodes", "strategy",
-                "optimizer_ms", "exposed_ms", "step_s");
-    for (int g : gpus) {
-      Scenario sc = w->scenario;
-      sc.gpus = g;
-      sc.links = links;
-      sc.max_batch = absl::GetFlag(FLAGS_max_batch);
-      auto rows = SimulateStrategies(sc);
-      if (!rows.ok()) return rows.status();
-      const int nodes = (g + links.gpus_per_node - 1) / links.gpus_per_node;
-      double adamw = 0, ours = 0, ded = 0;
-      for (const StrategyResult& r : *rows) {
-        std::printf("%6d %6d  %-16s %12.2f %12.2f %10.3f\n", g, nodes,
-                    r.strategy.c_str(), r.optimizer_s * 1e3, r.exposed_s * 1e3,
-                    r.step_s);
-        out["rows"].push_back({{"model", model->name},
-                               {"gpus", g},
-                               {"nodes", nodes},
-                               {"strategy", r.strategy},
-                               {"optimizer_s", r.optimizer_s},
-                               {"exposed_s", r.exposed_s},
-                               {"step_s", r.step_s}});
-        if (r.strategy == "adamw") adamw = r.exposed_s;
-        if (r.strategy == "dmuon") ours = r.exposed_s;
-        if (r.strategy == "dmuon_dedicated") ded = r.exposed_s;
-      }
-      if (g == target) {
-        out["target"].push_back({{"model", model->name},
+    for (Job job : jobs) {
+      std::printf("%s job\n%6s %6s  %-16s %12s %12s %10s\n", JobName(job),
+                  "gpus", "nodes", "strategy", "optimizer_ms", "exposed_ms",
+                  "step_s");
+      for (int g : gpus) {
+        Scenario sc = w->scenario;
+        sc.job = job;
+        if (!absl::GetFlag(FLAGS_fsdp2_allgathers)) {
+          sc.segment_param_bytes.clear();
+        }
+        sc.gpus = g;
+        sc.links = links;
+        sc.max_batch = absl::GetFlag(FLAGS_max_batch);
+        auto rows = SimulateStrategies(sc);
+        if (!rows.ok()) return rows.status();
+        const int nodes = (g + links.gpus_per_node - 1) / links.gpus_per_node;
+        double adamw = 0, ours = 0, ded = 0, bare = 0;
+        for (const StrategyResult& r : *rows) {
+          std::printf("%6d %6d  %-16s %12.2f %12.2f %10.3f\n", g, nodes,
+                      r.strategy.c_str(), r.optimizer_s * 1e3,
+                      r.exposed_s * 1e3, r.step_s);
+          out["rows"].push_back({{"model", model->name},
+                                 {"job", JobName(job)},
                                  {"gpus", g},
-                                 {"dmuon_exposed_s", ours},
-                                 {"dmuon_dedicated_exposed_s", ded},
-                                 {"adamw_s", adamw},
-                                 // ZeRO-1/FSDP: each rank updates 1/G of
-                                 // the parameters (the all-gather after it
-                                 // assumed hidden under the forward).
-                                 {"adamw_sharded_s", adamw / g},
-                                 {"ratio", ours / adamw},
-                                 {"ratio_dedicated", ded / adamw},
-                                 {"holds", ours <= 1.10 * adamw}});
+                                 {"nodes", nodes},
+                                 {"strategy", r.strategy},
+                                 {"optimizer_s", r.optimizer_s},
+                                 {"exposed_s", r.exposed_s},
+                                 {"step_s", r.step_s}});
+          if (r.strategy == "adamw") {
+            adamw = r.exposed_s;
+            bare = r.step_s - r.exposed_s;  // no optimizer at all
+          }
+          if (r.strategy == "dmuon") ours = r.exposed_s;
+          if (r.strategy == "dmuon_dedicated") ded = r.exposed_s;
+        }
+        if (job == Job::kFsdp2) {
+          std::vector<double> secs;
+          std::vector<int> layers;
+          for (const MatrixCost& m : sc.matrices) {
+            secs.push_back(m.ours_s);
+            layers.push_back(m.segment);
+          }
+          const Traffic tr = DmuonTraffic(sc, PlanOwners(secs, layers, g));
+          out["fsdp2"].push_back(
+              {{"model", model->name},
+               {"gpus", g},
+               {"nodes", nodes},
+               {"dmuon_exposed_s", ours},
+               {"dmuon_dedicated_exposed_s", ded},
+               {"adamw_sharded_s", adamw},
+               {"ratio", ours / adamw},
+               {"ratio_dedicated", ded / adamw},
+               // What the bare FSDP2 job's own parameter all-gathers add
+               // beyond backward + forward (in every strategy; not in the
+               // exposed times).
+               {"bare_job_allgather_exposed_s",
+                bare - tl.forward() - tl.backward()},
+               {"rank_out_bytes", tr.rank_out},
+               {"rank_in_bytes", tr.rank_in},
+               {"owner_in_bytes_max", tr.owner_in},
+               {"owner_out_bytes_max", tr.owner_out},
+               {"node_in_bytes_max", tr.node_in}});
+        }
+        if (g == target && job == Job::kReplicated) {
+          out["target"].push_back({{"model", model->name},
+                                   {"gpus", g},
+                                   {"dmuon_exposed_s", ours},
+                                   {"dmuon_dedicated_exposed_s", ded},
+                                   {"adamw_s", adamw},
+                                   // ZeRO-1/FSDP: each rank updates 1/G of
+                                   // the parameters (see "fsdp2" for the
+                                   // simulated sharded job).
+                                   {"adamw_sharded_s", adamw / g},
+                                   {"ratio", ours / adamw},
+                                   {"ratio_dedicated", ded / adamw},
+                                   {"holds", ours <= 1.10 * adamw}});
+        }
       }
     }
   }
@@ -299,13 +386,35 @@ absl::Status Run() {
         t["holds"].get<bool>() ? "holds" : "MISSED",
         t["adamw_sharded_s"].get<double>() * 1e3);
   }
+  if (!out["fsdp2"].empty()) {
+    std::printf("\nFSDP2 jobs at %d GPUs: dmuon vs sharded AdamW\n", target);
+  }
+  for (const auto& f : out["fsdp2"]) {
+    if (f["gpus"].get<int>() != target) continue;
+    std::printf(
+        "  FSDP2 %-14s dmuon %.2f ms (dedicated %.2f ms) vs sharded AdamW "
+        "%.2f ms: ratio %.2f (%.2f); per rank %.1f MB out, %.1f MB in; "
+        "owner GPU in <= %.1f MB, node (daemon) in <= %.1f MB\n",
+        f["model"].get<std::string>().c_str(),
+        f["dmuon_exposed_s"].get<double>() * 1e3,
+        f["dmuon_dedicated_exposed_s"].get<double>() * 1e3,
+        f["adamw_sharded_s"].get<double>() * 1e3, f["ratio"].get<double>(),
+        f["ratio_dedicated"].get<double>(),
+        f["rank_out_bytes"].get<double>() / 1e6,
+        f["rank_in_bytes"].get<double>() / 1e6,
+        f["owner_in_bytes_max"].get<double>() / 1e6,
+        f["node_in_bytes_max"].get<double>() / 1e6);
+  }
   std::vector<std::string> names =
       absl::StrSplit(absl::GetFlag(FLAGS_models), ',', absl::SkipEmpty());
-  if (auto st = Sensitivity(*models, names, hw,
-                            absl::GetFlag(FLAGS_kernels) != "cost_model", kt,
-                            tc, links, target, out["sensitivity"]);
-      !st.ok()) {
-    return st;
+  for (Job job : jobs) {
+    if (auto st = Sensitivity(
+            *models, names, hw, absl::GetFlag(FLAGS_kernels) != "cost_model",
+            kt, tc, links, target, job,
+            out[job == Job::kFsdp2 ? "sensitivity_fsdp2" : "sensitivity"]);
+        !st.ok()) {
+      return st;
+    }
   }
   const std::string path = absl::GetFlag(FLAGS_out);
   if (path.empty()) return absl::OkStatus();
@@ -328,7 +437,8 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Predicts the optimizer step and exposed time of redundant Muon, "
-      "round-robin Muon, dmuon and AdamW vs GPU count");
+      "round-robin Muon, dmuon and AdamW vs GPU count, for replicated (DDP) "
+      "and FSDP2 jobs");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status st = dmuon::scaling::Run(); !st.ok()) {
     std::fprintf(stderr, "simulate: %s\n", st.ToString().c_str());

@@ -71,6 +71,34 @@ CommCost BroadcastFrom(const Links& links, int gpus, double bytes) {
   return ReduceTo(links, gpus, bytes);
 }
 
+CommCost GatherTo(const Links& links, int gpus, double bytes) {
+  return AllGather(links, gpus, bytes);
+}
+
+CommCost ScatterFrom(const Links& links, int gpus, double bytes) {
+  return GatherTo(links, gpus, bytes);
+}
+
+CommCost AllToAll(const Links& links, int gpus, double bytes_per_gpu) {
+  const Topology t = Topo(links, gpus);
+  CommCost c;
+  if (gpus <= 1) return c;
+  if (t.n > 1) {
+    c.busy += (t.n - 1.0) / t.n * bytes_per_gpu / links.ib_bandwidth;
+    c.latency += links.ib_latency;
+  }
+  if (t.g > 1) {
+    c.busy +=
+        (t.g - 1.0) / (t.g * t.n) * bytes_per_gpu / links.nvlink_bandwidth;
+    c.latency += links.nvlink_latency;
+  }
+  return c;
+}
+
+const char* JobName(Job job) {
+  return job == Job::kFsdp2 ? "fsdp2" : "replicated";
+}
+
 double Timeline::forward() const {
   return std::accumulate(forward_s.begin(), forward_s.end(), 0.0);
 }
@@ -88,7 +116,10 @@ enum class Ev {
   kBatchDone,
   kUpdate,
   kWake,
-  kForwardDone
+  kForwardDone,
+  kUnshardOpen,  // after backward (and after_backward_s): all-gathers may go
+  kUnshardDone,  // the channel is free again
+  kUnsharded     // a segment's parameters are gathered
 };
 
 struct Event {
@@ -131,6 +162,7 @@ class PoolSim {
     trainers_.assign(shared ? cfg_.devices : 1, Trainer{});
     missing_.assign(segs_, 0);
     for (const Task& t : tasks_) ++missing_[t.segment];
+    unsharded_.assign(segs_, tl_.unshard.empty());
     // Backward runs segments S-1 .. 0; a gradient is ready at its end.
     std::vector<double> grad_ready(segs_, 0.0);
     double t = 0;
@@ -147,6 +179,7 @@ class PoolSim {
     for (size_t g = 0; g < trainers_.size(); ++g) {
       Push(start, Ev::kWake, static_cast<int>(g));
     }
+    if (!tl_.unshard.empty()) Push(start, Ev::kUnshardOpen, 0);
     while (!queue_.empty()) {
       const Event e = queue_.top();
       queue_.pop();
@@ -199,9 +232,25 @@ class PoolSim {
       case Ev::kUpdate:
         result_.last_update = std::max(result_.last_update, now);
         if (--missing_[tasks_[e.a].segment] == 0) {
+          TryUnshard(now);
           for (size_t g = 0; g < trainers_.size(); ++g) {
             TryTrainer(static_cast<int>(g), now);
           }
+        }
+        break;
+      case Ev::kUnshardOpen:
+        unshard_open_ = true;
+        TryUnshard(now);
+        break;
+      case Ev::kUnshardDone:
+        channel_busy_ = false;
+        Push(now + tl_.unshard[e.a].latency, Ev::kUnsharded, e.a);
+        TryChannel(now);
+        break;
+      case Ev::kUnsharded:
+        unsharded_[e.a] = true;
+        for (size_t g = 0; g < trainers_.size(); ++g) {
+          TryTrainer(static_cast<int>(g), now);
         }
         break;
       case Ev::kWake:
@@ -218,17 +267,37 @@ class PoolSim {
     }
   }
 
+  // FSDP2: queues the parameter all-gathers, in forward order, of the
+  // segments whose updates are all back (once backward and after_backward
+  // are over).
+  void TryUnshard(double now) {
+    if (!unshard_open_) return;
+    while (next_unshard_ < segs_ && missing_[next_unshard_] == 0) {
+      const int s = static_cast<int>(next_unshard_++);
+      pending_.insert({s, now, 2, s});
+    }
+    TryChannel(now);
+  }
+
   // One transfer at a time: the earliest forward segment first, then the
-  // earliest request.
+  // earliest request (kind 0 gradient, 1 update, 2 a segment's all-gather).
   void TryChannel(double now) {
     if (channel_busy_ || pending_.empty()) return;
     const auto [seg, t, kind, task] = *pending_.begin();
     pending_.erase(pending_.begin());
+    channel_busy_ = true;
+    if (kind == 2) {
+      Push(now + tl_.unshard[task].busy, Ev::kUnshardDone, task);
+      return;
+    }
     const CommCost& c =
         kind == 0 ? tasks_[task].reduce : tasks_[task].broadcast;
-    channel_busy_ = true;
     Push(now + c.busy, kind == 0 ? Ev::kReduceDone : Ev::kBroadcastDone, task);
   }
+
+  // Segment s's forward may start: its updates are back, its parameters
+  // gathered.
+  bool Ready(size_t s) const { return missing_[s] == 0 && unsharded_[s]; }
 
   bool Shared() const { return cfg_.placement == Placement::kShared; }
 
@@ -241,7 +310,7 @@ class PoolSim {
     }
     Trainer& tr = trainers_[g];
     if (!tr.started || tr.busy || tr.next >= segs_) return;
-    if (missing_[tr.next] > 0) return;
+    if (!Ready(tr.next)) return;
     StartForward(g, now);
   }
 
@@ -260,7 +329,7 @@ class PoolSim {
       Trainer& tr = trainers_[index];
       if (!tr.started || tr.busy) return;
       if (d.ready.empty()) {
-        if (tr.next < segs_ && missing_[tr.next] == 0) StartForward(index, now);
+        if (tr.next < segs_ && Ready(tr.next)) StartForward(index, now);
         return;
       }
     }
@@ -307,7 +376,10 @@ class PoolSim {
   bool channel_busy_ = false;
   std::vector<Device> devices_;
   std::vector<Trainer> trainers_;
-  std::vector<int> missing_;  // updates not yet back, per segment
+  std::vector<int> missing_;     // updates not yet back, per segment
+  std::vector<bool> unsharded_;  // parameters gathered, per segment
+  bool unshard_open_ = false;
+  size_t next_unshard_ = 0;
   PoolResult result_;
 };
 
@@ -324,6 +396,10 @@ absl::StatusOr<PoolResult> SimulatePool(const Timeline& timeline,
   if (config.devices < 1) {
     return absl::InvalidArgumentError("the pool needs at least one device");
   }
+  if (!timeline.unshard.empty() && timeline.unshard.size() != segs) {
+    return absl::InvalidArgumentError(
+        "timeline: unshard needs one entry per segment (or none)");
+  }
   for (size_t i = 0; i < tasks.size(); ++i) {
     const Task& t = tasks[i];
     if (t.segment < 0 || static_cast<size_t>(t.segment) >= segs) {
@@ -339,7 +415,19 @@ absl::StatusOr<PoolResult> SimulatePool(const Timeline& timeline,
           absl::StrCat("task ", i, ": negative kernel time"));
     }
   }
-  return PoolSim(timeline, tasks, config).Run();
+  auto result = PoolSim(timeline, tasks, config).Run();
+  if (!result.ok() || timeline.unshard.empty()) return result;
+  // The same job with no optimizer: no AdamW, nothing to apply, no updates
+  // to wait for; the all-gathers still run.
+  Timeline bare = timeline;
+  bare.after_backward_s = 0;
+  bare.apply_s.clear();
+  auto base =
+      PoolSim(bare, {}, {config.devices, Placement::kDedicated, 1}).Run();
+  if (!base.ok()) return base.status();
+  result->baseline_end = base->forward_end;
+  result->exposed = result->forward_end - result->baseline_end;
+  return result;
 }
 
 std::vector<int> PlanOwners(const std::vector<double>& seconds,
@@ -352,17 +440,47 @@ std::vector<int> PlanOwners(const std::vector<double>& seconds,
 
 absl::StatusOr<std::vector<StrategyResult>> SimulateStrategies(
     const Scenario& sc) {
-  const Timeline& tl = sc.timeline;
   const int gpus = std::max(1, sc.gpus);
+  const bool fsdp2 = sc.job == Job::kFsdp2;
+  // One rank's trainer work: all of it (replicated) or its 1/G (FSDP2), and
+  // in FSDP2 the parameter all-gather before each segment's forward.
+  Timeline tl = sc.timeline;
+  if (fsdp2) {
+    tl.after_backward_s /= gpus;
+    for (double& a : tl.apply_s) a /= gpus;
+    if (!sc.segment_param_bytes.empty()) {
+      if (sc.segment_param_bytes.size() != tl.forward_s.size()) {
+        return absl::InvalidArgumentError(
+            "segment_param_bytes needs one entry per segment");
+      }
+      for (double b : sc.segment_param_bytes) {
+        tl.unshard.push_back(AllGather(sc.links, gpus, b));
+      }
+    }
+  }
   const double fb = tl.forward() + tl.backward();
   const double local =
       tl.after_backward_s +
       std::accumulate(tl.apply_s.begin(), tl.apply_s.end(), 0.0);
   std::vector<StrategyResult> rows;
-  auto serial = [&](const std::string& name, double opt) {
-    rows.push_back({name, opt, opt, fb + opt});
+  // `opt` seconds of trainer work after backward, nothing overlapped.
+  auto serial = [&](const std::string& name, double opt) -> absl::Status {
+    if (!fsdp2) {
+      rows.push_back({name, opt, opt, fb + opt});
+      return absl::OkStatus();
+    }
+    // Then the forward, each segment after its all-gather: the exposed time
+    // is what the optimizer delays beyond the bare job's own all-gathers.
+    Timeline t = tl;
+    t.after_backward_s = opt;
+    t.apply_s.clear();
+    auto r = SimulatePool(t, {}, {1, Placement::kDedicated, 1});
+    if (!r.ok()) return r.status();
+    rows.push_back({name, opt, r->exposed, r->forward_end});
+    return absl::OkStatus();
   };
-  // (a) Every rank, every matrix, after backward.
+  // (a) Every rank, every matrix, after backward (FSDP2: after all-gathering
+  // every gradient).
   double redundant = local, bytes = 0;
   std::vector<double> ours;
   std::vector<int> layers;  // a segment is one layer's forward and backward
@@ -372,23 +490,40 @@ absl::StatusOr<std::vector<StrategyResult>> SimulateStrategies(
     ours.push_back(m.ours_s);
     layers.push_back(m.segment);
   }
-  serial("redundant", redundant);
-  // (b) Matrix i on GPU i mod G, then one all-gather of every update.
-  std::vector<double> load(gpus, 0.0);
-  for (size_t i = 0; i < ours.size(); ++i) load[i % gpus] += ours[i];
-  serial("round_robin", local + *std::max_element(load.begin(), load.end()) +
-                            AllGather(sc.links, gpus, bytes).total());
+  if (fsdp2) redundant += AllGather(sc.links, gpus, bytes).total();
+  if (auto st = serial("redundant", redundant); !st.ok()) return st;
+  // (b) Matrix i on GPU i mod G, then one all-gather of every update
+  // (FSDP2: gathered into its GPU and scattered back, two all-to-alls).
+  std::vector<double> load(gpus, 0.0), owned(gpus, 0.0);
+  for (size_t i = 0; i < ours.size(); ++i) {
+    load[i % gpus] += ours[i];
+    owned[i % gpus] += sc.matrices[i].bytes;
+  }
+  const double rr_comm =
+      fsdp2 ? 2 * AllToAll(sc.links, gpus,
+                           *std::max_element(owned.begin(), owned.end()))
+                      .total()
+            : AllGather(sc.links, gpus, bytes).total();
+  if (auto st =
+          serial("round_robin",
+                 local + *std::max_element(load.begin(), load.end()) + rr_comm);
+      !st.ok()) {
+    return st;
+  }
   // (c) The pool, both placements.
   const std::vector<int> owners = PlanOwners(ours, layers, gpus);
   std::vector<Task> tasks;
   for (size_t i = 0; i < sc.matrices.size(); ++i) {
     const MatrixCost& m = sc.matrices[i];
     tasks.push_back({m.segment, owners[i], m.shape_key, m.ours_s,
-                     ReduceTo(sc.links, gpus, m.bytes),
-                     BroadcastFrom(sc.links, gpus, m.bytes)});
+                     fsdp2 ? GatherTo(sc.links, gpus, m.bytes)
+                           : ReduceTo(sc.links, gpus, m.bytes),
+                     fsdp2 ? ScatterFrom(sc.links, gpus, m.bytes)
+                           : BroadcastFrom(sc.links, gpus, m.bytes)});
   }
-  Timeline alone = tl;  // no forward to overlap with
+  Timeline alone = tl;  // no forward to overlap with, nothing to all-gather
   std::fill(alone.forward_s.begin(), alone.forward_s.end(), 0.0);
+  alone.unshard.clear();
   for (Placement p : {Placement::kShared, Placement::kDedicated}) {
     const PoolConfig cfg{gpus, p, sc.max_batch};
     auto step = SimulatePool(tl, tasks, cfg);
@@ -397,11 +532,38 @@ absl::StatusOr<std::vector<StrategyResult>> SimulateStrategies(
     if (!opt.ok()) return opt.status();
     rows.push_back({p == Placement::kShared ? "dmuon" : "dmuon_dedicated",
                     opt->forward_end - opt->backward_end, step->exposed,
-                    fb + step->exposed});
+                    fsdp2 ? step->forward_end : fb + step->exposed});
   }
-  // (d) Fused AdamW over every parameter on every rank.
-  serial("adamw", sc.adamw_all_s);
+  // (d) Fused AdamW over every parameter on every rank (FSDP2: over each
+  // rank's shard).
+  if (auto st = serial("adamw", fsdp2 ? sc.adamw_all_s / gpus : sc.adamw_all_s);
+      !st.ok()) {
+    return st;
+  }
   return rows;
+}
+
+Traffic DmuonTraffic(const Scenario& sc, const std::vector<int>& owners) {
+  const int gpus = std::max(1, sc.gpus);
+  const Topology t = Topo(sc.links, gpus);
+  Traffic out;
+  std::vector<double> in(gpus, 0.0), node(t.n, 0.0);
+  for (size_t i = 0; i < sc.matrices.size(); ++i) {
+    const double b = sc.matrices[i].bytes;
+    if (sc.job != Job::kFsdp2) {
+      out.rank_out += b;
+      out.rank_in += b;
+      continue;
+    }
+    out.rank_out += b / gpus;
+    out.rank_in += b / gpus;
+    const int o = i < owners.size() ? std::clamp(owners[i], 0, gpus - 1) : 0;
+    in[o] += (gpus - 1.0) / gpus * b;
+    node[o / t.g] += (t.n - 1.0) / t.n * b;
+  }
+  out.owner_in = out.owner_out = *std::max_element(in.begin(), in.end());
+  out.node_in = *std::max_element(node.begin(), node.end());
+  return out;
 }
 
 }  // namespace dmuon::scaling

@@ -199,6 +199,155 @@ TEST(Links, HierarchicalCollectives) {
                    2 * l.nvlink_latency + 3 * l.ib_latency);
   // More nodes never make a per-matrix reduce cheaper.
   EXPECT_LE(ReduceTo(l, 8, s).busy, ReduceTo(l, 16, s).busy);
+  // FSDP2: gathering a row-sharded matrix into its owner costs what an
+  // all-gather does, less than reducing an unreduced one.
+  EXPECT_DOUBLE_EQ(GatherTo(l, 64, s).busy, AllGather(l, 64, s).busy);
+  EXPECT_DOUBLE_EQ(ScatterFrom(l, 64, s).total(), GatherTo(l, 64, s).total());
+  EXPECT_LT(GatherTo(l, 64, s).busy, ReduceTo(l, 64, s).busy);
+  EXPECT_DOUBLE_EQ(GatherTo(l, 1, s).total(), 0);
+  EXPECT_DOUBLE_EQ(
+      AllToAll(l, 16, s).busy,
+      0.5 * s / l.ib_bandwidth + 7.0 / 16 * s / l.nvlink_bandwidth);
+  EXPECT_DOUBLE_EQ(AllToAll(l, 8, s).busy, 7.0 / 8 * s / l.nvlink_bandwidth);
+}
+
+TEST(Pool, Fsdp2AllGathersGateTheForwardAndCountInTheBaseline) {
+  // Two 1 s segments, no backward; each segment's parameter all-gather
+  // takes 1 s on the channel. Bare job: gathers [0,1] [1,2], forward [1,2]
+  // [2,3]: baseline 3. One update of segment 1 (kernel [0,2], free
+  // transfers): its all-gather waits for it, [2,3]; forward seg 1 [3,4].
+  Timeline tl = Flat(2, 1, 0);
+  tl.unshard = {{1.0, 0.0}, {1.0, 0.0}};
+  auto bare = SimulatePool(tl, {}, {1, Placement::kDedicated, 16});
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_DOUBLE_EQ(bare->baseline_end, 3);
+  EXPECT_DOUBLE_EQ(bare->exposed, 0);
+  auto r = SimulatePool(tl, {T(1, 0, 0, 2)}, {1, Placement::kDedicated, 16});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->baseline_end, 3);
+  EXPECT_DOUBLE_EQ(r->forward_end, 4);
+  EXPECT_DOUBLE_EQ(r->exposed, 1);
+  tl.unshard.pop_back();
+  EXPECT_FALSE(SimulatePool(tl, {}, {1}).ok());
+}
+
+// A 2-segment job for hand computation: segment 0 has no Muon matrix, the
+// two matrices of segment 1 take 2 s of NS each and 4 bytes on the wire.
+// NVLink at 1 byte/s, no latency: on 2 GPUs (one node) a GatherTo or
+// ScatterFrom of 4 bytes takes 1/2 x 4 = 2 s, a ReduceTo 4 s.
+Scenario TwoGpuJob(Job job) {
+  Scenario sc;
+  sc.job = job;
+  sc.gpus = 2;
+  sc.timeline.forward_s = {0, 4};
+  sc.timeline.backward_s = {0, 0};
+  sc.timeline.after_backward_s = 1;  // non-Muon AdamW, whole model
+  sc.timeline.apply_s = {0, 2};      // applying both updates, whole model
+  sc.matrices = {{1, 0, 2.0, 2.0, 4}, {1, 1, 2.0, 2.0, 4}};
+  sc.adamw_all_s = 3;
+  sc.segment_param_bytes = {2, 8};  // all-gathers of 1 s and 4 s
+  sc.links.nvlink_bandwidth = 1;
+  sc.links.nvlink_latency = sc.links.ib_latency = 0;
+  return sc;
+}
+
+TEST(Strategies, Fsdp2OnTwoGpusHandComputed) {
+  // Each rank: AdamW of its half of the non-Muon parameters 0.5 s, applying
+  // its rows 1 s. The channel: gather M0 [0,2]; M0's NS [2,4] on its owner;
+  // segment 0's all-gather (queued at 0.5, earlier segment first) [2,3];
+  // gather M1 [3,5], NS [5,7]; scatter M0 [5,7], M1 [7,9]; segment 1's
+  // all-gather [9,13]; its forward + apply [13,18]. The bare job: all-gathers
+  // [0,1] [1,5], forward [5,9]. Exposed 9 s in both placements.
+  auto rows = SimulateStrategies(TwoGpuJob(Job::kFsdp2));
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_NEAR(Row(*rows, "dmuon"), 9, 1e-12);
+  EXPECT_NEAR(Row(*rows, "dmuon_dedicated"), 9, 1e-12);
+  // No forward, no all-gathers: gathers [0,2] [2,4], NS [2,4] [4,6],
+  // scatters [4,6] [6,8], apply [8,9].
+  EXPECT_NEAR(Row(*rows, "dmuon", false), 9, 1e-12);
+  // Sharded AdamW: 3 / 2 after backward delays every all-gather by 1.5 s.
+  EXPECT_NEAR(Row(*rows, "adamw"), 1.5, 1e-12);
+  // Redundant: all-gather all 8 bytes (4 s), NS of both (4 s), AdamW and
+  // apply of the rank's half (1.5 s).
+  EXPECT_NEAR(Row(*rows, "redundant", false), 9.5, 1e-12);
+  EXPECT_NEAR(Row(*rows, "redundant"), 9.5, 1e-12);
+  // Round-robin: one matrix per GPU; each all-to-all moves half of its 4
+  // bytes (2 s), twice; NS 2 s; 1.5 s of AdamW and apply.
+  EXPECT_NEAR(Row(*rows, "round_robin"), 7.5, 1e-12);
+  // The same job replicated: a ReduceTo or BroadcastFrom is 4 s; the ranks
+  // run all the AdamW (1 s) and apply (2 s); AdamW 3 s.
+  auto rep = SimulateStrategies(TwoGpuJob(Job::kReplicated));
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_NEAR(Row(*rep, "adamw"), 3, 1e-12);
+  // Reduce M0 [0,4], M1 [4,8]; NS [4,6], [8,10]; broadcast M0 [8,12], M1
+  // [12,16]; forward + apply [16,22] vs 4 without an optimizer.
+  EXPECT_NEAR(Row(*rep, "dmuon_dedicated"), 18, 1e-12);
+}
+
+TEST(Strategies, Fsdp2OnOneGpuIsTheReplicatedJob) {
+  Scenario sc = Llama8b().scenario;
+  sc.gpus = 1;
+  auto rep = SimulateStrategies(sc);
+  sc.job = Job::kFsdp2;
+  auto fsdp = SimulateStrategies(sc);
+  ASSERT_TRUE(rep.ok() && fsdp.ok());
+  ASSERT_EQ(rep->size(), fsdp->size());
+  for (size_t i = 0; i < rep->size(); ++i) {
+    EXPECT_EQ((*rep)[i].strategy, (*fsdp)[i].strategy);
+    EXPECT_NEAR((*rep)[i].exposed_s, (*fsdp)[i].exposed_s, 1e-9)
+        << (*rep)[i].strategy;
+    EXPECT_NEAR((*rep)[i].optimizer_s, (*fsdp)[i].optimizer_s, 1e-9)
+        << (*rep)[i].strategy;
+  }
+}
+
+TEST(Strategies, Fsdp2RankWorkScalesAsOneOverG) {
+  // Free links and kernels: all that is left on a rank is AdamW of its
+  // shard of the non-Muon parameters and applying its rows, both / G;
+  // sharded AdamW is adamw_all / G.
+  Scenario sc = Llama8b().scenario;
+  sc.job = Job::kFsdp2;
+  for (MatrixCost& m : sc.matrices) m.ours_s = m.redundant_s = 0;
+  sc.links.nvlink_bandwidth = sc.links.ib_bandwidth =
+      std::numeric_limits<double>::infinity();
+  sc.links.nvlink_latency = sc.links.ib_latency = 0;
+  double apply = 0;
+  for (double a : sc.timeline.apply_s) apply += a;
+  const double local = sc.timeline.after_backward_s + apply;
+  ASSERT_GT(local, 0);
+  for (int g : {1, 2, 8, 64}) {
+    sc.gpus = g;
+    auto rows = SimulateStrategies(sc);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    EXPECT_NEAR(Row(*rows, "dmuon"), local / g, 1e-9) << g;
+    EXPECT_NEAR(Row(*rows, "dmuon_dedicated"), local / g, 1e-9) << g;
+    EXPECT_NEAR(Row(*rows, "redundant"), local / g, 1e-9) << g;
+    EXPECT_NEAR(Row(*rows, "adamw"), sc.adamw_all_s / g, 1e-9) << g;
+  }
+}
+
+TEST(Strategies, Fsdp2TrafficPerRankAndPerOwner) {
+  Scenario sc;
+  sc.matrices = {{1, 0, 1, 1, 4}, {1, 1, 1, 1, 8}};
+  sc.job = Job::kFsdp2;
+  sc.gpus = 2;  // one node
+  Traffic t = DmuonTraffic(sc, {0, 1});
+  EXPECT_DOUBLE_EQ(t.rank_out, 6);  // its half of each matrix
+  EXPECT_DOUBLE_EQ(t.rank_in, 6);
+  EXPECT_DOUBLE_EQ(t.owner_in, 4);  // the other half of the 8-byte one
+  EXPECT_DOUBLE_EQ(t.owner_out, 4);
+  EXPECT_DOUBLE_EQ(t.node_in, 0);
+  sc.gpus = 16;  // two nodes; owners on different nodes
+  t = DmuonTraffic(sc, {0, 8});
+  EXPECT_DOUBLE_EQ(t.rank_out, 12.0 / 16);
+  EXPECT_DOUBLE_EQ(t.owner_in, 15.0 / 16 * 8);
+  EXPECT_DOUBLE_EQ(t.node_in, 0.5 * 8);  // the other node's half
+  t = DmuonTraffic(sc, {0, 1});          // both on node 0
+  EXPECT_DOUBLE_EQ(t.node_in, 0.5 * 12);
+  sc.job = Job::kReplicated;  // whole unreduced gradients and updates
+  t = DmuonTraffic(sc, {0, 8});
+  EXPECT_DOUBLE_EQ(t.rank_out, 12);
+  EXPECT_DOUBLE_EQ(t.rank_in, 12);
 }
 
 TEST(Workload, ModelTablesMatchTheirSummaries) {

@@ -73,7 +73,11 @@ absl::StatusOr<std::vector<Model>> LoadModels(const std::string& path) {
       }
       for (const auto& x : m.value("adamw_params", nlohmann::json::array())) {
         if (!x.contains("shape")) continue;  // e.g. gpt2's "ln/bias": tiny
-        model.other_params += x.value("count", 1) * Elements(x["shape"]);
+        const double n = x.value("count", 1) * Elements(x["shape"]);
+        const std::string name = x.value("name", "");
+        model.other_params += n;
+        if (absl::StrContains(name, "lm_head")) model.head_params += n;
+        if (absl::StartsWith(name, "layers.")) model.layer_other_params += n;
       }
       out.push_back(std::move(model));
     }
@@ -242,9 +246,17 @@ absl::StatusOr<Workload> BuildWorkload(const Model& model,
       model.experts > 0 ? std::min(1.0, double(tc.moe_top_k) / model.experts)
                         : 1.0;
   std::vector<double> apply(segs, 0.0);
+  // FSDP2: what each segment's forward all-gathers, in elements.
+  std::vector<double> params(segs, 0.0);
+  params[0] = model.other_params - model.head_params - model.layer_other_params;
+  params[segs - 1] = model.head_params;
+  for (int l = 1; l <= model.layers; ++l) {
+    params[l] = model.layer_other_params / model.layers;
+  }
   for (const ModelMatrix& m : model.matrices) {
     const double e = static_cast<double>(m.shape.elements());
     const int seg = m.layer + 1;
+    params[seg] += e;
     weight[seg] += m.expert ? e * expert_share : e;
     apply[seg] += e * tc.apply_bytes_per_param / tc.hbm_bandwidth;
     MatrixCost c;
@@ -274,6 +286,9 @@ absl::StatusOr<Workload> BuildWorkload(const Model& model,
     tl.backward_s.push_back(bwd * weight[s] / active);
   }
   tl.apply_s = apply;
+  for (double p : params) {
+    w.scenario.segment_param_bytes.push_back(p * tc.comm_bytes_per_element);
+  }
   tl.after_backward_s =
       model.other_params * tc.adamw_bytes_per_param / tc.hbm_bandwidth;
   w.muon_params = model.muon_params();

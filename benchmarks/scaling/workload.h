@@ -21,6 +21,8 @@
 //   (P: active parameters, the head included; T: tokens per GPU per step) at
 //   `mfu` of the peak, spread over segments by their active parameters:
 //   segment 0 the embedding (no time), 1..L the layers, L+1 the head.
+// - FSDP2 all-gathers: each segment's parameters (its Muon matrices, every
+//   expert, and its AdamW parameters) at comm_bytes_per_element.
 
 #ifndef DMUON_BENCHMARKS_SCALING_WORKLOAD_H_
 #define DMUON_BENCHMARKS_SCALING_WORKLOAD_H_
@@ -49,6 +51,9 @@ struct Model {
   int experts = 0;
   std::vector<ModelMatrix> matrices;
   double other_params = 0;  // AdamW's: embeddings, head, norms
+  // Of those: the output head's ("lm_head": the last segment) and the
+  // layers' ("layers.*": spread evenly); the rest is the embedding's.
+  double head_params = 0, layer_other_params = 0;
   double muon_params() const;
 };
 
