@@ -17,7 +17,8 @@ namespace dmuon {
 //   1: OpenSessionRequest.resume (Resume), GradientsReady and UpdatesReady
 //      absent_param_ids, OpenSessionRequest.protocol_minor/client_version,
 //      Capabilities.protocol_minor, StepRequest.rewind (Rewind).
-inline constexpr uint32_t kProtocolMinor = 1;
+//   2: GradientsReady.momentum (a per-step momentum per parameter).
+inline constexpr uint32_t kProtocolMinor = 2;
 
 // The minor version this binary speaks: kProtocolMinor. Defined weak, so that
 // a test binary can link a strong definition that speaks an older minor

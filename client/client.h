@@ -233,6 +233,16 @@ class Session {
   // this order (nccl); see the top of this file.
   virtual absl::Status GradientReady(int i) = 0;
   virtual absl::Status GradientsReady(absl::Span<const int> ids) = 0;
+  // GradientsReady with this step's momentum (beta) for each of `ids`, same
+  // order, instead of its group's: torch's LR schedulers that cycle momentum
+  // (OneCycleLR, CyclicLR; protocol minor 2, GradientsReady.momentum).
+  // Every rank must send the same value for a parameter. `momentum` empty:
+  // GradientsReady(ids). INVALID_ARGUMENT when the sizes differ; a value
+  // outside [0, 1) or non-finite ends the step with INVALID_ARGUMENT from
+  // the daemon. A daemon older than minor 2 (it would ignore the values):
+  // FAILED_PRECONDITION naming its version, nothing sent.
+  virtual absl::Status GradientsReadyWithMomentum(
+      absl::Span<const int> ids, absl::Span<const double> momentum) = 0;
   // Declares `ids` absent in the current step: no gradient (torch: .grad is
   // None), so the daemon computes nothing for them and leaves their
   // momentum untouched, as torch.optim.Muon skips them (protocol minor 1,

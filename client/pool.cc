@@ -104,6 +104,32 @@ class PoolSession : public Session {
   absl::Status GradientsAbsent(absl::Span<const int> ids) override {
     return ForEachDaemon(ids, &Session::GradientsAbsent);
   }
+  absl::Status GradientsReadyWithMomentum(
+      absl::Span<const int> ids, absl::Span<const double> momentum) override {
+    if (momentum.empty()) return GradientsReady(ids);
+    if (momentum.size() != ids.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GradientsReady: ", momentum.size(),
+                       " momentum values for ", ids.size(), " parameters"));
+    }
+    std::vector<std::vector<int>> by(subs_.size());
+    std::vector<std::vector<double>> betas(subs_.size());
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const int i = ids[k];
+      if (!valid(i))
+        return absl::InvalidArgumentError(absl::StrCat("parameter index ", i));
+      by[owner_[i]].push_back(local_[i]);
+      betas[owner_[i]].push_back(momentum[k]);
+    }
+    for (size_t d = 0; d < subs_.size(); ++d) {
+      if (by[d].empty()) continue;
+      if (auto st = subs_[d]->GradientsReadyWithMomentum(by[d], betas[d]);
+          !st.ok()) {
+        return st;
+      }
+    }
+    return absl::OkStatus();
+  }
   // Splits pool indices by the daemon that owns them and calls `fn` on each
   // daemon's session with its local indices.
   absl::Status ForEachDaemon(

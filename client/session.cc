@@ -107,9 +107,33 @@ class SessionImpl final : public Session {
   }
 
   absl::Status GradientsReady(absl::Span<const int> ids) override {
+    return GradientsReadyWithMomentum(ids, {});
+  }
+
+  absl::Status GradientsReadyWithMomentum(
+      absl::Span<const int> ids, absl::Span<const double> momentum) override {
     if (absl::Status st = CheckIds(ids); !st.ok()) return st;
+    if (!momentum.empty() && momentum.size() != ids.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GradientsReady: ", momentum.size(),
+                       " momentum values for ", ids.size(), " parameters"));
+    }
     std::lock_guard<std::mutex> w(write_mu_);
     if (absl::Status st = stream_status(); !st.ok()) return st;
+    if (!momentum.empty()) {
+      // A daemon older than minor 2 ignores GradientsReady.momentum and
+      // would use each group's momentum: refuse here, naming both versions.
+      std::lock_guard<std::mutex> l(mu_);
+      if (open_.capabilities().protocol_minor() < 2) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "a per-step momentum (a momentum other than the one the session "
+            "was opened with, e.g. OneCycleLR/CyclicLR with "
+            "cycle_momentum=True) needs protocol minor 2; dmuond at ",
+            address_, " (", open_.capabilities().version(),
+            ") speaks protocol 1.", open_.capabilities().protocol_minor(),
+            ", this client 1.", ProtocolMinor(), ": upgrade the daemon"));
+      }
+    }
     if (open_.transport() == v1::TRANSPORT_INLINE) {
       const uint64_t max =
           transport::MaxChunkPayload(open_.capabilities().max_message_bytes());
@@ -130,6 +154,7 @@ class SessionImpl final : public Session {
     v1::StepRequest m;
     m.mutable_gradients_ready()->set_step(step_);
     for (int i : ids) m.mutable_gradients_ready()->add_param_ids(i);
+    for (double b : momentum) m.mutable_gradients_ready()->add_momentum(b);
     if (!stream_->Write(m)) return Broken();
     return absl::OkStatus();
   }

@@ -131,6 +131,7 @@ bool Job::RollBack() {
     std::fill(p.arrived.begin(), p.arrived.end(), 0);
     p.absent_count = 0;
     std::fill(p.absent.begin(), p.absent.end(), 0);
+    p.has_step_momentum = false;
   }
   params_done_ = 0;
   rewind_step_ = 0;
@@ -195,6 +196,7 @@ bool Job::EndParam(int param) {
   std::fill(p.arrived.begin(), p.arrived.end(), 0);
   p.absent_count = 0;
   std::fill(p.absent.begin(), p.absent.end(), 0);
+  p.has_step_momentum = false;
   if (!p.abandoned) return true;
   p.abandoned = false;
   p.ran = false;

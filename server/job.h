@@ -87,6 +87,12 @@ struct ParamState {
   // gradient: GradientsReady.absent_param_ids). Sized with `arrived`.
   std::vector<uint8_t> absent;
   int absent_count = 0;
+  // This step's momentum (beta): GradientsReady.momentum of the first rank
+  // that declared the parameter present, or its group's when that rank sent
+  // none (protocol minor 2); the other ranks must declare the same value.
+  // Meaningful while `has_step_momentum`, cleared with the arrivals.
+  double step_momentum = 0;
+  bool has_step_momentum = false;
   bool running = false;  // submitted: `momentum` and `work` are the step's
   // Submitted in the step in progress (running, or ended): its momentum has
   // advanced (or will) past the job's last completed step. Cleared when the

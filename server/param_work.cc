@@ -118,6 +118,14 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
   t.momentum = p.momentum.empty() ? nullptr : p.momentum.data();
   t.shape = info.shape;
   t.muon = &info.muon;
+  if (p.has_step_momentum && p.step_momentum != info.muon.momentum) {
+    // This step's momentum (GradientsReady.momentum, protocol minor 2).
+    // Batching compares NS options, not momentum (SameBatchKey), and each
+    // executor reads the momentum per task.
+    step_muon = info.muon;
+    step_muon.momentum = p.step_momentum;
+    t.muon = &step_muon;
+  }
   t.lr_scale = info.lr_scale;
   t.state = {job->serial(), param};
   if (ranks[0]->region()->device() != nullptr) {

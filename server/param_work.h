@@ -32,6 +32,10 @@ struct ParamWork : public Work {
   bool nonfinite = false;
   double compute_seconds = 0;  // Computed(); 0 when the compute was skipped
   DeviceIo io;  // GPU transports: where the task's gradient and update live
+  // The parameter's group hyperparameters with this step's momentum, when a
+  // rank sent one (GradientsReady.momentum) that differs from the group's:
+  // the task's `muon` then (Prepare).
+  MuonParams step_muon;
   // GPU transports: the sessions whose regions `io` points into, held from
   // Prepare until Finish so that no region is unmapped (a rank closing
   // mid-step) while the executor reads or writes it.

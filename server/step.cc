@@ -4,9 +4,12 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/protocol.h"
 #include "server/job.h"
 #include "server/param_work.h"
 #include "server/service.h"
@@ -157,6 +160,46 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
                          s->layout().slots[id].bytes, " bytes received"));
       }
     }
+    // Protocol minor 2: this step's momentum per parameter (empty: each
+    // group's). A daemon of an older minor ignores it, as that release did.
+    const bool step_momentum = ProtocolMinor() >= 2 && g.momentum_size() > 0;
+    if (step_momentum && g.momentum_size() != g.param_ids_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradients_ready.momentum at step ", g.step(), " has ",
+          g.momentum_size(), " values for ", g.param_ids_size(),
+          " param_ids: send one per param_ids entry (same order), or none"));
+    }
+    std::vector<double> betas;  // by param_ids entry: this step's momentum
+    for (int k = 0; k < g.param_ids_size(); ++k) {
+      const ParamInfo& info = job->table().params[g.param_ids(k)];
+      const double m = step_momentum ? g.momentum(k) : info.muon.momentum;
+      if (!(m >= 0 && m < 1)) {  // NaN too
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", info.name, "' at step ", g.step(),
+            ": gradients_ready.momentum must be in [0, 1), got ", m));
+      }
+      // Every rank that declares the parameter uses the same momentum (a
+      // rank that sends none: its group's).
+      const ParamState& p = job->param(g.param_ids(k));
+      if (p.has_step_momentum && p.step_momentum != m) {
+        // Shortest first; every digit when that does not tell them apart.
+        std::string ours = absl::StrCat(m),
+                    theirs = absl::StrCat(p.step_momentum);
+        if (ours == theirs) {
+          ours = absl::StrFormat("%.17g", m);
+          theirs = absl::StrFormat("%.17g", p.step_momentum);
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", info.name, "' at step ", g.step(), ": rank ",
+            s->rank(), " declared it with momentum ", ours,
+            " but another rank with ", theirs,
+            " (gradients_ready.momentum; a rank that sends none uses its "
+            "group's, ",
+            info.muon.momentum,
+            "); every rank must send the same momentum for a parameter"));
+      }
+      betas.push_back(m);
+    }
     // Protocol minor 1: parameters without a gradient this step (torch:
     // .grad is None). Nothing is read for them; they complete as absent.
     for (int id : g.absent_param_ids()) {
@@ -207,6 +250,11 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
     StartStep(st);
     const std::vector<int> ids(g.param_ids().begin(), g.param_ids().end());
     for (int id : ids) st.declared[id] = 1;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      ParamState& p = job->param(ids[k]);
+      p.step_momentum = betas[k];
+      p.has_step_momentum = true;
+    }
     for (int id : g.absent_param_ids()) {
       st.declared[id] = 1;
       switch (job->Arrive(s->rank(), id, /*absent=*/true)) {

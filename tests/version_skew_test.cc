@@ -1,10 +1,13 @@
 // Version skew with real processes (docs/protocol.md "Versions"): a rolling
-// upgrade from dmuond_prev (this tree built to speak the previous protocol
-// minor, as the last release's dmuond) to dmuond on the same --state-dir and
+// upgrade from dmuond_minor0 (this tree built to speak protocol 1.0, as a
+// release before minor versions) to dmuond on the same --state-dir and
 // port, the job continued with resume=continue bit for bit like an
 // uninterrupted run; a client claiming a newer minor than the daemon's is
-// refused naming both versions; this client asking dmuond_prev for a resume
-// mode is refused client-side naming both versions.
+// refused naming both versions; this client asking an older daemon for what
+// its minor lacks is refused naming both versions: this client (minor 2) by
+// dmuond_prev (the previous minor, 1) at OpenSession, and client-side a
+// per-step momentum (minor 2), a resume mode, an absent parameter or a Rewind
+// (minor 1) sent to dmuond_minor0 (a 1.0 daemon, which refuses nobody).
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -81,12 +84,14 @@ TEST(VersionSkew, RollingUpgradeContinuesTheJobBitForBit) {
   const std::string dir = TempDir("rolling");
   const uint64_t seed = std::random_device{}();
   constexpr int kBefore = 3, kAfter = 3;
+  // The older daemon: a 1.0 one (dmuond_minor0). dmuond_prev (the minor
+  // before this tree's, 1 or newer) refuses this client, whose minor is
+  // newer (Versions); a trainer that upgrades along with it reconnects to
+  // the new daemon with the same client, as below.
   std::unique_ptr<Daemon> prev = std::make_unique<Daemon>(
-      std::vector<std::string>{"--state-dir=" + dir}, "daemon/dmuond_prev");
+      std::vector<std::string>{"--state-dir=" + dir}, "daemon/dmuond_minor0");
   ASSERT_NE(prev->port(), 0) << prev->log();
-  EXPECT_NE(
-      prev->log().find(absl::StrCat("(protocol 1.", kProtocolMinor - 1, ")")),
-      std::string::npos)
+  EXPECT_NE(prev->log().find("(protocol 1.0)"), std::string::npos)
       << prev->log();
   const int port = prev->port();
   auto client = Connect(*prev);
@@ -174,9 +179,9 @@ TEST(VersionSkew, AClientOfANewerMinorIsRefusedNamingBothVersions) {
   EXPECT_TRUE(s.ok()) << s.status();
 }
 
-TEST(VersionSkew, AResumeModeAgainstTheOlderDaemonIsRefusedClientSide) {
+TEST(VersionSkew, AResumeModeAgainstAMinor0DaemonIsRefusedClientSide) {
   const std::string dir = TempDir("old-resume");
-  Daemon prev({"--state-dir=" + dir}, "daemon/dmuond_prev");
+  Daemon prev({"--state-dir=" + dir}, "daemon/dmuond_minor0");
   ASSERT_NE(prev.port(), 0) << prev.log();
   auto c = Connect(prev);
   ASSERT_TRUE(c);
@@ -189,12 +194,10 @@ TEST(VersionSkew, AResumeModeAgainstTheOlderDaemonIsRefusedClientSide) {
   for (Resume r : {Resume::kFresh, Resume::kContinue, Resume::kReplace}) {
     ExpectHas(Open(*c, "held", r).status(),
               absl::StatusCode::kFailedPrecondition,
-              {"dmuond at " + prev.address(),
-               absl::StrCat("speaks protocol 1.", kProtocolMinor - 1),
+              {"dmuond at " + prev.address(), "speaks protocol 1.0",
                absl::StrCat("this client (version ", kDmuonVersion,
                             ", protocol 1.", kProtocolMinor, ")"),
-               absl::StrCat("needs protocol 1.", kProtocolMinor),
-               "upgrade dmuond", "Resume::kAuto"});
+               "needs protocol 1.1", "upgrade dmuond", "Resume::kAuto"});
   }
   // Nothing was replaced or restarted: the job continues at step 2, and the
   // sessions the refusals opened were closed (one open now, this one).
@@ -206,8 +209,8 @@ TEST(VersionSkew, AResumeModeAgainstTheOlderDaemonIsRefusedClientSide) {
 // The other minor-1 messages are refused by this client before they reach a
 // minor-0 daemon, which would ignore them: an absent parameter would be
 // waited for forever, a rewind read as an unknown message.
-TEST(VersionSkew, AbsentAndRewindAgainstTheOlderDaemonAreRefusedClientSide) {
-  Daemon prev({}, "daemon/dmuond_prev");
+TEST(VersionSkew, AbsentAndRewindAgainstAMinor0DaemonAreRefusedClientSide) {
+  Daemon prev({}, "daemon/dmuond_minor0");
   ASSERT_NE(prev.port(), 0) << prev.log();
   auto c = Connect(prev);
   ASSERT_TRUE(c);
@@ -219,11 +222,47 @@ TEST(VersionSkew, AbsentAndRewindAgainstTheOlderDaemonAreRefusedClientSide) {
   const int last = static_cast<int>(kTable.size()) - 1;
   ExpectHas(
       (*s)->GradientsAbsent({last}), absl::StatusCode::kFailedPrecondition,
-      {"needs protocol minor 1", prev.address(),
-       absl::StrCat("speaks minor ", kProtocolMinor - 1),
+      {"needs protocol minor 1", prev.address(), "speaks minor 0",
        absl::StrCat("this client ", kProtocolMinor), "upgrade the daemon"});
   // Nothing was sent: the step still runs with every gradient.
   Step(**s, 12);
+  EXPECT_EQ((*s)->step(), 3);
+}
+
+// A per-step momentum (minor 2, GradientsReady.momentum) is refused by this
+// client before it reaches a daemon that would ignore it and use each
+// group's momentum: the error names both versions, nothing is sent. A minor-1
+// daemon (dmuond_prev) refuses this client (minor 2) at OpenSession already,
+// naming both versions (a client of a newer minor); a minor-0 one serves it.
+TEST(VersionSkew, APerStepMomentumAgainstAnOlderDaemonIsRefused) {
+  static_assert(kProtocolMinor == 2, "the older daemons must lack momentum");
+  {
+    Daemon prev({}, "daemon/dmuond_prev");
+    ASSERT_NE(prev.port(), 0) << prev.log();
+    auto c = Connect(prev);
+    ASSERT_TRUE(c);
+    ExpectHas(Open(*c, "minor1", Resume::kAuto).status(),
+              absl::StatusCode::kFailedPrecondition,
+              {absl::StrCat("client speaks protocol 1.", kProtocolMinor),
+               absl::StrCat("dmuond speaks protocol 1.", kProtocolMinor - 1),
+               "upgrade dmuond"});
+  }
+  Daemon old({}, "daemon/dmuond_minor0");
+  ASSERT_NE(old.port(), 0) << old.log();
+  auto c = Connect(old);
+  ASSERT_TRUE(c);
+  auto s = Open(*c, "minor0-momentum", Resume::kAuto);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Step(**s, 21);
+  const std::vector<double> beta = {0.9};
+  ExpectHas(
+      (*s)->GradientsReadyWithMomentum({0}, beta),
+      absl::StatusCode::kFailedPrecondition,
+      {"per-step momentum", "needs protocol minor 2", old.address(),
+       "speaks protocol 1.0", absl::StrCat("this client 1.", kProtocolMinor),
+       "upgrade the daemon"});
+  // Without one (each group's momentum) the step runs as before.
+  Step(**s, 22);
   EXPECT_EQ((*s)->step(), 3);
 }
 

@@ -85,6 +85,10 @@ class GuardedSession final : public Session {
   absl::Status GradientsReady(absl::Span<const int> ids) override {
     return inner_->GradientsReady(ids);
   }
+  absl::Status GradientsReadyWithMomentum(
+      absl::Span<const int> ids, absl::Span<const double> momentum) override {
+    return inner_->GradientsReadyWithMomentum(ids, momentum);
+  }
   absl::Status GradientsAbsent(absl::Span<const int> ids) override {
     return inner_->GradientsAbsent(ids);
   }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -554,15 +555,22 @@ void AddSessionCalls(py::class_<PySession>& cls) {
           py::arg("i"))
       .def(
           "gradients_ready",
-          [](PySession& s, std::vector<int> ids) {
+          [](PySession& s, std::vector<int> ids,
+             std::optional<std::vector<double>> momentum) {
             absl::Status st;
             {
               py::gil_scoped_release release;
-              st = s.s().GradientsReady(ids);
+              st = momentum ? s.s().GradientsReadyWithMomentum(ids, *momentum)
+                            : s.s().GradientsReady(ids);
             }
             Check(st);
           },
-          py::arg("ids"))
+          py::arg("ids"), py::arg("momentum") = py::none(),
+          "Declares the gradients of `ids` ready. momentum: None, or this "
+          "step's momentum (beta) for each of `ids` (same order) instead of "
+          "its group's, as torch's OneCycleLR/CyclicLR with "
+          "cycle_momentum=True set it (protocol minor 2: an older dmuond is "
+          "refused, naming its version).")
       .def(
           "gradients_absent",
           [](PySession& s, std::vector<int> ids) {
