@@ -204,23 +204,65 @@ class _RecoveryMixin:
                 "the Muon momentum is not what it was: load_state_dict() your last "
                 "checkpoint")
 
-    def _check_cycled_momentum(self):
-        """OneCycleLR/CyclicLR with cycle_momentum=True mark the groups with
-        'base_momentum'/'max_momentum' and set each step's momentum (beta1):
-        dmuond's momentum is fixed when the session opens (the protocol has
-        no per-step momentum), and the AdamW groups' momentum would be
-        ignored, so a cycled momentum cannot be honoured."""
-        for g, group in enumerate(self.param_groups):
-            if "max_momentum" in group or "base_momentum" in group:
-                raise ValueError(
-                    f"DMuon: param_groups[{g}] has 'base_momentum'/'max_momentum': an "
-                    "OneCycleLR or CyclicLR with cycle_momentum=True is attached. "
-                    "dmuond fixes Muon's momentum when the optimizer is created (the "
-                    "protocol has no per-step momentum) and DMuon's AdamW groups "
-                    "would ignore the scheduler's 'momentum', so the cycled momentum "
-                    "cannot be honoured: create the scheduler with "
-                    "cycle_momentum=False (and a new DMuon, or delete those keys from "
-                    "opt.param_groups)")
+    def _momentum_to_send(self, i):
+        """This step's momentum (beta) for Muon matrix i, sent with its
+        hand-off (GradientsReady.momentum, protocol minor 2), or None: its
+        group's 'momentum' is the one the dmuond session was opened with and
+        no scheduler cycles it. OneCycleLR/CyclicLR with cycle_momentum=True
+        set each group's 'momentum' every step (and mark the groups with
+        'base_momentum'/'max_momentum'), as torch.optim.Muon reads it."""
+        g = self._group_of[i]
+        group = self.param_groups[g]
+        beta = float(group["momentum"])
+        if not 0.0 <= beta < 1.0:  # NaN too
+            raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
+                             f"{group['momentum']!r}; it must be in [0, 1)")
+        cache = getattr(self, "_opened_by_group", None)
+        if cache is None or cache[0] is not self._opened:
+            cache = (self._opened, dict(zip(sorted(set(self._group_of)),
+                                            (o["momentum"] for o in self._opened))))
+            self._opened_by_group = cache
+        if (beta == cache[1].get(g) and "max_momentum" not in group
+                and "base_momentum" not in group):
+            return None
+        return beta
+
+    def _momentum_moved(self):
+        """step(): the Muon indices handed off with another momentum than
+        their group's now (a scheduler, or the user, changed it after the
+        hand-off, during or after backward). With a rewind they are redone
+        (exact); otherwise it raises naming the group."""
+        moved = []
+        for i, beta in enumerate(getattr(self, "_sent_beta", ())):
+            if beta is None or not self._handed[i] or self._absent[i]:
+                continue
+            g = self._group_of[i]
+            if float(self.param_groups[g]["momentum"]) != beta:
+                moved.append(i)
+        if moved and not self._can_rewind():
+            g = self._group_of[moved[0]]
+            raise RuntimeError(
+                f"DMuon: param_groups[{g}]['momentum'] changed from "
+                f"{self._sent_beta[moved[0]]!r} to "
+                f"{self.param_groups[g]['momentum']!r} after the gradient of "
+                f"{self._muon[moved[0]].name} was handed to dmuond for step "
+                f"{self._session.step}; with "
+                f"{'several ranks' if self._world > 1 else 'GPU transports'} dmuond "
+                "cannot redo a step: change the momentum (scheduler.step()) after "
+                "optimizer.step() and before the next backward, or pass "
+                "overlap=False so that gradients leave at step()")
+        return moved
+
+    def _adamw_beta1(self):
+        """OneCycleLR/CyclicLR with cycle_momentum=True write 'momentum' into
+        every group (DMuon's defaults have no 'betas') and mark it with
+        'base_momentum'/'max_momentum': an AdamW group's is its beta1, as a
+        torch.optim.AdamW's scheduler sets betas[0]. (An AdamW group added
+        later gets the defaults' 'momentum' unmarked: not its beta1.)"""
+        for group in self.param_groups:
+            if (not group.get("use_muon", True) and "momentum" in group
+                    and ("max_momentum" in group or "base_momentum" in group)):
+                group["betas"] = (group["momentum"], *tuple(group["betas"])[1:])
 
     def _stage_apply(self, i, p, value):
         """Writes `value` into parameter p (Muon index i) so that an interrupt

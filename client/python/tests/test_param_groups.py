@@ -73,8 +73,7 @@ def test_add_param_group_and_momentum_buffer(monkeypatch, daemon):
 
 def test_one_cycle_lr_over_both_halves(monkeypatch, daemon):
     """One OneCycleLR over DMuon's groups (max_lr per group) == one over
-    each of torch's optimizers. Momentum is fixed in dmuond, so
-    cycle_momentum must be False (True: the next test)."""
+    each of torch's optimizers (cycle_momentum=False; True: the next tests)."""
     ref, dm = pair(Two, seed=6)
     mats, others = _split(ref.parameters())
     muon = fp32_muon(monkeypatch)(mats, **MUON)
@@ -98,35 +97,146 @@ def test_one_cycle_lr_over_both_halves(monkeypatch, daemon):
     opt.close()
 
 
-@pytest.mark.parametrize("make", [
-    lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.04, total_steps=10),
-    lambda o: torch.optim.lr_scheduler.CyclicLR(o, base_lr=0.01, max_lr=0.04,
-                                                step_size_up=2)],
-    ids=["OneCycleLR", "CyclicLR"])
-def test_cycled_momentum_is_refused_at_step_and_nothing_changes(daemon, make):
-    """cycle_momentum=True (both schedulers' default) sets a momentum per step
-    that dmuond cannot take (fixed at OpenSession; no protocol field): the
-    scheduler can be made, and step() raises naming it and the remedy
-    before anything changes; without the scheduler's keys DMuon goes on."""
+# (DMuon's scheduler, torch.optim.Muon's, torch.optim.AdamW's): the same
+# settings, max_lr (and base_lr) per group for DMuon's Muon and AdamW groups.
+CYCLED = {
+    "OneCycleLR": lambda o, lrs: torch.optim.lr_scheduler.OneCycleLR(
+        o, max_lr=lrs, total_steps=10, pct_start=0.3),
+    "CyclicLR": lambda o, lrs: torch.optim.lr_scheduler.CyclicLR(
+        o, base_lr=[x / 4 for x in lrs] if isinstance(lrs, list) else lrs / 4,
+        max_lr=lrs, step_size_up=3),
+}
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "at_step"])
+@pytest.mark.parametrize("kind", sorted(CYCLED))
+def test_cycled_momentum_matches_torch(monkeypatch, daemon, kind, overlap):
+    """cycle_momentum=True (both schedulers' default) sets each group's
+    momentum every step: DMuon's Muon groups send it to dmuond with the
+    step's hand-offs (GradientsReady.momentum), its AdamW groups take it as
+    beta1, as torch.optim.Muon + AdamW each with its own scheduler do."""
+    make = CYCLED[kind]
+    ref, dm = pair(Two, seed=8)
+    mats, others = _split(ref.parameters())
+    muon = fp32_muon(monkeypatch)(mats, **MUON)
+    adamw = torch.optim.AdamW(others, **ADAMW)
+    opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address, overlap=overlap)
+    scheds = [make(muon, 0.04), make(adamw, 6e-3)]
+    sched = make(opt, [0.04, 6e-3])
+    seen = set()
+    for step in range(10):
+        assert opt.param_groups[0]["momentum"] == muon.param_groups[0]["momentum"]
+        assert opt.param_groups[1]["momentum"] == adamw.param_groups[0]["betas"][0]
+        seen.add(muon.param_groups[0]["momentum"])
+        _step(ref, step)
+        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
+        _step(dm, step)
+        opt.step()
+        opt.zero_grad()
+        for s in (*scheds, sched):
+            s.step()
+        assert_same(ref, dm, step)
+        assert opt.param_groups[1]["betas"][1] == ADAMW["betas"][1]
+    assert len(seen) > 3  # the momentum did cycle
+    names = dict(dm.named_parameters())
+    for name, p in ref.named_parameters():
+        if p.dim() == 2:
+            want = muon.state[p]["momentum_buffer"]
+            assert rel_err(opt.state[names[name]]["momentum_buffer"], want) < 1e-5, name
+    assert opt.stats.get("redone_steps", 0) == 0
+    opt.close()
+
+
+def test_cycled_momentum_resumes_from_a_checkpoint(monkeypatch, daemon):
+    """A checkpoint taken mid-cycle (the groups' momentum is the cycled one)
+    loads into a new DMuon created with the default momentum and a new
+    scheduler, and the run goes on as torch's."""
+    ref, dm = pair(Two, seed=10)
+    mats, others = _split(ref.parameters())
+    muon = fp32_muon(monkeypatch)(mats, **MUON)
+    adamw = torch.optim.AdamW(others, **ADAMW)
+    make = CYCLED["OneCycleLR"]
+    scheds = [make(muon, 0.04), make(adamw, 6e-3)]
+    opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address)
+    sched = make(opt, [0.04, 6e-3])
+    for step in range(10):
+        if step == 4:
+            sd, ssd = opt.state_dict(), sched.state_dict()
+            assert sd["param_groups"][0]["momentum"] != MUON["momentum"]
+            opt.close()
+            opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address)
+            sched = make(opt, [0.04, 6e-3])
+            opt.load_state_dict(sd)
+            sched.load_state_dict(ssd)
+        _step(ref, step)
+        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
+        _step(dm, step)
+        opt.step()
+        opt.zero_grad()
+        for s in (*scheds, sched):
+            s.step()
+        assert_same(ref, dm, step)
+    opt.close()
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
+@pytest.mark.filterwarnings("ignore:DMuon. Muon gradients were changed")
+def test_momentum_changed_after_the_handoff_is_redone(monkeypatch, daemon):
+    """A scheduler stepped between backward (which handed the gradients off
+    with the old momentum, overlap=True) and step(): the step is computed
+    again with the new one (one process, host buffers: a Rewind), exactly as
+    torch's step() reads the group then."""
+    ref, dm = pair(Two, seed=9)
+    mats, others = _split(ref.parameters())
+    muon = fp32_muon(monkeypatch)(mats, **MUON)
+    adamw = torch.optim.AdamW(others, **ADAMW)
+    opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address, overlap=True)
+    make = CYCLED["OneCycleLR"]
+    scheds = [make(muon, 0.04), make(adamw, 6e-3)]
+    sched = make(opt, [0.04, 6e-3])
+    for step in range(6):
+        _step(ref, step)
+        _step(dm, step)
+        for s in (*scheds, sched):  # before the optimizers' step
+            s.step()
+        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
+        opt.step()
+        opt.zero_grad()
+        assert_same(ref, dm, step)
+    assert opt.stats["redone_steps"] >= 4
+    opt.close()
+
+
+def test_bad_momentum_is_refused_by_dmuond_and_by_dmuon(daemon):
+    """Through the low-level client a momentum outside [0, 1) or NaN reaches
+    dmuond, which ends the step naming the parameter and the value; DMuon
+    refuses one in its groups at step() before anything changes."""
+    import dmuon
+
+    np = pytest.importorskip("numpy")
+    for bad, text in ((1.5, "1.5"), (float("nan"), "nan")):
+        c = dmuon.Client(daemon.address, deadline=10.0)
+        s = c.open_session(f"bad-momentum-{text}", [("w", 8, 12)])
+        s.gradient(0)[:] = np.ones((8, 12), np.float32)
+        with pytest.raises(dmuon.Error) as e:
+            s.gradients_ready([0], momentum=[bad])
+            s.wait_update(0)
+        assert "parameter 'w'" in str(e.value) and f"got {text}" in str(e.value)
+        assert "must be in [0, 1)" in str(e.value)
+        with pytest.raises(Exception, match=r"momentum values for 1 parameters"):
+            s.gradients_ready([0], momentum=[0.5, 0.5])
+        s.close()
     torch.manual_seed(0)
     dm = Two()
-    opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address)
-    sched = make(opt)
+    opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address, overlap=False)
     before = {n: p.detach().clone() for n, p in dm.named_parameters()}
+    opt.param_groups[0]["momentum"] = 1.5
     _step(dm, 0)
-    with pytest.raises(ValueError, match=r"OneCycleLR or CyclicLR.*cycle_momentum=False"):
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['momentum'\] is 1.5; it "
+                                         r"must be in \[0, 1\)"):
         opt.step()
     assert all(torch.equal(p, before[n]) for n, p in dm.named_parameters())
-    del sched
-    for g in opt.param_groups:
-        for k in ("base_momentum", "max_momentum"):
-            g.pop(k, None)
-        if g["use_muon"]:
-            g["momentum"] = MUON["momentum"]
-        else:
-            g.pop("momentum", None)
-    opt.zero_grad()
-    _step(dm, 0)
+    opt.param_groups[0]["momentum"] = 0.9
     opt.step()
     assert opt.state_dict()["dmuon"]["completed_steps"] == 1
     opt.close()
