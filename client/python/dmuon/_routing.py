@@ -15,6 +15,9 @@ recorded in the routing table):
   8. everything else                       -> AdamW: biases, norms, raw
      nn.Parameters (cls tokens, learned positional tables, 2-D ones included),
      3-D+ tensors that are not conv weights, Linear weights with a dim of 1.
+experts= (3-D expert stacks, "auto" detection only when asked) and split=
+(fused 2-D weights) are applied after these rules, by _parts.route: such a
+parameter goes to Muon as several matrices (one table entry per part).
 An untied output head is an nn.Linear, so rule 5 sends it to Muon; route it
 with adamw=[model.lm_head] (a tied head shares the embedding's parameter, so
 rule 4 keeps it in AdamW).
@@ -41,6 +44,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from . import _dtensor
+
 
 @dataclasses.dataclass
 class Route:
@@ -57,6 +62,7 @@ class Route:
     layer: Optional[int] = None  # Muon: the table's layer id (layer_ids)
     frozen: bool = False  # requires_grad=False at construction
     kind: str = ""  # the short reason, for the compact summary
+    dtensor: Optional[object] = None  # a DTensor Muon matrix's layout: _dtensor.Info
 
     @property
     def shape(self):
@@ -249,7 +255,9 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
             if not p.requires_grad:
                 r.frozen = True
                 r.reason += "; frozen at construction"
-            if id(p) in shard_of:
+            if r.route == "muon" and _dtensor.is_dtensor(p):
+                _dtensor.route(r, p, in_shards=id(p) in shard_of)  # FSDP2 / TP
+            elif id(p) in shard_of:
                 if r.route != "muon":
                     raise ValueError(f"DMuon: shards= names {name}, which is not Muon's")
                 begin, end, total = (int(x) for x in shard_of[id(p)])

@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import _ddp, _groups, _routing, _session
+from . import _ddp, _dtensor, _groups, _parts, _routing, _session
 
 try:
     from torch.nn.parallel import DistributedDataParallel as _DDP
@@ -94,9 +94,9 @@ class _WiringMixin:
             if muon[i].handoff == "hook":
                 self._hook_grad(i)
         if self._overlap_forward:
-            new = {id(r.param): n_old + k for k, r in enumerate(new_muon)}
+            new = _parts.indices(new_muon)  # every table entry (part) of a parameter
             for m, params in _applied_in_forward_of(self._module):
-                ids = [new[id(p)] for p in params if id(p) in new]
+                ids = [n_old + k for p in params for k in new.get(id(p), ())]
                 if ids:
                     self._handles.append(m.register_forward_pre_hook(
                         _hook(ref, "_apply_pending", tuple(ids))))
@@ -111,17 +111,20 @@ class _WiringMixin:
         ignored = set(getattr(self._ddp, "parameters_to_ignore", ()) or ())
         mark = []
         for r in self._muon:
-            if r.sharding != "rows" and reduce_in_daemon and self._world > 1:
+            if (r.sharding != "rows" and reduce_in_daemon and self._world > 1
+                    and getattr(r, "dtensor", None) is None):  # a DTensor's is reduced
                 r.sharding = "unreduced"
-            in_ddp = self._ddp is not None and r.name not in ignored
+            in_ddp = self._ddp is not None and _parts.param_name(r) not in ignored
             if in_ddp:
                 r.handoff = "ddp" if overlap else "step"
             elif not overlap or (self._world > 1 and r.sharding == "replicated"):
                 r.handoff = "step"  # the user reduces after backward, if at all
+            elif _dtensor.at_step(r):
+                r.handoff = "step"  # a collective first, in table order (_dtensor)
             else:
                 r.handoff = "hook"
             if r.sharding != "replicated" and self._ddp is None and module is not None:
-                mark.append(r.name)
+                mark.append(_parts.param_name(r))
         if mark and self._world > 1:
             # A DDP built on this module later leaves these out of its all-reduce.
             old = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []) or [])
@@ -179,8 +182,9 @@ class _WiringMixin:
             self._handles.append(module.register_forward_pre_hook(
                 _hook(ref, "_before_forward")))
         if self._overlap_forward:
+            index = _parts.indices(self._muon)  # every table entry (part) of a parameter
             for m, params in _applied_in_forward_of(module):
-                ids = [self._index[id(p)] for p in params if id(p) in self._index]
+                ids = [i for p in params for i in index.get(id(p), ())]
                 if ids:
                     self._handles.append(m.register_forward_pre_hook(
                         _hook(ref, "_apply_pending", tuple(ids))))

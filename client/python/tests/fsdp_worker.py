@@ -1,0 +1,257 @@
+"""One rank of a gloo job for test_fsdp: DMuon on DTensor parameters
+(FSDP2 fully_shard, tensor parallelism, FSDP2 x TP, HSDP, FSDP2 mixed
+precision) on a CPU mesh of 2 or 4 processes.
+
+Writes {"steps": [{name: full parameter}] after every step, "grads":
+{name: full gradient} and "placements": {name: its placements} of step 1,
+"routes": {name: (sharding, handoff)}, "reasons": {name: routing reason},
+"hooked": the Muon indices handed over by a backward hook, "momentum":
+0.weight's momentum_buffer (full) at the end, "momentum_placements": its
+placements, "error": str or None} to --out."""
+
+import io
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
+
+from dmuon.optim import DMuon  # noqa: E402
+from ranks import worker_args, worker_main  # noqa: E402
+
+STEPS = 10
+BATCH = 8
+# torch_ref.MUON / DM_ADAMW (test_fsdp's reference uses the same).
+HYPER = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, adamw_lr=3e-3,
+             adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_wd=0.01)
+
+
+def make_model(hidden=5):
+    """0.weight 5x6 (rows 3 + 2 on two ranks), 2.weight 8x5, 4.weight 1x8
+    (Muon by muon=: one rank holds no rows of it); `hidden` for 5."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, hidden), nn.Tanh(), nn.Linear(hidden, 8), nn.Tanh(),
+                         nn.Linear(8, 1))
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(BATCH, 6, generator=g), torch.randn(BATCH, 1, generator=g)
+
+
+def full(t):
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def fsdp(rank, world, mp_policy=None):
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = make_model()
+    kw = {} if mp_policy is None else {"mp_policy": mp_policy}
+    for m in (model[0], model[2], model[4]):
+        fully_shard(m, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, **kw)
+
+    def loss_of(x, y):  # each rank its half of the batch; FSDP2 averages
+        n = x.shape[0] // world
+        x, y = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+        return ((model(x) - y) ** 2).mean()
+
+    return model, loss_of
+
+
+def fsdp_bf16(rank, world):
+    """FSDP2 mixed precision: bf16 forward/backward, fp32 sharded parameters
+    and fp32 gradient reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return fsdp(rank, world, MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                  reduce_dtype=torch.float32))
+
+
+def tp_plan():
+    """fc1 colwise (Shard(0)), fc2 rowwise (Shard(1)), the 1x8 head rowwise
+    (Shard(1), its replicated input sliced). fc1's 5 rows are uneven on 2
+    ranks: its output stays a DTensor (a plain local tensor would be taken
+    as an even split by fc2's input)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"0": ColwiseParallel(use_local_output=False), "2": RowwiseParallel(),
+            "4": RowwiseParallel(input_layouts=Replicate())}
+
+
+def tp(rank, world):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = make_model()
+    parallelize_module(model, mesh, tp_plan())
+
+    def loss_of(x, y):  # every rank the whole batch
+        return ((model(x) - y) ** 2).mean()
+
+    return model, loss_of
+
+
+def fsdp_tp(rank, world, dim=0):
+    """FSDP2 x TP on a (dp=2, tp=world/2) mesh: TP inside each dp group,
+    fully_shard over dp (the weights' dim `dim`: shard_placement_fn; FSDP2
+    shards a dim other than 0 only evenly: hidden 4); each dp group its
+    half of the batch."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    model = make_model(4 if dim else 5)
+    parallelize_module(model, mesh["tp"], tp_plan())
+    kw = {}
+    if dim:
+        kw["shard_placement_fn"] = lambda p: Shard(dim) if p.dim() == 2 else None
+    for m in (model[0], model[2], model[4]):
+        fully_shard(m, mesh=mesh["dp"], **kw)
+    fully_shard(model, mesh=mesh["dp"], **kw)
+    dp = mesh.get_coordinate()[0]
+
+    def loss_of(x, y):
+        n = x.shape[0] // 2
+        return ((model(x[dp * n:(dp + 1) * n]) - y[dp * n:(dp + 1) * n]) ** 2).mean()
+
+    return model, loss_of
+
+
+def hsdp(rank, world):
+    """HSDP: fully_shard on a 2-D (replicate=2, shard=world/2) mesh; each
+    rank its quarter of the batch."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    model = make_model()
+    for m in (model[0], model[2], model[4]):
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+    def loss_of(x, y):
+        n = x.shape[0] // world
+        x, y = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+        return ((model(x) - y) ** 2).mean()
+
+    return model, loss_of
+
+
+def dp(rank, world):
+    """Replicate() parameters, the batch a Shard(0) DTensor: the weights'
+    gradients come out Partial (DMuon reduces them)."""
+    mesh = init_device_mesh("cpu", (world,))
+    model = make_model()
+    for m in (model[0], model[2], model[4]):
+        for name in ("weight", "bias"):
+            p = getattr(m, name)
+            setattr(m, name, nn.Parameter(distribute_tensor(p.detach(), mesh,
+                                                            [Replicate()])))
+    n = BATCH // world
+
+    def loss_of(x, y):
+        x = DTensor.from_local(x[rank * n:(rank + 1) * n], mesh, [Shard(0)])
+        y = DTensor.from_local(y[rank * n:(rank + 1) * n], mesh, [Shard(0)])
+        return ((model(x) - y) ** 2).mean().full_tensor()
+
+    return model, loss_of
+
+
+def refuse(args, rank, world):
+    """The DTensor layouts DMuon refuses: the error of each."""
+    from torch.distributed.tensor import Partial
+
+    errors = {}
+    # A sub-mesh: each rank its own 1-rank mesh, not DMuon's group.
+    mesh2 = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))
+    model = make_model()
+    for name in ("weight", "bias"):
+        p = getattr(model[2], name)
+        setattr(model[2], name, nn.Parameter(distribute_tensor(
+            p.detach(), mesh2["tp"], [Shard(0)])))
+    try:
+        DMuon(model, server=args.server, muon=["4.weight"], **HYPER)
+    except ValueError as e:
+        errors["submesh"] = str(e)
+    # A Partial parameter (not reduced).
+    mesh = init_device_mesh("cpu", (world,))
+    model = make_model()
+    model[2].weight = nn.Parameter(DTensor.from_local(model[2].weight.detach() / world,
+                                                      mesh, [Partial()]))
+    try:
+        DMuon(model, server=args.server, muon=["4.weight"], **HYPER)
+    except ValueError as e:
+        errors["partial"] = str(e)
+    return {"errors": errors}
+
+
+def train(args, rank, world):
+    make = {"fsdp": fsdp, "fsdp_accum": fsdp, "fsdp_resume": fsdp, "tp": tp,
+            "dp": dp, "fsdp_tp": fsdp_tp, "hsdp": hsdp, "fsdp_bf16": fsdp_bf16,
+            "fsdp_tp_dim1": lambda rank, world: fsdp_tp(rank, world, dim=1)}[args.mode]
+    model, loss_of = make(rank, world)
+    opt = DMuon(model, server=args.server, muon=["4.weight"], overlap=args.overlap,
+                **HYPER)
+    routes = {r["name"]: (r["sharding"], r["handoff"]) for r in opt.routing
+              if r["route"] == "muon"}
+    reasons = {r["name"]: r["reason"] for r in opt.routing if r["route"] == "muon"}
+    hooked = []  # Muon indices handed over by a backward hook
+    on_grad = opt._on_grad
+
+    def counted(i):
+        hooked.append(i)
+        on_grad(i)
+
+    opt._on_grad = counted
+    steps, grads, placements = [], None, None
+    for s in range(STEPS):
+        if args.mode == "fsdp_resume" and s == STEPS // 2:
+            # A checkpoint (through torch.save) into a new DMuon (a new job).
+            buf = io.BytesIO()
+            torch.save(opt.state_dict(), buf)
+            opt.close()
+            opt = DMuon(model, server=args.server, muon=["4.weight"], **HYPER)
+            buf.seek(0)
+            opt.load_state_dict(torch.load(buf, weights_only=False))
+        if args.mode == "fsdp_accum":  # two micro-batches, one reduce-scatter
+            x, y = batch(s)
+            halves = [(x[i::2], y[i::2]) for i in (0, 1)]
+            model.set_requires_gradient_sync(False)
+            (loss_of(*halves[0]) / 2).backward()
+            model.set_requires_gradient_sync(True)
+            (loss_of(*halves[1]) / 2).backward()
+        else:
+            loss_of(*batch(s)).backward()
+        if s == 0:
+            grads = {n: full(p.grad) for n, p in model.named_parameters()}
+            placements = {n: str(getattr(p.grad, "placements", None))
+                          for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        steps.append({n: full(p) for n, p in model.named_parameters()})
+    mb = opt.state[model[0].weight]["momentum_buffer"]
+    momentum = full(mb)
+    opt.close()
+    return {"steps": steps, "grads": grads, "routes": routes, "momentum": momentum,
+            "hooked": sorted(set(hooked)), "placements": placements, "reasons": reasons,
+            "momentum_placements": str(getattr(mb, "placements", None))}
+
+
+def main():
+    ap = worker_args()
+    ap.add_argument("--overlap", type=int, default=1)
+    args = ap.parse_args()
+    args.overlap = bool(args.overlap)
+    fn = refuse if args.mode == "refuse" else train
+    worker_main(args, lambda a: fn(a, a.rank, a.world))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""DMuon on DTensor parameters: FSDP2's fully_shard, tensor parallelism
+(ColwiseParallel + RowwiseParallel), FSDP2 x TP and HSDP on 2-D meshes,
+FSDP2 mixed precision, and Replicate() DTensors, in 2 or 4 gloo processes
+on CPU against one dmuond, checked step by step against
+torch.optim.Muon (fp32 Newton-Schulz) + torch.optim.AdamW on the same model
+unsharded in this process; and the layouts DMuon refuses."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+from helpers import rel_err
+from ranks import launch
+from torch_ref import ADAMW, MUON, fp32_muon
+
+pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 needs torch.distributed")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import fsdp_worker  # noqa: E402
+
+TOL = 1e-5
+MUON_NAMES = ("0.weight", "2.weight", "4.weight")
+
+
+def run_job(mode, address, tmp_path, world=2, extra=()):
+    return launch("fsdp_worker.py", mode, world, address, tmp_path, extra=extra,
+                  timeout=150)[0]
+
+
+def _reference(grads_of, hidden=5):
+    """torch.optim.Muon (fp32 Newton-Schulz) + AdamW, unsharded, the
+    gradients of each step from grads_of(model, x, y) (they land in .grad):
+    the parameters after every step, the gradients of step 1 and 0.weight's
+    momentum at the end."""
+    mp = pytest.MonkeyPatch()
+    try:
+        muon_cls = fp32_muon(mp)
+        model = fsdp_worker.make_model(hidden)
+        named = dict(model.named_parameters())
+        muon = muon_cls([named[n] for n in MUON_NAMES], **MUON)
+        adamw = torch.optim.AdamW([p for n, p in named.items() if n not in MUON_NAMES],
+                                  **ADAMW)
+        steps, grads = [], None
+        for s in range(fsdp_worker.STEPS):
+            grads_of(model, *fsdp_worker.batch(s))
+            if s == 0:
+                grads = {n: p.grad.detach().clone() for n, p in named.items()}
+            muon.step()
+            adamw.step()
+            muon.zero_grad()
+            adamw.zero_grad()
+            steps.append({n: p.detach().clone() for n, p in named.items()})
+        momentum = muon.state[named["0.weight"]]["momentum_buffer"].clone()
+        return steps, grads, momentum
+    finally:
+        mp.undo()
+
+
+def fp32_grads(model, x, y):
+    ((model(x) - y) ** 2).mean().backward()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The whole batch in fp32."""
+    return _reference(fp32_grads)
+
+
+def bf16_grads(model, x, y, world=2):
+    """What FSDP2 with MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32) computes on `world` ranks, each its slice of the
+    batch: the forward and backward in bf16 on a bf16 copy of the fp32
+    parameters (the input cast to bf16, as fully_shard's
+    cast_forward_inputs), each rank's bf16 gradient cast to fp32, the mean
+    over the ranks in fp32 (its reduce-scatter)."""
+    import copy
+
+    n = x.shape[0] // world
+    total = {name: torch.zeros_like(p) for name, p in model.named_parameters()}
+    for rank in range(world):
+        low = copy.deepcopy(model).to(torch.bfloat16)
+        xs, ys = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+        ((low(xs.to(torch.bfloat16)) - ys) ** 2).mean().backward()
+        for name, p in low.named_parameters():
+            total[name] += p.grad.float()
+    for name, p in model.named_parameters():
+        p.grad = total[name] / world
+
+
+@pytest.fixture(scope="module")
+def reference_bf16():
+    """The fp32 optimizers on the gradients of FSDP2's bf16 mixed precision."""
+    return _reference(bf16_grads)
+
+
+def check_against(reference, results):
+    want_steps, want_grads, want_momentum = reference
+    for rank, r in enumerate(results):
+        # The gradients first: FSDP2's reduce-scatter must average (some
+        # torch versions sum on gloo), or every later comparison is moot.
+        for name, g in want_grads.items():
+            assert rel_err(r["grads"][name], g) < TOL, (rank, "grad", name)
+        for s, (got, want) in enumerate(zip(r["steps"], want_steps)):
+            for name, p in want.items():
+                err = rel_err(got[name], p)
+                assert err < TOL, f"rank {rank} step {s + 1} {name}: {err:.2e}"
+        # opt.state[p]["momentum_buffer"]: a DTensor laid out as p.
+        assert rel_err(r["momentum"], want_momentum) < TOL, rank
+    for name in want_steps[-1]:
+        for r in results[1:]:
+            assert torch.equal(results[0]["steps"][-1][name], r["steps"][-1][name])
+
+
+def worst_step_errors(reference, results):
+    """{name: the largest relative error over the steps} of rank 0."""
+    worst = {}
+    for got, want in zip(results[0]["steps"], reference[0]):
+        for name, p in want.items():
+            worst[name] = max(worst.get(name, 0.0), rel_err(got[name], p))
+    return worst
+
+
+@pytest.mark.parametrize("overlap", [1, 0])
+def test_fsdp2_fully_shard_equals_unsharded_torch(daemon, reference, tmp_path, overlap):
+    """fully_shard of every Linear and the root: 0.weight's 5 rows are 3 + 2,
+    4.weight's 1 row leaves rank 1 none (gathered, sent whole)."""
+    results = run_job("fsdp", daemon.address, tmp_path, extra=[f"--overlap={overlap}"])
+    check_against(reference, results)
+    routes = results[0]["routes"]
+    hand = "hook" if overlap else "step"
+    assert routes["0.weight"] == ("rows", hand)
+    assert routes["2.weight"] == ("rows", hand)
+    assert routes["4.weight"] == ("replicated", "step")
+    # FSDP2 runs post-accumulate-grad hooks on its sharded parameters after
+    # the reduce-scatter: 0.weight and 2.weight leave during backward.
+    assert results[0]["hooked"] == ([0, 1] if overlap else [])
+    assert results[0]["placements"]["0.weight"] == "(Shard(dim=0),)"
+
+
+def test_fsdp2_accumulation_without_gradient_sync(daemon, reference, tmp_path):
+    """Two micro-batches, the first with set_requires_gradient_sync(False):
+    FSDP2 reduce-scatters (and runs the hooks) once, in the last backward."""
+    results = run_job("fsdp_accum", daemon.address, tmp_path)
+    check_against(reference, results)
+    assert results[0]["hooked"] == [0, 1]
+
+
+def test_fsdp2_checkpoint_into_a_new_optimizer(daemon, reference, tmp_path):
+    """state_dict() after 5 steps (AdamW's DTensor state, dmuond's whole
+    matrices) through torch.save into a new DMuon, 5 more steps."""
+    results = run_job("fsdp_resume", daemon.address, tmp_path)
+    check_against(reference, results)
+
+
+@pytest.mark.parametrize("overlap", [1, 0])
+def test_tensor_parallel_colwise_and_rowwise(daemon, reference, tmp_path, overlap):
+    """fc1 ColwiseParallel (Shard(0): rows as held, 3 + 2), fc2
+    RowwiseParallel (Shard(1): redistributed to Shard(0), rows 4 + 4), the
+    1x8 head RowwiseParallel (one row: gathered, sent whole)."""
+    results = run_job("tp", daemon.address, tmp_path, extra=[f"--overlap={overlap}"])
+    check_against(reference, results)
+    r = results[0]
+    assert r["placements"]["2.weight"] == "(Shard(dim=1),)", r["placements"]
+    assert r["routes"]["0.weight"] == ("rows", "hook" if overlap else "step")
+    assert r["routes"]["2.weight"] == ("rows", "step")  # a collective first: at step()
+    assert r["hooked"] == ([0] if overlap else [])  # 0.weight left during backward
+    assert r["routes"]["4.weight"] == ("replicated", "step")
+    assert "rows [0, 3) here" in r["reasons"]["0.weight"], r["reasons"]
+    assert "redistributed to all-Shard(0), rows [0, 4)" in r["reasons"]["2.weight"]
+    assert "gathered and sent whole" in r["reasons"]["4.weight"]
+    assert results[1]["momentum_placements"] == "(Shard(dim=0),)"
+
+
+def test_fsdp2_x_tensor_parallel_2d_mesh(daemon, reference, tmp_path):
+    """FSDP2 x TP on a (dp=2, tp=2) mesh of 4 ranks: fc1's weight is
+    (_StridedShard(dim=0, sf=2), Shard(0)) (rows 2 + 1 + 1 + 1, each rank
+    one contiguous block, not in rank order: sent as held), fc2's (Shard(0),
+    Shard(1)) (redistributed), the head's 1 row gathered."""
+    results = run_job("fsdp_tp", daemon.address, tmp_path, world=4)
+    check_against(reference, results)
+    r = results[0]
+    assert r["placements"]["0.weight"] == "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
+    assert r["placements"]["2.weight"] == "(Shard(dim=0), Shard(dim=1))"
+    assert r["momentum_placements"] == r["placements"]["0.weight"]
+    assert r["routes"]["0.weight"] == ("rows", "hook")
+    assert r["routes"]["2.weight"] == ("rows", "step")
+    assert r["routes"]["4.weight"] == ("replicated", "step")
+    assert r["hooked"] == [0]  # FSDP2 ran 0.weight's hook after its reduce-scatter
+    # rank 1 (dp 0, tp 1) holds row 3 of fc1: TP's second half, FSDP2's first row
+    assert "rows [3, 4) here" in results[1]["reasons"]["0.weight"], results[1]["reasons"]
+    assert "redistributed" not in r["reasons"]["0.weight"]
+    assert "redistributed to all-Shard(0), rows [2, 4)" in results[1]["reasons"]["2.weight"]
+
+
+def test_fsdp2_x_tensor_parallel_strided_columns(daemon, tmp_path):
+    """FSDP2 x TP with fully_shard on the weights' columns
+    (shard_placement_fn: Shard(1); hidden 4, as FSDP2 shards columns only
+    evenly): fc2's weight 8x4 is (_StridedShard(dim=1, sf=2), Shard(1)) and
+    goes through DTensor.redistribute (to (Shard(0), Shard(0))) and back;
+    fc1's (Shard(1), Shard(0)) too; the head's (_StridedShard(dim=1, sf=2),
+    Shard(1)) is gathered (full_tensor()) and its update sliced back."""
+    results = run_job("fsdp_tp_dim1", daemon.address, tmp_path, world=4)
+    check_against(_reference(fp32_grads, hidden=4), results)
+    r = results[0]
+    assert r["placements"]["2.weight"] == "(_StridedShard(dim=1, sf=2), Shard(dim=1))"
+    assert r["placements"]["4.weight"] == "(_StridedShard(dim=1, sf=2), Shard(dim=1))"
+    assert r["placements"]["0.weight"] == "(Shard(dim=1), Shard(dim=0))"
+    assert r["routes"]["0.weight"] == ("rows", "step")
+    assert r["routes"]["2.weight"] == ("rows", "step")
+    assert r["routes"]["4.weight"] == ("replicated", "step")
+    assert "redistributed to all-Shard(0), rows [0, 2)" in r["reasons"]["2.weight"]
+    assert r["momentum_placements"] == r["placements"]["0.weight"]
+
+
+def test_hsdp_2d_mesh(daemon, reference, tmp_path):
+    """HSDP: fully_shard on a (replicate=2, shard=2) mesh of 4 ranks, every
+    weight (Replicate(), Shard(0)): the rows each shard holds split between
+    its 2 replicas (5 rows: shards 3 + 2, then 2 + 1 and 1 + 1), sent from
+    FSDP2's hooks (after its all-reduce), the update all-gathered between
+    the replicas; the head's 1 row gathered."""
+    results = run_job("hsdp", daemon.address, tmp_path, world=4)
+    check_against(reference, results)
+    r = results[0]
+    assert r["placements"]["0.weight"] == "(Replicate(), Shard(dim=0))"
+    assert r["routes"]["0.weight"] == ("rows", "hook")
+    assert r["routes"]["2.weight"] == ("rows", "hook")
+    assert r["routes"]["4.weight"] == ("replicated", "step")
+    assert r["hooked"] == [0, 1]
+    split = "the rows held split among their replicas, rows"
+    # rank (replicate, shard): 0 = (0, 0), 1 = (0, 1), 2 = (1, 0), 3 = (1, 1)
+    for rank, rows in enumerate(("[0, 2)", "[3, 4)", "[2, 3)", "[4, 5)")):
+        assert f"{split} {rows} here" in results[rank]["reasons"]["0.weight"], (
+            rank, results[rank]["reasons"])
+
+
+# FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) against
+# the fp32 reference: the forward and backward run in bf16 (unit roundoff
+# u = 2^-8 = 3.9e-3), so step 1's gradients differ from fp32 ones by up to
+# 6.6e-3 relative (1.7 u; measured: 3.1e-3 for 0.weight, 6.6e-3 for
+# 2.weight), and each step adds its own such difference to the update's
+# direction: the parameters drift apart about linearly with the steps,
+# 1.4e-3 .. 2.4e-3 after step 1 and 1.4e-3 .. 9.0e-3 after step 10
+# (4.weight .. 2.weight). That is the bf16 compute's own deviation, the same
+# for the unsharded bf16 compute (reference_bf16), which DMuon matches to
+# 1e-5; the bound against fp32 is 2e-2 for 10 steps (about 2x the measured
+# 9.0e-3).
+BF16_VS_FP32 = 2e-2
+
+
+def test_fsdp2_bf16_mixed_precision(daemon, reference, reference_bf16, tmp_path):
+    """fp32 sharded parameters, bf16 compute, fp32 reduction: DMuon gets the
+    fp32 reduced gradient. Against the same bf16 compute unsharded
+    (bf16_grads: the fp32 optimizers on it) to 1e-5 relative per matrix at
+    every step, and against the fp32 reference to BF16_VS_FP32."""
+    results = run_job("fsdp_bf16", daemon.address, tmp_path)
+    check_against(reference_bf16, results)
+    worst = worst_step_errors(reference, results)
+    print("bf16 vs fp32 reference, worst relative error per parameter:", worst)
+    assert max(worst.values()) < BF16_VS_FP32, worst
+    assert max(worst.values()) > 1e-5, worst  # the bf16 compute is real
+
+
+def test_partial_gradients_are_reduced(daemon, reference, tmp_path):
+    """Replicate() parameters fed a Shard(0) batch: their gradients come out
+    Partial and are all-reduced before they go to dmuond."""
+    results = run_job("dp", daemon.address, tmp_path)
+    check_against(reference, results)
+    assert set(results[0]["routes"].values()) == {("replicated", "step")}
+    assert results[0]["placements"]["2.weight"].startswith("(Partial("), results[0]
+
+
+
+def test_refused_layouts(daemon, tmp_path):
+    """A mesh that is not DMuon's process group (a sub-mesh) and a Partial
+    parameter are refused at construction, naming the parameter."""
+    results = run_job("refuse", daemon.address, tmp_path)
+    for r in results:
+        sub, partial = r["errors"]["submesh"], r["errors"]["partial"]
+        assert "2.weight" in sub and "process group" in sub, sub
+        assert "2.weight" in partial and "Partial" in partial, partial
