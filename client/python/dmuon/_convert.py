@@ -14,7 +14,10 @@ The torch optimizers' parameters are DMuon's, in DMuon's order: its Muon
 groups (opt.param_groups with use_muon=True) become torch.optim.Muon's
 groups and its AdamW groups torch.optim.AdamW's, one for one. Muon momentum
 travels as torch keeps it, state[p]["momentum_buffer"] in the parameter's
-shape; AdamW's state is the same object on both sides.
+shape; AdamW's state is the same object on both sides. DMuon.state_dict()
+is in that layout already (both halves in one dict, dmuon/_state.py), so
+to_torch_state_dicts splits it by group kind, and from_torch_state_dicts
+joins the two.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from . import _state
 
 if TYPE_CHECKING:
     from .optim import DMuon
@@ -38,7 +43,14 @@ StateDict = dict[str, Any]
 
 
 def _check_convertible(opt: DMuon) -> None:
+    from . import _parts
+
+    _parts.check_convertible(opt)  # experts= / split=: a momentum per part
     for r in opt._muon:
+        if r.dtensor is not None:  # FSDP2 / TP (_dtensor)
+            raise NotImplementedError(
+                f"dmuon: {r.name} is a DTensor; converting DTensor parameters to "
+                "torch.optim.Muon's state_dict is not supported yet")
         if r.row_range or r.sharding != "replicated":
             raise NotImplementedError(
                 f"dmuon: {r.name} is {r.sharding}-sharded; torch.optim.Muon has no "
@@ -70,23 +82,21 @@ def torch_param_groups(opt: DMuon) -> tuple[list[dict[str, Any]], list[dict[str,
 
 def to_torch_state_dicts(opt: DMuon) -> tuple[StateDict, StateDict]:
     """DMuon's state as (torch.optim.Muon's state_dict, torch.optim.AdamW's),
-    for optimizers made over torch_param_groups(opt). Reads the Muon momentum
-    from dmuond (opt.state_dict(): between steps; a dead daemon raises,
-    naming it). Muon parameters that never had a gradient get a zero
-    momentum_buffer (torch makes the same at their first step)."""
+    for optimizers made over torch_param_groups(opt): opt.state_dict() (in
+    torch's layout already) split by group kind, renumbered, each Muon
+    momentum_buffer in its parameter's dtype, without the "step" torch.optim.
+    Muon does not keep. Reads the Muon momentum from dmuond (between steps; a
+    dead daemon raises, naming it)."""
     _check_convertible(opt)
     sd = opt.state_dict()
-    momentum = (sd.get("dmuon") or {}).get("momentum", {})
-    name_of = {id(r.param): r.name for r in opt._muon}
     muon = {"state": {}, "param_groups": []}
     adamw = {"state": {}, "param_groups": []}
     mi = ai = 0
     for group, saved in zip(opt.param_groups, sd["param_groups"]):
         ids = []
         if group["use_muon"]:
-            for p in group["params"]:
-                m = momentum.get(name_of[id(p)])
-                m = torch.zeros(p.shape) if m is None else m.reshape(p.shape)
+            for p, k in zip(group["params"], saved["params"]):
+                m = sd["state"][k]["momentum_buffer"]
                 muon["state"][mi] = {"momentum_buffer": m.to(device=p.device,
                                                              dtype=p.dtype, copy=True)}
                 ids.append(mi)
@@ -149,7 +159,7 @@ def from_torch_state_dicts(opt: DMuon, muon_state_dict: StateDict | None,
     mine_a = [p for g in opt.param_groups if not g["use_muon"] for p in g["params"]]
     local = opt.local_state_dict()
     new = {"state": {}, "param_groups": []}
-    momentum, steps = {}, [0]
+    steps, moved, muon_keys = [0], False, []
     tables = {}
     for what, sd, mine, theirs in (("Muon", muon_state_dict, mine_m, muon_params),
                                    ("AdamW", adamw_state_dict, mine_a, adamw_params)):
@@ -187,20 +197,25 @@ def from_torch_state_dicts(opt: DMuon, muon_state_dict: StateDict | None,
             if group["use_muon"]:
                 r = name_of[id(p)]
                 m = st.get("momentum_buffer")
-                m = torch.zeros(r.matrix) if m is None else m
-                if m.numel() != r.matrix[0] * r.matrix[1]:
+                m = torch.zeros(p.shape) if m is None else m
+                if m.numel() != p.numel():
                     raise ValueError(f"dmuon: momentum_buffer of {r.name} has shape "
                                      f"{list(m.shape)}; the parameter is {list(p.shape)}")
-                momentum[r.name] = m.detach().reshape(r.matrix).to("cpu", torch.float32)
+                m = m.detach().reshape(p.shape).to("cpu", torch.float32)
+                new["state"][k] = {"momentum_buffer": m}
+                muon_keys.append(k)
+                moved = moved or bool(m.any())
             elif st:
                 new["state"][k] = st
                 if "step" in st:
                     steps.append(int(float(st["step"])))
     if opt._muon:
         done = max(steps)
-        if done == 0 and any(bool(m.any()) for m in momentum.values()):
+        if done == 0 and moved:
             done = 1
-        new["dmuon"] = {"format": 1, "completed_steps": done, "momentum": momentum}
+        for k in muon_keys:
+            new["state"][k]["step"] = torch.tensor(float(done), dtype=torch.float32)
+        new["dmuon"] = {"format": _state.FORMAT, "completed_steps": done}
     return new
 
 

@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from . import _errors
+from . import _dtensor, _errors, _parts
 from ._recovery import deferred_sigint
 
 
@@ -34,6 +34,9 @@ class _HandoffMixin:
         # (the .grad handed off, its _version then) per Muon index, None when
         # none was: step() checks those for edits (_edited_after_handoff).
         self._sent = [None] * n
+        # The momentum each Muon index was handed off with (its group's then;
+        # None: not handed off): step() redoes those changed since.
+        self._sent_beta = [None] * n
 
     def _on_grad(self, i):
         if self._accumulating or (self._ddp is not None
@@ -46,7 +49,7 @@ class _HandoffMixin:
         if self._defer_handoff:
             return  # handed off at step(), from .grad as it is then
         try:
-            self._handoff(i, self._muon[i].param.grad)
+            self._handoff(i, _parts.grad(self._muon[i]))  # a part's: its view
         except Exception as e:  # noqa: BLE001 - raised by the next step()
             self._error = self._error or e
 
@@ -84,7 +87,7 @@ class _HandoffMixin:
                 kind = "local" if self._muon[i].handoff == "ddp" else "skip"
             plan.append((i, kind, offset, p.numel()))
             offset += p.numel()
-        return plan
+        return _parts.bucket_plan(self, plan)  # a parameter with parts: each part's rows
 
     def _handoff(self, i, grad):
         self._recover(backward_only=True)  # an earlier backward died mid-way (_recovery)
@@ -118,9 +121,13 @@ class _HandoffMixin:
                 "step(), and every loop shape is exact), or run every backward but "
                 "the last of a step inside `with optimizer.no_sync():` (DDP: "
                 "model.no_sync())")
+        grad = _dtensor.local_grad(r, grad)  # a DTensor's: its local rows (_dtensor)
         if tuple(r.param.shape) != r.shape0 or (grad is not None and grad.numel() !=
                                                  self._grad[i].numel()):
             self._shape_error(r)
+        # This step's momentum when it is not the session's (a scheduler that
+        # cycles it): sent with the declaration (protocol minor 2).
+        beta = self._momentum_to_send(i)
         t0 = time.perf_counter()
         buf = self._grad[i]
         # nccl cannot declare a parameter absent yet (dmuond refuses it):
@@ -144,7 +151,7 @@ class _HandoffMixin:
             if grad is None and not nccl:
                 self._session.gradients_absent([i])  # no bytes: nothing to send
             elif self._region is None:
-                self._session.gradient_ready(i)
+                self._declare_ready(i, beta)
             else:
                 # Hand-offs can come from several threads (autograd's, DDP's
                 # comm hook callbacks); over nccl the daemon receives in
@@ -152,9 +159,16 @@ class _HandoffMixin:
                 # together.
                 with self._handoff_lock:
                     self._region.handed([i])  # cuda_ipc: event after the copy; nccl: send
-                    self._session.gradient_ready(i)
+                    self._declare_ready(i, beta)
             self._handed[i] = True
+            self._sent_beta[i] = float(self.param_groups[self._group_of[i]]["momentum"])
         self.stats["handoff_seconds"] += time.perf_counter() - t0
+
+    def _declare_ready(self, i, beta):
+        if beta is None:
+            self._session.gradient_ready(i)
+        else:
+            self._session.gradients_ready([i], momentum=[beta])
 
     # ------------------------------------ gradients edited after their hand-off
     def _can_rewind(self):
@@ -177,7 +191,7 @@ class _HandoffMixin:
         for i, rec in enumerate(self._sent):
             if rec is None or not self._handed[i] or self._absent[i]:
                 continue
-            g = self._muon[i].param.grad
+            g = _dtensor.local(_parts.grad(self._muon[i]))
             buf = self._grad[i]
             if g is None or g.numel() != buf.numel() or not torch.equal(
                     g.detach().reshape(buf.shape).to(device=buf.device,
@@ -194,7 +208,7 @@ class _HandoffMixin:
         t0 = time.perf_counter()
         for j, r in enumerate(self._muon):
             if not self._handed[j]:
-                self._handoff(j, r.param.grad)
+                self._handoff(j, _parts.grad(r))
         step_lr = self._step_lr
         with _errors.explained(self._daemon):
             self._session.finish_step()
@@ -222,7 +236,7 @@ class _HandoffMixin:
                 "step(), after your edits")
         self._rewind_step()
         for j, r in enumerate(self._muon):
-            self._handoff(j, r.param.grad)
+            self._handoff(j, _parts.grad(r))
         n = self.stats["redone_steps"] = self.stats.get("redone_steps", 0) + 1
         self._redo_streak = getattr(self, "_redo_streak", 0) + 1
         if self._redo_streak == 3 and not getattr(self, "_warned_redo", False):
@@ -249,7 +263,7 @@ class _HandoffMixin:
         if self._applied[i]:
             return
         r = self._muon[i]
-        if self._restage(i, r.param):  # interrupted after its value was staged
+        if self._restage(i, _dtensor.local(_parts.param(r))):  # interrupted after staging
             return
         t0 = time.perf_counter()
         if self._region is not None and self._region.kind == "nccl":
@@ -257,7 +271,7 @@ class _HandoffMixin:
         self._session.wait_update(i)
         self._wait += time.perf_counter() - t0
         lr, wd = self._step_lr[i]
-        p = r.param
+        p = _dtensor.local(_parts.param(r))  # a DTensor's local shard, a part's view
         with torch.no_grad():
             if self._absent[i]:
                 pass  # torch.optim.Muon: no decay, no update without a gradient
@@ -266,7 +280,7 @@ class _HandoffMixin:
                               f"{self._session.step} (non-finite gradient); "
                               "it is left unchanged", RuntimeWarning)
             else:
-                u = self._upd[i]
+                u = _dtensor.local_update(r, self._upd[i])
                 if p.device != u.device or p.dtype != u.dtype:
                     u = u.to(device=p.device, dtype=p.dtype)
                 # torch.optim.Muon's p.mul_(1 - lr * wd); p.add_(u, alpha=-lr),

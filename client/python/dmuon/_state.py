@@ -1,7 +1,35 @@
-"""DMuon's state and checkpoints: opt.state[p]["momentum_buffer"] of a Muon
-parameter (read from dmuond when asked for), what load_state_dict() checks
-before it changes anything, the Muon hyperparameters dmuond fixes, and
-"between steps only" (_at_boundary).
+"""DMuon's state and checkpoints: opt.state[p] of a Muon parameter (its
+"momentum_buffer" and "step" read from dmuond when asked for), state_dict()'s
+layout, what load_state_dict() checks before it changes anything, the Muon
+hyperparameters dmuond fixes, and "between steps only" (_at_boundary).
+
+state_dict() is torch.optim.Muon + torch.optim.AdamW's layout, whoever asks
+(torch.save, torch.distributed.checkpoint: dmuon/_dcp.py):
+
+  - state[k]["momentum_buffer"] of every Muon parameter k: dmuond's fp32
+    momentum (exact, float32 whatever the parameter's dtype) in the
+    parameter's shape and on its device; a DTensor laid out as the
+    parameter when it is one (this rank's rows: DCP reshards it); a
+    parameter orthogonalized as parts (experts=, split=) has the full-shape
+    tensor of its parts' momentum (momentum is elementwise: it is the
+    parameter's momentum). state[k]["step"]: dmuond's completed steps (a
+    float32 scalar, as AdamW's).
+  - AdamW's state of the other parameters, every AdamW parameter that
+    requires grad with AdamW's initial state if it has none yet (step 0,
+    zero moments: what AdamW's first step makes, so equivalent to none; it
+    is kept in opt.state too, as torch's get_optimizer_state_dict steps a
+    fresh optimizer to make it), so that a fresh optimizer's state_dict()
+    is a complete destination for dcp.load.
+  - "dmuon": {"format": 2, "completed_steps": n} (FORMAT), and for
+    parameters row-sharded by shards= (a plain tensor of some of a matrix's
+    rows, which torch's layout cannot say) "row_sharded_momentum": {table
+    name: the whole fp32 matrix} instead of their momentum_buffer.
+
+load_state_dict() reads that layout; the same without "dmuon" (DCP drops it;
+torch.optim.Muon's own state dicts: a Muon parameter without momentum_buffer
+starts from zero, the step count is the largest Muon "step", else AdamW's);
+and format 1, the layout before 2: "dmuon": {"format": 1,
+"completed_steps", "momentum": {table name: fp32 matrix}}.
 
 _StateMixin is a part of DMuon (dmuon.optim), split out by concern; it uses
 DMuon's attributes: _muon (the Muon routes), _session, _group_of, _opened
@@ -12,29 +40,44 @@ param_groups, state, synchronize().
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import ItemsView, KeysView, Mapping, ValuesView
 
 import torch
 
-from . import _groups
+from . import _dtensor, _groups, _parts
+
+FORMAT = 2  # state_dict()["dmuon"]["format"]; load_state_dict() reads 1 and 2
+# What opt.state[p] of a Muon parameter lists and reads from dmuond.
+_LAZY = ("momentum_buffer", "step")
 
 
 class _MuonState(dict):
-    """opt.state[p] of a Muon parameter: "momentum_buffer" is read from
-    dmuond when asked for (a copy in the parameter's shape, as
-    torch.optim.Muon keeps it; writing to it changes nothing in dmuond: use
-    load_state_dict). Never stored, so it never goes into state_dict()'s
-    "state" (the momentum is in its "dmuon" entry)."""
+    """opt.state[p] of a Muon parameter: lists "momentum_buffer" and "step"
+    (as torch.optim.Muon's momentum, and the completed steps), whose values
+    are read from dmuond only when one is read (once per step: a copy in
+    the parameter's shape and dtype; writing to it changes nothing in
+    dmuond: use load_state_dict). dict(), copy, pickle (torch.save of
+    opt.state) and iteration see them; nothing of them is stored, so
+    local_state_dict() never fetches (stored() is what is)."""
 
     def __init__(self, owner, index, items=()):
         super().__init__(items)
         self._owner, self._index = owner, index
 
-    def __missing__(self, key):
+    def _lazy(self):
         owner = self._owner()
-        if key != "momentum_buffer" or owner is None:
+        if owner is None or getattr(owner, "_session", None) is None:
+            return ()
+        return tuple(k for k in _LAZY if not dict.__contains__(self, k))
+
+    def stored(self):
+        """The items held here (none of dmuond's)."""
+        return dict(dict.items(self))
+
+    def __missing__(self, key):
+        if key not in self._lazy():
             raise KeyError(key)
-        return owner._momentum_buffer(self._index)
+        return self._owner()._lazy_state(self._index, key)
 
     def get(self, key, default=None):
         try:
@@ -43,10 +86,59 @@ class _MuonState(dict):
             return default
 
     def __contains__(self, key):
-        return key == "momentum_buffer" or super().__contains__(key)
+        return dict.__contains__(self, key) or key in self._lazy()
+
+    def __iter__(self):
+        yield from list(dict.__iter__(self)) + list(self._lazy())
+
+    def __len__(self):
+        return dict.__len__(self) + len(self._lazy())
+
+    def __bool__(self):
+        return len(self) > 0
+
+    def keys(self):
+        return KeysView(self)
+
+    def items(self):
+        return ItemsView(self)
+
+    def values(self):
+        return ValuesView(self)
+
+    def __repr__(self):
+        items = [f"{k!r}: {v!r}" for k, v in dict.items(self)]
+        items += [f"{k!r}: <read from dmuond>" for k in self._lazy()]
+        return "{" + ", ".join(items) + "}"
 
     def __reduce__(self):  # pickles (torch.save of opt.state) as a plain dict
-        return (dict, (dict(self),))
+        return (dict, (dict(self.items()),))
+
+
+def _adamw_initial(p, group):
+    """AdamW's state before its first step (torch.optim.Adam._init_group)."""
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    fused, capturable = bool(group.get("fused")), bool(group.get("capturable"))
+    if fused or capturable:
+        step = torch.zeros((), dtype=_get_scalar_dtype(is_fused=fused), device=p.device)
+    else:
+        step = torch.tensor(0.0, dtype=_get_scalar_dtype())
+    st = {"step": step,
+          "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+          "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+    if group.get("amsgrad"):
+        st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return st
+
+
+def _step_tensor(done):
+    return torch.tensor(float(done), dtype=torch.float32)
+
+
+def _is_row_sharded(r):
+    """shards=: a plain tensor of this rank's rows of the matrix."""
+    return bool(r.row_range) and getattr(r, "dtensor", None) is None
 
 
 class _StateMixin:
@@ -58,20 +150,89 @@ class _StateMixin:
         for i, r in enumerate(self._muon):
             st = self.state.get(r.param, {})
             if not isinstance(st, _MuonState) or st._index != i:
-                self.state[r.param] = _MuonState(ref, i, dict(st))
+                kept = st.stored() if isinstance(st, _MuonState) else dict(st)
+                self.state[r.param] = _MuonState(
+                    ref, i, {k: v for k, v in kept.items() if k not in _LAZY})
 
-    def _momentum_buffer(self, i):
-        """Muon matrix i's momentum, fetched from dmuond (once per step)."""
+    def _fetch_state(self):
+        """({table name: momentum array}, completed steps) from dmuond, once
+        per step (for opt.state[p])."""
         if self._momentum_cache is None:
             self._at_boundary("state[p]['momentum_buffer'] (a read from dmuond)")
             st = self._session.get_state()
-            self._momentum_cache = dict(zip(st["names"], st["momentum"]))
+            self._momentum_cache = (dict(zip(st["names"], st["momentum"])),
+                                    int(st["completed_steps"]))
+        return self._momentum_cache
+
+    def _lazy_state(self, i, key):
+        """opt.state[p][key] of Muon table entry i's parameter ("step" or
+        "momentum_buffer"), read from dmuond."""
+        momentum, done = self._fetch_state()
+        if key == "step":
+            return _step_tensor(done)
+        return self._momentum_of(i, momentum)
+
+    def _momentum_of(self, i, momentum, dtype=None, copy=True):
+        """Table entry i's parameter's momentum as torch.optim.Muon keeps it:
+        the parameter's shape, device and dtype (unless `dtype`); a DTensor
+        laid out as it; assembled from its parts' (_parts); this rank's rows
+        of a shards= matrix. momentum: {table name: array} (GetState's);
+        copy=False: the result may share the array's memory."""
         r = self._muon[i]
-        m = torch.from_numpy(self._momentum_cache[self._session.names[i]])
+        if isinstance(r, _parts.Part):  # the full shape, from every part's momentum
+            return _parts.momentum_buffer(self, i, momentum, dtype)
+        m = torch.from_numpy(momentum[self._session.names[i]])
+        if r.dtensor is not None:  # from the whole matrix, laid out as p (_dtensor)
+            return _dtensor.as_param(r, m, dtype=dtype)
         if r.row_range:
             m = m[r.row_range[0]:r.row_range[1]]
-        return m.reshape(r.param.shape).to(device=r.param.device, dtype=r.param.dtype,
-                                           copy=True)
+        return m.reshape(r.param.shape).to(device=r.param.device,
+                                           dtype=dtype or r.param.dtype, copy=copy)
+
+    def _by_param(self):
+        """[(parameter, [its table indices])] in table order."""
+        return [(self._muon[idx[0]].param, idx)
+                for idx in _parts.indices(self._muon).values()]
+
+    def _init_adamw_state(self):
+        """AdamW's initial state for every AdamW parameter that requires grad
+        and has none (see the module docstring)."""
+        for group in self.param_groups:
+            if group["use_muon"]:
+                continue
+            for p in group["params"]:
+                if p.requires_grad and not self.state.get(p):
+                    self.state[p] = _adamw_initial(p, group)
+
+    def _add_muon_state(self, sd):
+        """Adds dmuond's Muon state to sd (local_state_dict()'s) in torch's
+        layout, and the "dmuon" entry (the module docstring)."""
+        st = self._session.get_state()
+        momentum = dict(zip(st["names"], st["momentum"]))
+        done = int(st["completed_steps"])
+        key = {id(p): k for g, saved in zip(self.param_groups, sd["param_groups"])
+               for p, k in zip(g["params"], saved["params"])}
+        whole = {}
+        for p, idx in self._by_param():
+            k, r = key[id(p)], self._muon[idx[0]]
+            entry = {n: v for n, v in sd["state"].get(k, {}).items() if n not in _LAZY}
+            if _is_row_sharded(r):
+                whole[r.name] = torch.from_numpy(momentum[self._session.names[idx[0]]])
+            else:
+                entry["momentum_buffer"] = self._momentum_of(  # a fresh GetState's
+                    idx[0], momentum, torch.float32, copy=False)
+            entry["step"] = _step_tensor(done)
+            sd["state"][k] = entry
+        sd["dmuon"] = {"format": FORMAT, "completed_steps": done}
+        if whole:
+            sd["dmuon"]["row_sharded_momentum"] = whole
+        return sd
+
+    def _muon_keys(self, saved_groups):
+        """The state_dict keys of the Muon parameters (the groups' lengths
+        were checked)."""
+        return {k for mine, theirs in zip(self.param_groups, saved_groups)
+                if mine["use_muon"] for k in theirs.get("params", ())}
 
     def _at_boundary(self, what):
         self.synchronize()
@@ -115,7 +276,13 @@ class _StateMixin:
             raise ValueError(f"DMuon.load_state_dict: the checkpoint's Muon groups "
                              f"cannot be read ({e!r})") from e
         for g, then, spec in zip(sorted(set(self._group_of)), self._opened, now):
+            if not 0.0 <= spec["momentum"] < 1.0:  # NaN too
+                raise ValueError(f"DMuon.load_state_dict: the checkpoint's param_groups"
+                                 f"[{g}]['momentum'] is {merged[g]['momentum']!r}; it "
+                                 "must be in [0, 1)")
             for key in then:
+                if key == "momentum":
+                    continue  # sent per step (a scheduler that cycles it)
                 if spec[key] != then[key]:
                     name = "ns_coefficients" if key in ("schedule", "coefficients") else key
                     raise ValueError(
@@ -124,12 +291,132 @@ class _StateMixin:
                         f"session was opened with {self.param_groups[g][name]!r}, and "
                         f"dmuond fixes it at creation: create the DMuon with "
                         f"{name}={merged[g][name]!r}, then load_state_dict()")
+        return self._loadable_momentum(state_dict, saved)
+
+    def _loadable_momentum(self, state_dict, saved):
+        """dmuond's SetState for the Muon state in state_dict (the module
+        docstring's layouts), or None if it has none; raises ValueError
+        naming the parameter for anything that does not fit."""
         dm = state_dict.get("dmuon")
-        if dm is None:
-            return None
-        if dm.get("format") != 1 or not isinstance(dm.get("momentum"), Mapping):
-            raise ValueError(f"DMuon.load_state_dict: unknown 'dmuon' format "
-                             f"{dm.get('format')!r} (this DMuon reads format 1)")
+        if dm is not None and (not isinstance(dm, Mapping)
+                               or dm.get("format") not in (1, FORMAT)):
+            what = dm.get("format") if isinstance(dm, Mapping) else type(dm).__name__
+            raise ValueError(f"DMuon.load_state_dict: unknown 'dmuon' format {what!r} "
+                             f"(this DMuon reads formats 1 and {FORMAT})")
+        if dm is not None and dm["format"] == 1:
+            return self._format1_momentum(dm)
+        state = state_dict["state"]
+        if not isinstance(state, Mapping):
+            raise ValueError(f"DMuon.load_state_dict: state_dict['state'] is a "
+                             f"{type(state).__name__}, not a dict")
+        key = {id(p): k for mine, theirs in zip(self.param_groups, saved)
+               if mine["use_muon"] for p, k in zip(mine["params"], theirs["params"])}
+        entries = self._by_param()
+        found = {}
+        for p, idx in entries:
+            k = key[id(p)]
+            st = state.get(k)
+            if st is not None and not isinstance(st, Mapping):
+                raise ValueError(f"DMuon.load_state_dict: state[{k!r}] (parameter "
+                                 f"{_parts.param_name(self._muon[idx[0]])!r}) is a "
+                                 f"{type(st).__name__}, not a dict")
+            mb = (st or {}).get("momentum_buffer")
+            if isinstance(mb, Mapping) and not mb:
+                mb = None  # DCP's flattened state: {} for a key it does not have
+            found[id(p)] = (k, st, mb)
+        torch_layout = dm is None
+        if torch_layout and not any(mb is not None or (st and "step" in st)
+                                    for _, st, mb in found.values()):
+            return None  # local_state_dict()'s: no Muon state (a warning)
+        whole = dm.get("row_sharded_momentum", {}) if dm is not None else {}
+        if not isinstance(whole, Mapping):
+            raise ValueError("DMuon.load_state_dict: state_dict['dmuon']"
+                             "['row_sharded_momentum'] is not a dict")
+        names, momentum, steps = self._session.names, {}, []
+        for p, idx in entries:
+            r = self._muon[idx[0]]
+            name = _parts.param_name(r)
+            k, st, mb = found[id(p)]
+            if st is not None and "step" in st and not isinstance(st["step"], Mapping):
+                steps.append(st["step"])
+            if _is_row_sharded(r):
+                m = whole.get(r.name)
+                if m is None:
+                    raise ValueError(
+                        f"DMuon.load_state_dict: no momentum for {name!r} (row-sharded "
+                        f"by shards=, rows {list(r.row_range)} here) in the checkpoint: "
+                        "its whole matrix is in DMuon's own state_dict()['dmuon']"
+                        "['row_sharded_momentum'], which torch's layout (DCP's) does "
+                        "not have. Save and load opt.state_dict() whole, or use DTensor "
+                        "parameters")
+                momentum[r.name] = self._checked_matrix(r, m, f"momentum of {name!r}")
+                continue
+            if mb is None:
+                if not torch_layout:
+                    raise ValueError(
+                        f"DMuon.load_state_dict: no momentum for {name!r} in the "
+                        f"checkpoint (state[{k!r}] has no 'momentum_buffer'): the model "
+                        "or its routing differs (check adamw= and muon=, experts= and "
+                        "split=)")
+                for i in idx:  # torch's layout: never stepped, zero
+                    momentum[names[i]] = torch.zeros(self._muon[i].matrix)
+                continue
+            full = self._checked_buffer(p, r, k, mb)
+            for i in idx:
+                q = self._muon[i]
+                part = q.view(full) if isinstance(q, _parts.Part) else full
+                momentum[names[i]] = part.reshape(q.matrix)
+        try:
+            if not torch_layout:
+                done = int(dm.get("completed_steps"))
+            else:
+                if not steps:  # torch.optim.Muon's: AdamW's step count
+                    muon_keys = self._muon_keys(saved)
+                    steps = [v["step"] for k, v in state.items() if k not in muon_keys
+                             and isinstance(v, Mapping) and "step" in v]
+                done = int(max([float(s) for s in steps] or [0]))
+            if done < 0:
+                raise ValueError
+        except (TypeError, ValueError, RuntimeError):
+            what = dm.get("completed_steps") if not torch_layout else steps
+            raise ValueError(f"DMuon.load_state_dict: the completed step count "
+                             f"{what!r} is not a count of steps") from None
+        if torch_layout and done == 0 and any(bool(m.any()) for m in momentum.values()):
+            done = 1  # torch.optim.Muon's state after steps it does not count
+        return {"completed_steps": done, "names": names,
+                "momentum": [momentum[n].detach().to("cpu", torch.float32)
+                             .contiguous().numpy() for n in names]}
+
+    def _checked_buffer(self, p, r, k, mb):
+        """A loaded momentum_buffer as a CPU fp32 tensor in p's shape."""
+        name = _parts.param_name(r)
+        if _dtensor.is_dtensor(mb):
+            mb = mb.full_tensor()  # a collective: every rank loads, in table order
+        if not isinstance(mb, torch.Tensor):
+            raise ValueError(f"DMuon.load_state_dict: state[{k!r}]['momentum_buffer'] "
+                             f"of {name!r} is a {type(mb).__name__}, not a tensor")
+        shape = tuple(mb.shape)
+        if shape != tuple(p.shape) and not (len(shape) == 2 and shape == tuple(r.matrix)
+                                            and not isinstance(r, _parts.Part)):
+            raise ValueError(f"DMuon.load_state_dict: momentum_buffer of {name!r} is "
+                             f"{list(shape)}; the parameter is {list(p.shape)}")
+        return mb.detach().to("cpu", torch.float32).reshape(p.shape)
+
+    def _checked_matrix(self, r, m, what):
+        if not isinstance(m, torch.Tensor):
+            raise ValueError(f"DMuon.load_state_dict: {what} is a {type(m).__name__}, "
+                             "not a tensor")
+        if tuple(m.shape) != tuple(r.matrix):
+            raise ValueError(f"DMuon.load_state_dict: {what} is {list(m.shape)}; the "
+                             f"parameter's matrix is {list(r.matrix)}")
+        return m
+
+    def _format1_momentum(self, dm):
+        """Format 1's "dmuon" entry: {"completed_steps", "momentum": {table
+        name: fp32 matrix}}."""
+        if not isinstance(dm.get("momentum"), Mapping):
+            raise ValueError("DMuon.load_state_dict: the 'dmuon' entry (format 1) has "
+                             "no 'momentum' dict")
         names, momentum = self._session.names, []
         for r, name in zip(self._muon, names):
             m = dm["momentum"].get(name)
@@ -137,25 +424,31 @@ class _StateMixin:
                 raise ValueError(
                     f"DMuon.load_state_dict: no momentum for {name!r} in the checkpoint "
                     f"(it has {sorted(dm['momentum'])}): the model or its routing differs "
-                    "(check adamw= and muon=)")
-            if tuple(m.shape) != tuple(r.matrix):
-                raise ValueError(f"DMuon.load_state_dict: momentum of {name!r} is "
-                                 f"{list(m.shape)}; the parameter's matrix is {list(r.matrix)}")
+                    "(check adamw= and muon=, experts= and split=)")
+            m = self._checked_matrix(r, m, f"momentum of {name!r}")
             momentum.append(m.detach().to("cpu", torch.float32).contiguous().numpy())
         return {"completed_steps": int(dm["completed_steps"]), "names": names,
                 "momentum": momentum}
 
     def _check_hyperparameters(self):
         """What the daemon was given must not have changed (lr and weight_decay
-        are applied here and may change; equal values in another spelling, e.g.
-        a list for a tuple or "original" for None, are fine)."""
+        are applied here and may change, and momentum goes to dmuond with each
+        step's hand-offs: _momentum_to_send; equal values in another spelling,
+        e.g. a list for a tuple or "original" for None, are fine)."""
         now = _groups.specs(self.param_groups, self._group_of)
         for g, then, spec in zip(sorted(set(self._group_of)), self._opened, now):
+            if not 0.0 <= spec["momentum"] < 1.0:  # NaN too
+                raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
+                                 f"{self.param_groups[g]['momentum']!r}; it must be "
+                                 "in [0, 1)")
             for key in then:
+                if key == "momentum":
+                    continue  # per step (GradientsReady.momentum)
                 if spec[key] != then[key]:
                     name = "ns_coefficients" if key in ("schedule", "coefficients") else key
                     raise ValueError(
                         f"DMuon: param_groups[{g}]['{name}'] changed from "
                         f"{then[key]!r} to {spec[key]!r}; dmuond fixes every Muon "
-                        "hyperparameter but lr and weight_decay when the optimizer is "
-                        "created: create a new DMuon and load_state_dict() into it")
+                        "hyperparameter but lr, weight_decay and momentum when the "
+                        "optimizer is created: create a new DMuon and load_state_dict() "
+                        "into it")

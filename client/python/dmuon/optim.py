@@ -41,12 +41,13 @@ import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import ParamsT
 
-from . import Session, _ddp, _errors, _groups, _native, _options, _routing, _session
+from . import Session, _ddp, _dtensor, _errors, _groups, _native, _options, _routing, _session
+from . import _dcp, _parts
 from ._groups import CLASSIC
 from ._handoff import _HandoffMixin
 from ._recovery import _RecoveryMixin, deferred_sigint
 from ._options import AdamWOptions, DaemonOptions
-from ._state import _StateMixin
+from ._state import _MuonState, _StateMixin
 from ._wiring import _DDP, _WiringMixin
 
 try:
@@ -108,6 +109,11 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
     list of addresses (a pool: each matrix goes to one of its daemons, by a
     plan over their devices that rank 0 makes and sends to every rank; see
     pool_owner).
+    experts: 3-D expert stacks [E, out, in] (parameters, modules or names;
+    "auto": 3-D parameters named or owned by an "expert" module), each
+    orthogonalized as E matrices out x in with a momentum each. split:
+    {parameter or name: n | [rows, ...] | {label: rows}}, a fused 2-D weight
+    (QKV) orthogonalized as parts along dim 0 (dmuon/_parts.py).
     """
 
     def __init__(
@@ -140,6 +146,8 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         adamw: ParamSelector = (),
         muon: ParamSelector = (),
         shards: Shards | None = None,
+        experts: ParamSelector | str = (),
+        split: Mapping[Tensor | str, Any] | None = None,
         overlap: bool = True,
         overlap_forward: bool = False,
         reduce_in_daemon: bool = False,
@@ -191,11 +199,14 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         adamw, muon = list(adamw), list(muon)  # kept for add_param_group
         groups, named = _groups.user_groups(params)
         routes = _routing.resolve(groups, module, adamw, muon, shards, named)
+        self._part_selectors = (_parts.normalize(experts), dict(split or {}))
+        _parts.route(routes, module, *self._part_selectors)  # experts=, split=: _parts
         self._module, self._selectors, self._user_groups = module, (adamw, muon), len(groups)
         self._reduce_in_daemon, self._overlap = reduce_in_daemon, overlap
         self._open_args, self._server = (timeout, transport), server
         self._resume = resume  # the session's reopen after a rollback: _recovery
         self._pg, self._rank, self._world = _ddp.world(process_group)
+        _dtensor.check(routes, self._pg, self._world, overlap_forward)  # FSDP2 / TP
         self._overlap_forward = bool(overlap_forward)
         self._accumulating = False
         # Loop shape (_handoff._plan_next_handoff): the backwards that gave
@@ -223,14 +234,17 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         self._shared = shared
         self._constructing = True
         super().__init__(torch_groups, dict(lr=lr, weight_decay=weight_decay))
-        # So that OneCycleLR/CyclicLR with cycle_momentum=True can be made and
-        # step() can name them (_check_cycled_momentum) instead of torch's
-        # "optimizer must support momentum" (set after the groups: AdamW's
-        # have no momentum).
+        # So that OneCycleLR/CyclicLR with cycle_momentum=True can be made (not
+        # torch's "optimizer must support momentum"; set after the groups:
+        # AdamW's have no momentum). They then write 'momentum' into every
+        # group each step: a Muon group's goes to dmuond with its hand-offs
+        # (_momentum_to_send), an AdamW group's is its beta1 (_adamw_beta1).
         self.defaults["momentum"] = momentum
         self._constructing = False
         self._routes = routes
-        self._muon = [r for r in routes if r.route == "muon"]
+        # dmuond's table: a parameter with parts (_parts) is one entry per part
+        self._muon, group_of = _parts.expand([r for r in routes if r.route == "muon"],
+                                             group_of)
         self._group_of = group_of  # Muon index -> index in self.param_groups
         self._index = {id(r.param): i for i, r in enumerate(self._muon)}
         self._adamw = None
@@ -285,12 +299,14 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         if any(id(p) in known for p in groups[0]["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
         routes = _routing.resolve(groups, self._module, *self._selectors, None, named)
+        _parts.route(routes, self._module, *self._part_selectors, strict=False)
         torch_groups, group_of = _groups.split(groups, routes, self._shared)
         for r in routes:
             r.group = self._user_groups
             if r.name.startswith("params[0]["):
                 r.name = f"params[{self._user_groups}][" + r.name[len("params[0]["):]
-        new_muon = [r for r in routes if r.route == "muon"]
+        new_muon, group_of = _parts.expand([r for r in routes if r.route == "muon"],
+                                           group_of)
         if new_muon and self._world > 1:
             raise NotImplementedError(
                 "DMuon.add_param_group: new Muon matrices reopen the dmuond session, "
@@ -381,10 +397,16 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             self._void_step(f"a gradient hand-off failed: {type(err).__name__}",
                             cause=err if isinstance(err, _native.load().Error) else None)
             raise err
+        if self._session is not None and _dcp.is_init_step(self):
+            # torch.distributed.checkpoint's _init_optim_state (zero gradients,
+            # lr 0): AdamW's state only, no dmuond step (dmuon/_dcp.py)
+            if self._adamw is not None:
+                self._adamw.step()
+            self._momentum_cache = None
+            return
         if self._session is not None:
             self.synchronize()  # a step() right after a step(), without backward
             try:
-                self._check_cycled_momentum()
                 self._check_hyperparameters()
             except ValueError:
                 self._void_step("a hyperparameter dmuond fixes was changed")
@@ -398,17 +420,21 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                 if not self._handed[i]:
                     if r.param.grad is None and self._trained[i]:
                         self._warn_absent(i)
-                    self._handoff(i, r.param.grad)
+                    self._handoff(i, _parts.grad(r))
             # Gradients edited after their hand-off (clipping, unscaling,
             # masking) are taken as they are now: exact, at the cost of
             # computing the step again (client/python/README.md).
             edited = self._edited_after_handoff()
-            if edited:
-                self._redo_step(edited)
+            # So is a momentum changed after its gradients' hand-off (a
+            # scheduler stepped between backward and step()): redone with it.
+            moved = self._momentum_moved()
+            if edited or moved:
+                self._redo_step(sorted(set(edited) | set(moved)))
             else:
                 self._redo_streak = 0
         # AdamW's step and the commit run whole: a Ctrl-C in them is raised
         # after the commit (the step is then completed, not undone).
+        self._adamw_beta1()  # a cycled 'momentum' is AdamW's beta1
         with deferred_sigint():
             if self._adamw is not None:
                 self._adamw.step()  # runs while dmuond computes
@@ -423,20 +449,18 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """torch's state_dict (AdamW's state, every group) plus "dmuon": the
-        daemon-held Muon momentum. Raises dmuon.Error naming the daemon if it
-        cannot be fetched; local_state_dict() is the rest without it."""
+        """torch.optim.Muon + AdamW's state_dict, whoever asks (torch.save,
+        torch.distributed.checkpoint): every Muon parameter's momentum as
+        state[k]["momentum_buffer"] (dmuond's, fp32) and its "step", AdamW's
+        state, every group, and "dmuon": {"format": 2, "completed_steps"}
+        (dmuon/_state.py). Raises dmuon.Error naming the daemon if the
+        momentum cannot be fetched; local_state_dict() is the rest without it."""
         try:
             self._at_boundary("state_dict")
+            self._init_adamw_state()  # a complete destination for dcp.load
             sd = self.local_state_dict()
             if self._session is not None:
-                st = self._session.get_state()
-                sd["dmuon"] = {
-                    "format": 1,
-                    "completed_steps": int(st["completed_steps"]),
-                    "momentum": {n: torch.from_numpy(m)
-                                 for n, m in zip(st["names"], st["momentum"])},
-                }
+                self._add_muon_state(sd)
             return sd
         except _native.load().Error as e:
             err = _errors.explain(self._daemon, e)
@@ -449,17 +473,21 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
 
     def local_state_dict(self) -> dict[str, Any]:
         """The state this process holds: AdamW's state and every parameter
-        group, without dmuond's Muon momentum (state_dict() has it). For when
-        dmuond is gone; load_state_dict() of it warns that the Muon momentum
-        starts from zero."""
+        group, without dmuond's Muon momentum and step (state_dict() has
+        them). For when dmuond is gone; load_state_dict() of it warns that
+        the Muon momentum starts from zero."""
         sd = super().state_dict()
-        sd["state"] = {k: dict(v) for k, v in sd["state"].items() if v}
+        sd["state"] = {k: v.stored() if isinstance(v, _MuonState) else dict(v)
+                       for k, v in sd["state"].items()}
+        sd["state"] = {k: v for k, v in sd["state"].items() if v}
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Checks everything first (param_groups and the daemon are untouched
         when it raises; the error names what to change), then loads AdamW's
-        state and the groups here and the Muon momentum into dmuond."""
+        state and the groups here and the Muon momentum into dmuond. Takes
+        state_dict()'s layout, the same without "dmuon" (DCP's,
+        torch.optim.Muon's), and format 1 (dmuon/_state.py)."""
         self._at_boundary("load_state_dict")
         daemon_state = self._check_loadable(state_dict)
         if self._session is not None and daemon_state is None:
@@ -469,7 +497,12 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             self._session.set_state(daemon_state)  # first: it can still fail
             self._trained = [bool(m.any()) for m in daemon_state["momentum"]]
             self._momentum_cache = None
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != "dmuon"})
+        muon_keys = self._muon_keys(state_dict["param_groups"])
+        state = {k: ({n: x for n, x in v.items() if n not in ("momentum_buffer", "step")}
+                     if k in muon_keys and isinstance(v, Mapping) else v)
+                 for k, v in state_dict["state"].items()}
+        super().load_state_dict({**{k: v for k, v in state_dict.items() if k != "dmuon"},
+                                 "state": state})
         self._relink_adamw()
         self._install_state()
         if self._session is not None:

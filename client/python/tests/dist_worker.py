@@ -2,10 +2,8 @@
 
 Writes {"params": {name: tensor}, "error": str or None} to --out."""
 
-import argparse
 import os
 import sys
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
@@ -16,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from dmuon.optim import DMuon  # noqa: E402
 from helpers import MLP, TinyLM, lm_batch, loss_of  # noqa: E402
+from ranks import worker_args, worker_main  # noqa: E402
 
 STEPS = 8
 HYPER = dict(lr=0.02, weight_decay=0.1, adamw_lr=3e-3)
@@ -72,14 +71,34 @@ def run_rows(args, rank, world):
     w = torch.nn.Parameter(full[rank * rows:(rank + 1) * rows].clone())
     opt = DMuon([w], server=args.server, shards={w: (rank * rows, (rank + 1) * rows, 16)},
                 lr=0.02, weight_decay=0.1)
+    # rows_cycled: OneCycleLR cycles the momentum, which every rank sends
+    # with its rows (GradientsReady.momentum).
+    sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.04, total_steps=STEPS)
+             if args.mode == "rows_cycled" else None)
     for s in range(STEPS):
         g = torch.Generator().manual_seed(s)
         x, y = torch.randn(8, 24, generator=g), torch.randn(8, 16, generator=g)
         ((x @ w.t() - y[:, rank * rows:(rank + 1) * rows]) ** 2).sum().backward()
         opt.step()
         opt.zero_grad()
+        if sched is not None:
+            sched.step()
+    checks = None
+    if args.mode == "rows":  # state_dict: the whole matrix in "dmuon", both ways
+        sd = opt.state_dict()
+        whole = sd["dmuon"]["row_sharded_momentum"]
+        checks = {"state": sorted(sd["state"][0]),
+                  "whole": {n: tuple(m.shape) for n, m in whole.items()}}
+        opt.load_state_dict(sd)
+        again = opt.state_dict()["dmuon"]["row_sharded_momentum"]
+        checks["same"] = all(torch.equal(again[n], m) for n, m in whole.items())
+        del sd["dmuon"]  # as DCP keeps it
+        try:
+            opt.load_state_dict(sd)
+        except ValueError as e:
+            checks["without_dmuon"] = str(e)
     opt.close()
-    return {"w": w.detach().clone()}, None
+    return {"w": w.detach().clone()}, checks
 
 
 def run_mismatch(args, rank, world):
@@ -89,26 +108,11 @@ def run_mismatch(args, rank, world):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", required=True)
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--init", required=True)
-    ap.add_argument("--server", required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=args.init, rank=args.rank,
-                            world_size=args.world)
-    result = {"params": {}, "routes": None, "error": None}
-    try:
-        fn = {"rows": run_rows, "mismatch": run_mismatch}.get(args.mode, run_ddp)
-        result["params"], result["routes"] = fn(args, args.rank, args.world)
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        result["error"] = f"{type(e).__name__}: {e}"
-        traceback.print_exc()
-    torch.save(result, args.out)
-    dist.destroy_process_group()
+    args = worker_args().parse_args()
+    fn = {"rows": run_rows, "rows_cycled": run_rows,
+          "mismatch": run_mismatch}.get(args.mode, run_ddp)
+    worker_main(args, lambda a: dict(zip(("params", "routes"), fn(a, a.rank, a.world))),
+                initial={"params": {}, "routes": None})
 
 
 if __name__ == "__main__":

@@ -193,3 +193,21 @@ def muon_split(model, adamw_modules=()):
     mats = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in skip]
     ids = {id(p) for p in mats}
     return mats, [p for p in model.parameters() if id(p) not in ids]
+
+
+def state_key(opt, sd, param):
+    """The key of `param` in state_dict sd["state"] (its position in
+    opt.param_groups, as sd["param_groups"] lists it)."""
+    for g, saved in zip(opt.param_groups, sd["param_groups"]):
+        for p, k in zip(g["params"], saved["params"]):
+            if p is param:
+                return k
+    raise KeyError("not a parameter of this optimizer")
+
+
+def momentum_by_name(model, opt, sd):
+    """{parameter name: its momentum_buffer in sd} of every Muon parameter of
+    DMuon opt's state_dict sd (torch.optim.Muon's layout)."""
+    muon = {id(p) for g in opt.param_groups if g["use_muon"] for p in g["params"]}
+    return {n: sd["state"][state_key(opt, sd, p)]["momentum_buffer"]
+            for n, p in model.named_parameters() if id(p) in muon}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dmuon.optim import DMuon
-from helpers import MLP, mlp_batch, train
+from helpers import MLP, mlp_batch, state_key, train
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,17 +45,28 @@ def _refused(opt, sd, match):
 
 
 def test_refused_loads_change_nothing_and_name_the_argument(daemon):
-    _, saver = _trained(daemon, momentum=0.9)
+    saver_model, saver = _trained(daemon, momentum=0.9, nesterov=False)
     sd = saver.state_dict()
     sd["param_groups"][1]["lr"] = 123.0  # would be loaded if anything were
     _, opt = _trained(daemon)
-    _refused(opt, sd, r"param_groups\[0\]\['momentum'\] is 0.9.*create the DMuon with "
-                      r"momentum=0.9")
+    _refused(opt, sd, r"param_groups\[0\]\['nesterov'\] is False.*create the DMuon with "
+                      r"nesterov=False")
     ok = saver.state_dict()
     bad = copy.deepcopy(ok)
-    del bad["dmuon"]["momentum"]["fc2.weight"]
-    _, opt2 = _trained(daemon, momentum=0.9)
+    bad["param_groups"][0]["momentum"] = 1.5  # momentum may differ, in [0, 1)
+    _refused(opt, bad, r"param_groups\[0\]\['momentum'\] is 1.5; it must be in \[0, 1\)")
+    bad = copy.deepcopy(ok)
+    fc2 = state_key(saver, ok, saver_model.fc2.weight)
+    del bad["state"][fc2]["momentum_buffer"]
+    _, opt2 = _trained(daemon, nesterov=False)  # momentum 0.95: it goes per step
     _refused(opt2, bad, r"no momentum for 'fc2.weight'.*check adamw= and muon=")
+    bad = copy.deepcopy(ok)
+    bad["state"][fc2]["momentum_buffer"] = torch.zeros(3, 3)
+    _refused(opt2, bad, r"momentum_buffer of 'fc2.weight' is \[3, 3\]; the parameter is "
+                        r"\[48, 48\]")
+    bad = copy.deepcopy(ok)
+    bad["dmuon"]["completed_steps"] = "two"
+    _refused(opt2, bad, r"completed step count 'two'")
     bad = copy.deepcopy(ok)
     bad["param_groups"] = bad["param_groups"][:1]
     _refused(opt2, bad, r"1 parameter groups, this optimizer 2.*adamw= and muon=")
@@ -65,9 +76,11 @@ def test_refused_loads_change_nothing_and_name_the_argument(daemon):
     bad = copy.deepcopy(ok)
     bad["param_groups"][0]["ns_steps"] = 3
     _refused(opt2, bad, r"create the DMuon with ns_steps=3")
-    # What passes the checks loads whole: dmuond's momentum and the groups.
+    # What passes the checks loads whole: dmuond's momentum and the groups
+    # (momentum 0.9 included: sent with each step's hand-offs from now on).
     opt2.load_state_dict(ok)
     assert _same(opt2.state_dict(), ok)
+    assert opt2.param_groups[0]["momentum"] == 0.9
     for o in (saver, opt, opt2):
         o.close()
 

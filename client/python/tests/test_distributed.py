@@ -1,52 +1,18 @@
 """2-process torch.distributed (gloo on 127.0.0.1) jobs against one dmuond."""
 
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from dmuon.optim import DMuon
 from helpers import TinyLM, lm_batch, loss_of, rel_err
+from ranks import launch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 8  # dist_worker.STEPS
 HYPER = dict(lr=0.02, weight_decay=0.1, adamw_lr=3e-3)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(mode, address, tmp_path, world=2):
-    init = f"tcp://127.0.0.1:{free_port()}"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs, outs = [], []
-    for rank in range(world):
-        out = str(tmp_path / f"{mode}-{rank}.pt")
-        outs.append(out)
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "dist_worker.py"), f"--mode={mode}",
-             f"--rank={rank}", f"--world={world}", f"--init={init}",
-             f"--server={address}", f"--out={out}"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"{mode}: a rank hung")
-    results = []
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and os.path.exists(out), f"rank {rank}:\n{logs[rank]}"
-        results.append(torch.load(out))
-    return results, logs
+    return launch("dist_worker.py", mode, world, address, tmp_path, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -85,22 +51,35 @@ def test_ddp_equals_single_process(daemon, single, tmp_path, mode, server):
         assert torch.equal(results[0]["params"][name], results[1]["params"][name]), name
 
 
-def test_row_sharded_parameter_equals_whole_matrix(daemon, tmp_path):
-    results, logs = run_job("rows", daemon.address, tmp_path)
+@pytest.mark.parametrize("mode", ["rows", "rows_cycled"])
+def test_row_sharded_parameter_equals_whole_matrix(daemon, tmp_path, mode):
+    """rows_cycled: with OneCycleLR cycling the momentum (each rank sends the
+    step's momentum with its rows)."""
+    results, logs = run_job(mode, daemon.address, tmp_path)
     for rank, r in enumerate(results):
         assert r["error"] is None, f"rank {rank}: {r['error']}\n{logs[rank]}"
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(16, 24) * 0.1)
     opt = DMuon([w], server=daemon.address, lr=0.02, weight_decay=0.1)
+    sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.04, total_steps=STEPS)
+             if mode == "rows_cycled" else None)
     for s in range(STEPS):
         g = torch.Generator().manual_seed(s)
         x, y = torch.randn(8, 24, generator=g), torch.randn(8, 16, generator=g)
         ((x @ w.t() - y) ** 2).sum().backward()
         opt.step()
         opt.zero_grad()
+        if sched is not None:
+            sched.step()
     opt.close()
     got = torch.cat([results[0]["params"]["w"], results[1]["params"]["w"]])
     assert rel_err(got, w.detach()) < 1e-5
+    if mode == "rows":  # state_dict(): the whole matrix, in the "dmuon" entry
+        for r in results:
+            checks = r["routes"]
+            assert checks["state"] == ["step"] and checks["same"], checks
+            assert checks["whole"] == {"params[0][0]": (16, 24)}, checks
+            assert "no momentum for 'params[0][0]'" in checks["without_dmuon"], checks
 
 
 def test_mismatch_between_ranks_fails_on_every_rank(daemon, tmp_path):

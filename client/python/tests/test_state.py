@@ -13,7 +13,7 @@ import torch
 
 import dmuon
 from dmuon.optim import DMuon
-from helpers import TinyLM, lm_batch, train
+from helpers import TinyLM, lm_batch, momentum_by_name, state_key, train
 
 HYPER = dict(lr=0.02, weight_decay=0.05, adamw_lr=3e-3)
 
@@ -48,9 +48,12 @@ def test_round_trip_onto_new_optimizer_and_new_daemon_is_bit_exact():
     train(fresh, opt, 6, lm_batch, start=6)
     for (n, a), b in zip(model.named_parameters(), fresh.parameters()):
         assert torch.equal(a, b), n
-    assert ckpt["opt"]["dmuon"]["completed_steps"] == 6
-    assert set(ckpt["opt"]["dmuon"]["momentum"]) == {
-        r["name"] for r in opt.routing if r["route"] == "muon"}
+    # torch.optim.Muon's layout: a momentum_buffer and step per Muon parameter
+    assert ckpt["opt"]["dmuon"] == {"format": 2, "completed_steps": 6}
+    muon = [k for g in ckpt["opt"]["param_groups"] if g["use_muon"] for k in g["params"]]
+    assert len(muon) == sum(r["route"] == "muon" for r in opt.routing)
+    assert {k for k, v in ckpt["opt"]["state"].items() if "momentum_buffer" in v} == set(muon)
+    assert all(float(ckpt["opt"]["state"][k]["step"]) == 6.0 for k in muon)
     opt.close()
 
 
@@ -61,21 +64,112 @@ def test_state_dict_names_and_shapes(daemon):
     model(torch.randn(2, 2, 6, 6)).sum().backward()
     opt.step()
     sd = opt.state_dict()
-    assert {k: tuple(v.shape) for k, v in sd["dmuon"]["momentum"].items()} == {
-        "0.weight": (4, 18), "2.weight": (3, 64)}
-    assert sd["dmuon"]["momentum"]["0.weight"].abs().sum() > 0
+    # the parameter's shape (a conv weight too), fp32, as torch.optim.Muon keeps it
+    mb = momentum_by_name(model, opt, sd)
+    assert {k: tuple(v.shape) for k, v in mb.items()} == {
+        "0.weight": (4, 2, 3, 3), "2.weight": (3, 64)}
+    assert all(v.dtype == torch.float32 for v in mb.values())
+    assert mb["0.weight"].abs().sum() > 0
+    st = opt.session.get_state()
+    assert torch.equal(mb["2.weight"], torch.from_numpy(st["momentum"][1]))
+    assert float(sd["state"][state_key(opt, sd, model[0].weight)]["step"]) == 1.0
+    opt.close()
+
+
+def test_opt_state_lists_momentum_buffer_and_step_without_fetching(daemon):
+    """opt.state[p] of a Muon parameter lists "momentum_buffer" and "step"
+    (as torch's flatten_optimizer_state_dict load reads them) and reads
+    dmuond only when a value is read; dict(), copy and pickle give them."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 3))
+    opt = DMuon(model, server=daemon.address)
+    w = model[0].weight
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    st = opt.state[w]
+    assert list(st) == ["momentum_buffer", "step"] and len(st) == 2 and st
+    assert "step" in st and "momentum_buffer" in st.keys() and "exp_avg" not in st
+    assert opt._momentum_cache is None  # nothing read yet
+    assert "read from dmuond" in repr(st) and opt._momentum_cache is None
+    assert opt.local_state_dict()["state"].keys() == {2, 3}  # AdamW's (biases)
+    assert opt._momentum_cache is None
+    m = st["momentum_buffer"]
+    assert m.shape == w.shape and m.abs().sum() > 0
+    assert float(st["step"]) == 1.0
+    plain = dict(st)
+    assert plain.keys() == {"momentum_buffer", "step"} and torch.equal(plain["momentum_buffer"], m)
+    for other in (copy.copy(st), copy.deepcopy(st),
+                  torch.load(io.BytesIO(_saved(st)), weights_only=False)):
+        assert type(other) is dict and torch.equal(other["momentum_buffer"], m), type(other)
+        assert float(other["step"]) == 1.0
+    assert torch.equal(dict(st.items())["momentum_buffer"], m)
+    assert [float(v) if v.dim() == 0 else v.shape for v in st.values()] == [w.shape, 1.0]
+    saved = torch.load(io.BytesIO(_saved(opt.state)), weights_only=False)
+    firsts = [v for v in saved.values() if v.keys() == {"momentum_buffer", "step"}]
+    assert len(firsts) == 2 and torch.equal(firsts[0]["momentum_buffer"], m)
+    opt.close()
+
+
+def _saved(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def test_loads_a_format_1_checkpoint(daemon):
+    """A checkpoint of the layout before format 2 ("dmuon": {"format": 1,
+    "completed_steps", "momentum": {table name: fp32 matrix}}, Muon
+    parameters without state) loads, and training goes on as from the
+    format-2 dict of the same state."""
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 4 * 4, 3))
+    start = copy.deepcopy(model)
+    opt = DMuon(model, server=daemon.address, **HYPER)
+    for s in range(2):
+        model(torch.randn(2, 2, 6, 6, generator=torch.Generator().manual_seed(s))
+              ).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    sd = opt.state_dict()
+    st = opt.session.get_state()
+    old = copy.deepcopy(opt.local_state_dict())
+    old["dmuon"] = {"format": 1, "completed_steps": int(st["completed_steps"]),
+                    "momentum": {n: torch.from_numpy(m).clone()
+                                 for n, m in zip(st["names"], st["momentum"])}}
+    assert set(old["dmuon"]["momentum"]) == {"0.weight", "2.weight"}
+    for kind, ckpt in (("format 1", old), ("format 2", sd)):
+        fresh = copy.deepcopy(start)
+        opt2 = DMuon(fresh, server=daemon.address, **HYPER)
+        opt2.load_state_dict(ckpt)
+        assert opt2.session.step == 3, kind
+        got = opt2.state_dict()
+        assert got["dmuon"] == {"format": 2, "completed_steps": 2}, kind
+        for k, v in sd["state"].items():
+            for n, t in v.items():
+                assert torch.equal(got["state"][k][n], t), (kind, k, n)
+        opt2.close()
+    bad = copy.deepcopy(old)
+    del bad["dmuon"]["momentum"]["2.weight"]
+    opt2 = DMuon(copy.deepcopy(start), server=daemon.address, **HYPER)
+    with pytest.raises(ValueError, match="no momentum for '2.weight'"):
+        opt2.load_state_dict(bad)
+    opt2.close()
     opt.close()
 
 
 def test_load_rejects_a_mismatched_checkpoint(daemon):
     a = DMuon(torch.nn.Linear(4, 6, bias=False), server=daemon.address)
     sd = a.state_dict()
-    sd["dmuon"]["momentum"]["weight"] = torch.zeros(6, 5)
+    sd["state"][0]["momentum_buffer"] = torch.zeros(6, 5)
     b = DMuon(torch.nn.Linear(4, 6, bias=False), server=daemon.address)
-    with pytest.raises(ValueError, match=r"momentum of 'weight' is \[6, 5\]"):
+    with pytest.raises(ValueError, match=r"momentum_buffer of 'weight' is \[6, 5\]; "
+                                         r"the parameter is \[6, 4\]"):
         b.load_state_dict(sd)
-    del sd["dmuon"]["momentum"]["weight"]
-    with pytest.raises(ValueError, match="no momentum for 'weight'"):
+    del sd["state"][0]["momentum_buffer"]
+    with pytest.raises(ValueError, match=r"no momentum for 'weight'.*state\[0\]"):
+        b.load_state_dict(sd)
+    sd["dmuon"]["format"] = 3
+    with pytest.raises(ValueError, match=r"unknown 'dmuon' format 3.*formats 1 and 2"):
         b.load_state_dict(sd)
     a.close()
     b.close()

@@ -88,15 +88,21 @@ def _bad_dicts(sd):
     d["param_groups"] = d["param_groups"][:1]
     out.append(("group count", d))
     d = copy.deepcopy(sd)
-    d["param_groups"][0]["momentum"] = 0.5
+    d["param_groups"][0]["nesterov"] = not d["param_groups"][0]["nesterov"]
     out.append(("fixed hyperparameter", d))
     d = copy.deepcopy(sd)
-    name = sorted(d["dmuon"]["momentum"])[-1]
-    d["dmuon"]["momentum"][name] = torch.zeros(3, 3)
+    d["param_groups"][0]["momentum"] = 1.5  # momentum may change, in [0, 1)
+    out.append(("momentum out of range", d))
+    d = copy.deepcopy(sd)
+    k = [k for k, v in d["state"].items() if "momentum_buffer" in v][-1]
+    d["state"][k]["momentum_buffer"] = torch.zeros(3, 3)
     out.append(("momentum shape", d))
     d = copy.deepcopy(sd)
-    del d["dmuon"]["momentum"][name]
+    del d["state"][k]["momentum_buffer"]
     out.append(("missing momentum", d))
+    d = copy.deepcopy(sd)
+    d["state"][k]["momentum_buffer"] = [1.0]
+    out.append(("momentum not a tensor", d))
     d = copy.deepcopy(sd)
     d["dmuon"]["format"] = 7
     out.append(("format", d))
