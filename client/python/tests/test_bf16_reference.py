@@ -18,6 +18,7 @@ import pytest
 import test_grad_edits
 import test_interrupts
 import test_loop_shapes
+import test_module_routing
 import test_no_grad
 import test_param_groups
 import test_torch_convert
@@ -36,15 +37,22 @@ CASES = {
     "accumulation": lambda mp, d: test_loop_shapes.test_accumulation_the_torch_way(mp, d, True),
     "interrupt then continue": lambda mp, d: test_interrupts.test_interrupted_backward_is_rolled_back(
         mp, d, "backward hook fc2 (mid-way)", "zero_grad", KeyboardInterrupt),
+    "ViT routing": lambda mp, d, capsys: (
+        test_module_routing.test_vit_routed_by_module_trains_like_torch(mp, d, capsys)),
     "torch state dict to DMuon": test_torch_convert.test_torch_then_dmuon_in_another_parameter_order,
     "OneCycleLR": test_param_groups.test_one_cycle_lr_over_both_halves,
+    "OneCycleLR cycling momentum": lambda mp, d: (
+        test_param_groups.test_cycled_momentum_matches_torch(mp, d, "OneCycleLR", True)),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_against_torch_muon_as_shipped(monkeypatch, daemon, case):
+def test_against_torch_muon_as_shipped(monkeypatch, daemon, capsys, case):
     with bf16_reference() as seen:
-        CASES[case](monkeypatch, daemon)
+        if case == "ViT routing":  # it checks the routing table it prints
+            CASES[case](monkeypatch, daemon, capsys)
+        else:
+            CASES[case](monkeypatch, daemon)
     print(f"{case}: worst relative difference {seen['worst']:.2e}, torch's bf16 "
           f"Newton–Schulz {seen['ns']:.2e} from fp32 (tol {bf16_tol():.2e})")
     assert seen["worst"] > 1e-4, "the reference ran in fp32: this test no longer tests bf16"
