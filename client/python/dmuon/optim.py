@@ -267,10 +267,8 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             self._install_hooks(module, overlap)
         n = len(self._muon)
         # Whether each Muon matrix's momentum may be non-zero (it had a gradient,
-        # or a checkpoint was loaded): only then does a missing gradient cost
-        # anything (see step()).
+        # or a checkpoint was loaded): _dcp's test of a fresh optimizer.
         self._trained = [False] * n
-        self._warned_absent = set()
         self._momentum_cache = None  # {name: tensor} for opt.state[p]
         self._install_state()
         self._reset_step()
@@ -418,8 +416,6 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                 g = self.param_groups[self._group_of[i]]
                 self._step_lr[i] = (float(g["lr"]), float(g["weight_decay"]))
                 if not self._handed[i]:
-                    if r.param.grad is None and self._trained[i]:
-                        self._warn_absent(i)
                     self._handoff(i, _parts.grad(r))
             # Gradients edited after their hand-off (clipping, unscaling,
             # masking) are taken as they are now: exact, at the cost of
@@ -494,6 +490,11 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
                           "Muon momentum starts from zero", RuntimeWarning)
         if daemon_state is not None:
+            if self._world > 1:
+                # dmuond refuses SetState while a GetState of the job is
+                # streaming: another rank may still be in the state_dict()
+                # before this load (each rank sets the same whole state).
+                _ddp.barrier(self._pg)
             self._session.set_state(daemon_state)  # first: it can still fail
             self._trained = [bool(m.any()) for m in daemon_state["momentum"]]
             self._momentum_cache = None
