@@ -247,13 +247,16 @@ class Session {
   // None), so the daemon computes nothing for them and leaves their
   // momentum untouched, as torch.optim.Muon skips them (protocol minor 1,
   // GradientsReady.absent_param_ids). Nothing is written or sent for them
-  // (nccl: no ncclSend; the daemon refuses absent ids over nccl with
-  // UNIMPLEMENTED). Each is then done: WaitUpdate returns OK, absent(i) is
-  // true, update(i) is left as it was, and NextAnnounced never returns it.
-  // With several ranks: a SHARDING_REPLICATED or SHARDING_ROWS parameter
-  // must be absent on every rank or none (INVALID_ARGUMENT naming it); a
-  // SHARDING_UNREDUCED one is absent when it is absent on every rank, and
-  // otherwise counts as zeros from the ranks that declared it absent.
+  // (nccl: no ncclSend, and the daemon posts no receive for them, so the
+  // other sends keep their order; a dmuond from before that refuses them
+  // with UNIMPLEMENTED). Each is then done: WaitUpdate returns OK,
+  // absent(i) is true, update(i) is left as it was, and NextAnnounced never
+  // returns it (nccl: nothing to receive). With several ranks: a
+  // SHARDING_REPLICATED or SHARDING_ROWS parameter must be absent on every
+  // rank or none (INVALID_ARGUMENT naming it); a SHARDING_UNREDUCED one is
+  // absent when it is absent on every rank, and otherwise counts as zeros
+  // from the ranks that declared it absent (which still get its update:
+  // announced, and over nccl received, as any other).
   virtual absl::Status GradientsAbsent(absl::Span<const int> ids) = 0;
   // The parameter ids of the current step's next UpdatesReady message, in
   // arrival order; each message is returned exactly once. Blocks until one

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -32,6 +33,72 @@ TEST(MovingTransport, MatchesTheCpuServiceInEveryShardingMode) {
   const v1::StatusResponse s = dev.svc->Status();
   ASSERT_EQ(s.sessions_size(), world);
   EXPECT_GT(s.sessions(0).bytes_received(), 0u);
+}
+
+// Absent parameters (GradientsReady.absent_param_ids) over the GPU
+// transports: nothing is received or sent for them (nccl: no transfer; the
+// step's update sends wait for the absent ones' declaration too), their
+// momentum is untouched bit for bit, and every other update is bit for bit
+// the CPU service's over shm, a SHARDING_UNREDUCED parameter absent on one
+// rank only included (zeros in the device gather's mean).
+void AbsentMatchesTheCpuService(v1::Transport t) {
+  const int world = 2;
+  Daemon cpu(false), dev(true);
+  dev.transports->nccl = true;
+  ASSERT_TRUE(cpu.Open(world, false).ok());
+  ASSERT_TRUE(dev.Open(world, true, t).ok());
+  // absent[step - 1][rank]: "c" (unreduced) on rank 1 only, then "b" (rows)
+  // and "a" (replicated) on both ranks, then "c" on both.
+  const std::vector<std::vector<std::vector<int>>> absent = {
+      {{}, {}}, {{}, {2}}, {{1, 0}, {0, 1}}, {{2}, {2}}, {{}, {}}};
+  std::vector<std::vector<float>> last;
+  for (int64_t step = 1; step <= static_cast<int64_t>(absent.size()); ++step) {
+    const auto& none = absent[step - 1];
+    const auto g = Grads(world, 500 + step);
+    std::vector<std::vector<v1::StepResponse>> msgs;
+    const auto want = cpu.Step(step, g, nullptr, none);
+    const auto got = dev.Step(step, g, &msgs, none);
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < kTable.size(); ++i) {
+        const bool everywhere =
+            std::count(none[0].begin(), none[0].end(), static_cast<int>(i)) >
+                0 &&
+            std::count(none[1].begin(), none[1].end(), static_cast<int>(i)) > 0;
+        if (!everywhere) {
+          EXPECT_EQ(got[r][i], want[r][i])
+              << "rank " << r << " step " << step << " param " << i;
+        }
+        bool listed = false, listed_absent = false;
+        for (const auto& m : msgs[r]) {
+          if (!m.has_updates_ready()) continue;
+          for (int id : m.updates_ready().param_ids()) listed |= id == int(i);
+          for (int id : m.updates_ready().absent_param_ids())
+            listed_absent |= id == int(i);
+        }
+        EXPECT_EQ(listed, !everywhere) << "rank " << r << " step " << step;
+        EXPECT_EQ(listed_absent, everywhere)
+            << "rank " << r << " step " << step;
+      }
+    }
+    const auto state = dev.State();
+    EXPECT_EQ(state, cpu.State()) << "step " << step;
+    for (size_t i = 0; i < kTable.size() && !last.empty(); ++i) {
+      if (std::count(none[0].begin(), none[0].end(), static_cast<int>(i)) &&
+          std::count(none[1].begin(), none[1].end(), static_cast<int>(i))) {
+        EXPECT_EQ(state[i], last[i]) << "absent param " << i << " step " << step
+                                     << ": its momentum changed";
+      }
+    }
+    last = state;
+  }
+}
+
+TEST(MovingTransport, AbsentParametersMatchTheCpuService) {
+  AbsentMatchesTheCpuService(v1::TRANSPORT_NCCL);
+}
+
+TEST(MovingTransport, AbsentParametersMatchTheCpuServiceOverCudaIpc) {
+  AbsentMatchesTheCpuService(v1::TRANSPORT_CUDA_IPC);
 }
 
 TEST(MovingTransport, AFailedTransferBreaksTheJobWithItsReason) {

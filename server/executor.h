@@ -52,6 +52,8 @@ struct StateKey {
 // the matrix; the update receives the same rows.
 struct DevicePart {
   int device = -1;  // CUDA ordinal (in this process) of both buffers
+  // Null (kMean only): the rank has no gradient this step (declared absent);
+  // it counts as zeros in the mean and still receives the update.
   const float* grad = nullptr;
   float* update = nullptr;
   int64_t row_begin = 0;

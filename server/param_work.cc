@@ -44,8 +44,11 @@ const float* UpdateOf(const Session& s, int param) {
 }
 
 // Every rank's slots of `param` in its GPU region.
+// `absent` (by rank; empty: none): ranks that declared it absent, whose
+// parts have no gradient (DevicePart::grad null).
 DeviceIo DeviceIoOf(const std::vector<std::shared_ptr<Session>>& ranks,
-                    int param, v1::Sharding sharding) {
+                    int param, v1::Sharding sharding,
+                    const std::vector<uint8_t>& absent) {
   DeviceIo io;
   io.gather = sharding == v1::SHARDING_ROWS        ? Gather::kRows
               : sharding == v1::SHARDING_UNREDUCED ? Gather::kMean
@@ -60,6 +63,10 @@ DeviceIo DeviceIoOf(const std::vector<std::shared_ptr<Session>>& ranks,
     part.row_begin = s->rows()[param].begin;
     part.row_end = s->rows()[param].end;
     part.ready_event = d->ready_event;
+    if (!absent.empty() && absent[s->rank()]) {
+      part.grad = nullptr;  // nothing was written or sent: zeros
+      part.ready_event = nullptr;
+    }
     io.parts.push_back(part);
   }
   return io;
@@ -131,15 +138,9 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
   if (ranks[0]->region()->device() != nullptr) {
     // GPU transports: the executor gathers on the device and checks
     // finiteness there (nonfinite is set before Finish).
-    if (p.absent_count > 0) {
-      // SHARDING_UNREDUCED present on some ranks only: the device gather
-      // reads every rank's slot, and an absent rank's holds no gradient.
-      return absl::UnimplementedError(absl::StrCat(
-          "parameter '", info.name, "' at step ", step,
-          " has a gradient on some ranks and is absent on others; over GPU "
-          "transports a rank without one must send zeros"));
-    }
-    io = DeviceIoOf(ranks, param, info.sharding);
+    // SHARDING_UNREDUCED present on some ranks only: an absent rank's part
+    // has no gradient (zeros in the mean) and still receives the update.
+    io = DeviceIoOf(ranks, param, info.sharding, p.absent);
     sessions = ranks;
     t.device_io = &io;
     t.nonfinite = &nonfinite;
@@ -340,8 +341,10 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
               durable ? 2 : 1, [sink = st.sink, done] { sink->Send(done); });
           if (durable) gates.push_back(gate);
         }
+        // An absent parameter: an empty push (nothing to send), in its
+        // place among the others (transport.h Region::Absent).
         s->region()->Push(
-            step, {param},
+            step, absent ? std::vector<int>() : std::vector<int>{param},
             [this, job, sink = st.sink, ready, gate](absl::Status e) {
               if (!e.ok()) return TransferFailed(job, e);
               sink->Send(ready);

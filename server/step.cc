@@ -216,12 +216,6 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
             "parameter '", name, "' declared absent at step ", g.step(),
             " after ", st.received[id], " bytes of its gradient were sent"));
       }
-      if (s->region()->moves_data()) {
-        return absl::UnimplementedError(absl::StrCat(
-            "parameter '", name, "' declared absent at step ", g.step(),
-            ": TRANSPORT_NCCL does not take absent parameters yet; send a "
-            "zero gradient"));
-      }
     }
     // SHARDING_REPLICATED (rank 0's gradient is the one used) and
     // SHARDING_ROWS: every rank must say alike whether it has a gradient.
@@ -271,21 +265,28 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
     step = g.step();
     if (s->region()->moves_data()) {
       // nccl: the gradients come by transfers; they count as arrived once
-      // they have landed (PullDone).
-      std::weak_ptr<Session> weak = s;
-      s->region()->Pull(
-          g.step(), ids,
-          [this, job, weak, step = g.step(), ids](absl::Status e) {
-            PullDone(job, weak, step, ids, e);
-          });
-      return absl::OkStatus();
-    }
-    for (int id : ids) {
-      if (s->transport() == v1::TRANSPORT_SHM) {
-        st.bytes_in += s->layout().slots[id].bytes;
-        if (metrics_) metrics_->BytesReceived(s->layout().slots[id].bytes);
+      // they have landed (PullDone). Absent ones move nothing: no receive is
+      // posted for them, but the region counts them among the step's
+      // gradients (its update sends wait for all of them).
+      if (!ids.empty() || g.absent_param_ids_size() == 0) {
+        std::weak_ptr<Session> weak = s;
+        s->region()->Pull(
+            g.step(), ids,
+            [this, job, weak, step = g.step(), ids](absl::Status e) {
+              PullDone(job, weak, step, ids, e);
+            });
       }
-      if (job->Arrive(s->rank(), id) == Job::Arrival::kRun) ready.push_back(id);
+      if (g.absent_param_ids_size() > 0)
+        s->region()->Absent(g.step(), g.absent_param_ids_size());
+    } else {
+      for (int id : ids) {
+        if (s->transport() == v1::TRANSPORT_SHM) {
+          st.bytes_in += s->layout().slots[id].bytes;
+          if (metrics_) metrics_->BytesReceived(s->layout().slots[id].bytes);
+        }
+        if (job->Arrive(s->rank(), id) == Job::Arrival::kRun)
+          ready.push_back(id);
+      }
     }
   }
   SubmitParams(job, step, ready);

@@ -137,6 +137,10 @@ struct Rank {
 
   std::byte* base() { return reinterpret_cast<std::byte*>(mem.data()); }
   bool nccl() const { return spec.transport == TransportChoice::kNccl; }
+  // kShm (a CPU daemon's comparison run): the session's own region.
+  bool shm() const { return spec.transport == TransportChoice::kShm; }
+  // The parameters the daemon answered as absent in the last Step.
+  std::vector<int> answered_absent;
 
   absl::Status Open(Daemon& d, const std::string& job, int rank, int world,
                     TransportChoice t) {
@@ -176,8 +180,10 @@ struct Rank {
           spec.params[p]);
       if (g.size() * sizeof(float) != l.slots[p].bytes)
         return absl::InternalError("gradient size");
-      std::memcpy(base() + l.slots[p].gradient_offset, g.data(),
-                  l.slots[p].bytes);
+      std::byte* slot =
+          shm() ? reinterpret_cast<std::byte*>(session->gradient(p).data())
+                : base() + l.slots[p].gradient_offset;
+      std::memcpy(slot, g.data(), l.slots[p].bytes);
     }
     if (nccl()) {
       for (int p : send_order) {
@@ -192,12 +198,26 @@ struct Rank {
 
   // One step: gradients in reverse forward order (as backward makes them),
   // in groups; then every announcement (nccl: receiving each, in order).
-  // `announced` gets the NextAnnounced vectors.
-  absl::Status Step(int64_t step, std::vector<std::vector<int>>* announced) {
+  // `announced` gets the NextAnnounced vectors. `absent`: parameters without
+  // a gradient this step, declared (GradientsAbsent) after the present ones
+  // of their group, so between the others (nccl: nothing sent for them).
+  absl::Status Step(int64_t step, std::vector<std::vector<int>>* announced,
+                    const std::vector<int>& absent = {}) {
     const int n = static_cast<int>(spec.params.size());
     std::vector<std::vector<int>> groups = {{4, 3}, {2}, {1, 0}};
-    for (const auto& g : groups)
-      if (auto st = HandOver(step, g, g); !st.ok()) return st;
+    for (const auto& g : groups) {
+      std::vector<int> present, none;
+      for (int p : g) {
+        (std::count(absent.begin(), absent.end(), p) ? none : present)
+            .push_back(p);
+      }
+      if (!present.empty()) {
+        if (auto st = HandOver(step, present, present); !st.ok()) return st;
+      }
+      if (!none.empty()) {
+        if (auto st = session->GradientsAbsent(none); !st.ok()) return st;
+      }
+    }
     for (;;) {
       auto ids = session->NextAnnounced();
       if (!ids.ok()) return ids.status();
@@ -226,10 +246,17 @@ struct Rank {
     auto again = session->NextAnnounced();
     if (!again.ok() || !again->empty())
       return absl::InternalError("NextAnnounced after the last announcement");
+    answered_absent.clear();
+    for (int p = 0; p < n; ++p)
+      if (session->absent(p)) answered_absent.push_back(p);
     return session->FinishStep();
   }
 
   std::vector<float> Update(int p) {
+    if (shm()) {
+      const auto u = session->update(p);
+      return std::vector<float>(u.begin(), u.end());
+    }
     const RegionSlot& s = session->layout().slots[p];
     const float* u = reinterpret_cast<const float*>(base() + s.update_offset);
     return std::vector<float>(u, u + s.bytes / sizeof(float));
@@ -313,6 +340,87 @@ TEST(GpuTransports, CudaIpcMatchesReference) {
 
 TEST(GpuTransports, NcclMatchesReference) {
   RunJob(TransportChoice::kNccl, "nccl", 2, 4);
+}
+
+// Parameters without a gradient in a step (GradientsAbsent) over nccl,
+// between present ones: nothing moves for them either way, so the others'
+// sends and receives keep their order around them (the fake communicator
+// fails a transfer that is not the one expected), this step and the next;
+// their momentum is untouched bit for bit; every other update is bit for bit
+// a CPU dmuond's over shm. SHARDING_UNREDUCED "mlp.up" absent on rank 1 only
+// counts as zeros there and still comes back to rank 1 (device gather).
+TEST(GpuTransports, NcclAbsentParametersMoveNothingAndKeepTheirMomentum) {
+  const int world = 2;
+  // absent[step - 1][rank]: "mlp.down" (rows) on both ranks and "mlp.up"
+  // (unreduced) on rank 1 at step 2; "attn.qkv" (rows) at step 3.
+  const std::vector<std::vector<std::vector<int>>> absent = {
+      {{}, {}}, {{3}, {3, 2}}, {{1}, {1}}, {{}, {}}};
+  Daemon cpu(/*gpu=*/false), dev(/*gpu=*/true);
+  std::vector<Rank> shm(world), nccl(world);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(
+        shm[r].Open(cpu, "absent", r, world, TransportChoice::kShm).ok());
+    ASSERT_TRUE(
+        nccl[r].Open(dev, "absent", r, world, TransportChoice::kNccl).ok());
+  }
+  const int n = static_cast<int>(nccl[0].spec.params.size());
+  std::vector<std::vector<float>> last;  // the momentum after the last step
+  for (int64_t step = 1; step <= static_cast<int64_t>(absent.size()); ++step) {
+    const auto& none = absent[step - 1];
+    auto everywhere = [&](int p) {
+      for (const auto& a : none)
+        if (std::count(a.begin(), a.end(), p) == 0) return false;
+      return true;
+    };
+    for (std::vector<Rank>* job : {&shm, &nccl}) {
+      std::vector<absl::Status> status(world);
+      std::vector<std::vector<std::vector<int>>> announced(world);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < world; ++r) {
+        threads.emplace_back([&, r] {
+          status[r] = (*job)[r].Step(step, &announced[r], none[r]);
+        });
+      }
+      for (auto& th : threads) th.join();
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(status[r].ok())
+            << (*job)[r].session->transport() << " rank " << r << " step "
+            << step << ": " << status[r];
+        std::vector<int> count(n, 0), want_absent;
+        for (const auto& ids : announced[r])
+          for (int p : ids) ++count[p];
+        for (int p = 0; p < n; ++p) {
+          EXPECT_EQ(count[p], everywhere(p) ? 0 : 1)
+              << "rank " << r << " step " << step << " param " << p;
+          if (everywhere(p)) want_absent.push_back(p);
+        }
+        EXPECT_EQ((*job)[r].answered_absent, want_absent)
+            << "rank " << r << " step " << step;
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      for (int p = 0; p < n; ++p) {
+        if (everywhere(p)) continue;
+        EXPECT_EQ(nccl[r].Update(p), shm[r].Update(p))
+            << "rank " << r << " step " << step << " param " << p;
+      }
+    }
+    auto want = shm[0].session->GetState();
+    auto got = nccl[0].session->GetState();
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_EQ(got->completed_steps, step);
+    EXPECT_EQ(got->momentum, want->momentum) << "step " << step;
+    for (int p = 0; p < n; ++p) {
+      if (everywhere(p) && !last.empty()) {
+        EXPECT_EQ(got->momentum[p], last[p])
+            << "absent param " << p << " at step " << step
+            << ": its momentum changed";
+      }
+    }
+    last = got->momentum;
+  }
+  for (auto& r : shm) EXPECT_TRUE(r.session->Close().ok());
+  for (auto& r : nccl) EXPECT_TRUE(r.session->Close().ok());
 }
 
 // What happened, in order, across threads.

@@ -21,6 +21,11 @@
 //     update sends (Region::Push) are held until every gradient of that
 //     rank's step has been posted (ExchangeOrder), then posted in the order
 //     the updates completed, each followed by its UpdatesReady.
+//   absent parameters (GradientsReady.absent_param_ids: no gradient this
+//     step) move nothing either way: the trainer sends none, the daemon
+//     posts no receive for them but counts them among the step's gradients
+//     (Region::Absent), and answers each with an empty group in the push
+//     order (its UpdatesReady lists it as absent; nothing to receive).
 // So both sides post each pair's transfers in one order: the step's gradient
 // transfers, then its update transfers.
 //
@@ -89,8 +94,9 @@ std::vector<NcclTransfer> UpdateSends(const Layout& layout, int peer,
 class ExchangeOrder {
  public:
   explicit ExchangeOrder(int params) : params_(params) {}
-  // `count` gradients of `step` were posted. Returns the held pushes that
-  // may now go, in the order they were held.
+  // `count` gradients of `step` were posted (or declared absent: nothing to
+  // post). Returns the held pushes that may now go, in the order they were
+  // held.
   std::vector<uint64_t> GradientsPosted(int64_t step, int count);
   // A push (named by `token`) of `step`: true when it may go now; otherwise
   // it is held until GradientsPosted releases it.

@@ -55,18 +55,22 @@ class RealComm final : public NcclComm {
       const std::vector<NcclTransfer>& transfers) override {
     DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (auto st = WaitIdle(); !st.ok()) return st;
-    DMUON_NCCL_RETURN_IF_ERROR(ncclGroupStart());
-    absl::Status first;
-    for (const NcclTransfer& t : transfers) {
-      first = Transfer(t);
-      if (!first.ok()) break;
+    // An empty group (an absent parameter's answer, Region::Absent) makes
+    // no NCCL call: only its event marks its place in the stream.
+    if (!transfers.empty()) {
+      DMUON_NCCL_RETURN_IF_ERROR(ncclGroupStart());
+      absl::Status first;
+      for (const NcclTransfer& t : transfers) {
+        first = Transfer(t);
+        if (!first.ok()) break;
+      }
+      // The group is closed even after an error: the group state belongs to
+      // this thread, which serves the device's other communicators too.
+      const ncclResult_t end = ncclGroupEnd();
+      if (!first.ok()) return first;
+      DMUON_NCCL_RETURN_IF_ERROR(end);
+      if (auto st = WaitIdle(); !st.ok()) return st;
     }
-    // The group is closed even after an error: the group state belongs to
-    // this thread, which serves the device's other communicators too.
-    const ncclResult_t end = ncclGroupEnd();
-    if (!first.ok()) return first;
-    DMUON_NCCL_RETURN_IF_ERROR(end);
-    if (auto st = WaitIdle(); !st.ok()) return st;
     cudaEvent_t ev = nullptr;
     if (!free_events_.empty()) {
       ev = free_events_.back();
@@ -210,13 +214,15 @@ class NcclRegion final : public Region {
     std::lock_guard<std::mutex> lock(mu_);
     worker_->Submit(comm_, WithBase(GradientReceives(layout_, rank_, params)),
                     nullptr, std::move(done));
-    for (uint64_t token :
-         order_.GradientsPosted(step, static_cast<int>(params.size()))) {
-      auto it = held_.find(token);
-      worker_->Submit(comm_, std::move(it->second.transfers),
-                      std::move(it->second.done), nullptr);
-      held_.erase(it);
-    }
+    Release(order_.GradientsPosted(step, static_cast<int>(params.size())));
+  }
+
+  // Absent parameters: no receive (the client sent nothing), but they count
+  // among the step's gradients, so the held update sends can go once the
+  // last of them is declared.
+  void Absent(int64_t step, int count) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Release(order_.GradientsPosted(step, count));
   }
 
   void Push(int64_t step, std::vector<int> params,
@@ -236,6 +242,15 @@ class NcclRegion final : public Region {
     std::vector<NcclTransfer> transfers;
     std::function<void(absl::Status)> done;
   };
+  // Submits the held pushes `tokens`, in order (mu_ held).
+  void Release(const std::vector<uint64_t>& tokens) {
+    for (uint64_t token : tokens) {
+      auto it = held_.find(token);
+      worker_->Submit(comm_, std::move(it->second.transfers),
+                      std::move(it->second.done), nullptr);
+      held_.erase(it);
+    }
+  }
   std::vector<NcclTransfer> WithBase(std::vector<NcclTransfer> t) const {
     for (NcclTransfer& x : t) x.base = view_.base;
     return t;

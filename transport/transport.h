@@ -113,6 +113,14 @@ class Region {
                     std::function<void(absl::Status)> done) {
     done(absl::UnimplementedError("this transport shares memory"));
   }
+  // The client declared `count` parameters of `step` absent (no gradient:
+  // GradientsReady.absent_param_ids). Nothing moves for them, but they count
+  // among the step's gradients as Pull's do: nccl holds a step's update
+  // sends until every one of its gradients was posted or declared absent
+  // (nccl.h ExchangeOrder). An absent parameter's answer is a Push with no
+  // params, which keeps its place among the other pushes. Memory-sharing
+  // transports: nothing to do.
+  virtual void Absent(int64_t step, int count) {}
 };
 
 // Heap memory of `bytes`, zero-filled (the inline transport). Allocation

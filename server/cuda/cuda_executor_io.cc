@@ -62,13 +62,23 @@ absl::Status GatherGradient(const ComputeTask& t, float* slot,
       }
       return absl::OkStatus();
     case Gather::kMean: {
-      // The host's order and rounding: sum in part order, then * (1/W).
-      if (auto st = Copy(slot, c.device, first.grad, first.device, bytes, c);
+      // The host's order and rounding: sum in part order, then * (1/W). A
+      // part without a gradient (its rank declared the parameter absent)
+      // adds zeros: it is left out of the sum, not out of W.
+      size_t k0 = 0;
+      while (k0 < io.parts.size() && io.parts[k0].grad == nullptr) ++k0;
+      if (k0 == io.parts.size()) {
+        DMUON_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(slot, 0, bytes, c.stream));
+        return absl::OkStatus();
+      }
+      const DevicePart& p0 = io.parts[k0];
+      if (auto st = Copy(slot, c.device, p0.grad, p0.device, bytes, c);
           !st.ok()) {
         return st;
       }
-      for (size_t k = 1; k < io.parts.size(); ++k) {
+      for (size_t k = k0 + 1; k < io.parts.size(); ++k) {
         const DevicePart& p = io.parts[k];
+        if (p.grad == nullptr) continue;
         const float* src = p.grad;
         if (p.device >= 0 && p.device != c.device) {
           if (auto st = c.peer_temp->Ensure(bytes, c.stream); !st.ok())

@@ -239,6 +239,56 @@ TEST_F(CudaExecutorTest, DeviceIoGathersEveryShardingMode) {
   }
 }
 
+// SHARDING_UNREDUCED with ranks that declared the parameter absent: their
+// parts have no gradient (null) and count as zeros in the mean, which still
+// divides by every part; every part gets the update.
+TEST_F(CudaExecutorTest, DeviceMeanCountsAbsentPartsAsZeros) {
+  const kernels::Shape shape{40, 56};
+  const int64_t n = shape.elements();
+  const int ranks = 3;
+  const std::vector<float> g = Random(n, 300);
+  DeviceMatrix d;
+  DeviceIo io;
+  io.gather = Gather::kMean;
+  for (int r = 0; r < ranks; ++r) {
+    float* up = DeviceFloats(n);
+    ASSERT_TRUE(up != nullptr);
+    d.updates.push_back(up);
+    float* gp = nullptr;
+    if (r == 1) {  // ranks 0 and 2 declared it absent
+      gp = DeviceFloats(n);
+      ASSERT_TRUE(gp != nullptr);
+      d.grads.push_back(gp);
+      ASSERT_EQ(cudaMemcpy(gp, g.data(), n * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    io.parts.push_back({0, gp, up, 0, shape.rows, nullptr});
+  }
+  Matrix m;
+  m.shape = shape;
+  m.grad = g;
+  for (float& x : m.grad) x *= 1.0f / ranks;
+  m.cpu_momentum.assign(n, 0.0f);
+  m.cpu_update.resize(n);
+  ComputeTask c = HostTask(m, &muon_, 0, false);
+  ASSERT_TRUE(cpu_->Compute({&c, 1}).ok());
+  ComputeTask t = HostTask(m, &muon_, 9, true);
+  t.grad = nullptr;
+  t.update = nullptr;
+  t.device_io = &io;
+  bool nonfinite = true;
+  t.nonfinite = &nonfinite;
+  ASSERT_TRUE(gpu_->Compute({&t, 1}).ok());
+  EXPECT_FALSE(nonfinite);
+  std::vector<float> got(n);
+  for (int r = 0; r < ranks; ++r) {
+    ASSERT_EQ(
+        cudaMemcpy(got.data(), d.updates[r], n * 4, cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    EXPECT_LT(RelError(got, m.cpu_update), 2e-2) << "rank " << r;
+  }
+}
+
 TEST_F(CudaExecutorTest, NonFiniteDeviceGradientSkipsOnlyThatTask) {
   const kernels::Shape shape{24, 32};
   const int64_t n = shape.elements();

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -99,15 +100,23 @@ struct Daemon {
   }
 
   // Sends every rank's gradients (grads[r][i] is rank r's view) and
-  // returns every rank's updates.
+  // returns every rank's updates. absent[r] (when given): the parameters
+  // rank r declares absent instead (no gradient written; their update
+  // slots are returned as they are).
   std::vector<std::vector<std::vector<float>>> Step(
       int64_t step, const std::vector<std::vector<std::vector<float>>>& grads,
-      std::vector<std::vector<v1::StepResponse>>* msgs = nullptr) {
+      std::vector<std::vector<v1::StepResponse>>* msgs = nullptr,
+      const std::vector<std::vector<int>>& absent = {}) {
     const int world = static_cast<int>(open.size());
     for (int r = world - 1; r >= 0; --r) {
       v1::StepRequest ready;
       ready.mutable_gradients_ready()->set_step(step);
       for (size_t i = 0; i < kTable.size(); ++i) {
+        if (!absent.empty() && std::count(absent[r].begin(), absent[r].end(),
+                                          static_cast<int>(i)) > 0) {
+          ready.mutable_gradients_ready()->add_absent_param_ids(i);
+          continue;
+        }
         const auto& slot = open[r].layout().slots(i);
         std::memcpy(Base(r) + slot.gradient_offset(), grads[r][i].data(),
                     slot.bytes());

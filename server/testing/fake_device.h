@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "server/gpu_logic.h"
 #include "server/service.h"
+#include "transport/nccl.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -123,6 +124,7 @@ class FakeDeviceExecutor : public Executor {
               io.gather == Gather::kRows ? p.row_begin * cols : 0;
           const int64_t len = (p.row_end - p.row_begin) * cols;
           if (io.gather == Gather::kMean) {
+            if (p.grad == nullptr) continue;  // absent on its rank: zeros
             for (int64_t i = 0; i < n; ++i) g[k][i] += p.grad[i];
           } else if (io.gather == Gather::kRows || &p == &io.parts[0]) {
             std::copy(p.grad, p.grad + len, g[k].begin() + off);
@@ -334,8 +336,11 @@ class FakeNcclFabric {
 // to it by a transfer thread (Region::Pull / Push), in submission order:
 // straight from and to `client` memory, or (client null) over `link`, where
 // a gradient that is not the next one Pull expects fails the transfer (the
-// order rule of transport/nccl.h broken). With `fail` set, transfers fail as
-// a dead peer's would.
+// order rule of transport/nccl.h broken). As the real region, a step's
+// pushes are held until every gradient of it was pulled or declared absent
+// (Region::Absent; transport/nccl.h ExchangeOrder); an empty push (an
+// absent parameter's answer) moves nothing but keeps its place. With
+// `fail` set, transfers fail as a dead peer's would.
 class FakeMovingRegion : public transport::Region {
  public:
   FakeMovingRegion(std::byte* client, const transport::Layout& layout,
@@ -345,7 +350,8 @@ class FakeMovingRegion : public transport::Region {
         link_(std::move(link)),
         layout_(layout),
         mem_(layout.total_bytes),
-        fail_(fail) {
+        fail_(fail),
+        order_(static_cast<int>(layout.slots.size())) {
     view_.base = mem_.data();
     view_.bytes = mem_.size();
     thread_ = std::thread([this] { Loop(); });
@@ -362,8 +368,10 @@ class FakeMovingRegion : public transport::Region {
   const std::string& name() const override { return name_; }
   const transport::DeviceView* device() const override { return &view_; }
   bool moves_data() const override { return true; }
-  void Pull(int64_t, std::vector<int> params,
+  void Pull(int64_t step, std::vector<int> params,
             std::function<void(absl::Status)> done) override {
+    absl::MutexLock l(&order_mu_);
+    const int count = static_cast<int>(params.size());
     Queue(
         [this, params]() -> absl::Status {
           for (int p : params) {
@@ -389,9 +397,35 @@ class FakeMovingRegion : public transport::Region {
           return absl::OkStatus();
         },
         done);
+    Release(order_.GradientsPosted(step, count));
   }
-  void Push(int64_t, std::vector<int> params,
+  void Absent(int64_t step, int count) override {
+    absl::MutexLock l(&order_mu_);
+    Release(order_.GradientsPosted(step, count));
+  }
+  void Push(int64_t step, std::vector<int> params,
             std::function<void(absl::Status)> done) override {
+    absl::MutexLock l(&order_mu_);
+    const uint64_t token = ++next_token_;
+    if (!order_.MayPush(step, token)) {
+      held_[token] = {std::move(params), std::move(done)};
+      return;
+    }
+    QueuePush(std::move(params), std::move(done));
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kLinkTimeout{10000};
+  void Release(const std::vector<uint64_t>& tokens)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(order_mu_) {
+    for (uint64_t token : tokens) {
+      auto it = held_.find(token);
+      QueuePush(std::move(it->second.first), std::move(it->second.second));
+      held_.erase(it);
+    }
+  }
+  void QueuePush(std::vector<int> params,
+                 std::function<void(absl::Status)> done) {
     Queue(
         [this, params]() -> absl::Status {
           for (int p : params) {
@@ -409,9 +443,6 @@ class FakeMovingRegion : public transport::Region {
         },
         done);
   }
-
- private:
-  static constexpr std::chrono::milliseconds kLinkTimeout{10000};
   void Queue(std::function<absl::Status()> copy,
              std::function<void(absl::Status)> done) {
     absl::MutexLock l(&mu_);
@@ -442,6 +473,12 @@ class FakeMovingRegion : public transport::Region {
   const transport::Layout layout_;
   std::vector<std::byte> mem_;
   const std::atomic<bool>* fail_;
+  absl::Mutex order_mu_;  // the order of Queue calls is the posting order
+  transport::ExchangeOrder order_ ABSL_GUARDED_BY(order_mu_);
+  uint64_t next_token_ ABSL_GUARDED_BY(order_mu_) = 0;
+  std::map<uint64_t,
+           std::pair<std::vector<int>, std::function<void(absl::Status)>>>
+      held_ ABSL_GUARDED_BY(order_mu_);
   transport::DeviceView view_;
   const std::string name_;
   absl::Mutex mu_;

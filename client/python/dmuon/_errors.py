@@ -15,7 +15,12 @@ def explain(daemon, e):
     process did not start) has died, an UnavailableError that names it, how
     it ended, its log's tail and what to do next."""
     d = daemon
-    if d is None or getattr(e, "explained", False):
+    if getattr(e, "explained", False):
+        return e
+    if (getattr(e, "code", "") == "UNIMPLEMENTED"
+            and "does not take absent parameters" in str(e)):
+        return _older_daemon_absent(e)
+    if d is None:
         return e
     # Its sockets close just before it is reaped: a lost connection waits
     # longer (a loaded machine can take over a second), other errors briefly.
@@ -46,6 +51,21 @@ def explain(daemon, e):
         "load_state_dict() your last checkpoint, or run dmuond yourself and pass "
         f"server='host:port'. (The client's error: {e})")
     err.code, err.explained = "UNAVAILABLE", True
+    return err
+
+
+def _older_daemon_absent(e):
+    """A dmuond older than this client refused a parameter without a gradient
+    over nccl (it asked for zeros, which would decay the momentum where
+    torch.optim.Muon leaves it): say so, and what to do."""
+    err = _native.load().Error(
+        "DMuon: a Muon parameter had no gradient this step (.grad is None) and "
+        "dmuond refused it over the nccl transport: that dmuond is older than "
+        "this client and does not take absent parameters over nccl (this client "
+        "no longer sends zeros for them, which decayed the momentum where "
+        "torch.optim.Muon leaves it). Upgrade dmuond, or use another transport "
+        f"(cuda_ipc on the daemon's host, shm, inline). (dmuond's error: {e})")
+    err.code, err.explained = "UNIMPLEMENTED", True
     return err
 
 

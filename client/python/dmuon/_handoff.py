@@ -130,16 +130,11 @@ class _HandoffMixin:
         beta = self._momentum_to_send(i)
         t0 = time.perf_counter()
         buf = self._grad[i]
-        # nccl cannot declare a parameter absent yet (dmuond refuses it):
-        # there it gets zeros (_warn_absent).
-        nccl = self._region is not None and self._region.kind == "nccl"
         if grad is None:
             # torch.optim.Muon skips it: declared absent, dmuond computes
             # nothing and leaves its momentum as it is; _apply leaves the
             # parameter unchanged (no decay, no update).
             self._absent[i] = True
-            if nccl:
-                buf.zero_()
         elif not (r.sharding == "replicated" and self._rank != 0):
             buf.copy_(grad.detach().reshape(buf.shape))  # rank 0's is the one used
         if grad is not None:
@@ -148,8 +143,10 @@ class _HandoffMixin:
         # Declared and recorded together: a Ctrl-C in between would leave
         # dmuond and _handed disagreeing (_recovery rolls back by _handed).
         with deferred_sigint():
-            if grad is None and not nccl:
-                self._session.gradients_absent([i])  # no bytes: nothing to send
+            if grad is None:
+                # No bytes on any transport (nccl: no send, and dmuond posts no
+                # receive for it), so no place in the send order to keep.
+                self._session.gradients_absent([i])
             elif self._region is None:
                 self._declare_ready(i, beta)
             else:
@@ -273,8 +270,13 @@ class _HandoffMixin:
         lr, wd = self._step_lr[i]
         p = _dtensor.local(_parts.param(r))  # a DTensor's local shard, a part's view
         with torch.no_grad():
-            if self._absent[i]:
-                pass  # torch.optim.Muon: no decay, no update without a gradient
+            if self._absent[i] and self._session.absent(i):
+                # No gradient on any rank (torch.optim.Muon: no decay, no
+                # update). Absent here only, unreduced: dmuond averaged the
+                # others' with zeros for this rank, as DDP's all-reduce with
+                # find_unused_parameters gives every rank the averaged .grad,
+                # and every rank applies the update below.
+                pass
             elif self._session.skipped(i):
                 warnings.warn(f"DMuon: dmuond skipped {r.name} at step "
                               f"{self._session.step} (non-finite gradient); "
@@ -296,8 +298,12 @@ class _HandoffMixin:
         (one group per announcement) until update i's is posted; torch's
         stream orders the receive before the update is applied."""
         while not self._received[i]:
+            if self._absent[i] and self._session.absent(i):
+                return  # answered as absent: nothing to receive
             ids = self._session.next_announced()
             if not ids:
+                if self._absent[i]:
+                    return  # every update received; i's answer was "absent"
                 raise RuntimeError(f"DMuon: dmuond announced every update of step "
                                    f"{self._session.step} but not {self._muon[i].name}'s")
             self._region.receive(ids)
@@ -309,24 +315,3 @@ class _HandoffMixin:
             with _errors.explained(self._daemon):
                 for i in ids:
                     self._apply(i)
-
-    def _warn_absent(self, i):
-        """nccl only: a Muon matrix with momentum and no gradient in this
-        step. Everywhere else it is declared absent (protocol minor 1) and
-        dmuond leaves its momentum untouched, as torch.optim.Muon does; over
-        nccl dmuond cannot take an absent parameter yet, so it gets zeros and
-        its momentum decays (M <- mu * M) where torch's stays. Exact while the
-        momentum is zero (a branch or a frozen parameter that has not trained
-        yet)."""
-        if self._region is None or self._region.kind != "nccl":
-            return
-        if i in self._warned_absent:
-            return
-        self._warned_absent.add(i)
-        warnings.warn(
-            f"DMuon: {self._muon[i].name} has no gradient in step {self._session.step}; "
-            "it is left unchanged as torch.optim.Muon leaves it, but over the nccl "
-            "transport dmuond gets zeros for it, so its momentum decays by `momentum` "
-            "where torch.optim.Muon's stays (dmuond takes absent parameters over "
-            "every other transport: shm, inline, cuda_ipc). Said once per "
-            "parameter", RuntimeWarning, stacklevel=3)

@@ -43,7 +43,26 @@ def _loss(model, step, use_branch):
     return nn.functional.cross_entropy(model(x, use_branch), y)
 
 
-def _train(monkeypatch, daemon, schedule, freeze=()):
+class ShmAsNccl:
+    """The nccl region's side of DMuon's hand-off over a host (shm) session,
+    for a machine without a GPU: DMuon then declares, receives and applies as
+    over nccl (each send with its declaration, one receive per announcement
+    before an update is applied), while the bytes travel in the shm segment.
+    Records what would have been sent and received."""
+
+    kind = "nccl"
+
+    def __init__(self):
+        self.sent, self.received = [], []
+
+    def handed(self, ids):  # nccl: one ncclSend group of these gradients
+        self.sent.extend(ids)
+
+    def receive(self, ids):  # nccl: one ncclRecv group of these updates
+        self.received.extend(ids)
+
+
+def _train(monkeypatch, daemon, schedule, freeze=(), region=None):
     ref, dm = pair(Branchy, seed=3)
     for model in (ref, dm):
         for name in freeze:
@@ -53,6 +72,7 @@ def _train(monkeypatch, daemon, schedule, freeze=()):
     muon = fp32_muon(monkeypatch)(mats, **MUON)
     adamw = torch.optim.AdamW(others, **ADAMW)
     opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address)
+    opt._region = region  # None: the shm session's own
     assert {r["name"] for r in opt.routing if r["route"] == "muon"} == {
         "fc1.weight", "branch.weight", "fc2.weight", "out.weight"}
     before = {}
@@ -71,6 +91,14 @@ def _train(monkeypatch, daemon, schedule, freeze=()):
         if not use_branch:  # not decayed, not updated
             for n in ("branch.weight", "branch.bias", "branch_ln.weight"):
                 assert torch.equal(dm.get_parameter(n).detach(), before[n]), (step, n)
+        if region is not None:  # nothing sent or received for an absent one
+            branch = opt._index[id(dm.branch.weight)]
+            n = len(opt._muon)
+            want = [i for i in range(n) if use_branch or i != branch]
+            assert sorted(region.sent) == want, (step, region.sent)
+            assert sorted(region.received) == want, (step, region.received)
+            region.sent, region.received = [], []
+    opt._region = None
     opt.close()
     return opt
 
@@ -98,3 +126,33 @@ def test_missing_gradient_after_training_is_exact_and_silent(monkeypatch, daemon
 
 def test_branch_used_every_other_step(monkeypatch, daemon):
     _train(monkeypatch, daemon, [True, False] * 6)
+
+
+def test_missing_gradient_over_nccl_is_declared_absent(monkeypatch, daemon):
+    """Over nccl too (dmuond takes absent parameters there: no send, no
+    receive for them): a matrix with momentum that misses steps keeps it,
+    equal to torch every step, with no warning and no zero gradient sent."""
+    region = ShmAsNccl()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=RuntimeWarning)
+        opt = _train(monkeypatch, daemon, [True] * 3 + [False, False, True, False, True],
+                     region=region)
+    assert opt.stats["steps"] == 8
+
+
+def test_an_older_daemon_refusing_absent_over_nccl_is_explained():
+    """A dmuond from before absent parameters over nccl refuses them
+    (UNIMPLEMENTED, asking for zeros, which this client no longer sends): the
+    error says the daemon is older and what to do."""
+    from dmuon import _errors, _native
+    e = _native.load().Error(
+        "parameter 'branch.weight' declared absent at step 3: TRANSPORT_NCCL does "
+        "not take absent parameters yet; send a zero gradient")
+    e.code = "UNIMPLEMENTED"
+    with pytest.raises(_native.load().Error) as got:
+        with _errors.explained(None):
+            raise e
+    assert got.value is not e and got.value.code == "UNIMPLEMENTED"
+    assert "older than this client" in str(got.value)
+    assert "Upgrade dmuond" in str(got.value)
+    assert "'branch.weight' declared absent at step 3" in str(got.value)
