@@ -109,14 +109,20 @@ class _WiringMixin:
 
     def _plan_sharding(self, reduce_in_daemon, overlap, module):
         ignored = set(getattr(self._ddp, "parameters_to_ignore", ()) or ())
+        # DDP(find_unused_parameters=True) hands its comm hook zeros for a
+        # parameter no rank used, then leaves its .grad None, which
+        # torch.optim.Muon skips: its matrices leave at step(), DDP-reduced,
+        # when .grad says which ones trained.
+        unused = bool(getattr(self._ddp, "find_unused_parameters", False))
         mark = []
         for r in self._muon:
-            if (r.sharding != "rows" and reduce_in_daemon and self._world > 1
-                    and getattr(r, "dtensor", None) is None):  # a DTensor's is reduced
-                r.sharding = "unreduced"
             in_ddp = self._ddp is not None and _parts.param_name(r) not in ignored
+            if (r.sharding != "rows" and reduce_in_daemon and self._world > 1
+                    and getattr(r, "dtensor", None) is None  # a DTensor's is reduced
+                    and not (in_ddp and unused)):
+                r.sharding = "unreduced"
             if in_ddp:
-                r.handoff = "ddp" if overlap else "step"
+                r.handoff = "ddp" if overlap and not unused else "step"
             elif not overlap or (self._world > 1 and r.sharding == "replicated"):
                 r.handoff = "step"  # the user reduces after backward, if at all
             elif _dtensor.at_step(r):

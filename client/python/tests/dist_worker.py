@@ -101,6 +101,52 @@ def run_rows(args, rank, world):
     return {"w": w.detach().clone()}, checks
 
 
+class _Branchy(torch.nn.Module):
+    """A trunk and a branch that only some ranks use in some steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.branch, self.fc2 = (torch.nn.Linear(12, 16), torch.nn.Linear(16, 16),
+                                           torch.nn.Linear(16, 6))
+
+    def forward(self, x, use_branch):
+        h = torch.tanh(self.fc1(x))
+        if use_branch:
+            h = h + torch.tanh(self.branch(h))
+        return self.fc2(h)
+
+
+def run_unused(args, rank, world):
+    """The branch is used on rank 0 only, every other step. unused_ddp: DDP
+    (find_unused_parameters) all-reduces, and every rank gets the branch's
+    gradient averaged with rank 1's zeros (none in the steps no rank uses
+    it); unused_daemon: DMuon hands each rank's own gradient to dmuond
+    (reduce_in_daemon), rank 1 declares the branch absent, and dmuond must
+    average it the same way."""
+    torch.manual_seed(0)
+    model = _Branchy()
+    if args.mode == "unused_daemon":
+        opt = DMuon(model, server=args.server, reduce_in_daemon=True, **HYPER)
+        ddp = DDP(model, find_unused_parameters=True)
+    else:
+        ddp = DDP(model, find_unused_parameters=True)
+        opt = DMuon(ddp, server=args.server, **HYPER)
+    route = next(r for r in opt.routing if r["name"] == "branch.weight")
+    for s in range(STEPS):
+        x, y = unused_batch(s, rank)
+        torch.nn.functional.mse_loss(ddp(x, s % 2 == 1 and rank == 0), y).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    return ({n: p.detach().clone() for n, p in model.named_parameters()},
+            {"handoff": route["handoff"], "sharding": route["sharding"]})
+
+
+def unused_batch(step, rank):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(8, 12, generator=g), torch.randn(8, 6, generator=g)
+
+
 def run_mismatch(args, rank, world):
     model = MLP(hidden=48 if rank == 0 else 40)
     DMuon(model, server=args.server, timeout=10.0)
@@ -109,8 +155,8 @@ def run_mismatch(args, rank, world):
 
 def main():
     args = worker_args().parse_args()
-    fn = {"rows": run_rows, "rows_cycled": run_rows,
-          "mismatch": run_mismatch}.get(args.mode, run_ddp)
+    fn = {"rows": run_rows, "rows_cycled": run_rows, "unused_ddp": run_unused,
+          "unused_daemon": run_unused, "mismatch": run_mismatch}.get(args.mode, run_ddp)
     worker_main(args, lambda a: dict(zip(("params", "routes"), fn(a, a.rank, a.world))),
                 initial={"params": {}, "routes": None})
 

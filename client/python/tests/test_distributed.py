@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import dist_worker
 from dmuon.optim import DMuon
 from helpers import TinyLM, lm_batch, loss_of, rel_err
 from ranks import launch
@@ -49,6 +50,38 @@ def test_ddp_equals_single_process(daemon, single, tmp_path, mode, server):
     assert set(routes.values()) == {want}
     for name in single:  # every rank holds the same model
         assert torch.equal(results[0]["params"][name], results[1]["params"][name]), name
+
+
+@pytest.mark.parametrize("mode", ["unused_ddp", "unused_daemon"])
+def test_matrix_unused_on_some_ranks_or_steps(daemon, tmp_path, mode):
+    """A Muon matrix used on rank 0 only, every other step: the same as one
+    process averaging the two ranks' losses (torch.optim.Muon skips it in
+    the steps no rank uses it, and the other steps' gradient is rank 0's
+    averaged with zeros). unused_ddp: DDP(find_unused_parameters=True)
+    reduces, and DMuon hands off at step() (its comm hook would see zeros
+    for the skipped steps); unused_daemon: reduce_in_daemon, rank 1 declares
+    the matrix absent, dmuond averages, and both ranks apply the update."""
+    torch.manual_seed(0)
+    model = dist_worker._Branchy()
+    opt = DMuon(model, server=daemon.address, **HYPER)
+    for s in range(STEPS):
+        loss = 0
+        for rank in range(2):
+            x, y = dist_worker.unused_batch(s, rank)
+            use = s % 2 == 1 and rank == 0
+            loss = loss + torch.nn.functional.mse_loss(model(x, use), y) / 2
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    results, logs = run_job(mode, daemon.address, tmp_path)
+    for rank, r in enumerate(results):
+        assert r["error"] is None, f"rank {rank}: {r['error']}\n{logs[rank]}"
+        for name, want in model.named_parameters():
+            assert rel_err(r["params"][name], want.detach()) < 1e-5, (rank, name)
+            assert torch.equal(r["params"][name], results[0]["params"][name])
+    assert (results[0]["routes"] == {"handoff": "step", "sharding": "replicated"}
+            if mode == "unused_ddp" else {"handoff": "hook", "sharding": "unreduced"})
 
 
 @pytest.mark.parametrize("mode", ["rows", "rows_cycled"])
