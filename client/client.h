@@ -288,9 +288,12 @@ class Session {
   // before it and step() goes back by one, so the step's gradients can be
   // declared again (e.g. edited after they were handed off) and its updates
   // waited for anew. Only between FinishStep() and the next step's first
-  // GradientsReady; a daemon that cannot (several ranks, momentum held in
-  // device memory, an older daemon) ends the stream with
-  // FAILED_PRECONDITION, which the next wait returns.
+  // GradientsReady. A job of several ranks: every rank must call it (the
+  // daemon undoes the step once all have asked, holding the others' streams
+  // until then; a rank that sends the next step's gradients instead fails
+  // the round, FAILED_PRECONDITION on every asking rank). A daemon that
+  // cannot (momentum held in device memory, an older daemon) ends the
+  // stream with FAILED_PRECONDITION, which the next wait returns.
   virtual absl::Status Rewind() = 0;
 
   virtual absl::StatusOr<State> GetState() = 0;

@@ -232,7 +232,7 @@ bool Job::FinishParam(int64_t step) {
   return true;
 }
 
-absl::Status Job::Rewind(int64_t step) {
+absl::Status Job::CheckRewind(int64_t step) const {
   if (!host_momentum_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "step ", step, " of job '", id_,
@@ -241,17 +241,19 @@ absl::Status Job::Rewind(int64_t step) {
         "CPU executors); hand gradients off after editing them instead "
         "(DMuon: overlap=False)"));
   }
-  if (world_size_ != 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step, " of job '", id_, "' cannot be rewound: the job has ",
-        world_size_, " ranks and rewinding is for jobs of one rank"));
-  }
   if (mid_step()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rewind of step ", step, " of job '", id_,
-                     "' after gradients of step ", completed_steps_ + 1,
-                     " arrived: only the last completed step can be rewound, "
-                     "before the next one starts"));
+    std::string started;
+    for (const auto& r : ranks_) {
+      if (r && r->state(*this).step_started)
+        absl::StrAppend(&started, started.empty() ? "" : ", ", r->rank());
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rewind of step ", step, " of job '", id_, "' after gradients of step ",
+        completed_steps_ + 1, " arrived",
+        started.empty() ? "" : absl::StrCat(" (from rank ", started, ")"),
+        ": only the last completed step can be rewound, before the next one "
+        "starts",
+        world_size_ > 1 ? " (every rank must rewind it, or none)" : ""));
   }
   if (state_readers_ > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -267,25 +269,131 @@ absl::Status Job::Rewind(int64_t step) {
             : " (and it cannot be rewound either: already rewound, or its "
               "state was set or restored since)"));
   }
+  return absl::OkStatus();
+}
+
+void Job::DoRewind(int64_t step) {
   for (auto& p : params_) {
     if (p.prev_ran) std::swap(p.momentum, p.step_start);
     p.prev_ran = false;
   }
   rewind_step_ = 0;
-  SetCompletedSteps(step - 1);
+  completed_steps_ = step - 1;
   for (auto& r : ranks_) {
     if (!r) continue;
     SessionState& st = r->state(*this);
+    st.step = step;
     st.delivered = 0;
     st.step_started = false;
     std::fill(st.declared.begin(), st.declared.end(), 0);
     std::fill(st.received.begin(), st.received.end(), 0);
   }
+}
+
+absl::Status Job::Rewind(int64_t step) {
+  if (host_momentum_ && world_size_ != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " of job '", id_,
+                     "' cannot be rewound alone: the job has ", world_size_,
+                     " ranks (AskRewind)"));
+  }
+  if (auto e = CheckRewind(step); !e.ok()) return e;
+  DoRewind(step);
   return absl::OkStatus();
+}
+
+std::string Job::RewindRanks(bool asked) const {
+  std::string out;
+  for (int r = 0; r < world_size_; ++r) {
+    const bool did = r < static_cast<int>(rewind_asked_.size()) &&
+                     rewind_asked_[r] && rewind_asked_step_ != 0;
+    if (did == asked) absl::StrAppend(&out, out.empty() ? "" : ", ", r);
+  }
+  return out;
+}
+
+void Job::EndRewindRound(absl::Status why) {
+  if (rewind_asked_count_ == 0) return;
+  rewind_result_ = std::move(why);
+  ++rewind_round_;
+  rewind_asked_count_ = 0;
+  rewind_asked_step_ = 0;
+  std::fill(rewind_asked_.begin(), rewind_asked_.end(), 0);
+}
+
+absl::Status Job::AskRewind(int rank, int64_t step) {
+  if (auto e = CheckRewind(step); !e.ok()) {
+    // A rank refused while others wait: their round cannot complete.
+    if (rewind_asked_count_ > 0) {
+      EndRewindRound(absl::FailedPreconditionError(
+          absl::StrCat("rewind of step ", rewind_asked_step_, " of job '", id_,
+                       "' failed: rank ", rank, "'s rewind was refused (",
+                       e.message(), ")")));
+    }
+    return e;
+  }
+  if (rewind_asked_.size() != static_cast<size_t>(world_size_))
+    rewind_asked_.assign(world_size_, 0);
+  if (rewind_asked_count_ > 0 && rewind_asked_step_ != step) {
+    // Not reachable while CheckRewind holds (one rewindable step), but a
+    // stale round must not count towards this one.
+    EndRewindRound(absl::FailedPreconditionError(absl::StrCat(
+        "rewind of step ", rewind_asked_step_, " of job '", id_,
+        "' abandoned: rank ", rank, " asked to rewind step ", step)));
+  }
+  if (rewind_asked_[rank]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " asked twice to rewind step ", step,
+                     " of job '", id_, "'"));
+  }
+  rewind_asked_[rank] = 1;
+  rewind_asked_step_ = step;
+  if (++rewind_asked_count_ < world_size_) return absl::OkStatus();
+  DoRewind(step);
+  EndRewindRound(absl::OkStatus());
+  return absl::OkStatus();
+}
+
+absl::Status Job::AwaitRewind(const Session& s, int64_t step) {
+  if (rewind_asked_count_ == 0) return absl::OkStatus();  // round complete
+  const uint64_t round = rewind_round_;
+  auto settled = [this, &s, round] {
+    mu_.AssertHeld();
+    return rewind_round_ != round || !Holds(s) || broken_ ||
+           open_ranks() < world_size_;
+  };
+  mu_.Await(absl::Condition(&settled));
+  if (rewind_round_ != round) return rewind_result_;
+  const std::string missing = RewindRanks(/*asked=*/false);
+  absl::Status why = absl::AbortedError(
+      absl::StrCat("rewind of step ", step, " of job '", id_,
+                   "': ", broken_ ? "the job broke" : "a rank closed",
+                   " while rank ", s.rank(), " waited for rank ", missing,
+                   " to ask for it too; the step is not rewound"));
+  EndRewindRound(why);
+  return why;
+}
+
+absl::Status Job::CheckNoRewindPending(int rank, int64_t next_step) {
+  if (rewind_asked_count_ == 0 ||
+      (rank < static_cast<int>(rewind_asked_.size()) && rewind_asked_[rank]))
+    return absl::OkStatus();
+  absl::Status why = absl::FailedPreconditionError(absl::StrCat(
+      "ranks disagree on rewinding step ", rewind_asked_step_, " of job '", id_,
+      "': rank ", RewindRanks(/*asked=*/true), " asked to rewind it but rank ",
+      rank, " sent gradients of step ", next_step,
+      " instead; every rank must rewind a step, or none (the job stays after "
+      "step ",
+      rewind_asked_step_, ", not rewound)"));
+  EndRewindRound(why);
+  return why;
 }
 
 void Job::SetCompletedSteps(int64_t completed) {
   rewind_step_ = 0;
+  EndRewindRound(absl::FailedPreconditionError(
+      absl::StrCat("rewind of step ", rewind_asked_step_, " of job '", id_,
+                   "' abandoned: the job's state was set meanwhile")));
   completed_steps_ = completed;
   for (auto& r : ranks_)
     if (r) r->state(*this).step = completed_steps_ + 1;

@@ -257,8 +257,28 @@ class Job {
   // parameter's momentum goes back to before `step` (its pre-step copy) and
   // every open rank's next step is `step` again. FAILED_PRECONDITION (the
   // job unchanged) with executors that hold state (no pre-step copy), more
-  // than one rank, mid-step, or a step other than the last completed one.
+  // than one rank (see AskRewind), mid-step, or a step other than the last
+  // completed one.
   absl::Status Rewind(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rewind of a job of several ranks: `rank` asks to undo `step`. The step
+  // is undone (as Rewind) only when every rank has asked; until then the
+  // asks are recorded (per job, for that step) and the caller waits for the
+  // round's outcome (AwaitRewind). The same refusals as Rewind, but for the
+  // number of ranks; a refusal with asks pending fails their round too.
+  absl::Status AskRewind(int rank, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits, after an AskRewind that did not complete its round, until every
+  // rank asked (OK: rewound), the round failed (its error), or
+  // `s` closed, a rank closed or the job broke (ABORTED naming the ranks
+  // that had not asked).
+  absl::Status AwaitRewind(const Session& s, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A message of the next step from `rank` while other ranks asked to
+  // rewind: FAILED_PRECONDITION naming the ranks, which also ends the
+  // waiting ranks' round (the job's state untouched: still after `step`).
+  // OK when no rewind is pending or `rank` is not the cause.
+  absl::Status CheckNoRewindPending(int rank, int64_t next_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- State.
   ParamState& param(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -348,6 +368,22 @@ class Job {
   // with host momentum, cleared by the next step's first arrival, a
   // rollback, state being set, or a rewind.
   int64_t rewind_step_ ABSL_GUARDED_BY(mu_) = 0;
+  // Several ranks (AskRewind): by rank, who asked to rewind
+  // `rewind_asked_step_` (0: no ask pending); each round's outcome bumps
+  // `rewind_round_` and sets `rewind_result_` for the ranks that wait.
+  std::vector<uint8_t> rewind_asked_ ABSL_GUARDED_BY(mu_);
+  int rewind_asked_count_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rewind_asked_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rewind_round_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status rewind_result_ ABSL_GUARDED_BY(mu_);
+  // Ends the pending round (if any) with `why`.
+  void EndRewindRound(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ranks (not) in rewind_asked_, as "0, 2".
+  std::string RewindRanks(bool asked) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rewind's checks but for the number of ranks; its undoing.
+  absl::Status CheckRewind(int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DoRewind(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // By executor: Compute seconds of the step in progress (AddComputeSeconds),
   // and of the last completed one.
   std::vector<double> compute_seconds_ ABSL_GUARDED_BY(mu_);

@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/service.h"
@@ -69,7 +72,7 @@ TEST(Rewind, RedoneStepIsExactlyTheEditedOne) {
   }
 }
 
-TEST(Rewind, RefusedOutsideTheLastCompletedStepOfAOneRankJob) {
+TEST(Rewind, RefusedOutsideTheLastCompletedStep) {
   std::mt19937_64 rng(8);
   const auto g = StepsOfGradients(kTwo, 2, rng);
   auto svc = NewService();
@@ -100,18 +103,203 @@ TEST(Rewind, RefusedOutsideTheLastCompletedStepOfAOneRankJob) {
   ASSERT_TRUE(svc2->OnStepRequest(q.open.session_id(), one).ok());
   EXPECT_EQ(svc2->OnStepRequest(q.open.session_id(), RewindOf(1)).code(),
             absl::StatusCode::kFailedPrecondition);
+}
 
-  // Two ranks.
-  auto svc3 = NewService();
-  Rank a, b;
-  ASSERT_TRUE(a.Open(*svc3, Request("w", 0, 2, v1::TRANSPORT_SHM, kTwo)).ok());
-  ASSERT_TRUE(b.Open(*svc3, Request("w", 1, 2, v1::TRANSPORT_SHM, kTwo)).ok());
-  ASSERT_TRUE(a.Send(*svc3, 1, g[0]).ok());
-  ASSERT_TRUE(b.Send(*svc3, 1, g[0]).ok());
-  a.sink->WaitStep(1);
-  st = svc3->OnStepRequest(a.open.session_id(), RewindOf(1));
-  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("2 ranks"), std::string::npos) << st;
+// --- Jobs of several ranks: every rank asks, then the step is undone.
+
+constexpr int kWorld = 2;
+
+// One step's gradients, by rank then parameter, as each rank sends them:
+// replicated ones equal on every rank, rows ones each rank's block of one
+// matrix, unreduced ones each rank's own.
+using RankGrads = std::vector<std::vector<std::vector<float>>>;
+
+RankGrads GradsOfStep(const std::vector<Param>& ps, std::mt19937_64& rng) {
+  const auto base = RandomGradients(ps, rng);
+  RankGrads out(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    const auto own = RandomGradients(ps, rng);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const Param& p = ps[i];
+      if (p.sharding == v1::SHARDING_UNREDUCED) {
+        out[r].push_back(own[i]);
+      } else if (p.sharding == v1::SHARDING_ROWS) {
+        const int64_t per = (p.rows + kWorld - 1) / kWorld;
+        const int64_t b = std::min(p.rows, r * per);
+        const int64_t e = std::min(p.rows, (r + 1) * per);
+        out[r].emplace_back(base[i].begin() + b * p.cols,
+                            base[i].begin() + e * p.cols);
+      } else {
+        out[r].push_back(base[i]);
+      }
+    }
+  }
+  return out;
+}
+
+struct Pair {
+  std::unique_ptr<OptimizerService> svc = NewService();
+  std::vector<Rank> ranks = std::vector<Rank>(kWorld);
+  explicit Pair(v1::Transport t) {
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_TRUE(ranks[r].Open(*svc, Request("w", r, kWorld, t, kMixed)).ok());
+    }
+  }
+  // Step `s` on every rank (rank 1 first); the updates by rank.
+  std::vector<std::vector<std::vector<float>>> Step(int64_t s,
+                                                    const RankGrads& g) {
+    for (int r = kWorld - 1; r >= 0; --r)
+      EXPECT_TRUE(ranks[r].Send(*svc, s, g[r]).ok()) << "step " << s;
+    std::vector<std::vector<std::vector<float>>> out(kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      auto msgs = ranks[r].sink->WaitStep(s);
+      EXPECT_TRUE(!msgs.empty() && msgs.back().has_step_complete()) << s;
+      for (int i = 0; i < ranks[r].open.layout().slots_size(); ++i)
+        out[r].push_back(ranks[r].Update(i, msgs));
+    }
+    return out;
+  }
+  absl::Status Rewind(int r, int64_t s) {
+    return svc->OnStepRequest(ranks[r].open.session_id(), RewindOf(s));
+  }
+  // Every momentum byte, in order.
+  std::string Momentum() {
+    auto chunks = svc->GetState(ranks[0].open.session_id());
+    EXPECT_TRUE(chunks.ok()) << chunks.status();
+    std::string m;
+    if (chunks.ok())
+      for (const auto& c : *chunks)
+        if (c.has_momentum()) m += c.momentum().data();
+    return m;
+  }
+  int64_t Completed() { return svc->Status().jobs(0).completed_steps(); }
+};
+
+// Asks rank 0 to rewind `s` on a thread (it waits for rank 1); returns
+// after a second, by when its ask has been recorded (a job does not show
+// its pending asks; a second is far more than the RPC takes even under
+// sanitizers on a loaded machine).
+class HeldAsk {
+ public:
+  HeldAsk(Pair& p, int64_t s)
+      : thread_([this, &p, s] {
+          status_ = p.Rewind(0, s);
+          done_ = true;
+        }) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  ~HeldAsk() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool done() const { return done_; }
+  absl::Status Join() {
+    thread_.join();
+    return status_;
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  absl::Status status_;
+  std::thread thread_;
+};
+
+TEST(Rewind, TwoRanksRedoneStepIsExactlyTheEditedOne) {
+  // Replicated, rows and unreduced parameters: step 2 handed off, rewound
+  // by both ranks (rank 0 held until rank 1 asks), redone with edited
+  // gradients: updates and momentum bit for bit those of a job that had
+  // the edited gradients from the start, and so is step 3.
+  std::mt19937_64 rng(9);
+  std::vector<RankGrads> g;
+  for (int k = 0; k < 4; ++k) g.push_back(GradsOfStep(kMixed, rng));
+  for (v1::Transport t : {v1::TRANSPORT_SHM, v1::TRANSPORT_INLINE}) {
+    Pair ref(t);
+    ref.Step(1, g[0]);
+    const auto want2 = ref.Step(2, g[3]);
+    const std::string want_m2 = ref.Momentum();
+    const auto want3 = ref.Step(3, g[2]);
+    const std::string want_m3 = ref.Momentum();
+
+    Pair p(t);
+    p.Step(1, g[0]);
+    p.Step(2, g[1]);
+    const std::string m2 = p.Momentum();
+    {
+      HeldAsk ask(p, 2);
+      EXPECT_FALSE(ask.done()) << "rank 0's rewind must wait for rank 1's";
+      EXPECT_EQ(p.Completed(), 2);
+      EXPECT_EQ(p.Momentum(), m2);  // nothing undone yet
+      ASSERT_TRUE(p.Rewind(1, 2).ok());
+      ASSERT_TRUE(ask.Join().ok());
+    }
+    EXPECT_EQ(p.Completed(), 1);
+    // Rewound twice: the redo can be undone again.
+    p.Step(2, g[1]);
+    {
+      HeldAsk ask(p, 2);
+      ASSERT_TRUE(p.Rewind(1, 2).ok());
+      ASSERT_TRUE(ask.Join().ok());
+    }
+    EXPECT_EQ(p.Step(2, g[3]), want2) << t;
+    EXPECT_EQ(p.Momentum(), want_m2) << t;
+    EXPECT_EQ(p.Step(3, g[2]), want3) << t;
+    EXPECT_EQ(p.Momentum(), want_m3) << t;
+    EXPECT_EQ(p.Completed(), 3);
+  }
+}
+
+TEST(Rewind, TwoRanksOneAskingAloneIsHeld) {
+  std::mt19937_64 rng(10);
+  const RankGrads g = GradsOfStep(kMixed, rng);
+  Pair p(v1::TRANSPORT_SHM);
+  p.Step(1, g);
+  HeldAsk ask(p, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(ask.done());
+  EXPECT_EQ(p.Completed(), 1);
+  ASSERT_TRUE(p.Rewind(1, 1).ok());
+  EXPECT_TRUE(ask.Join().ok());
+  EXPECT_EQ(p.Completed(), 0);
+  // Only the last completed step, and not again before it is redone.
+  EXPECT_EQ(p.Rewind(0, 1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(Rewind, TwoRanksDisagreeingIsAnErrorAndTheJobIsUntouched) {
+  std::mt19937_64 rng(11);
+  std::vector<RankGrads> g;
+  for (int k = 0; k < 2; ++k) g.push_back(GradsOfStep(kMixed, rng));
+  for (v1::Transport t : {v1::TRANSPORT_SHM, v1::TRANSPORT_INLINE}) {
+    Pair p(t);
+    p.Step(1, g[0]);
+    const std::string m1 = p.Momentum();
+    HeldAsk ask(p, 1);
+    // Rank 1 goes on to step 2 instead of rewinding step 1.
+    absl::Status st = p.ranks[1].Send(*p.svc, 2, g[1][1]);
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("rank 0 asked to rewind"), std::string::npos)
+        << st;
+    EXPECT_NE(st.message().find("rank 1 sent gradients of step 2"),
+              std::string::npos)
+        << st;
+    // The waiting rank gets the same error; the job stays after step 1.
+    absl::Status held = ask.Join();
+    EXPECT_EQ(held, st);
+    EXPECT_EQ(p.Completed(), 1);
+    EXPECT_EQ(p.Momentum(), m1);
+    EXPECT_EQ(p.svc->Status().sessions(0).step(), 2);
+  }
+}
+
+TEST(Rewind, TwoRanksRankClosingEndsTheWait) {
+  std::mt19937_64 rng(12);
+  const RankGrads g = GradsOfStep(kMixed, rng);
+  Pair p(v1::TRANSPORT_SHM);
+  p.Step(1, g);
+  HeldAsk ask(p, 1);
+  ASSERT_TRUE(p.svc->CloseSession(p.ranks[1].open.session_id()).ok());
+  absl::Status st = ask.Join();
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_NE(st.message().find("waited for rank 1"), std::string::npos) << st;
+  EXPECT_EQ(p.Completed(), 1);
 }
 
 }  // namespace

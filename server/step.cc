@@ -99,7 +99,19 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
             req.rewind().step(), " of job '", job->id(),
             "' is refused (its state as of that step is kept)"));
       }
-      return job->Rewind(req.rewind().step());
+      if (job->world_size() == 1) return job->Rewind(req.rewind().step());
+      // Several ranks: the step is undone once every rank asked; this rank
+      // waits for that (its next messages, the redo, stay unread).
+      if (auto e = job->AskRewind(s->rank(), req.rewind().step()); !e.ok())
+        return e;
+      return job->AwaitRewind(*s, req.rewind().step());
+    }
+    if (req.has_gradient() || req.has_gradients_ready()) {
+      if (auto e = job->CheckNoRewindPending(
+              s->rank(), req.has_gradient() ? req.gradient().step()
+                                            : req.gradients_ready().step());
+          !e.ok())
+        return e;
     }
     if (req.has_gradient()) {
       const v1::TensorChunk& c = req.gradient();

@@ -63,6 +63,9 @@ void Run(const uint8_t* data, size_t size) {
                        /*metrics=*/nullptr);
   std::vector<std::string> sessions;
   std::vector<v1::StateChunk> pending;
+  // By session: its job has several ranks (a rewind then waits for the
+  // other ranks' asks, which this one thread would never send).
+  std::vector<bool> several;
   auto session = [&](const uint8_t* p, size_t n) -> std::string {
     if (sessions.empty() || n == 0) return "no-such-session";
     return sessions[p[0] % sessions.size()];
@@ -79,7 +82,10 @@ void Run(const uint8_t* data, size_t size) {
         v1::OpenSessionRequest req;
         if (!req.ParseFromArray(p, static_cast<int>(len))) break;
         auto r = svc.OpenSession(req);
-        if (r.ok()) sessions.push_back(r->session_id());
+        if (r.ok()) {
+          sessions.push_back(r->session_id());
+          several.push_back(req.world_size() > 1);
+        }
         break;
       }
       case kAttach:
@@ -89,6 +95,9 @@ void Run(const uint8_t* data, size_t size) {
         if (len == 0) break;
         v1::StepRequest req;
         if (!req.ParseFromArray(p + 1, static_cast<int>(len - 1))) break;
+        if (req.has_rewind() && !sessions.empty() &&
+            several[p[0] % sessions.size()])
+          break;
         (void)svc.OnStepRequest(session(p, len), req);
         break;
       }
