@@ -57,6 +57,16 @@ def new_job_id():
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
+def any_rank(flag, group):
+    """Whether `flag` is true on some rank of `group`: one all-reduce (MAX)
+    of a single int32, on the GPU for an nccl-only group, else on the CPU."""
+    dev = (torch.device("cuda", torch.cuda.current_device())
+           if str(dist.get_backend(group)) == "nccl" else torch.device("cpu"))
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
 def barrier(group):
     if group is not None:
         dist.barrier(group=group)

@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from . import _dtensor, _errors, _parts
+from . import _ddp, _dtensor, _errors, _parts
 from ._recovery import deferred_sigint
 
 
@@ -108,16 +108,15 @@ class _HandoffMixin:
             self._rewind_step()
             return  # handed off at step(), from .grad as it is then
         if self._handed[i]:
-            why = ("it has several ranks" if self._world > 1 else
-                   "its tensors travel in GPU memory" if self._region is not None
+            why = ("its tensors travel in GPU memory" if self._region is not None
                    else "it has no session")
             raise RuntimeError(
                 f"DMuon: {r.name} got a second gradient for step {self._session.step} "
                 "after the first was handed to dmuond during an earlier backward (a "
                 "second backward before step(): gradient accumulation, a second loss, "
                 "a backward whose step() was skipped, or zero_grad() then a new "
-                "backward). dmuond can redo a step only for one process on host "
-                f"buffers, and {why}. Pass overlap=False (gradients then leave at "
+                "backward). dmuond can redo a step only on host buffers (shm, "
+                f"inline), and {why}. Pass overlap=False (gradients then leave at "
                 "step(), and every loop shape is exact), or run every backward but "
                 "the last of a step inside `with optimizer.no_sync():` (DDP: "
                 "model.no_sync())")
@@ -169,10 +168,12 @@ class _HandoffMixin:
 
     # ------------------------------------ gradients edited after their hand-off
     def _can_rewind(self):
-        """Whether a step dmuond computed can be undone and redone here: one
-        process on host buffers (shm/inline; dmuond's CPU executors keep the
-        pre-step momentum that a Rewind restores)."""
-        return (self._world == 1 and self._region is None and self._session is not None
+        """Whether a step dmuond computed can be undone and redone here: host
+        buffers (shm/inline; dmuond's CPU executors keep the pre-step momentum
+        that a Rewind restores). With several ranks every rank rewinds (dmuond
+        undoes the step once all have asked): step() agrees on it first
+        (_agree_on_redo); a second backward does it on every rank alike."""
+        return (self._region is None and self._session is not None
                 and getattr(self._session, "rewind", None) is not None)
 
     def _edited_after_handoff(self):
@@ -183,10 +184,13 @@ class _HandoffMixin:
         clip_grad_norm_ bumps it even when it multiplies by exactly 1.0). One
         read of every handed-off gradient and its copy per step."""
         edited = []
-        if self._world != 1:
-            return edited  # rank r's buffer holds rank 0's copy, or none
         for i, rec in enumerate(self._sent):
             if rec is None or not self._handed[i] or self._absent[i]:
+                continue
+            if self._muon[i].sharding == "replicated" and self._rank != 0:
+                # Only rank 0's copy is sent (its buffer here holds nothing of
+                # this rank's); the gradient, and an edit of it, is every
+                # rank's alike: rank 0 tells (_agree_on_redo).
                 continue
             g = _dtensor.local(_parts.grad(self._muon[i]))
             buf = self._grad[i]
@@ -195,6 +199,21 @@ class _HandoffMixin:
                                                       dtype=buf.dtype), buf):
                 edited.append(i)
         return edited
+
+    def _agree_on_redo(self, redo):
+        """Several ranks, overlap=True: whether some rank must redo the step
+        (an edit seen by any rank: rank 0 for replicated gradients, each rank
+        for its own rows/unreduced ones). One all-reduce (MAX) of one int on
+        DMuon's process group per step() (several ranks, overlap=True only);
+        every rank then rewinds, or none (dmuond undoes a step of several
+        ranks only when all ask)."""
+        if self._world <= 1 or not self._overlap:
+            # One rank; or overlap=False: every gradient leaves at step(),
+            # after any edit, so nothing is redone and nothing disagrees. (Not
+            # skipped when this step hands off at step() (_defer_handoff):
+            # DDP's comm hook hands off during backward regardless.)
+            return bool(redo)
+        return _ddp.any_rank(bool(redo), self._pg)
 
     def _rewind_step(self):
         """Undoes dmuond's step in progress: every Muon gradient not handed
@@ -221,16 +240,16 @@ class _HandoffMixin:
         from the handed-off ones is rewound and every gradient handed off
         again. Without a rewind (several ranks, GPU transports) it raises
         naming the parameters."""
-        names = ", ".join(self._muon[i].name for i in edited[:5])
+        names = (", ".join(self._muon[i].name for i in edited[:5])
+                 if edited else "a Muon parameter (on another rank)")
         more = f" and {len(edited) - 5} more" if len(edited) > 5 else ""
         if not self._can_rewind():
             raise RuntimeError(
                 f"DMuon: the gradient of {names}{more} changed after it was handed to "
                 f"dmuond for step {self._session.step} (e.g. clip_grad_norm_, "
-                "GradScaler.unscale_ or masking after backward()); with "
-                f"{'several ranks' if self._world > 1 else 'GPU transports'} dmuond "
-                "cannot redo a step: pass overlap=False so that gradients leave at "
-                "step(), after your edits")
+                "GradScaler.unscale_ or masking after backward()); with GPU "
+                "transports dmuond cannot redo a step: pass overlap=False so that "
+                "gradients leave at step(), after your edits")
         self._rewind_step()
         for j, r in enumerate(self._muon):
             self._handoff(j, _parts.grad(r))

@@ -247,7 +247,7 @@ class _RecoveryMixin:
                 f"{self.param_groups[g]['momentum']!r} after the gradient of "
                 f"{self._muon[moved[0]].name} was handed to dmuond for step "
                 f"{self._session.step}; with "
-                f"{'several ranks' if self._world > 1 else 'GPU transports'} dmuond "
+                "GPU transports dmuond "
                 "cannot redo a step: change the momentum (scheduler.step()) after "
                 "optimizer.step() and before the next backward, or pass "
                 "overlap=False so that gradients leave at step()")

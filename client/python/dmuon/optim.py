@@ -424,7 +424,8 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             # So is a momentum changed after its gradients' hand-off (a
             # scheduler stepped between backward and step()): redone with it.
             moved = self._momentum_moved()
-            if edited or moved:
+            # Several ranks: all redo, or none (one tiny all-reduce).
+            if self._agree_on_redo(edited or moved):
                 self._redo_step(sorted(set(edited) | set(moved)))
             else:
                 self._redo_streak = 0

@@ -17,6 +17,7 @@ from helpers import MLP, TinyLM, lm_batch, loss_of  # noqa: E402
 from ranks import worker_args, worker_main  # noqa: E402
 
 STEPS = 8
+CLIP = 0.05  # clip_grad_norm_'s max_norm (modes *_clip*)
 HYPER = dict(lr=0.02, weight_decay=0.1, adamw_lr=3e-3)
 
 
@@ -37,7 +38,9 @@ def run_ddp(args, rank, world):
     else:
         ddp = DDP(model)
         opt = DMuon(ddp, server=server, adamw=[model.head],
-                    reduce_in_daemon=args.mode in ("ddp_reduce", "ddp_accum"), **HYPER)
+                    reduce_in_daemon=args.mode in ("ddp_reduce", "ddp_accum")
+                    or args.mode.startswith("ddp_reduce_clip"),
+                    overlap=not args.mode.endswith("_nooverlap"), **HYPER)
     routes = {r["name"]: (r["sharding"], r["handoff"]) for r in opt.routing
               if r["route"] == "muon"}
     for s in range(STEPS):
@@ -46,10 +49,15 @@ def run_ddp(args, rank, world):
             with ddp.no_sync():
                 (loss_of(ddp, (x[:2], y[:2])) / 2).backward()
             (loss_of(ddp, (x[2:], y[2:])) / 2).backward()
+        elif args.mode == "ddp_accum_sync":  # two micro-batches, both all-reduced
+            (loss_of(ddp, (x[:2], y[:2])) / 2).backward()
+            (loss_of(ddp, (x[2:], y[2:])) / 2).backward()
         elif args.mode == "ddp_ignore":
             loss_of(ddp, (x, y)).backward()
         else:
             loss_of(ddp, (x, y)).backward()
+        if "clip" in args.mode:  # after the hand-off (overlap): a rewind
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), CLIP)
         if s == 0:  # after backward: which gradients did DDP all-reduce?
             for key, p in (("muon", model.blocks[0].qkv.weight), ("adamw", model.norm.weight)):
                 seen = [torch.zeros_like(p.grad) for _ in range(world)]
@@ -59,6 +67,8 @@ def run_ddp(args, rank, world):
         opt.zero_grad()
     if args.mode == "ddp_pool":  # server "a,b": the split every rank used
         routes["pool_owner"] = opt.pool_owner
+    routes["redone_steps"] = opt.stats.get("redone_steps", 0)
+    routes["rewound_steps"] = opt.stats.get("rewound_steps", 0)
     opt.close()
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return params, routes

@@ -31,7 +31,8 @@ def single(daemon):
 
 
 @pytest.mark.parametrize("mode,server", [("ddp", "fixture"), ("ddp_reduce", "fixture"),
-                                         ("ddp_ignore", "fixture"), ("ddp_accum", "auto")])
+                                         ("ddp_ignore", "fixture"), ("ddp_accum", "auto"),
+                                         ("ddp_accum_sync", "fixture")])
 def test_ddp_equals_single_process(daemon, single, tmp_path, mode, server):
     """server "auto": rank 0 starts a private dmuond and the ranks share it."""
     results, logs = run_job(mode, daemon.address if server == "fixture" else "auto",
@@ -40,16 +41,70 @@ def test_ddp_equals_single_process(daemon, single, tmp_path, mode, server):
         assert r["error"] is None, f"rank {rank}: {r['error']}\n{logs[rank]}"
         for name, want in single.items():
             assert rel_err(r["params"][name], want) < 1e-5, (rank, name)
-    want = {"ddp": ("replicated", "ddp"), "ddp_reduce": ("unreduced", "ddp"),
+    want = {"ddp": ("replicated", "ddp"), "ddp_accum_sync": ("replicated", "ddp"),
+            "ddp_reduce": ("unreduced", "ddp"),
             "ddp_accum": ("unreduced", "ddp"), "ddp_ignore": ("unreduced", "hook")}[mode]
     routes = results[0]["routes"]
     # Replicated: DDP all-reduced every gradient. reduce_in_daemon: the Muon
     # gradients stayed local (the daemon averages them), AdamW's were reduced.
+    assert routes.pop("redone_steps") == 0
+    # Two all-reduced backwards a step (no no_sync()): DDP's comm hook hands
+    # off during each, so every step's first hand-off is rewound, on every
+    # rank, at the second backward (exact; no_sync() avoids the rewinds).
+    assert routes.pop("rewound_steps") == (STEPS if mode == "ddp_accum_sync" else 0)
     assert routes.pop("adamw_grads_equal")
-    assert routes.pop("muon_grads_equal") == (mode == "ddp")
+    assert routes.pop("muon_grads_equal") == (mode in ("ddp", "ddp_accum_sync"))
     assert set(routes.values()) == {want}
     for name in single:  # every rank holds the same model
         assert torch.equal(results[0]["params"][name], results[1]["params"][name]), name
+
+
+def test_ddp_clipping_after_backward_is_rewound_on_every_rank(daemon, tmp_path):
+    """overlap=True hands every Muon gradient off during backward; DDP's
+    all-reduced gradients then clipped (clip_grad_norm_, as HF Trainer and
+    Lightning do): every rank rewinds dmuond's step (rank 0 sees the edit of
+    the replicated gradients, the others learn it from one all-reduce) and
+    re-declares the clipped ones. Equal to one process clipping the
+    full-batch gradient."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = DMuon(model, server=daemon.address, adamw=[model.head], overlap=False, **HYPER)
+    for s in range(STEPS):
+        loss_of(model, lm_batch(s)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), dist_worker.CLIP)
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    want = {n: p.detach().clone() for n, p in model.named_parameters()}
+    results, logs = run_job("ddp_clip", daemon.address, tmp_path)
+    for rank, r in enumerate(results):
+        assert r["error"] is None, f"rank {rank}: {r['error']}\n{logs[rank]}"
+        assert r["routes"]["redone_steps"] == STEPS, (rank, r["routes"])
+        for name, w in want.items():
+            assert rel_err(r["params"][name], w) < 1e-5, (rank, name)
+    for name in want:
+        assert torch.equal(results[0]["params"][name], results[1]["params"][name]), name
+
+
+def test_reduce_in_daemon_clipping_local_gradients_rewinds_on_every_rank(
+        daemon, tmp_path):
+    """reduce_in_daemon=True: each rank clips its own (local, unreduced) Muon
+    gradients by its own norm, so the edits differ by rank. There is no
+    single-process equivalent (DDP-style training would clip the averaged
+    gradient; here each rank's AdamW even steps with its own clip factor),
+    so the reference is that loop with overlap=False, whose gradients leave
+    at step(), after the clipping: dmuond averages the clipped local
+    gradients. overlap=True must rewind on every rank and give the same
+    numbers."""
+    got, logs = run_job("ddp_reduce_clip", daemon.address, tmp_path)
+    want, wlogs = run_job("ddp_reduce_clip_nooverlap", daemon.address, tmp_path)
+    for rank in range(2):
+        assert got[rank]["error"] is None, f"rank {rank}: {got[rank]['error']}\n{logs[rank]}"
+        assert want[rank]["error"] is None, f"rank {rank}: {want[rank]['error']}\n{wlogs[rank]}"
+        assert got[rank]["routes"]["redone_steps"] == STEPS, (rank, got[rank]["routes"])
+        assert want[rank]["routes"]["redone_steps"] == 0
+        for name, w in want[rank]["params"].items():
+            assert rel_err(got[rank]["params"][name], w) < 1e-6, (rank, name)
 
 
 @pytest.mark.parametrize("mode", ["unused_ddp", "unused_daemon"])
