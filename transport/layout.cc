@@ -51,9 +51,12 @@ absl::StatusOr<Layout> ComputeLayout(const std::vector<TensorView>& views) {
   layout.slots.reserve(views.size());
   for (size_t i = 0; i < views.size(); ++i) {
     const TensorView& v = views[i];
-    if (v.rows <= 0 || v.cols <= 0 || v.element_bytes == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Describe(i, v), ": every dimension must be positive"));
+    // 0x0: a rank that holds nothing of the matrix (SHARDING_BLOCKS); its
+    // slots take no bytes.
+    const bool nothing = v.rows == 0 && v.cols == 0;
+    if ((!nothing && (v.rows <= 0 || v.cols <= 0)) || v.element_bytes == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Describe(i, v), ": every dimension must be positive (or both 0)"));
     }
     Slot slot;
     slot.rows = v.rows;

@@ -14,6 +14,7 @@ std::vector<NcclTransfer> GradientReceives(const Layout& layout, int peer,
   std::vector<NcclTransfer> out;
   for (int p : params) {
     const Slot& s = layout.slots[p];
+    if (s.bytes == 0) continue;  // the rank holds nothing (nccl_peer.cc too)
     out.push_back({false, peer, s.gradient_offset, s.bytes});
   }
   return out;
@@ -24,6 +25,7 @@ std::vector<NcclTransfer> UpdateSends(const Layout& layout, int peer,
   std::vector<NcclTransfer> out;
   for (int p : params) {
     const Slot& s = layout.slots[p];
+    if (s.bytes == 0) continue;  // the rank holds nothing (nccl_peer.cc too)
     out.push_back({true, peer, s.update_offset, s.bytes});
   }
   return out;

@@ -373,6 +373,22 @@ TEST(Layout, EmptyTable) {
   EXPECT_EQ(layout->total_bytes, 0u);
 }
 
+TEST(Layout, NothingHeldTakesNoBytes) {
+  // A rank that holds nothing of a SHARDING_BLOCKS matrix: a 0x0 view.
+  const std::vector<TensorView> views{{3, 5, 4}, {0, 0, 4}, {2, 2, 4}};
+  auto layout = ComputeLayout(views);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->slots[1].bytes, 0u);
+  const auto& s = layout->slots;
+  EXPECT_EQ(s[2].gradient_offset, s[1].gradient_offset);  // nothing between
+  EXPECT_GE(s[2].gradient_offset, s[0].gradient_offset + s[0].bytes);
+  EXPECT_GE(s[0].update_offset, s[2].gradient_offset + s[2].bytes);
+  EXPECT_GE(s[2].update_offset, s[0].update_offset + s[0].bytes);
+  auto alone = ComputeLayout({{0, 0, 4}});
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(alone->total_bytes, 0u);
+}
+
 TEST(Layout, NonPositiveDimensionsNameTheParameter) {
   std::mt19937_64 rng(std::random_device{}());
   for (int trial = 0; trial < 100; ++trial) {

@@ -48,6 +48,7 @@ absl::Status NcclPeer::Group(const DeviceRegion& region,
   ncclResult_t first = ncclSuccess;
   for (int id : ids) {
     const size_t count = static_cast<size_t>(region.elements(id));
+    if (count == 0) continue;  // holds nothing: the daemon posts none either
     const ncclResult_t r = send ? ncclSend(region.gradient(id), count,
                                            ncclFloat32, daemon_rank_, comm, s)
                                 : ncclRecv(region.update(id), count,
