@@ -18,7 +18,9 @@ namespace dmuon {
 //      absent_param_ids, OpenSessionRequest.protocol_minor/client_version,
 //      Capabilities.protocol_minor, StepRequest.rewind (Rewind).
 //   2: GradientsReady.momentum (a per-step momentum per parameter).
-inline constexpr uint32_t kProtocolMinor = 2;
+//   3: SHARDING_BLOCKS (ParameterSpec.row_runs/col_runs): a rank's local
+//      tensor as any product of row and column runs (DTensor placements).
+inline constexpr uint32_t kProtocolMinor = 3;
 
 // The minor version this binary speaks: kProtocolMinor. Defined weak, so that
 // a test binary can link a strong definition that speaks an older minor

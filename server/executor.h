@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/kernels.h"
+#include "server/shard_map.h"
 #include "server/table.h"
 
 namespace dmuon::server {
@@ -49,7 +50,8 @@ struct StateKey {
 
 // One rank's share of a task in device memory (fp32, row-major, addresses
 // valid in this process). The gradient holds rows [row_begin, row_end) of
-// the matrix; the update receives the same rows.
+// the matrix (kBlocks: the elements `map` names, a local tensor of
+// map.local_rows() x map.local_cols()); the update receives the same.
 struct DevicePart {
   int device = -1;  // CUDA ordinal (in this process) of both buffers
   // Null (kMean only): the rank has no gradient this step (declared absent);
@@ -61,14 +63,18 @@ struct DevicePart {
   // A cudaEvent_t recorded by the writer after the gradient was written;
   // the executor's stream waits on it before reading. Null: none.
   void* ready_event = nullptr;
+  ShardMap map;  // kBlocks only
 };
 
 // How the parts combine into the gradient (the Sharding modes):
 //   kFirst: part 0's whole gradient (replicated);
 //   kRows:  each part's rows (row-sharded; the parts tile the matrix);
 //   kMean:  the mean of the parts' whole gradients, summed in part order
-//           then scaled by 1/parts in fp32 (unreduced), as the host does.
-enum class Gather { kFirst, kRows, kMean };
+//           then scaled by 1/parts in fp32 (unreduced), as the host does;
+//   kBlocks: each part's map (SHARDING_BLOCKS): an element held by several
+//           parts is taken from the first (lowest rank) of them; a part
+//           with an empty map (holding nothing) has no gradient to read.
+enum class Gather { kFirst, kRows, kMean, kBlocks };
 
 struct DeviceIo {
   Gather gather = Gather::kFirst;

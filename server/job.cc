@@ -401,7 +401,7 @@ void Job::SetCompletedSteps(int64_t completed) {
 
 Session::Session(std::string id, std::shared_ptr<Job> job, int rank,
                  v1::Transport transport, transport::Layout layout,
-                 std::vector<RowRange> rows,
+                 std::vector<ShardMap> shards,
                  std::unique_ptr<transport::Region> region)
     : id_(std::move(id)),
       job_(job),
@@ -409,7 +409,7 @@ Session::Session(std::string id, std::shared_ptr<Job> job, int rank,
       rank_(rank),
       transport_(transport),
       layout_(std::move(layout)),
-      rows_(std::move(rows)),
+      shards_(std::move(shards)),
       region_(std::move(region)) {}
 
 Session::~Session() {

@@ -232,7 +232,7 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `rank` declaring `param` absent (or present) disagrees with a
   // rank that declared it already this step: the other rank's index, or -1.
-  // Only SHARDING_REPLICATED and SHARDING_ROWS must agree.
+  // SHARDING_REPLICATED, SHARDING_ROWS and SHARDING_BLOCKS must agree.
   int AbsentDisagrees(int rank, int param, bool absent) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Host momentum: copies the parameter's momentum to its step_start before
@@ -405,7 +405,7 @@ class Session {
  public:
   Session(std::string id, std::shared_ptr<Job> job, int rank,
           v1::Transport transport, transport::Layout layout,
-          std::vector<RowRange> rows,
+          std::vector<ShardMap> shards,
           std::unique_ptr<transport::Region> region);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -417,8 +417,8 @@ class Session {
   int rank() const { return rank_; }
   v1::Transport transport() const { return transport_; }
   const transport::Layout& layout() const { return layout_; }
-  // Rows of each parameter this rank holds, by parameter.
-  const std::vector<RowRange>& rows() const { return rows_; }
+  // The elements of each parameter this rank holds, by parameter.
+  const std::vector<ShardMap>& shards() const { return shards_; }
   std::chrono::steady_clock::time_point opened() const { return opened_; }
   // Null only after TakeRegion.
   transport::Region* region() const { return region_.get(); }
@@ -448,7 +448,7 @@ class Session {
   const int rank_;
   const v1::Transport transport_;
   const transport::Layout layout_;
-  const std::vector<RowRange> rows_;
+  const std::vector<ShardMap> shards_;
   const std::chrono::steady_clock::time_point opened_ =
       std::chrono::steady_clock::now();
   std::unique_ptr<transport::Region> region_;

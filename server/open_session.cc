@@ -36,17 +36,29 @@ std::string RandomToken() {
   return s;
 }
 
-// Row ranges of a SHARDING_ROWS parameter must tile [0, rows) exactly. Every
-// rank but `rank` is open; `rows` are that rank's.
-absl::Status CheckRowTiling(const Job& job, int rank,
-                            const std::vector<RowRange>& rows)
+// Row ranges of a SHARDING_ROWS parameter must tile [0, rows) exactly, and
+// a SHARDING_BLOCKS parameter's ranks must hold every element between them
+// (shard_map.h CheckCover; replicas allowed). Every rank but `rank` is
+// open; `shards` are that rank's.
+absl::Status CheckShardCover(const Job& job, int rank,
+                             const std::vector<ShardMap>& shards)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
   for (size_t i = 0; i < job.table().params.size(); ++i) {
     const ParamInfo& p = job.table().params[i];
+    // Not a lambda: clang's analysis would not see the lock held in it.
+    std::vector<const ShardMap*> held;
+    for (int k = 0; k < job.world_size(); ++k)
+      held.push_back(k == rank ? &shards[i] : &job.ranks()[k]->shards()[i]);
+    if (p.sharding == v1::SHARDING_BLOCKS) {
+      std::vector<ShardMap> maps;
+      for (const ShardMap* m : held) maps.push_back(*m);
+      if (auto st = CheckCover(maps, p.shape, p.name); !st.ok()) return st;
+      continue;
+    }
     if (p.sharding != v1::SHARDING_ROWS) continue;
     std::vector<std::pair<int64_t, int64_t>> r;
-    for (int k = 0; k < job.world_size(); ++k) {
-      const RowRange& x = k == rank ? rows[i] : job.ranks()[k]->rows()[i];
+    for (const ShardMap* m : held) {
+      const IndexRun& x = m->rows()[0];
       r.push_back({x.begin, x.end});
     }
     std::sort(r.begin(), r.end());
@@ -194,14 +206,12 @@ absl::Status NothingToContinueError(const std::string& id,
 absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
     const v1::OpenSessionRequest& req, const Principal& who) {
   if (auto st = ValidateOpen(req); !st.ok()) return st;
-  std::vector<RowRange> rows;
-  auto table = BuildTable(req, &rows);
+  std::vector<ShardMap> shards;
+  auto table = BuildTable(req, &shards);
   if (!table.ok()) return table.status();
   std::vector<transport::TensorView> views;
-  for (size_t i = 0; i < table->params.size(); ++i) {
-    views.push_back(
-        {rows[i].end - rows[i].begin, table->params[i].shape.cols, 4});
-  }
+  for (const ShardMap& m : shards)
+    views.push_back({m.local_rows(), m.local_cols(), 4});
   auto layout = transport::ComputeLayout(views);
   if (!layout.ok()) return layout.status();
 
@@ -259,14 +269,15 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
     if (auto st = CheckJoin(*job, req, *table); !st.ok()) return st;
   }
   if (job->open_ranks() + 1 == job->world_size()) {
-    if (auto st = CheckRowTiling(*job, req.rank(), rows); !st.ok()) return st;
+    if (auto st = CheckShardCover(*job, req.rank(), shards); !st.ok())
+      return st;
   }
   v1::OpenSessionResponse resp;
   auto region = OpenRegion(*job, created, req, *layout, &resp);
   if (!region.ok()) return region.status();
   auto s = std::make_shared<Session>(RandomToken(), job, req.rank(),
                                      req.transport(), *std::move(layout),
-                                     std::move(rows), *std::move(region));
+                                     std::move(shards), *std::move(region));
   job->OpenRank(s);
   if (created) jobs_[job->id()] = job;
   sessions_[s->id()] = s;

@@ -52,6 +52,7 @@ DeviceIo DeviceIoOf(const std::vector<std::shared_ptr<Session>>& ranks,
   DeviceIo io;
   io.gather = sharding == v1::SHARDING_ROWS        ? Gather::kRows
               : sharding == v1::SHARDING_UNREDUCED ? Gather::kMean
+              : sharding == v1::SHARDING_BLOCKS    ? Gather::kBlocks
                                                    : Gather::kFirst;
   for (const auto& s : ranks) {
     const transport::DeviceView* d = s->region()->device();
@@ -60,8 +61,13 @@ DeviceIo DeviceIoOf(const std::vector<std::shared_ptr<Session>>& ranks,
     part.device = d->device;
     part.grad = reinterpret_cast<const float*>(d->base + slot.gradient_offset);
     part.update = reinterpret_cast<float*>(d->base + slot.update_offset);
-    part.row_begin = s->rows()[param].begin;
-    part.row_end = s->rows()[param].end;
+    const ShardMap& held = s->shards()[param];
+    if (io.gather == Gather::kBlocks) {
+      part.map = held;
+    } else {
+      part.row_begin = held.rows()[0].begin;
+      part.row_end = held.rows()[0].end;
+    }
     part.ready_event = d->ready_event;
     if (!absent.empty() && absent[s->rank()]) {
       part.grad = nullptr;  // nothing was written or sent: zeros
@@ -153,14 +159,30 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
   switch (info.sharding) {
     case v1::SHARDING_ROWS:
       for (const auto& s : ranks) {
-        const RowRange r = s->rows()[param];
-        if (auto st = ReadGradient(*s, param, (r.end - r.begin) * cols,
-                                   p.work.data() + r.begin * cols);
+        const ShardMap& held = s->shards()[param];
+        if (auto st = ReadGradient(*s, param, held.elements(),
+                                   p.work.data() + held.offset(info.shape));
             !st.ok()) {
           return st;
         }
       }
       break;
+    case v1::SHARDING_BLOCKS: {
+      // Highest rank first, so an element several ranks hold (replicas)
+      // ends as the lowest rank's, whatever the others sent.
+      std::vector<float> local;
+      for (auto it = ranks.rbegin(); it != ranks.rend(); ++it) {
+        const ShardMap& held = (*it)->shards()[param];
+        if (held.empty()) continue;
+        local.resize(held.elements());
+        if (auto st = ReadGradient(**it, param, held.elements(), local.data());
+            !st.ok()) {
+          return st;
+        }
+        ScatterToMatrix(held, info.shape, local.data(), p.work.data());
+      }
+      break;
+    }
     case v1::SHARDING_UNREDUCED: {
       // The mean in rank order 0..W-1, so arrival order never changes a bit.
       std::fill(p.work.begin(), p.work.end(), 0.0f);
@@ -271,19 +293,24 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
       CountError(why);
     };
     if (!status.ok() && !skip) return fail(status);
-    const int64_t cols = info.shape.cols;
     // Every host region's update first (GPU regions: the executor wrote it,
     // zeros when skipped), before anything is announced: a segment its
     // client shrank fails the step (DATA_LOSS naming the rank and segment).
-    std::vector<float> zeros;
+    std::vector<float> zeros, local;
     for (auto& s : job->ranks()) {
       if (absent) break;  // no update: the slot is left as it was
       if (!s || s->region()->device()) continue;
-      const RowRange r = s->rows()[param];
-      const int64_t n = (r.end - r.begin) * cols;
+      const ShardMap& held = s->shards()[param];
+      const int64_t n = held.elements();
+      if (n == 0) continue;  // holds nothing (SHARDING_BLOCKS)
       if (skip && zeros.size() < static_cast<size_t>(n)) zeros.assign(n, 0.0f);
-      const float* in =
-          skip ? zeros.data() : job->param(param).work.data() + r.begin * cols;
+      const float* work = job->param(param).work.data();
+      const float* in = skip ? zeros.data() : work + held.offset(info.shape);
+      if (!skip && !held.Contiguous(info.shape)) {
+        local.resize(n);
+        GatherFromMatrix(held, info.shape, work, local.data());
+        in = local.data();
+      }
       if (auto e = WriteUpdate(*s, param, in, n); !e.ok()) {
         return fail(absl::Status(
             e.code(),
@@ -294,8 +321,7 @@ void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
     for (auto& s : job->ranks()) {
       if (!s) continue;
       SessionState& st = s->state(*job);
-      const RowRange r = s->rows()[param];
-      const int64_t n = absent ? 0 : (r.end - r.begin) * cols;
+      const int64_t n = absent ? 0 : s->shards()[param].elements();
       // Inline: the update goes out in chunks from the (heap) region.
       const float* out = s->transport() == v1::TRANSPORT_INLINE
                              ? UpdateOf(*s, param)

@@ -229,8 +229,9 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
             " after ", st.received[id], " bytes of its gradient were sent"));
       }
     }
-    // SHARDING_REPLICATED (rank 0's gradient is the one used) and
-    // SHARDING_ROWS: every rank must say alike whether it has a gradient.
+    // SHARDING_REPLICATED (rank 0's gradient is the one used), SHARDING_ROWS
+    // and SHARDING_BLOCKS: every rank must say alike whether it has a
+    // gradient (a rank holding nothing of a BLOCKS matrix too).
     // SHARDING_UNREDUCED: absent only when absent on every rank; a rank
     // without one counts as zeros in the mean (torch DDP's all-reduce with
     // find_unused_parameters).
@@ -243,8 +244,7 @@ absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
               "parameter '", info.name, "' at step ", g.step(), ": rank ",
               s->rank(), none ? " has no gradient (absent)" : " has one",
               " but rank ", r, none ? " has one" : " has none (absent)", "; a ",
-              info.sharding == v1::SHARDING_ROWS ? "SHARDING_ROWS"
-                                                 : "SHARDING_REPLICATED",
+              v1::Sharding_Name(info.sharding),
               " parameter is present or absent on every rank alike "
               "(SHARDING_UNREDUCED counts a missing gradient as zeros)"));
         }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/protocol.h"
 
 namespace dmuon::server {
 namespace {
@@ -73,7 +74,7 @@ std::string ShapeOf(const ParamInfo& p) {
 }  // namespace
 
 absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
-                                 std::vector<RowRange>* rows) {
+                                 std::vector<ShardMap>* shards) {
   Table t;
   std::vector<MuonParams> groups;
   for (int i = 0; i < req.groups_size(); ++i) {
@@ -90,7 +91,7 @@ absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
     return absl::InvalidArgumentError("parameter table is empty");
   }
   std::set<std::string> names;
-  rows->clear();
+  shards->clear();
   for (const v1::ParameterSpec& s : req.parameters()) {
     const std::string who = absl::StrCat("parameter ", Quote(s.name()));
     if (s.name().empty()) {
@@ -124,11 +125,14 @@ absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
     p.sharding = s.sharding() == v1::SHARDING_UNSPECIFIED
                      ? v1::SHARDING_REPLICATED
                      : s.sharding();
-    if (!v1::Sharding_IsValid(p.sharding)) {
+    // A daemon built to speak an older minor (dmuond_prev) knows no
+    // SHARDING_BLOCKS, as the release before it.
+    if (!v1::Sharding_IsValid(p.sharding) ||
+        (p.sharding == v1::SHARDING_BLOCKS && ProtocolMinor() < 3)) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, " sharding ", s.sharding(), " is unknown"));
     }
-    RowRange r{0, p.shape.rows};
+    ShardMap held = ShardMap::Whole(p.shape);
     if (p.sharding == v1::SHARDING_ROWS) {
       if (s.row_begin() < 0 || s.row_end() > p.shape.rows ||
           s.row_begin() >= s.row_end()) {
@@ -136,10 +140,25 @@ absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
             who, " row range [", s.row_begin(), ",", s.row_end(),
             ") is not a non-empty part of its ", p.shape.rows, " rows"));
       }
-      r = {s.row_begin(), s.row_end()};
+      held = ShardMap::Rows(s.row_begin(), s.row_end(), p.shape.cols);
     } else if (s.row_begin() != 0 || s.row_end() != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, " has a row range but is not SHARDING_ROWS"));
+    }
+    if (p.sharding == v1::SHARDING_BLOCKS) {
+      auto runs = [](const auto& list) {
+        std::vector<IndexRun> v;
+        v.reserve(list.size());
+        for (const v1::IndexRun& r : list) v.push_back({r.begin(), r.end()});
+        return v;
+      };
+      auto map = ShardMap::FromRuns(runs(s.row_runs()), runs(s.col_runs()),
+                                    p.shape, who);
+      if (!map.ok()) return map.status();
+      held = *std::move(map);
+    } else if (s.row_runs_size() != 0 || s.col_runs_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, " has row_runs/col_runs but is not SHARDING_BLOCKS"));
     }
     if (s.group() < 0 || s.group() >= static_cast<int>(groups.size())) {
       return absl::InvalidArgumentError(
@@ -157,7 +176,7 @@ absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
     p.muon = groups[s.group()];
     p.lr_scale = kernels::LrScale(p.muon.adjust, p.shape);
     t.params.push_back(std::move(p));
-    rows->push_back(r);
+    shards->push_back(std::move(held));
   }
   return t;
 }

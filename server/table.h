@@ -3,7 +3,8 @@
 // Built from an OpenSessionRequest; every rank of a job must register the
 // same table (same names, whole-matrix shapes, dtypes, sharding modes,
 // forward order, layers and hyperparameters; only the row range of a
-// row-sharded parameter differs per rank). CompareTables names the first
+// SHARDING_ROWS parameter and the runs of a SHARDING_BLOCKS one differ per
+// rank). CompareTables names the first
 // difference.
 
 #ifndef DMUON_SERVER_TABLE_H_
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/kernels.h"
 #include "proto/dmuon.pb.h"
+#include "server/shard_map.h"
 
 namespace dmuon::server {
 
@@ -38,11 +40,6 @@ struct ParamInfo {
   double lr_scale = 1.0;
 };
 
-struct RowRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-};
-
 struct Table {
   std::vector<ParamInfo> params;
   std::vector<v1::HyperparameterGroup> groups;  // as sent (for GetState)
@@ -50,10 +47,10 @@ struct Table {
 
 // Validates the request's table. Errors are INVALID_ARGUMENT naming the
 // parameter (or group) and the field; an unsupported dtype is UNIMPLEMENTED.
-// `rows` receives this rank's row range per parameter (the whole matrix
-// unless SHARDING_ROWS).
+// `shards` receives which elements this rank holds, per parameter (the
+// whole matrix unless SHARDING_ROWS or SHARDING_BLOCKS; shard_map.h).
 absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
-                                 std::vector<RowRange>* rows);
+                                 std::vector<ShardMap>* shards);
 
 // OK when `theirs` (rank `their_rank`) matches `ours` (rank `our_rank`);
 // otherwise INVALID_ARGUMENT naming the parameter and both values, e.g.

@@ -24,6 +24,28 @@ absl::Status Copy(void* dst, int dst_device, const void* src, int src_device,
   return absl::OkStatus();
 }
 
+// Every rectangle of `map` from `src` to `dst`, both on this executor's
+// device: a local tensor into the matrix (`cols` columns) when `to_matrix`,
+// else the matrix into a local tensor. One 2-D copy per rectangle.
+absl::Status CopyBlocks(const ShardMap& map, int64_t cols, const float* src,
+                        float* dst, bool to_matrix, const IoContext& c) {
+  const size_t lpitch = map.local_cols() * sizeof(float);
+  const size_t mpitch = cols * sizeof(float);
+  for (const Block& b : map.Blocks()) {
+    const int64_t m = b.row * cols + b.col;
+    const int64_t l = b.local_row * map.local_cols() + b.local_col;
+    DMUON_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        dst + (to_matrix ? m : l), to_matrix ? mpitch : lpitch,
+        src + (to_matrix ? l : m), to_matrix ? lpitch : mpitch,
+        b.width * sizeof(float), b.height, cudaMemcpyDeviceToDevice, c.stream));
+  }
+  return absl::OkStatus();
+}
+
+bool Elsewhere(const DevicePart& p, const IoContext& c) {
+  return p.device >= 0 && p.device != c.device;
+}
+
 }  // namespace
 
 DeviceBuffer::~DeviceBuffer() {
@@ -56,6 +78,31 @@ absl::Status GatherGradient(const ComputeTask& t, float* slot,
         const RowBytes r = RowsOf(p.row_begin, p.row_end, cols);
         if (auto st = Copy(reinterpret_cast<char*>(slot) + r.offset, c.device,
                            p.grad, p.device, r.bytes, c);
+            !st.ok()) {
+          return st;
+        }
+      }
+      return absl::OkStatus();
+    case Gather::kBlocks:
+      // Highest part first, so an element several parts hold (replicas)
+      // ends as the lowest's. A part on another GPU is first copied whole
+      // into peer_temp (stream order keeps the reuse safe).
+      for (auto it = io.parts.rbegin(); it != io.parts.rend(); ++it) {
+        const DevicePart& p = *it;
+        if (p.map.empty()) continue;
+        const float* src = p.grad;
+        if (Elsewhere(p, c)) {
+          const size_t local = p.map.elements() * sizeof(float);
+          if (auto st = c.peer_temp->Ensure(local, c.stream); !st.ok())
+            return st;
+          if (auto st = Copy(c.peer_temp->data(), c.device, p.grad, p.device,
+                             local, c);
+              !st.ok()) {
+            return st;
+          }
+          src = c.peer_temp->floats();
+        }
+        if (auto st = CopyBlocks(p.map, cols, src, slot, /*to_matrix=*/true, c);
             !st.ok()) {
           return st;
         }
@@ -106,6 +153,29 @@ absl::Status ScatterUpdate(const ComputeTask& t, const float* slot,
                            const IoContext& c) {
   const int64_t cols = t.shape.cols;
   for (const DevicePart& p : t.device_io->parts) {
+    if (t.device_io->gather == Gather::kBlocks) {
+      if (p.map.empty()) continue;
+      if (!Elsewhere(p, c)) {
+        if (auto st = CopyBlocks(p.map, cols, slot, p.update, false, c);
+            !st.ok()) {
+          return st;
+        }
+        continue;
+      }
+      const size_t local = p.map.elements() * sizeof(float);
+      if (auto st = c.peer_temp->Ensure(local, c.stream); !st.ok()) return st;
+      if (auto st =
+              CopyBlocks(p.map, cols, slot, c.peer_temp->floats(), false, c);
+          !st.ok()) {
+        return st;
+      }
+      if (auto st =
+              Copy(p.update, p.device, c.peer_temp->data(), c.device, local, c);
+          !st.ok()) {
+        return st;
+      }
+      continue;
+    }
     const RowBytes r = t.device_io->gather == Gather::kRows
                            ? RowsOf(p.row_begin, p.row_end, cols)
                            : RowsOf(0, t.shape.rows, cols);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -41,6 +42,11 @@ struct Daemon {
   std::vector<std::unique_ptr<transport::Region>> shm;
   std::vector<std::vector<std::byte>> client_mem;  // device regions
   std::vector<std::shared_ptr<Sink>> sinks;
+  // The job's table (kTable unless a test sets another before Open), and
+  // an edit of each rank's request before it is sent (e.g. its
+  // SHARDING_BLOCKS runs).
+  std::vector<P> table = kTable;
+  std::function<void(int rank, v1::OpenSessionRequest*)> edit;
 
   // keeps_step_start: the fake executors' (FakeDeviceExecutor).
   Daemon(bool device, ServiceOptions o = {}, int executors = 2,
@@ -62,7 +68,9 @@ struct Daemon {
   }
 
   v1::OpenSessionRequest Request(int rank, int world, v1::Transport t) {
-    return OpenRequest("job", rank, world, t, kTable);
+    auto req = OpenRequest("job", rank, world, t, table);
+    if (edit) edit(rank, &req);
+    return req;
   }
 
   // device: cuda_ipc (or `t` when given), else shm.
@@ -111,15 +119,16 @@ struct Daemon {
     for (int r = world - 1; r >= 0; --r) {
       v1::StepRequest ready;
       ready.mutable_gradients_ready()->set_step(step);
-      for (size_t i = 0; i < kTable.size(); ++i) {
+      for (size_t i = 0; i < table.size(); ++i) {
         if (!absent.empty() && std::count(absent[r].begin(), absent[r].end(),
                                           static_cast<int>(i)) > 0) {
           ready.mutable_gradients_ready()->add_absent_param_ids(i);
           continue;
         }
         const auto& slot = open[r].layout().slots(i);
-        std::memcpy(Base(r) + slot.gradient_offset(), grads[r][i].data(),
-                    slot.bytes());
+        if (slot.bytes() > 0)  // 0: the rank holds nothing (BLOCKS)
+          std::memcpy(Base(r) + slot.gradient_offset(), grads[r][i].data(),
+                      slot.bytes());
         ready.mutable_gradients_ready()->add_param_ids(i);
       }
       EXPECT_TRUE(svc->OnStepRequest(open[r].session_id(), ready).ok());
@@ -129,10 +138,11 @@ struct Daemon {
       auto m = sinks[r]->WaitStep(step);
       EXPECT_TRUE(!m.empty() && m.back().has_step_complete());
       if (msgs) msgs->push_back(m);
-      for (size_t i = 0; i < kTable.size(); ++i) {
+      for (size_t i = 0; i < table.size(); ++i) {
         const auto& slot = open[r].layout().slots(i);
         std::vector<float> u(slot.bytes() / 4);
-        std::memcpy(u.data(), Base(r) + slot.update_offset(), slot.bytes());
+        if (slot.bytes() > 0)
+          std::memcpy(u.data(), Base(r) + slot.update_offset(), slot.bytes());
         out[r].push_back(std::move(u));
       }
     }
@@ -142,7 +152,7 @@ struct Daemon {
   std::vector<std::vector<float>> State() {
     auto chunks = svc->GetState(open[0].session_id());
     EXPECT_TRUE(chunks.ok()) << chunks.status();
-    std::vector<std::vector<float>> m(kTable.size());
+    std::vector<std::vector<float>> m(table.size());
     if (!chunks.ok()) return m;
     for (const auto& c : *chunks) {
       if (!c.has_momentum()) continue;

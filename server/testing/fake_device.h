@@ -118,7 +118,17 @@ class FakeDeviceExecutor : public Executor {
         std::copy(t.grad, t.grad + n, g[k].begin());
       } else {
         const DeviceIo& io = *t.device_io;
+        if (io.gather == Gather::kBlocks) {
+          // Highest part first: an element several parts hold is the
+          // lowest's.
+          for (auto p = io.parts.rbegin(); p != io.parts.rend(); ++p) {
+            EXPECT_EQ(p->device, -1);
+            if (!p->map.empty())
+              ScatterToMatrix(p->map, t.shape, p->grad, g[k].data());
+          }
+        }
         for (const DevicePart& p : io.parts) {
+          if (io.gather == Gather::kBlocks) break;
           EXPECT_EQ(p.device, -1);
           const int64_t off =
               io.gather == Gather::kRows ? p.row_begin * cols : 0;
@@ -177,6 +187,10 @@ class FakeDeviceExecutor : public Executor {
       }
       const int64_t cols = t.shape.cols;
       for (const DevicePart& p : t.device_io->parts) {
+        if (t.device_io->gather == Gather::kBlocks) {
+          GatherFromMatrix(p.map, t.shape, g[k].data(), p.update);
+          continue;
+        }
         const int64_t off =
             t.device_io->gather == Gather::kRows ? p.row_begin * cols : 0;
         std::copy(g[k].begin() + off,
