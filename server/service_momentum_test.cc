@@ -140,17 +140,8 @@ TEST(StepMomentum, RanksAgreeOrAreRefused) {
   // the mean is that gradient.
   auto views = [&](int r, const std::vector<std::vector<float>>& g) {
     std::vector<std::vector<float>> out(kMixed.size());
-    for (size_t i = 0; i < kMixed.size(); ++i) {
-      const auto& slot = ranks[r].open.layout().slots(i);
-      const int64_t rows = slot.local_shape(0);
-      const int64_t begin =
-          kMixed[i].sharding == v1::SHARDING_ROWS
-              ? std::min(kMixed[i].rows,
-                         r * ((kMixed[i].rows + kWorld - 1) / kWorld))
-              : 0;
-      out[i].assign(g[i].begin() + begin * kMixed[i].cols,
-                    g[i].begin() + (begin + rows) * kMixed[i].cols);
-    }
+    for (size_t i = 0; i < kMixed.size(); ++i)
+      out[i] = RankView(kMixed[i], r, kWorld, g[i]);
     return out;
   };
   for (int step = 1; step <= 3; ++step) {

@@ -65,6 +65,29 @@ class CudaExecutorTest : public ::testing::Test {
     gpu_ = *std::move(e);
     cpu_ = NewCpuExecutor(0, 0);
   }
+  // One step of a fresh matrix: the CPU executor on the gathered gradient
+  // `grad` (the host path; its update in `want`), and the CUDA executor on
+  // the same task through device I/O `io` (its parts' updates written).
+  void ComputeBoth(kernels::Shape shape, std::vector<float> grad, DeviceIo& io,
+                   std::vector<float>* want) {
+    Matrix m;
+    m.shape = shape;
+    m.grad = std::move(grad);
+    m.cpu_momentum.assign(shape.elements(), 0.0f);
+    m.cpu_update.resize(shape.elements());
+    ComputeTask c = HostTask(m, &muon_, 0, false);
+    ASSERT_TRUE(cpu_->Compute({&c, 1}).ok());
+    ComputeTask t = HostTask(m, &muon_, 9, true);
+    t.grad = nullptr;
+    t.update = nullptr;
+    t.device_io = &io;
+    bool nonfinite = true;
+    t.nonfinite = &nonfinite;
+    ASSERT_TRUE(gpu_->Compute({&t, 1}).ok());
+    EXPECT_FALSE(nonfinite);
+    *want = m.cpu_update;
+  }
+
   std::unique_ptr<Executor> gpu_, cpu_;
   MuonParams muon_;
 };
@@ -174,6 +197,28 @@ struct DeviceMatrix {
   }
 };
 
+// A part on device 0 holding `elements` floats: its update buffer, and its
+// gradient `g` uploaded (none when g is null: its rank declared the
+// parameter absent). The buffers are d's.
+DevicePart UploadPart(DeviceMatrix& d, const std::vector<float>* g,
+                      int64_t elements) {
+  DevicePart part;
+  part.device = 0;
+  float* up = DeviceFloats(std::max<int64_t>(elements, 1));
+  EXPECT_TRUE(up != nullptr);
+  d.updates.push_back(up);
+  part.update = up;
+  if (g != nullptr) {
+    float* gp = DeviceFloats(std::max<int64_t>(elements, 1));
+    EXPECT_TRUE(gp != nullptr);
+    d.grads.push_back(gp);
+    EXPECT_EQ(cudaMemcpy(gp, g->data(), elements * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    part.grad = gp;
+  }
+  return part;
+}
+
 TEST_F(CudaExecutorTest, DeviceIoGathersEveryShardingMode) {
   const kernels::Shape shape{40, 56};
   const int64_t n = shape.elements(), cols = shape.cols;
@@ -187,42 +232,24 @@ TEST_F(CudaExecutorTest, DeviceIoGathersEveryShardingMode) {
       const int64_t rb = mode == Gather::kRows ? r * 20 : 0;
       const int64_t re = mode == Gather::kRows ? rb + 20 : shape.rows;
       g[r] = Random((re - rb) * cols, 100 + r);
-      float* gp = DeviceFloats(g[r].size());
-      float* up = DeviceFloats(g[r].size());
-      ASSERT_TRUE(gp != nullptr && up != nullptr);
-      d.grads.push_back(gp);
-      d.updates.push_back(up);
-      ASSERT_EQ(
-          cudaMemcpy(gp, g[r].data(), g[r].size() * 4, cudaMemcpyHostToDevice),
-          cudaSuccess);
-      io.parts.push_back({0, gp, up, rb, re, nullptr});
+      io.parts.push_back(UploadPart(d, &g[r], g[r].size()));
+      io.parts.back().row_begin = rb;
+      io.parts.back().row_end = re;
     }
     // The host gather, as the service does it.
-    Matrix m;
-    m.shape = shape;
-    m.grad.assign(n, 0.0f);
-    if (mode == Gather::kFirst) m.grad = g[0];
+    std::vector<float> grad(n, 0.0f);
+    if (mode == Gather::kFirst) grad = g[0];
     if (mode == Gather::kRows) {
       for (int r = 0; r < ranks; ++r)
-        std::copy(g[r].begin(), g[r].end(), m.grad.begin() + r * 20 * cols);
+        std::copy(g[r].begin(), g[r].end(), grad.begin() + r * 20 * cols);
     }
     if (mode == Gather::kMean) {
       for (int r = 0; r < ranks; ++r)
-        for (int64_t i = 0; i < n; ++i) m.grad[i] += g[r][i];
-      for (float& x : m.grad) x *= 1.0f / ranks;
+        for (int64_t i = 0; i < n; ++i) grad[i] += g[r][i];
+      for (float& x : grad) x *= 1.0f / ranks;
     }
-    m.cpu_momentum.assign(n, 0.0f);
-    m.cpu_update.resize(n);
-    ComputeTask c = HostTask(m, &muon_, 0, false);
-    ASSERT_TRUE(cpu_->Compute({&c, 1}).ok());
-    ComputeTask t = HostTask(m, &muon_, static_cast<int>(mode), true);
-    t.grad = nullptr;
-    t.update = nullptr;
-    t.device_io = &io;
-    bool nonfinite = true;
-    t.nonfinite = &nonfinite;
-    ASSERT_TRUE(gpu_->Compute({&t, 1}).ok());
-    EXPECT_FALSE(nonfinite);
+    std::vector<float> want;
+    ComputeBoth(shape, grad, io, &want);
     std::vector<float> got(n);
     for (int r = 0; r < ranks; ++r) {
       const int64_t off = mode == Gather::kRows ? r * 20 * cols : 0;
@@ -230,11 +257,11 @@ TEST_F(CudaExecutorTest, DeviceIoGathersEveryShardingMode) {
                            cudaMemcpyDeviceToHost),
                 cudaSuccess);
       if (mode != Gather::kRows) {
-        EXPECT_LT(RelError(got, m.cpu_update), 2e-2) << static_cast<int>(mode);
+        EXPECT_LT(RelError(got, want), 2e-2) << static_cast<int>(mode);
       }
     }
     if (mode == Gather::kRows) {
-      EXPECT_LT(RelError(got, m.cpu_update), 2e-2);
+      EXPECT_LT(RelError(got, want), 2e-2);
     }
   }
 }
@@ -251,41 +278,61 @@ TEST_F(CudaExecutorTest, DeviceMeanCountsAbsentPartsAsZeros) {
   DeviceIo io;
   io.gather = Gather::kMean;
   for (int r = 0; r < ranks; ++r) {
-    float* up = DeviceFloats(n);
-    ASSERT_TRUE(up != nullptr);
-    d.updates.push_back(up);
-    float* gp = nullptr;
-    if (r == 1) {  // ranks 0 and 2 declared it absent
-      gp = DeviceFloats(n);
-      ASSERT_TRUE(gp != nullptr);
-      d.grads.push_back(gp);
-      ASSERT_EQ(cudaMemcpy(gp, g.data(), n * 4, cudaMemcpyHostToDevice),
-                cudaSuccess);
-    }
-    io.parts.push_back({0, gp, up, 0, shape.rows, nullptr});
+    // Ranks 0 and 2 declared it absent.
+    io.parts.push_back(UploadPart(d, r == 1 ? &g : nullptr, n));
+    io.parts.back().row_end = shape.rows;
   }
-  Matrix m;
-  m.shape = shape;
-  m.grad = g;
-  for (float& x : m.grad) x *= 1.0f / ranks;
-  m.cpu_momentum.assign(n, 0.0f);
-  m.cpu_update.resize(n);
-  ComputeTask c = HostTask(m, &muon_, 0, false);
-  ASSERT_TRUE(cpu_->Compute({&c, 1}).ok());
-  ComputeTask t = HostTask(m, &muon_, 9, true);
-  t.grad = nullptr;
-  t.update = nullptr;
-  t.device_io = &io;
-  bool nonfinite = true;
-  t.nonfinite = &nonfinite;
-  ASSERT_TRUE(gpu_->Compute({&t, 1}).ok());
-  EXPECT_FALSE(nonfinite);
+  std::vector<float> mean = g;
+  for (float& x : mean) x *= 1.0f / ranks;
+  std::vector<float> want;
+  ComputeBoth(shape, mean, io, &want);
   std::vector<float> got(n);
   for (int r = 0; r < ranks; ++r) {
     ASSERT_EQ(
         cudaMemcpy(got.data(), d.updates[r], n * 4, cudaMemcpyDeviceToHost),
         cudaSuccess);
-    EXPECT_LT(RelError(got, m.cpu_update), 2e-2) << "rank " << r;
+    EXPECT_LT(RelError(got, want), 2e-2) << "rank " << r;
+  }
+}
+
+// SHARDING_BLOCKS: a 2x2 mesh of uneven row and column blocks plus a
+// replica of rank 0 that sends wrong values (the lowest rank's copy is the
+// one used) and a rank holding nothing; each part gets exactly its
+// elements of the update (ShardMap's host copies are the oracle, tested
+// in shard_map_test).
+TEST_F(CudaExecutorTest,
+       DeviceBlocksTakeTheLowestRanksCopyAndReturnEachOnesElements) {
+  const kernels::Shape shape{40, 56};
+  auto map = [&](std::vector<IndexRun> r, std::vector<IndexRun> c) {
+    return *ShardMap::FromRuns(r, c, shape, "p");
+  };
+  const std::vector<ShardMap> maps = {map({{0, 23}}, {{0, 31}}),
+                                      map({{0, 23}}, {{31, 56}}),
+                                      map({{23, 40}}, {{31, 56}, {0, 31}}),
+                                      map({{0, 23}}, {{0, 31}}), map({}, {})};
+  const std::vector<float> whole = Random(shape.elements(), 400);
+  DeviceMatrix d;
+  DeviceIo io;
+  io.gather = Gather::kBlocks;
+  std::vector<std::vector<float>> local(maps.size());
+  for (size_t r = 0; r < maps.size(); ++r) {
+    local[r].resize(maps[r].elements());
+    GatherFromMatrix(maps[r], shape, whole.data(), local[r].data());
+    if (r == 3)
+      for (float& x : local[r]) x += 1000.0f;  // the replica's copy: unused
+    io.parts.push_back(UploadPart(d, &local[r], maps[r].elements()));
+    io.parts.back().map = maps[r];
+  }
+  std::vector<float> want;
+  ComputeBoth(shape, whole, io, &want);
+  for (size_t r = 0; r < maps.size(); ++r) {
+    if (maps[r].empty()) continue;
+    std::vector<float> got(maps[r].elements()), mine(maps[r].elements());
+    ASSERT_EQ(cudaMemcpy(got.data(), d.updates[r], got.size() * 4,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    GatherFromMatrix(maps[r], shape, want.data(), mine.data());
+    EXPECT_LT(RelError(got, mine), 2e-2) << "rank " << r;
   }
 }
 
@@ -305,7 +352,7 @@ TEST_F(CudaExecutorTest, NonFiniteDeviceGradientSkipsOnlyThatTask) {
     ASSERT_EQ(cudaMemcpy(gp, g[i].data(), n * 4, cudaMemcpyHostToDevice),
               cudaSuccess);
     ASSERT_EQ(cudaMemset(up, 0xff, n * 4), cudaSuccess);
-    io[i].parts.push_back({0, gp, up, 0, shape.rows, nullptr});
+    io[i].parts.push_back({0, gp, up, 0, shape.rows, nullptr, {}});
   }
   const std::vector<float> init = Random(n, 9);
   bool bad[2] = {true, false};

@@ -49,25 +49,15 @@ v1::OpenSessionRequest Open(const std::string& job, int rank, int world,
       {{"w", 4, 3, v1::SHARDING_REPLICATED}, {"v", 6, 2, v1::SHARDING_ROWS}});
 }
 
-// Inline gradients for `step` of every parameter of `open`, then ready.
-void Step(Recorder& rec, uint8_t session, const v1::OpenSessionRequest& open,
-          int64_t step) {
-  v1::StepRequest ready;
-  ready.mutable_gradients_ready()->set_step(step);
-  for (int i = 0; i < open.parameters_size(); ++i) {
-    const auto& p = open.parameters(i);
-    const int64_t rows = p.sharding() == v1::SHARDING_ROWS
-                             ? p.row_end() - p.row_begin()
-                             : p.shape(0);
-    std::vector<float> g(rows * p.shape(1), 0.25f * (i + 1));
-    v1::StepRequest c;
-    c.mutable_gradient()->set_step(step);
-    c.mutable_gradient()->set_param_id(i);
-    c.mutable_gradient()->set_data(g.data(), g.size() * sizeof(float));
-    rec.Add(2, session, c.SerializeAsString());
-    ready.mutable_gradients_ready()->add_param_ids(i);
-  }
-  rec.Add(2, session, ready.SerializeAsString());
+// The elements of parameter `p` a rank's request says it holds.
+int64_t LocalElements(const v1::ParameterSpec& p) {
+  if (p.sharding() == v1::SHARDING_ROWS)
+    return (p.row_end() - p.row_begin()) * p.shape(1);
+  if (p.sharding() != v1::SHARDING_BLOCKS) return p.shape(0) * p.shape(1);
+  int64_t rows = 0, cols = 0;
+  for (const auto& r : p.row_runs()) rows += r.end() - r.begin();
+  for (const auto& c : p.col_runs()) cols += c.end() - c.begin();
+  return rows * cols;
 }
 
 // Step with parameter `absent` declared absent (no gradient, protocol minor
@@ -81,11 +71,7 @@ void StepAbsent(Recorder& rec, uint8_t session,
       ready.mutable_gradients_ready()->add_absent_param_ids(i);
       continue;
     }
-    const auto& p = open.parameters(i);
-    const int64_t rows = p.sharding() == v1::SHARDING_ROWS
-                             ? p.row_end() - p.row_begin()
-                             : p.shape(0);
-    std::vector<float> g(rows * p.shape(1), 0.5f * (i + 1));
+    std::vector<float> g(LocalElements(open.parameters(i)), 0.5f * (i + 1));
     v1::StepRequest c;
     c.mutable_gradient()->set_step(step);
     c.mutable_gradient()->set_param_id(i);
@@ -114,7 +100,7 @@ void ServiceSeeds(const std::filesystem::path& dir) {
         rec.Add(1, static_cast<uint8_t>(r));
       }
       for (int64_t step = 1; step <= 2; ++step) {
-        for (int r = 0; r < world; ++r) Step(rec, r, opens[r], step);
+        for (int r = 0; r < world; ++r) StepAbsent(rec, r, opens[r], step, -1);
       }
       rec.Add(3, 0);
       rec.Add(8, "");
@@ -142,6 +128,34 @@ void ServiceSeeds(const std::filesystem::path& dir) {
     rec.Add(3, 0);
     Write(dir / "steps-absent-world2", rec.bytes());
   }
+  {
+    // SHARDING_BLOCKS (protocol minor 3): three ranks, rank 1 holding two
+    // row runs that rank 0 partly holds too, rank 2 holding nothing.
+    Recorder rec;
+    std::vector<v1::OpenSessionRequest> opens;
+    const std::vector<std::vector<std::pair<int64_t, int64_t>>> rows = {
+        {{0, 4}}, {{4, 6}, {1, 3}}, {}};
+    for (int r = 0; r < 3; ++r) {
+      opens.push_back(Open("blocks", r, 3, v1::TRANSPORT_INLINE));
+      auto* v = opens.back().mutable_parameters(1);
+      v->set_sharding(v1::SHARDING_BLOCKS);
+      v->clear_row_begin();
+      v->clear_row_end();
+      for (auto [b, e] : rows[r]) {
+        auto* x = v->add_row_runs();
+        x->set_begin(b);
+        x->set_end(e);
+      }
+      if (!rows[r].empty()) v->add_col_runs()->set_end(2);
+      rec.Add(0, opens.back().SerializeAsString());
+      rec.Add(1, static_cast<uint8_t>(r));
+    }
+    for (int64_t step = 1; step <= 2; ++step) {
+      for (int r = 0; r < 3; ++r) StepAbsent(rec, r, opens[r], step, -1);
+    }
+    rec.Add(3, 0);
+    Write(dir / "steps-blocks-world3", rec.bytes());
+  }
   // SetState: a header and a momentum chunk for a job of one rank.
   Recorder rec;
   const v1::OpenSessionRequest open = Open("state", 0, 1, v1::TRANSPORT_INLINE);
@@ -163,7 +177,7 @@ void ServiceSeeds(const std::filesystem::path& dir) {
   m.mutable_momentum()->set_data(zeros.data(), 48);
   rec.Add(4, m.SerializeAsString());
   rec.Add(5, "");
-  Step(rec, 0, open, 4);
+  StepAbsent(rec, 0, open, 4, -1);
   rec.Add(3, 0);
   Write(dir / "set-state", rec.bytes());
 }

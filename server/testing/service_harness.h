@@ -74,8 +74,9 @@ struct Rank {
     for (size_t i = 0; i < grads.size(); ++i) {
       const auto& slot = open.layout().slots(i);
       if (shm) {
-        std::memcpy(shm->bytes().data() + slot.gradient_offset(),
-                    grads[i].data(), slot.bytes());
+        if (slot.bytes() > 0)  // 0: the rank holds nothing (BLOCKS)
+          std::memcpy(shm->bytes().data() + slot.gradient_offset(),
+                      grads[i].data(), slot.bytes());
       } else {
         v1::StepRequest c;
         c.mutable_gradient()->set_step(step);
@@ -93,16 +94,18 @@ struct Rank {
     const auto& slot = open.layout().slots(param);
     std::vector<float> out(slot.bytes() / 4);
     if (shm) {
-      std::memcpy(out.data(), shm->bytes().data() + slot.update_offset(),
-                  slot.bytes());
+      if (slot.bytes() > 0)
+        std::memcpy(out.data(), shm->bytes().data() + slot.update_offset(),
+                    slot.bytes());
     } else {
       std::string bytes;
       for (const auto& m : msgs)
         if (m.has_update() && m.update().param_id() == param)
           bytes += m.update().data();
       EXPECT_EQ(bytes.size(), slot.bytes());
-      std::memcpy(out.data(), bytes.data(),
-                  std::min<size_t>(bytes.size(), slot.bytes()));
+      if (!bytes.empty())
+        std::memcpy(out.data(), bytes.data(),
+                    std::min<size_t>(bytes.size(), slot.bytes()));
     }
     return out;
   }
@@ -132,6 +135,21 @@ inline double RelErr(const std::vector<float>& a,
   for (size_t i = 0; i < b.size(); ++i)
     num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
   return std::isfinite(num) ? std::sqrt(num / den) : INFINITY;
+}
+
+// Rank r's view of a whole matrix of parameter `p` in a job of `world`
+// ranks: its rows for SHARDING_ROWS (cut as OpenRequest cuts them), else
+// the whole matrix.
+template <typename T>
+std::vector<T> RankView(const Param& p, int r, int world,
+                        const std::vector<T>& whole) {
+  int64_t begin = 0, end = p.rows;
+  if (p.sharding == v1::SHARDING_ROWS) {
+    const int64_t per = (p.rows + world - 1) / world;
+    begin = std::min(p.rows, r * per);
+    end = std::min(p.rows, (r + 1) * per);
+  }
+  return {whole.begin() + begin * p.cols, whole.begin() + end * p.cols};
 }
 
 // Runs `steps` steps of a `world`-rank job and checks every rank's update.
@@ -176,17 +194,8 @@ inline void RunJob(v1::Transport t, int world, const std::vector<Param>& params,
     // Ranks send in reverse order: arrival order must not matter.
     for (int r = world - 1; r >= 0; --r) {
       std::vector<std::vector<float>> views(params.size());
-      for (size_t i = 0; i < params.size(); ++i) {
-        const auto& slot = ranks[r].open.layout().slots(i);
-        const int64_t rows = slot.local_shape(0);
-        const int64_t begin =
-            params[i].sharding == v1::SHARDING_ROWS
-                ? std::min(params[i].rows,
-                           r * ((params[i].rows + world - 1) / world))
-                : 0;
-        views[i].assign(full[r][i].begin() + begin * params[i].cols,
-                        full[r][i].begin() + (begin + rows) * params[i].cols);
-      }
+      for (size_t i = 0; i < params.size(); ++i)
+        views[i] = RankView(params[i], r, world, full[r][i]);
       ASSERT_TRUE(ranks[r].Send(*svc, step, views).ok());
     }
     for (int r = 0; r < world; ++r) {
@@ -196,17 +205,7 @@ inline void RunJob(v1::Transport t, int world, const std::vector<Param>& params,
           << "rank " << r << " step " << step;
       for (size_t i = 0; i < params.size(); ++i) {
         std::vector<float> got = ranks[r].Update(i, msgs);
-        const auto& slot = ranks[r].open.layout().slots(i);
-        const int64_t rows = slot.local_shape(0);
-        const int64_t begin =
-            params[i].sharding == v1::SHARDING_ROWS
-                ? std::min(params[i].rows,
-                           r * ((params[i].rows + world - 1) / world))
-                : 0;
-        std::vector<double> w(
-            want[i].begin() + begin * params[i].cols,
-            want[i].begin() + (begin + rows) * params[i].cols);
-        EXPECT_LT(RelErr(got, w), 1e-4)
+        EXPECT_LT(RelErr(got, RankView(params[i], r, world, want[i])), 1e-4)
             << params[i].name << " rank " << r << " step " << step;
       }
     }
