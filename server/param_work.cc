@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
 #include "server/ack_gate.h"
@@ -168,12 +169,20 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
       }
       break;
     case v1::SHARDING_BLOCKS: {
-      // Highest rank first, so an element several ranks hold (replicas)
-      // ends as the lowest rank's, whatever the others sent.
+      // A map several ranks hold alike (whole replicas: HSDP's Replicate()
+      // dimension) is read once, from the lowest of them. The rest go
+      // highest rank first, so an element held in maps that only overlap
+      // ends as the lowest rank's too, whatever the others sent.
+      absl::flat_hash_set<ShardMap> seen;
+      std::vector<const Session*> readers;
+      for (const auto& s : ranks) {
+        const ShardMap& held = s->shards()[param];
+        if (!held.empty() && seen.insert(held).second)
+          readers.push_back(s.get());
+      }
       std::vector<float> local;
-      for (auto it = ranks.rbegin(); it != ranks.rend(); ++it) {
+      for (auto it = readers.rbegin(); it != readers.rend(); ++it) {
         const ShardMap& held = (*it)->shards()[param];
-        if (held.empty()) continue;
         local.resize(held.elements());
         if (auto st = ReadGradient(**it, param, held.elements(), local.data());
             !st.ok()) {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,6 +33,10 @@ struct IndexRun {
   int64_t size() const { return end - begin; }
   bool operator==(const IndexRun& o) const {
     return begin == o.begin && end == o.end;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const IndexRun& r) {
+    return H::combine(std::move(h), r.begin, r.end);
   }
 };
 
@@ -83,6 +88,15 @@ class ShardMap {
   std::vector<Block> Blocks() const;
   // "rows [0,4) [8,12) x cols [0,16)", for messages and logs.
   std::string DebugString() const;
+
+  // The same elements in the same local order (replicas hold equal maps).
+  bool operator==(const ShardMap& o) const {
+    return rows_ == o.rows_ && cols_ == o.cols_;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const ShardMap& m) {
+    return H::combine(std::move(h), m.rows_, m.cols_);
+  }
 
  private:
   std::vector<IndexRun> rows_, cols_;
