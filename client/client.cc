@@ -22,6 +22,7 @@ namespace {
 
 using client_internal::CheckDaemonMinor;
 using client_internal::CheckLayout;
+using client_internal::ExplainOpenError;
 using client_internal::FromGrpc;
 using client_internal::FromProto;
 using client_internal::StartSession;
@@ -196,7 +197,7 @@ class ClientImpl : public Client {
     grpc::Status st = WithRetries([&](grpc::ClientContext* ctx) {
       return stub_->OpenSession(ctx, req, &resp);
     });
-    if (!st.ok()) return FromGrpc(st, address_);
+    if (!st.ok()) return ExplainOpenError(req, FromGrpc(st, address_));
     // An older daemon ignored what it does not know: refused here, after
     // the fact (its minor is in the answer), and its session closed.
     if (absl::Status v = CheckDaemonMinor(req, resp, address_); !v.ok()) {
@@ -271,7 +272,39 @@ absl::StatusOr<RegionLayout> Client::ComputeRegionLayout(
       }
       rows = p.row_end - p.row_begin;
     }
-    views.push_back({rows, p.cols, sizeof(float)});
+    int64_t cols = p.cols;
+    if (p.sharding == Sharding::kBlocks) {
+      // The daemon checks the runs (disjoint, limits, coverage); here only
+      // what the local shape needs.
+      auto length = [&](const std::vector<std::pair<int64_t, int64_t>>& runs,
+                        int64_t n,
+                        const char* what) -> absl::StatusOr<int64_t> {
+        int64_t sum = 0;
+        for (const auto& [b, e] : runs) {
+          if (b < 0 || e > n || b >= e) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "parameter '", p.name, "' (index ", i, ") ", what, " run [", b,
+                ",", e, ") is empty or outside its ", n, " ", what, "s"));
+          }
+          sum += e - b;
+        }
+        return sum;
+      };
+      auto r = length(p.row_runs, p.rows, "row");
+      if (!r.ok()) return r.status();
+      auto c = length(p.col_runs, p.cols, "column");
+      if (!c.ok()) return c.status();
+      if ((*r == 0) != (*c == 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", p.name, "' (index ", i, ") has ", p.row_runs.size(),
+            " row runs and ", p.col_runs.size(),
+            " column runs: both lists are empty (this rank holds nothing) "
+            "or neither is"));
+      }
+      rows = *r;
+      cols = *c;
+    }
+    views.push_back({rows, cols, sizeof(float)});
   }
   auto l = transport::ComputeLayout(views);
   if (!l.ok()) return l.status();

@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -69,7 +70,7 @@ class ChannelCredentials;
 
 namespace dmuon {
 
-enum class Sharding { kReplicated, kRows, kUnreduced };
+enum class Sharding { kReplicated, kRows, kUnreduced, kBlocks };
 enum class TransportChoice { kAuto, kShm, kInline, kCudaIpc, kNccl };
 
 struct ParamSpec {
@@ -83,6 +84,12 @@ struct ParamSpec {
   // share a layer >= 0; the planners spread a layer over devices and
   // daemons so its updates come back in parallel. -1: none.
   int layer = -1;
+  // kBlocks (protocol minor >= 3): this rank's local tensor is the rows
+  // row_runs (their indices concatenated in order) by the columns col_runs,
+  // row-major; each run is [begin, end). Both empty: this rank holds
+  // nothing (local shape 0x0). Last, so that aggregate initializers of the
+  // fields above keep their meaning.
+  std::vector<std::pair<int64_t, int64_t>> row_runs{}, col_runs{};
 };
 
 // Muon hyperparameters (torch.optim.Muon's names and defaults). lr and weight

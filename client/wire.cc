@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/protocol.h"
 
@@ -135,12 +136,34 @@ v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
     s->add_shape(p.rows);
     s->add_shape(p.cols);
     s->set_dtype(v1::DTYPE_F32);
-    s->set_sharding(p.sharding == Sharding::kRows ? v1::SHARDING_ROWS
-                    : p.sharding == Sharding::kUnreduced
-                        ? v1::SHARDING_UNREDUCED
-                        : v1::SHARDING_REPLICATED);
+    switch (p.sharding) {
+      case Sharding::kRows:
+        s->set_sharding(v1::SHARDING_ROWS);
+        break;
+      case Sharding::kUnreduced:
+        s->set_sharding(v1::SHARDING_UNREDUCED);
+        break;
+      case Sharding::kBlocks:
+        s->set_sharding(v1::SHARDING_BLOCKS);
+        break;
+      case Sharding::kReplicated:
+        s->set_sharding(v1::SHARDING_REPLICATED);
+        break;
+    }
     s->set_row_begin(p.row_begin);
     s->set_row_end(p.row_end);
+    if (p.sharding == Sharding::kBlocks) {
+      for (const auto& [b, e] : p.row_runs) {
+        auto* x = s->add_row_runs();
+        x->set_begin(b);
+        x->set_end(e);
+      }
+      for (const auto& [b, e] : p.col_runs) {
+        auto* x = s->add_col_runs();
+        x->set_begin(b);
+        x->set_end(e);
+      }
+    }
     s->set_forward_order(p.forward_order);
     s->set_group(p.group);
     if (p.layer >= 0) s->set_layer(p.layer);
@@ -148,7 +171,20 @@ v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
   return r;
 }
 
+namespace {
+
+// The first parameter sent as SHARDING_BLOCKS, or nullptr.
+const v1::ParameterSpec* FirstBlocks(const v1::OpenSessionRequest& req) {
+  for (const auto& p : req.parameters()) {
+    if (p.sharding() == v1::SHARDING_BLOCKS) return &p;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 uint32_t RequiredMinor(const v1::OpenSessionRequest& req) {
+  if (FirstBlocks(req) != nullptr) return 3;
   return req.resume() != v1::RESUME_UNSPECIFIED ? 1 : 0;
 }
 
@@ -158,6 +194,18 @@ absl::Status CheckDaemonMinor(const v1::OpenSessionRequest& req,
   const uint32_t need = RequiredMinor(req);
   const uint32_t has = resp.capabilities().protocol_minor();
   if (has >= need) return absl::OkStatus();
+  if (const v1::ParameterSpec* b = FirstBlocks(req); b != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dmuond at ", address, " (version ", resp.capabilities().version(),
+        ") speaks protocol 1.", has, "; this client (version ", kDmuonVersion,
+        ", protocol 1.", ProtocolMinor(), ") sends parameter '", b->name(),
+        "' as SHARDING_BLOCKS (a DTensor's local shard), which needs protocol "
+        "1.",
+        need,
+        " (an older daemon does not know it): upgrade dmuond, or route the "
+        "DTensor parameters to AdamW. The session it opened was closed "
+        "unused"));
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       "dmuond at ", address, " (version ", resp.capabilities().version(),
       ") speaks protocol 1.", has, "; this client (version ", kDmuonVersion,
@@ -167,6 +215,24 @@ absl::Status CheckDaemonMinor(const v1::OpenSessionRequest& req,
       "regardless): upgrade dmuond, or open without a resume mode "
       "(Resume::kAuto; Python: resume=\"auto\"). The session it opened was "
       "closed unused"));
+}
+
+absl::Status ExplainOpenError(const v1::OpenSessionRequest& req,
+                              const absl::Status& status) {
+  const v1::ParameterSpec* b = FirstBlocks(req);
+  if (b == nullptr || status.code() != absl::StatusCode::kInvalidArgument ||
+      !absl::StrContains(
+          status.message(),
+          absl::StrCat("sharding ", v1::SHARDING_BLOCKS, " is unknown"))) {
+    return status;
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), " (this client, version ", kDmuonVersion,
+                   ", sends parameter '", b->name(),
+                   "' as SHARDING_BLOCKS, a DTensor's local shard, which needs "
+                   "protocol 1.3: upgrade dmuond, or route the DTensor "
+                   "parameters to AdamW)"));
 }
 
 }  // namespace dmuon::client_internal

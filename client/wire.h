@@ -42,7 +42,8 @@ absl::Status CheckLayout(const RegionLayout& want, const RegionLayout& got,
 v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t);
 
 // The protocol minor a daemon must speak to honour `req` (base/protocol.h):
-// 1 when it asks for a Resume, else 0.
+// 3 when a parameter is SHARDING_BLOCKS, else 1 when it asks for a Resume,
+// else 0.
 uint32_t RequiredMinor(const v1::OpenSessionRequest& req);
 
 // FAILED_PRECONDITION naming both versions when the daemon that answered
@@ -50,6 +51,12 @@ uint32_t RequiredMinor(const v1::OpenSessionRequest& req);
 absl::Status CheckDaemonMinor(const v1::OpenSessionRequest& req,
                               const v1::OpenSessionResponse& resp,
                               const std::string& address);
+
+// `status` (OpenSession's error) with what to do when it is a daemon older
+// than RequiredMinor(req) refusing a feature it does not know (a
+// SHARDING_BLOCKS parameter: "sharding 4 is unknown"); else `status`.
+absl::Status ExplainOpenError(const v1::OpenSessionRequest& req,
+                              const absl::Status& status);
 
 }  // namespace dmuon::client_internal
 

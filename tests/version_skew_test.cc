@@ -4,10 +4,11 @@
 // port, the job continued with resume=continue bit for bit like an
 // uninterrupted run; a client claiming a newer minor than the daemon's is
 // refused naming both versions; this client asking an older daemon for what
-// its minor lacks is refused naming both versions: this client (minor 2) by
-// dmuond_prev (the previous minor, 1) at OpenSession, and client-side a
-// per-step momentum (minor 2), a resume mode, an absent parameter or a Rewind
-// (minor 1) sent to dmuond_minor0 (a 1.0 daemon, which refuses nobody).
+// its minor lacks is refused naming both versions: this client by
+// dmuond_prev (the previous minor) at OpenSession, and client-side a
+// SHARDING_BLOCKS parameter (minor 3), a per-step momentum (minor 2), a
+// resume mode, an absent parameter or a Rewind (minor 1) sent to
+// dmuond_minor0 (a 1.0 daemon, which refuses nobody).
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -206,6 +207,32 @@ TEST(VersionSkew, AResumeModeAgainstAMinor0DaemonIsRefusedClientSide) {
   EXPECT_EQ((*s)->step(), 2);
 }
 
+// A SHARDING_BLOCKS parameter (minor 3) sent to a daemon of an older minor
+// (a 1.0 one, which refuses no client) is refused by the daemon as an
+// unknown sharding; the client's error says what to do (a daemon that
+// served it regardless would be refused client-side, CheckDaemonMinor).
+TEST(VersionSkew, BlocksAgainstAMinor0DaemonAreRefusedSayingWhatToDo) {
+  Daemon old({}, "daemon/dmuond_minor0");
+  ASSERT_NE(old.port(), 0) << old.log();
+  auto c = Connect(old);
+  ASSERT_TRUE(c);
+  SessionSpec spec;
+  spec.job_id = "minor0-blocks";
+  spec.world_size = 1;
+  spec.transport = TransportChoice::kShm;
+  ParamSpec p{"dtensor.w", 6, 4, Sharding::kBlocks};
+  p.row_runs = {{3, 6}, {0, 3}};
+  p.col_runs = {{0, 4}};
+  spec.params = {p};
+  ExpectHas(
+      c->OpenSession(spec).status(), absl::StatusCode::kInvalidArgument,
+      {"'dtensor.w' sharding 4 is unknown", "'dtensor.w' as SHARDING_BLOCKS",
+       "needs protocol 1.3", "upgrade dmuond"});
+  // The same table replicated is served.
+  spec.params[0].sharding = Sharding::kReplicated;
+  EXPECT_TRUE(c->OpenSession(spec).ok());
+}
+
 // The other minor-1 messages are refused by this client before they reach a
 // minor-0 daemon, which would ignore them: an absent parameter would be
 // waited for forever, a rewind read as an unknown message.
@@ -231,11 +258,12 @@ TEST(VersionSkew, AbsentAndRewindAgainstAMinor0DaemonAreRefusedClientSide) {
 
 // A per-step momentum (minor 2, GradientsReady.momentum) is refused by this
 // client before it reaches a daemon that would ignore it and use each
-// group's momentum: the error names both versions, nothing is sent. A minor-1
-// daemon (dmuond_prev) refuses this client (minor 2) at OpenSession already,
-// naming both versions (a client of a newer minor); a minor-0 one serves it.
+// group's momentum: the error names both versions, nothing is sent.
+// dmuond_prev (the previous minor) refuses this client at OpenSession
+// already, naming both versions (a client of a newer minor); a minor-0 one
+// serves it.
 TEST(VersionSkew, APerStepMomentumAgainstAnOlderDaemonIsRefused) {
-  static_assert(kProtocolMinor == 2, "the older daemons must lack momentum");
+  static_assert(kProtocolMinor >= 2, "the minor-0 daemon must lack momentum");
   {
     Daemon prev({}, "daemon/dmuond_prev");
     ASSERT_NE(prev.port(), 0) << prev.log();

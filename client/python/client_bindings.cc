@@ -43,13 +43,38 @@ Sharding ParseSharding(const std::string& s) {
   if (s == "replicated") return Sharding::kReplicated;
   if (s == "rows") return Sharding::kRows;
   if (s == "unreduced") return Sharding::kUnreduced;
+  if (s == "blocks") return Sharding::kBlocks;
   Throw(absl::InvalidArgumentError(absl::StrCat(
-      "sharding '", s, "' is not one of replicated, rows, unreduced")));
+      "sharding '", s, "' is not one of replicated, rows, unreduced, blocks")));
+}
+
+// Runs [(begin, end), ...] (sharding='blocks': row_runs, col_runs).
+std::vector<std::pair<int64_t, int64_t>> ToRuns(const py::handle& v,
+                                                const std::string& name,
+                                                const char* key) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (const auto& h : v) {
+    py::sequence t;
+    try {
+      t = h.cast<py::sequence>();
+    } catch (const py::cast_error&) {
+      t = py::sequence();
+    }
+    if (t.size() != 2) {
+      Throw(absl::InvalidArgumentError(
+          absl::StrCat("parameter '", name, "': ", key,
+                       " is a list of (begin, end) pairs, got ",
+                       py::repr(h).cast<std::string>())));
+    }
+    runs.emplace_back(t[0].cast<int64_t>(), t[1].cast<int64_t>());
+  }
+  return runs;
 }
 
 // A parameter: (name, rows, cols) or a dict with name, rows, cols and
-// optionally sharding, row_begin, row_end, forward_order, group, layer
-// (an int >= 0, or None / absent for no layer).
+// optionally sharding, row_begin, row_end, row_runs, col_runs,
+// forward_order, group, layer (an int >= 0, or None / absent for no
+// layer).
 ParamSpec ToParam(const py::handle& h, int index) {
   ParamSpec p;
   p.forward_order = index;
@@ -69,6 +94,10 @@ ParamSpec ToParam(const py::handle& h, int index) {
         p.row_begin = v.cast<int64_t>();
       else if (k == "row_end")
         p.row_end = v.cast<int64_t>();
+      else if (k == "row_runs")
+        p.row_runs = ToRuns(v, p.name, "row_runs");
+      else if (k == "col_runs")
+        p.col_runs = ToRuns(v, p.name, "col_runs");
       else if (k == "forward_order")
         p.forward_order = v.cast<int>();
       else if (k == "group")
@@ -216,9 +245,16 @@ class PySession {
     for (const auto& p : params_) n.push_back(p.name);
     return n;
   }
-  // This rank's view: its rows for a row-sharded parameter.
+  // This rank's view: its rows for a row-sharded parameter, its runs'
+  // lengths for a blocks one (0x0 when it holds nothing).
   std::pair<int64_t, int64_t> local_shape(int i) const {
     const ParamSpec& p = param(i);
+    if (p.sharding == Sharding::kBlocks) {
+      int64_t rows = 0, cols = 0;
+      for (const auto& [b, e] : p.row_runs) rows += e - b;
+      for (const auto& [b, e] : p.col_runs) cols += e - b;
+      return {rows, cols};
+    }
     return {p.sharding == Sharding::kRows ? p.row_end - p.row_begin : p.rows,
             p.cols};
   }
@@ -231,6 +267,11 @@ class PySession {
 py::array View(py::object self, int i, bool gradient, bool writable) {
   PySession& ps = self.cast<PySession&>();
   const auto [rows, cols] = ps.local_shape(i);
+  if (rows == 0 || cols == 0) {  // this rank holds nothing of it (blocks)
+    py::array_t<float> a(std::vector<py::ssize_t>{rows, cols});
+    if (!writable) a.attr("setflags")(py::arg("write") = false);
+    return std::move(a);
+  }
   float* data = gradient ? ps.s().gradient(i).data()
                          : const_cast<float*>(ps.s().update(i).data());
   if (data == nullptr) {
@@ -386,7 +427,8 @@ void RegisterLayoutAndPlan(py::module_& m) {
       py::arg("params"), py::arg("rank") = 0, py::arg("world_size") = 1,
       "The region layout dmuond will use for `rank`'s parameter table "
       "`params` (as open_session takes it; this rank's rows for row-sharded "
-      "ones, from their row_begin/row_end): "
+      "ones, from their row_begin/row_end; its runs' lengths for blocks ones, "
+      "0x0 when it holds nothing): "
       "dict(total_bytes, slots=[dict(rows, cols, gradient_offset, "
       "update_offset, bytes)]), fp32, all gradients then all updates, "
       "64-byte aligned. Size and export a GPU region with it before "
@@ -454,8 +496,12 @@ void RegisterClientClass(py::module_& m) {
            py::arg("resume") = "auto",
            "Opens a session of job `job_id` as `rank` of `world_size` with "
            "the parameter table `params` (each (name, rows, cols) or a dict "
-           "with name, rows, cols, sharding='replicated'|'rows'|'unreduced', "
-           "row_begin, row_end, forward_order, group, layer: matrices the next "
+           "with name, rows, cols, "
+           "sharding='replicated'|'rows'|'unreduced'|'blocks', row_begin, "
+           "row_end (rows), row_runs=[(begin, end), ...], col_runs=[...] "
+           "(blocks: this rank's local tensor is those rows by those columns, "
+           "row-major; both empty: it holds nothing; needs a daemon of "
+           "protocol 1.3), forward_order, group, layer: matrices the next "
            "forward needs together share a layer >= 0, which the planner "
            "spreads over devices) and the Muon groups "
            "(dicts: momentum, nesterov, ns_steps, schedule, coefficients, "

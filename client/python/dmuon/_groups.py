@@ -83,6 +83,8 @@ def table(muon, group_of):
                     group=order.index(group_of[i]), layer=r.layer)
         if r.row_range:
             spec.update(row_begin=r.row_range[0], row_end=r.row_range[1])
+        if r.sharding == "blocks":  # a DTensor's local shard (_dtensor)
+            spec.update(row_runs=list(r.dtensor.row_runs), col_runs=list(r.dtensor.col_runs))
         out.append(spec)
     return out
 

@@ -48,8 +48,14 @@ class _HandoffMixin:
         self._grad_tasks.add(torch._C._current_graph_task_id())
         if self._defer_handoff:
             return  # handed off at step(), from .grad as it is then
+        grad = _parts.grad(self._muon[i])  # a part's: its view
+        if _dtensor.needs_collective(self._muon[i], grad):
+            # A DTensor gradient not in its parameter's placements (Partial):
+            # reduced and handed off at step(), in table order on every rank
+            # (ranks could run these hooks in different orders).
+            return
         try:
-            self._handoff(i, _parts.grad(self._muon[i]))  # a part's: its view
+            self._handoff(i, grad)
         except Exception as e:  # noqa: BLE001 - raised by the next step()
             self._error = self._error or e
 
@@ -192,7 +198,13 @@ class _HandoffMixin:
                 # this rank's); the gradient, and an edit of it, is every
                 # rank's alike: rank 0 tells (_agree_on_redo).
                 continue
-            g = _dtensor.local(_parts.grad(self._muon[i]))
+            g = _parts.grad(self._muon[i])
+            if _dtensor.needs_collective(self._muon[i], g):
+                # A Partial DTensor gradient: reduced on its way to dmuond, at
+                # this step(), just now (never from a hook): not comparable
+                # with its local tensor, and nothing edited it since.
+                continue
+            g = _dtensor.local(g)
             buf = self._grad[i]
             if g is None or g.numel() != buf.numel() or not torch.equal(
                     g.detach().reshape(buf.shape).to(device=buf.device,

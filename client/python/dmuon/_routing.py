@@ -55,14 +55,15 @@ class Route:
     reason: str
     group: int  # index of the user's parameter group
     matrix: Optional[Tuple[int, int]] = None  # whole matrix (rows, cols) for Muon
-    sharding: str = "replicated"  # replicated | unreduced | rows
+    sharding: str = "replicated"  # replicated | unreduced | rows | blocks
     row_range: Optional[Tuple[int, int]] = None  # rows: this rank's [begin, end)
     handoff: str = ""  # hook | ddp | step
     shape0: Tuple[int, ...] = ()  # the shape at construction
     layer: Optional[int] = None  # Muon: the table's layer id (layer_ids)
     frozen: bool = False  # requires_grad=False at construction
     kind: str = ""  # the short reason, for the compact summary
-    dtensor: Optional[object] = None  # a DTensor Muon matrix's layout: _dtensor.Info
+    # A DTensor Muon matrix's layout: _dtensor.Info (blocks: its runs).
+    dtensor: Optional[object] = None
 
     @property
     def shape(self):

@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import _ddp, _dtensor, _groups, _parts, _routing, _session
+from . import _ddp, _groups, _parts, _routing, _session
 
 try:
     from torch.nn.parallel import DistributedDataParallel as _DDP
@@ -125,9 +125,9 @@ class _WiringMixin:
                 r.handoff = "ddp" if overlap and not unused else "step"
             elif not overlap or (self._world > 1 and r.sharding == "replicated"):
                 r.handoff = "step"  # the user reduces after backward, if at all
-            elif _dtensor.at_step(r):
-                r.handoff = "step"  # a collective first, in table order (_dtensor)
             else:
+                # A DTensor's hook leaves a gradient that needs a collective
+                # (Partial) to step() (_dtensor.needs_collective).
                 r.handoff = "hook"
             if r.sharding != "replicated" and self._ddp is None and module is not None:
                 mark.append(_parts.param_name(r))

@@ -5,9 +5,11 @@ precision) on a CPU mesh of 2 or 4 processes.
 Writes {"steps": [{name: full parameter}] after every step, "grads":
 {name: full gradient} and "placements": {name: its placements} of step 1,
 "routes": {name: (sharding, handoff)}, "reasons": {name: routing reason},
-"hooked": the Muon indices handed over by a backward hook, "momentum":
+"hooked": the Muon indices a backward hook handed over, "momentum":
 0.weight's momentum_buffer (full) at the end, "momentum_placements": its
-placements, "error": str or None} to --out."""
+placements, "dtensor_calls": the DTensor.redistribute / full_tensor calls
+DMuon's own code made during the steps (backward hooks and step(); not at
+construction), "error": str or None} to --out."""
 
 import io
 import os
@@ -48,11 +50,11 @@ def full(t):
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
 
 
-def fsdp(rank, world, mp_policy=None):
+def fsdp(rank, world, mp_policy=None, hidden=5):
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (world,))
-    model = make_model()
+    model = make_model(hidden)
     kw = {} if mp_policy is None else {"mp_policy": mp_policy}
     for m in (model[0], model[2], model[4]):
         fully_shard(m, mesh=mesh, **kw)
@@ -164,6 +166,30 @@ def dp(rank, world):
     return model, loss_of
 
 
+def dp_blocks(rank, world):
+    """Data parallel over a Replicate() mesh dim without FSDP2: fc1's and
+    fc2's weights (Replicate(), Shard(0)) on a (dp=world, tp=1) mesh, every
+    other parameter Replicate(), the batch Shard(0) over dp: the weights'
+    gradients come out (Partial(), Shard(0)), so DMuon reduces them at
+    step() (not from the hooks)."""
+    mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))
+    model = make_model()
+    for m in (model[0], model[2], model[4]):
+        for name in ("weight", "bias"):
+            p = getattr(m, name)
+            pl = [Replicate(), Shard(0) if name == "weight" and m is not model[4]
+                  else Replicate()]
+            setattr(m, name, nn.Parameter(distribute_tensor(p.detach(), mesh, pl)))
+    n = BATCH // world
+
+    def loss_of(x, y):
+        x = DTensor.from_local(x[rank * n:(rank + 1) * n], mesh, [Shard(0), Replicate()])
+        y = DTensor.from_local(y[rank * n:(rank + 1) * n], mesh, [Shard(0), Replicate()])
+        return ((model(x) - y) ** 2).mean().full_tensor()
+
+    return model, loss_of
+
+
 def refuse(args, rank, world):
     """The DTensor layouts DMuon refuses: the error of each."""
     from torch.distributed.tensor import Partial
@@ -192,11 +218,32 @@ def refuse(args, rank, world):
     return {"errors": errors}
 
 
+class DTensorCalls:
+    """Counts DTensor.redistribute and DTensor.full_tensor calls made from
+    DMuon's own code (a frame of the dmuon package) while `on`."""
+
+    def __init__(self):
+        self.on, self.calls = False, []
+        for name in ("redistribute", "full_tensor"):
+            setattr(DTensor, name, self._wrap(name, getattr(DTensor, name)))
+
+    def _wrap(self, name, fn):
+        def counted(t, *a, **kw):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if self.on and caller.split(".")[0] == "dmuon":
+                self.calls.append(f"{caller}: {name}")
+            return fn(t, *a, **kw)
+        return counted
+
+
 def train(args, rank, world):
     make = {"fsdp": fsdp, "fsdp_accum": fsdp, "fsdp_resume": fsdp, "tp": tp,
-            "dp": dp, "fsdp_tp": fsdp_tp, "hsdp": hsdp, "fsdp_bf16": fsdp_bf16,
-            "fsdp_tp_dim1": lambda rank, world: fsdp_tp(rank, world, dim=1)}[args.mode]
+            "dp": dp, "dp_blocks": dp_blocks, "fsdp_tp": fsdp_tp, "hsdp": hsdp,
+            "fsdp_bf16": fsdp_bf16,
+            "fsdp_tp_dim1": lambda rank, world: fsdp_tp(rank, world, dim=1),
+            "fsdp_uneven": lambda rank, world: fsdp(rank, world, hidden=7)}[args.mode]
     model, loss_of = make(rank, world)
+    counter = DTensorCalls()
     opt = DMuon(model, server=args.server, muon=["4.weight"], overlap=args.overlap,
                 **HYPER)
     routes = {r["name"]: (r["sharding"], r["handoff"]) for r in opt.routing
@@ -206,20 +253,24 @@ def train(args, rank, world):
     on_grad = opt._on_grad
 
     def counted(i):
-        hooked.append(i)
         on_grad(i)
+        if opt._handed[i]:  # handed off by the hook (not left to step())
+            hooked.append(i)
 
     opt._on_grad = counted
     steps, grads, placements = [], None, None
+    counter.on = True
     for s in range(STEPS):
         if args.mode == "fsdp_resume" and s == STEPS // 2:
             # A checkpoint (through torch.save) into a new DMuon (a new job).
+            counter.on = False  # the momentum's layout: not a step's
             buf = io.BytesIO()
             torch.save(opt.state_dict(), buf)
             opt.close()
             opt = DMuon(model, server=args.server, muon=["4.weight"], **HYPER)
             buf.seek(0)
             opt.load_state_dict(torch.load(buf, weights_only=False))
+            counter.on = True
         if args.mode == "fsdp_accum":  # two micro-batches, one reduce-scatter
             x, y = batch(s)
             halves = [(x[i::2], y[i::2]) for i in (0, 1)]
@@ -230,18 +281,22 @@ def train(args, rank, world):
         else:
             loss_of(*batch(s)).backward()
         if s == 0:
+            counter.on = False
             grads = {n: full(p.grad) for n, p in model.named_parameters()}
             placements = {n: str(getattr(p.grad, "placements", None))
                           for n, p in model.named_parameters()}
+            counter.on = True
         opt.step()
         opt.zero_grad()
         steps.append({n: full(p) for n, p in model.named_parameters()})
+    counter.on = False
     mb = opt.state[model[0].weight]["momentum_buffer"]
     momentum = full(mb)
     opt.close()
     return {"steps": steps, "grads": grads, "routes": routes, "momentum": momentum,
             "hooked": sorted(set(hooked)), "placements": placements, "reasons": reasons,
-            "momentum_placements": str(getattr(mb, "placements", None))}
+            "momentum_placements": str(getattr(mb, "placements", None)),
+            "dtensor_calls": counter.calls}
 
 
 def main():

@@ -1,9 +1,11 @@
-"""DMuon on DTensor parameters: FSDP2's fully_shard, tensor parallelism
-(ColwiseParallel + RowwiseParallel), FSDP2 x TP and HSDP on 2-D meshes,
-FSDP2 mixed precision, and Replicate() DTensors, in 2 or 4 gloo processes
-on CPU against one dmuond, checked step by step against
-torch.optim.Muon (fp32 Newton-Schulz) + torch.optim.AdamW on the same model
-unsharded in this process; and the layouts DMuon refuses."""
+"""DMuon on DTensor parameters: FSDP2's fully_shard (even, uneven, a rank
+holding nothing), tensor parallelism (ColwiseParallel + RowwiseParallel),
+FSDP2 x TP and HSDP on 2-D meshes, FSDP2 mixed precision, and Replicate()
+DTensors, in 2 or 4 gloo processes on CPU against one dmuond, checked step
+by step against torch.optim.Muon (fp32 Newton-Schulz) + torch.optim.AdamW
+on the same model unsharded in this process; each rank's blocks (the
+routing table's runs), that DMuon makes no DTensor collective for a sharded
+matrix, and the layouts DMuon refuses."""
 
 import os
 import sys
@@ -114,6 +116,14 @@ def check_against(reference, results):
             assert torch.equal(results[0]["steps"][-1][name], r["steps"][-1][name])
 
 
+def no_dtensor_collectives(results):
+    """DMuon's own code made no DTensor.redistribute / full_tensor call
+    during the steps on any rank: each rank's local gradient went as it is
+    and its update came back in its local shape (SHARDING_BLOCKS)."""
+    for rank, r in enumerate(results):
+        assert r["dtensor_calls"] == [], (rank, r["dtensor_calls"])
+
+
 def worst_step_errors(reference, results):
     """{name: the largest relative error over the steps} of rank 0."""
     worst = {}
@@ -126,18 +136,39 @@ def worst_step_errors(reference, results):
 @pytest.mark.parametrize("overlap", [1, 0])
 def test_fsdp2_fully_shard_equals_unsharded_torch(daemon, reference, tmp_path, overlap):
     """fully_shard of every Linear and the root: 0.weight's 5 rows are 3 + 2,
-    4.weight's 1 row leaves rank 1 none (gathered, sent whole)."""
+    4.weight's 1 row leaves rank 1 none (it sends and receives nothing)."""
     results = run_job("fsdp", daemon.address, tmp_path, extra=[f"--overlap={overlap}"])
     check_against(reference, results)
-    routes = results[0]["routes"]
+    no_dtensor_collectives(results)
     hand = "hook" if overlap else "step"
-    assert routes["0.weight"] == ("rows", hand)
-    assert routes["2.weight"] == ("rows", hand)
-    assert routes["4.weight"] == ("replicated", "step")
+    for r in results:
+        assert set(r["routes"].values()) == {("blocks", hand)}, r["routes"]
     # FSDP2 runs post-accumulate-grad hooks on its sharded parameters after
-    # the reduce-scatter: 0.weight and 2.weight leave during backward.
-    assert results[0]["hooked"] == ([0, 1] if overlap else [])
+    # the reduce-scatter: every matrix leaves during backward.
+    assert results[0]["hooked"] == ([0, 1, 2] if overlap else [])
     assert results[0]["placements"]["0.weight"] == "(Shard(dim=0),)"
+    reasons = [r["reasons"] for r in results]
+    assert "rows [0, 3) x cols [0, 6) here" in reasons[0]["0.weight"], reasons[0]
+    assert "rows [3, 5) x cols [0, 6) here" in reasons[1]["0.weight"], reasons[1]
+    assert "rows [0, 1) x cols [0, 8) here" in reasons[0]["4.weight"], reasons[0]
+    assert "nothing here" in reasons[1]["4.weight"], reasons[1]
+
+
+def test_fsdp2_uneven_rows_on_4_ranks(daemon, tmp_path):
+    """fully_shard on 4 ranks, hidden 7: 0.weight's 7 rows are 2 + 2 + 2 + 1,
+    2.weight 8x7 is 2 rows each, the head's 1 row is rank 0's alone (ranks
+    1-3 hold nothing of it: 0x0 slots); 10 steps, overlapped."""
+    results = run_job("fsdp_uneven", daemon.address, tmp_path, world=4)
+    check_against(_reference(fp32_grads, hidden=7), results)
+    no_dtensor_collectives(results)
+    for r in results:
+        assert set(r["routes"].values()) == {("blocks", "hook")}, r["routes"]
+    rows = ("[0, 2)", "[2, 4)", "[4, 6)", "[6, 7)")
+    for rank, r in enumerate(results):
+        assert f"rows {rows[rank]} x cols [0, 6) here" in r["reasons"]["0.weight"], (
+            rank, r["reasons"])
+        head = "rows [0, 1) x cols [0, 8) here" if rank == 0 else "nothing here"
+        assert head in r["reasons"]["4.weight"], (rank, r["reasons"])
 
 
 def test_fsdp2_accumulation_without_gradient_sync(daemon, reference, tmp_path):
@@ -145,7 +176,8 @@ def test_fsdp2_accumulation_without_gradient_sync(daemon, reference, tmp_path):
     FSDP2 reduce-scatters (and runs the hooks) once, in the last backward."""
     results = run_job("fsdp_accum", daemon.address, tmp_path)
     check_against(reference, results)
-    assert results[0]["hooked"] == [0, 1]
+    no_dtensor_collectives(results)
+    assert results[0]["hooked"] == [0, 1, 2]
 
 
 def test_fsdp2_checkpoint_into_a_new_optimizer(daemon, reference, tmp_path):
@@ -157,83 +189,94 @@ def test_fsdp2_checkpoint_into_a_new_optimizer(daemon, reference, tmp_path):
 
 @pytest.mark.parametrize("overlap", [1, 0])
 def test_tensor_parallel_colwise_and_rowwise(daemon, reference, tmp_path, overlap):
-    """fc1 ColwiseParallel (Shard(0): rows as held, 3 + 2), fc2
-    RowwiseParallel (Shard(1): redistributed to Shard(0), rows 4 + 4), the
-    1x8 head RowwiseParallel (one row: gathered, sent whole)."""
+    """fc1 ColwiseParallel (Shard(0): rows 3 + 2), fc2 RowwiseParallel
+    (Shard(1): columns 3 + 2 of every row), the 1x8 head RowwiseParallel
+    (columns 4 + 4 of its one row): each rank's local shard as blocks, no
+    DTensor collective of DMuon's, every matrix from a backward hook."""
     results = run_job("tp", daemon.address, tmp_path, extra=[f"--overlap={overlap}"])
     check_against(reference, results)
+    no_dtensor_collectives(results)
     r = results[0]
     assert r["placements"]["2.weight"] == "(Shard(dim=1),)", r["placements"]
-    assert r["routes"]["0.weight"] == ("rows", "hook" if overlap else "step")
-    assert r["routes"]["2.weight"] == ("rows", "step")  # a collective first: at step()
-    assert r["hooked"] == ([0] if overlap else [])  # 0.weight left during backward
-    assert r["routes"]["4.weight"] == ("replicated", "step")
-    assert "rows [0, 3) here" in r["reasons"]["0.weight"], r["reasons"]
-    assert "redistributed to all-Shard(0), rows [0, 4)" in r["reasons"]["2.weight"]
-    assert "gathered and sent whole" in r["reasons"]["4.weight"]
+    hand = "hook" if overlap else "step"
+    assert set(r["routes"].values()) == {("blocks", hand)}, r["routes"]
+    assert r["hooked"] == ([0, 1, 2] if overlap else [])
+    reasons = [x["reasons"] for x in results]
+    assert "rows [0, 3) x cols [0, 6) here" in reasons[0]["0.weight"], reasons[0]
+    assert "rows [3, 5) x cols [0, 6) here" in reasons[1]["0.weight"], reasons[1]
+    assert "(Shard(dim=1)), rows [0, 8) x cols [0, 3) here" in reasons[0]["2.weight"]
+    assert "rows [0, 8) x cols [3, 5) here" in reasons[1]["2.weight"], reasons[1]
+    assert "rows [0, 1) x cols [4, 8) here" in reasons[1]["4.weight"], reasons[1]
     assert results[1]["momentum_placements"] == "(Shard(dim=0),)"
 
 
 def test_fsdp2_x_tensor_parallel_2d_mesh(daemon, reference, tmp_path):
     """FSDP2 x TP on a (dp=2, tp=2) mesh of 4 ranks: fc1's weight is
-    (_StridedShard(dim=0, sf=2), Shard(0)) (rows 2 + 1 + 1 + 1, each rank
-    one contiguous block, not in rank order: sent as held), fc2's (Shard(0),
-    Shard(1)) (redistributed), the head's 1 row gathered."""
+    (_StridedShard(dim=0, sf=2), Shard(0)) (rows 2 + 1 + 1 + 1, not in rank
+    order), fc2's (Shard(0), Shard(1)) (a block of rows by a block of
+    columns), the head's (Shard(0), Shard(1)) 1x8 (dp 1 holds none of it):
+    each rank's local shard as blocks, all from FSDP2's hooks, no DTensor
+    collective of DMuon's."""
     results = run_job("fsdp_tp", daemon.address, tmp_path, world=4)
     check_against(reference, results)
+    no_dtensor_collectives(results)
     r = results[0]
     assert r["placements"]["0.weight"] == "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
     assert r["placements"]["2.weight"] == "(Shard(dim=0), Shard(dim=1))"
     assert r["momentum_placements"] == r["placements"]["0.weight"]
-    assert r["routes"]["0.weight"] == ("rows", "hook")
-    assert r["routes"]["2.weight"] == ("rows", "step")
-    assert r["routes"]["4.weight"] == ("replicated", "step")
-    assert r["hooked"] == [0]  # FSDP2 ran 0.weight's hook after its reduce-scatter
+    assert set(r["routes"].values()) == {("blocks", "hook")}, r["routes"]
+    assert r["hooked"] == [0, 1, 2]  # FSDP2 ran the hooks after its reduce-scatter
+    reasons = [x["reasons"] for x in results]
     # rank 1 (dp 0, tp 1) holds row 3 of fc1: TP's second half, FSDP2's first row
-    assert "rows [3, 4) here" in results[1]["reasons"]["0.weight"], results[1]["reasons"]
-    assert "redistributed" not in r["reasons"]["0.weight"]
-    assert "redistributed to all-Shard(0), rows [2, 4)" in results[1]["reasons"]["2.weight"]
+    assert "rows [3, 4) x cols [0, 6) here" in reasons[1]["0.weight"], reasons[1]
+    # fc2 8x5: dp 0 rows [0, 4), tp 1 columns [3, 5)
+    assert ("(Shard(dim=0), Shard(dim=1)), rows [0, 4) x cols [3, 5) here"
+            in reasons[1]["2.weight"]), reasons[1]
+    assert "rows [4, 8) x cols [0, 3) here" in reasons[2]["2.weight"], reasons[2]
+    assert "nothing here" in reasons[2]["4.weight"], reasons[2]
 
 
 def test_fsdp2_x_tensor_parallel_strided_columns(daemon, tmp_path):
     """FSDP2 x TP with fully_shard on the weights' columns
     (shard_placement_fn: Shard(1); hidden 4, as FSDP2 shards columns only
-    evenly): fc2's weight 8x4 is (_StridedShard(dim=1, sf=2), Shard(1)) and
-    goes through DTensor.redistribute (to (Shard(0), Shard(0))) and back;
-    fc1's (Shard(1), Shard(0)) too; the head's (_StridedShard(dim=1, sf=2),
-    Shard(1)) is gathered (full_tensor()) and its update sliced back."""
+    evenly): fc2's weight 8x4 is (_StridedShard(dim=1, sf=2), Shard(1)) (one
+    column each, not in rank order), fc1's (Shard(1), Shard(0)), the head's
+    (_StridedShard(dim=1, sf=2), Shard(1)) 1x8: each rank's blocks, no
+    DTensor collective of DMuon's."""
     results = run_job("fsdp_tp_dim1", daemon.address, tmp_path, world=4)
     check_against(_reference(fp32_grads, hidden=4), results)
+    no_dtensor_collectives(results)
     r = results[0]
     assert r["placements"]["2.weight"] == "(_StridedShard(dim=1, sf=2), Shard(dim=1))"
     assert r["placements"]["4.weight"] == "(_StridedShard(dim=1, sf=2), Shard(dim=1))"
     assert r["placements"]["0.weight"] == "(Shard(dim=1), Shard(dim=0))"
-    assert r["routes"]["0.weight"] == ("rows", "step")
-    assert r["routes"]["2.weight"] == ("rows", "step")
-    assert r["routes"]["4.weight"] == ("replicated", "step")
-    assert "redistributed to all-Shard(0), rows [0, 2)" in r["reasons"]["2.weight"]
+    assert set(r["routes"].values()) == {("blocks", "hook")}, r["routes"]
+    # rank (dp, tp): TP's half of the columns, then FSDP2's half of it
+    for rank, cols in enumerate(("[0, 1)", "[2, 3)", "[1, 2)", "[3, 4)")):
+        assert f"rows [0, 8) x cols {cols} here" in results[rank]["reasons"]["2.weight"], (
+            rank, results[rank]["reasons"])
     assert r["momentum_placements"] == r["placements"]["0.weight"]
 
 
 def test_hsdp_2d_mesh(daemon, reference, tmp_path):
     """HSDP: fully_shard on a (replicate=2, shard=2) mesh of 4 ranks, every
-    weight (Replicate(), Shard(0)): the rows each shard holds split between
-    its 2 replicas (5 rows: shards 3 + 2, then 2 + 1 and 1 + 1), sent from
-    FSDP2's hooks (after its all-reduce), the update all-gathered between
-    the replicas; the head's 1 row gathered."""
+    weight (Replicate(), Shard(0)): each replica sends its shard's rows as
+    they are (5 rows: shards 3 + 2) from FSDP2's hooks (after its
+    all-reduce), dmuond reads the lowest rank's and returns every replica
+    its rows; the head's 1 row is shard 0's (shard 1 holds nothing)."""
     results = run_job("hsdp", daemon.address, tmp_path, world=4)
     check_against(reference, results)
+    no_dtensor_collectives(results)
     r = results[0]
     assert r["placements"]["0.weight"] == "(Replicate(), Shard(dim=0))"
-    assert r["routes"]["0.weight"] == ("rows", "hook")
-    assert r["routes"]["2.weight"] == ("rows", "hook")
-    assert r["routes"]["4.weight"] == ("replicated", "step")
-    assert r["hooked"] == [0, 1]
-    split = "the rows held split among their replicas, rows"
+    assert set(r["routes"].values()) == {("blocks", "hook")}, r["routes"]
+    assert r["hooked"] == [0, 1, 2]
     # rank (replicate, shard): 0 = (0, 0), 1 = (0, 1), 2 = (1, 0), 3 = (1, 1)
-    for rank, rows in enumerate(("[0, 2)", "[3, 4)", "[2, 3)", "[4, 5)")):
-        assert f"{split} {rows} here" in results[rank]["reasons"]["0.weight"], (
+    for rank, rows in enumerate(("[0, 3)", "[3, 5)", "[0, 3)", "[3, 5)")):
+        assert f"rows {rows} x cols [0, 6) here" in results[rank]["reasons"]["0.weight"], (
             rank, results[rank]["reasons"])
+        head = "nothing here" if rank % 2 else "rows [0, 1) x cols [0, 8) here"
+        assert head in results[rank]["reasons"]["4.weight"], (rank, results[rank]["reasons"])
 
 
 # FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) against
@@ -270,7 +313,23 @@ def test_partial_gradients_are_reduced(daemon, reference, tmp_path):
     check_against(reference, results)
     assert set(results[0]["routes"].values()) == {("replicated", "step")}
     assert results[0]["placements"]["2.weight"].startswith("(Partial("), results[0]
+    # The one DTensor collective of DMuon's: reducing a Partial gradient.
+    assert results[0]["dtensor_calls"], results[0]
+    assert {c.split(": ")[1] for c in results[0]["dtensor_calls"]} == {"redistribute"}
 
+
+def test_partial_gradients_of_blocks_go_at_step(daemon, reference, tmp_path):
+    """(Replicate(), Shard(0)) weights on a (dp=2, tp=1) mesh fed a batch
+    sharded over dp, without FSDP2: blocks whose gradients come out
+    (Partial(), Shard(0)). The hooks leave them to step(), which reduces
+    them (DTensor.redistribute) in table order on every rank."""
+    results = run_job("dp_blocks", daemon.address, tmp_path)
+    check_against(reference, results)
+    r = results[0]
+    assert r["placements"]["2.weight"].startswith("(Partial("), r["placements"]
+    assert r["routes"]["0.weight"] == r["routes"]["2.weight"] == ("blocks", "hook")
+    assert r["hooked"] == []  # every hook left its matrix to step()
+    assert {c.split(": ")[1] for c in r["dtensor_calls"]} == {"redistribute"}, r
 
 
 def test_refused_layouts(daemon, tmp_path):

@@ -62,6 +62,37 @@ def test_region_layout_names_a_bad_parameter():
         dmuon._ext.region_layout(PARAMS, rank=2, world_size=2)
 
 
+def test_region_layout_of_blocks():
+    """sharding='blocks': this rank's view is (sum of its row runs' lengths,
+    sum of its column runs'), in any order; both lists empty: 0x0, 0 bytes."""
+    params = [
+        ("a", 40, 24),
+        dict(name="w", rows=6, cols=9, sharding="blocks", row_runs=[(3, 6), (0, 1)],
+             col_runs=[(7, 9), (0, 2)]),
+        dict(name="none", rows=5, cols=5, sharding="blocks", row_runs=[], col_runs=[]),
+        ("d", 3, 3),
+    ]
+    got = dmuon._ext.region_layout(params, rank=1, world_size=2)
+    views = [("a", 40, 24), ("w", 4, 4), ("none", 0, 0), ("d", 3, 3)]
+    assert got == independent_layout(views)
+    assert got["slots"][2]["bytes"] == 0
+
+
+def test_region_layout_names_bad_blocks():
+    def blocks(**kw):
+        return [dict(name="w", rows=6, cols=9, sharding="blocks", **kw)]
+
+    with pytest.raises(dmuon.InvalidArgumentError, match="'w'.*row run \\[4,7\\)"):
+        dmuon._ext.region_layout(blocks(row_runs=[(4, 7)], col_runs=[(0, 9)]))
+    with pytest.raises(dmuon.InvalidArgumentError, match="'w'.*both lists are empty"):
+        dmuon._ext.region_layout(blocks(row_runs=[(0, 6)], col_runs=[]))
+    with pytest.raises(dmuon.InvalidArgumentError, match="'w'.*\\(begin, end\\) pairs"):
+        dmuon._ext.region_layout(blocks(row_runs=[(0, 1, 2)], col_runs=[(0, 9)]))
+    with pytest.raises(dmuon.InvalidArgumentError,
+                       match="replicated, rows, unreduced, blocks"):
+        dmuon._ext.region_layout([dict(name="w", rows=6, cols=9, sharding="cols")])
+
+
 def test_unknown_transport_lists_the_choices(daemon):
     c = dmuon.Client(daemon.address)
     with pytest.raises(dmuon.InvalidArgumentError, match="cuda_ipc, nccl"):

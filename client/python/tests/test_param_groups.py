@@ -35,6 +35,19 @@ def _step(model, step):
     nn.functional.cross_entropy(model(x), y).backward()
 
 
+def _iteration(ref, dm, muon, adamw, opt, step, scheds=()):
+    """One training step side by side: torch's Muon + AdamW on ref, DMuon on
+    dm, then every scheduler of `scheds`; the models must agree after it."""
+    _step(ref, step)
+    muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
+    _step(dm, step)
+    opt.step()
+    opt.zero_grad()
+    for s in scheds:
+        s.step()
+    assert_same(ref, dm, step)
+
+
 def test_add_param_group_and_momentum_buffer(monkeypatch, daemon):
     ref, dm = pair(Two, seed=5)
     first = [*ref.body.parameters(), *ref.out.parameters()]
@@ -52,12 +65,7 @@ def test_add_param_group_and_momentum_buffer(monkeypatch, daemon):
             assert opt.session.names == ["body.0.weight", "body.2.weight", "out.weight",
                                          "extra.0.weight"]
             assert [g["lr"] for g in opt.param_groups] == [0.02, 3e-3, 0.01, 3e-3]
-        _step(ref, step)
-        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
-        _step(dm, step)
-        opt.step()
-        opt.zero_grad()
-        assert_same(ref, dm, step)
+        _iteration(ref, dm, muon, adamw, opt, step)
     assert opt.state_dict()["dmuon"]["completed_steps"] == 8
     names = dict(dm.named_parameters())
     for name, p in ref.named_parameters():
@@ -84,14 +92,7 @@ def test_one_cycle_lr_over_both_halves(monkeypatch, daemon):
               torch.optim.lr_scheduler.OneCycleLR(adamw, max_lr=6e-3, **kw)]
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[0.04, 6e-3], **kw)
     for step in range(10):
-        _step(ref, step)
-        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
-        _step(dm, step)
-        opt.step()
-        opt.zero_grad()
-        for s in (*scheds, sched):
-            s.step()
-        assert_same(ref, dm, step)
+        _iteration(ref, dm, muon, adamw, opt, step, (*scheds, sched))
     assert [g["lr"] for g in opt.param_groups] == [muon.param_groups[0]["lr"],
                                                    adamw.param_groups[0]["lr"]]
     opt.close()
@@ -128,14 +129,7 @@ def test_cycled_momentum_matches_torch(monkeypatch, daemon, kind, overlap):
         assert opt.param_groups[0]["momentum"] == muon.param_groups[0]["momentum"]
         assert opt.param_groups[1]["momentum"] == adamw.param_groups[0]["betas"][0]
         seen.add(muon.param_groups[0]["momentum"])
-        _step(ref, step)
-        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
-        _step(dm, step)
-        opt.step()
-        opt.zero_grad()
-        for s in (*scheds, sched):
-            s.step()
-        assert_same(ref, dm, step)
+        _iteration(ref, dm, muon, adamw, opt, step, (*scheds, sched))
         assert opt.param_groups[1]["betas"][1] == ADAMW["betas"][1]
     assert len(seen) > 3  # the momentum did cycle
     names = dict(dm.named_parameters())
@@ -168,14 +162,7 @@ def test_cycled_momentum_resumes_from_a_checkpoint(monkeypatch, daemon):
             sched = make(opt, [0.04, 6e-3])
             opt.load_state_dict(sd)
             sched.load_state_dict(ssd)
-        _step(ref, step)
-        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
-        _step(dm, step)
-        opt.step()
-        opt.zero_grad()
-        for s in (*scheds, sched):
-            s.step()
-        assert_same(ref, dm, step)
+        _iteration(ref, dm, muon, adamw, opt, step, (*scheds, sched))
     opt.close()
 
 
