@@ -82,8 +82,7 @@ TEST(ShardMapTest, BadRunsAreNamed) {
             std::string::npos);
   EXPECT_NE(err({{0, 6}}, {{2, 2}}).find("col_runs[0] [2,2)"),
             std::string::npos);
-  EXPECT_NE(err({{0, 3}, {2, 4}}, {{0, 4}}).find("overlap"),
-            std::string::npos);
+  EXPECT_NE(err({{0, 3}, {2, 4}}, {{0, 4}}).find("overlap"), std::string::npos);
   EXPECT_NE(err({{0, 3}}, {}).find("1 row_runs and 0 col_runs"),
             std::string::npos);
   std::vector<IndexRun> many;
