@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "daemon/flags.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
@@ -184,6 +185,15 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
                   j.world_size(), j.ranks_open(), j.parameters(),
                   j.state_bytes() / 1e6,
                   static_cast<long long>(j.completed_steps()), drop);
+      if (j.rewind_waiting_ranks_size() > 0) {
+        std::string ranks;
+        for (int r : j.rewind_waiting_ranks())
+          absl::StrAppend(&ranks, ranks.empty() ? "" : ", ", r);
+        std::printf(
+            "  rank(s) %s asked to rewind step %lld and wait for the "
+            "others\n",
+            ranks.c_str(), static_cast<long long>(j.rewind_step()));
+      }
     }
     if (!s.errors().empty()) {
       std::printf("\nERRORS");

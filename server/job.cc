@@ -374,6 +374,15 @@ absl::Status Job::AwaitRewind(const Session& s, int64_t step) {
   return why;
 }
 
+std::vector<int> Job::RewindWaiting(int64_t* step) const {
+  std::vector<int> ranks;
+  *step = rewind_asked_count_ > 0 ? rewind_asked_step_ : 0;
+  if (rewind_asked_count_ == 0) return ranks;
+  for (size_t r = 0; r < rewind_asked_.size(); ++r)
+    if (rewind_asked_[r]) ranks.push_back(static_cast<int>(r));
+  return ranks;
+}
+
 absl::Status Job::CheckNoRewindPending(int rank, int64_t next_step) {
   if (rewind_asked_count_ == 0 ||
       (rank < static_cast<int>(rewind_asked_.size()) && rewind_asked_[rank]))

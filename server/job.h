@@ -279,6 +279,10 @@ class Job {
   // OK when no rewind is pending or `rank` is not the cause.
   absl::Status CheckNoRewindPending(int rank, int64_t next_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ranks whose AskRewind waits for the others (none: empty), and the
+  // step they asked to rewind, for Status.
+  std::vector<int> RewindWaiting(int64_t* step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- State.
   ParamState& param(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -176,9 +176,7 @@ struct Pair {
 };
 
 // Asks rank 0 to rewind `s` on a thread (it waits for rank 1); returns
-// after a second, by when its ask has been recorded (a job does not show
-// its pending asks; a second is far more than the RPC takes even under
-// sanitizers on a loaded machine).
+// once Status lists the ask as waiting (JobStatus.rewind_waiting_ranks).
 class HeldAsk {
  public:
   HeldAsk(Pair& p, int64_t s)
@@ -186,7 +184,18 @@ class HeldAsk {
           status_ = p.Rewind(0, s);
           done_ = true;
         }) {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < until) {
+      const v1::StatusResponse st = p.svc->Status();
+      if (st.jobs_size() == 1 && st.jobs(0).rewind_waiting_ranks_size() == 1) {
+        EXPECT_EQ(st.jobs(0).rewind_waiting_ranks(0), 0);
+        EXPECT_EQ(st.jobs(0).rewind_step(), s);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ADD_FAILURE() << "rank 0's rewind ask never showed in Status";
   }
   ~HeldAsk() {
     if (thread_.joinable()) thread_.join();
@@ -259,6 +268,7 @@ TEST(Rewind, TwoRanksOneAskingAloneIsHeld) {
   ASSERT_TRUE(p.Rewind(1, 1).ok());
   EXPECT_TRUE(ask.Join().ok());
   EXPECT_EQ(p.Completed(), 0);
+  EXPECT_EQ(p.svc->Status().jobs(0).rewind_waiting_ranks_size(), 0);
   // Only the last completed step, and not again before it is redone.
   EXPECT_EQ(p.Rewind(0, 1).code(), absl::StatusCode::kFailedPrecondition);
 }

@@ -85,6 +85,10 @@ v1::StatusResponse OptimizerService::Status() const {
         j->set_drop_in_seconds(std::max(
             0.0, std::chrono::duration<double>(job->drop_at() - now).count()));
       }
+      int64_t rewind_step = 0;
+      for (int rank : job->RewindWaiting(&rewind_step))
+        j->add_rewind_waiting_ranks(rank);
+      j->set_rewind_step(rewind_step);
       // A job without open ranks (or broken) keeps its listing but no
       // longer loads the executors.
       const bool open = job->open();
