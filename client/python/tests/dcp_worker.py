@@ -1,10 +1,10 @@
 """One rank of a torch.distributed (gloo) job for test_dcp: DMuon saved with
 torch.distributed.checkpoint on one world size, loaded on another.
 
---mode=save (fsdp_save: FSDP2, DTensor parameters): trains --steps steps
-from scratch, then dcp.save()s the model and get_optimizer_state_dict() to
---ckpt.
---mode=load (fsdp_load): a fresh DMuon; get_*_state_dict() as dcp.load's
+--mode=save (fsdp_save: FSDP2, DTensor parameters; fsdp_tp_save: FSDP2 x
+TP on a 2-D mesh): trains --steps steps from scratch, then dcp.save()s the
+model and get_optimizer_state_dict() to --ckpt.
+--mode=load (fsdp_load, fsdp_tp_load): a fresh DMuon; get_*_state_dict() as dcp.load's
 destination, dcp.load, set_*_state_dict, then trains --steps more steps
 from --start.
 
@@ -60,26 +60,21 @@ def ddp_job(args, rank, world):
 
 
 def fsdp_job(args, rank, world):
-    """FSDP2 (fully_shard) on a 1-D CPU mesh: DTensor parameters, Shard(0)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
+    """FSDP2 (fully_shard) on a 1-D CPU mesh (fsdp_*: Shard(0)), or FSDP2 x
+    TP on a (dp=2, tp=world/2) mesh (fsdp_tp_*): fsdp_worker's models, its
+    loss over each rank's (dp group's) slice of the batch."""
     import fsdp_worker
 
-    model = fsdp_worker.make_model()
-    mesh = init_device_mesh("cpu", (world,))
-    for m in (model[0], model[2], model[4]):
-        fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    if args.mode == "fsdp_load":  # other weights than the saved ones
+    build = fsdp_worker.fsdp_tp if args.mode.startswith("fsdp_tp_") else fsdp_worker.fsdp
+    model, fsdp_loss = build(rank, world)
+    if args.mode.endswith("load"):  # other weights than the saved ones
         with torch.no_grad():
             for p in model.parameters():
                 p._local_tensor.mul_(0.5)
     opt = DMuon(model, server=args.server, muon=["4.weight"], **fsdp_worker.HYPER)
 
     def loss(s):
-        x, y = local(fsdp_worker.batch(s), rank, world)
-        return ((model(x) - y) ** 2).mean()
+        return fsdp_loss(*fsdp_worker.batch(s))
 
     return model, model, opt, loss, "0.weight"
 
@@ -87,7 +82,7 @@ def fsdp_job(args, rank, world):
 def run(args, rank, world):
     make = fsdp_job if args.mode.startswith("fsdp") else ddp_job
     model, ddp, opt, loss, probe = make(args, rank, world)
-    args.mode = args.mode.replace("fsdp_", "")
+    args.mode = args.mode.rsplit("_", 1)[-1]  # save or load
     out = {"completed": {}}
     if args.mode == "load":
         sd = {"model": get_model_state_dict(ddp),

@@ -1,7 +1,7 @@
 """DMuon with torch.distributed.checkpoint (DCP): get/set_optimizer_state_dict
 and dcp.save/load, saved on 4 ranks and loaded on 2 (gloo, DDP), FSDP2 on 2
-and 4, flatten_optimizer_state_dict, and the zero-gradient step of DCP's
-_init_optim_state (dmuon/_dcp.py)."""
+and 4, FSDP2 x TP on 4 into FSDP2 on 2, flatten_optimizer_state_dict, and
+the zero-gradient step of DCP's _init_optim_state (dmuon/_dcp.py)."""
 
 import warnings
 
@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.state_dict import (
 from dmuon.optim import DMuon
 from helpers import TinyLM, lm_batch, loss_of, muon_split, rel_err, state_key
 from ranks import launch
-from torch_ref import fp32_muon
+from torch_ref import fp32_muon, muon_adamw_run
 
 HYPER = dict(lr=0.02, weight_decay=0.1, adamw_lr=3e-3)
 
@@ -23,6 +23,25 @@ HYPER = dict(lr=0.02, weight_decay=0.1, adamw_lr=3e-3)
 def run_job(mode, world, address, tmp_path, *extra):
     return launch("dcp_worker.py", mode, world, address, tmp_path,
                   extra=(f"--ckpt={tmp_path / 'ckpt'}", *extra))[0]
+
+
+def save_then_load(save, load, daemon, tmp_path, *load_extra):
+    """save = (mode, world) trains 3 steps and saves with DCP; load = (mode,
+    world) loads and trains 3 more. Checks each rank's step counts and that
+    dmuond's momentum after the load is the saved one, bit for bit; returns
+    (the saving ranks' dicts, the loading ranks')."""
+    saved = run_job(save[0], save[1], daemon.address, tmp_path, "--start=0", "--steps=3")
+    for r in saved:
+        assert r["completed"] == {"saved": 3, "end": 3}, r["completed"]
+    loaded = run_job(load[0], load[1], daemon.address, tmp_path, "--start=3", "--steps=3",
+                     *load_extra)
+    want = saved[0]["momentum"]
+    for rank, r in enumerate(loaded):
+        assert r["completed"] == {"fresh": 0, "loaded": 3, "end": 6}, (rank, r["completed"])
+        assert set(r["loaded_momentum"]) == set(want), rank
+        for name, m in want.items():
+            assert torch.equal(r["loaded_momentum"][name], m), (rank, name)
+    return saved, loaded
 
 
 def train(model, opt, start, steps):
@@ -36,20 +55,10 @@ def test_save_on_4_ranks_load_on_2(daemon, tmp_path):
     """DDP on 4 ranks trains 3 steps and saves with DCP; a 2-rank job loads
     it and trains 3 more: the uninterrupted single-process 6-step run, and
     the momentum loaded is the momentum saved, bit for bit."""
-    saved = run_job("save", 4, daemon.address, tmp_path, "--start=0", "--steps=3")
+    saved, loaded = save_then_load(("save", 4), ("load", 2), daemon, tmp_path, "--seed=1")
     layout = saved[0]["layout"]
     assert layout["momentum_buffer"] == ("Tensor", (96, 32), torch.float32, "None"), layout
     assert set(layout) == {"momentum_buffer", "step"}, layout
-    for r in saved:
-        assert r["completed"] == {"saved": 3, "end": 3}, r["completed"]
-    loaded = run_job("load", 2, daemon.address, tmp_path, "--start=3", "--steps=3",
-                     "--seed=1")
-    want = saved[0]["momentum"]
-    for rank, r in enumerate(loaded):
-        assert r["completed"] == {"fresh": 0, "loaded": 3, "end": 6}, (rank, r["completed"])
-        assert set(r["loaded_momentum"]) == set(want)
-        for name, m in want.items():
-            assert torch.equal(r["loaded_momentum"][name], m), (rank, name)
 
     torch.manual_seed(0)
     model = TinyLM()
@@ -244,16 +253,10 @@ def test_fsdp2_save_on_2_ranks_load_on_4(daemon, tmp_path):
     pytest.importorskip("torch.distributed.fsdp")
     import fsdp_worker
 
-    saved = run_job("fsdp_save", 2, daemon.address, tmp_path, "--start=0", "--steps=3")
+    saved, loaded = save_then_load(("fsdp_save", 2), ("fsdp_load", 4), daemon, tmp_path)
     layout = saved[0]["layout"]
     assert layout["momentum_buffer"][:3] == ("DTensor", (5, 6), torch.float32), layout
     assert "Shard(dim=0)" in layout["momentum_buffer"][3], layout
-    loaded = run_job("fsdp_load", 4, daemon.address, tmp_path, "--start=3", "--steps=3")
-    want = saved[0]["momentum"]
-    for rank, r in enumerate(loaded):
-        assert r["completed"] == {"fresh": 0, "loaded": 3, "end": 6}, (rank, r["completed"])
-        for name, m in want.items():
-            assert torch.equal(r["loaded_momentum"][name], m), (rank, name)
 
     model = fsdp_worker.make_model()
     opt = DMuon(model, server=daemon.address, muon=["4.weight"], **fsdp_worker.HYPER)
@@ -266,6 +269,43 @@ def test_fsdp2_save_on_2_ranks_load_on_4(daemon, tmp_path):
     for rank, r in enumerate(loaded):
         for name, p in model.named_parameters():
             assert rel_err(r["params"][name], p.detach()) < 1e-5, (rank, name)
+
+
+def fsdp_grads(model, s):
+    """fsdp_worker's loss on the whole batch of step s, backward."""
+    import fsdp_worker
+
+    x, y = fsdp_worker.batch(s)
+    ((model(x) - y) ** 2).mean().backward()
+
+
+def test_fsdp2_x_tp_on_4_ranks_load_into_fsdp2_on_2(daemon, tmp_path):
+    """FSDP2 x TP on a (dp=2, tp=2) mesh of 4 ranks (fc1's weight
+    (_StridedShard(dim=0, sf=2), Shard(0)): rows 2 + 1 + 1 + 1, not in rank
+    order; fc2's (Shard(0), Shard(1)); the 1x8 head's (Shard(0), Shard(1)),
+    all Muon) trains 3 steps and saves with DCP; plain FSDP2 on 2 ranks
+    (Shard(0): rows 3 + 2) loads it and trains 3 more. The momentum at the
+    switch is the saved one bit for bit (DCP copies each element from the
+    saving rank that held it), and every parameter after step 6 is
+    torch.optim.Muon (fp32 Newton-Schulz) + AdamW's uninterrupted 6 steps in
+    one process, to 1e-5 relative."""
+    pytest.importorskip("torch.distributed.fsdp")
+    import fsdp_worker
+
+    saved, loaded = save_then_load(("fsdp_tp_save", 4), ("fsdp_load", 2), daemon, tmp_path)
+    layout = saved[0]["layout"]
+    assert layout["momentum_buffer"] == (
+        "DTensor", (5, 6), torch.float32, "(_StridedShard(dim=0, sf=2), Shard(dim=0))"), layout
+
+    muon_names = ("0.weight", "2.weight", "4.weight")
+    params, _, momenta = muon_adamw_run(fsdp_worker.make_model(), muon_names, 6, fsdp_grads)
+    assert set(saved[0]["momentum"]) == set(muon_names)
+    for name, m in saved[0]["momentum"].items():  # dmuond's at the switch: torch's
+        assert rel_err(m, momenta[2][name]) < 1e-5, name
+    for rank, r in enumerate(loaded):
+        for name, p in params[-1].items():
+            err = rel_err(r["params"][name], p)
+            assert err < 1e-5, f"rank {rank} {name}: {err:.2e}"
 
 
 def test_parts_round_trip(daemon):

@@ -15,7 +15,7 @@ import torch
 
 from helpers import rel_err
 from ranks import launch
-from torch_ref import ADAMW, MUON, fp32_muon
+from torch_ref import muon_adamw_run
 
 pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 needs torch.distributed")
 
@@ -37,28 +37,10 @@ def _reference(grads_of, hidden=5):
     gradients of each step from grads_of(model, x, y) (they land in .grad):
     the parameters after every step, the gradients of step 1 and 0.weight's
     momentum at the end."""
-    mp = pytest.MonkeyPatch()
-    try:
-        muon_cls = fp32_muon(mp)
-        model = fsdp_worker.make_model(hidden)
-        named = dict(model.named_parameters())
-        muon = muon_cls([named[n] for n in MUON_NAMES], **MUON)
-        adamw = torch.optim.AdamW([p for n, p in named.items() if n not in MUON_NAMES],
-                                  **ADAMW)
-        steps, grads = [], None
-        for s in range(fsdp_worker.STEPS):
-            grads_of(model, *fsdp_worker.batch(s))
-            if s == 0:
-                grads = {n: p.grad.detach().clone() for n, p in named.items()}
-            muon.step()
-            adamw.step()
-            muon.zero_grad()
-            adamw.zero_grad()
-            steps.append({n: p.detach().clone() for n, p in named.items()})
-        momentum = muon.state[named["0.weight"]]["momentum_buffer"].clone()
-        return steps, grads, momentum
-    finally:
-        mp.undo()
+    steps, grads, momenta = muon_adamw_run(
+        fsdp_worker.make_model(hidden), MUON_NAMES, fsdp_worker.STEPS,
+        lambda model, s: grads_of(model, *fsdp_worker.batch(s)))
+    return steps, grads, momenta[-1]["0.weight"]
 
 
 def fp32_grads(model, x, y):

@@ -118,3 +118,33 @@ def assert_same(ref_model, dm_model, step, tol=TOL, what=""):
         err = rel_err(a, b)
         _BF16["worst"] = max(_BF16["worst"], err)
         assert err < tol, f"{what}step {step + 1}, {name}: {err:.2e} relative"
+
+
+def muon_adamw_run(model, muon_names, steps, grads_of):
+    """torch.optim.Muon (fp32_muon: fp32 Newton–Schulz, MUON) on `model`'s
+    parameters named in muon_names and torch.optim.AdamW (ADAMW) on the
+    others, in this process, for `steps` steps; grads_of(model, step) puts
+    the step's gradients in .grad. Returns (the parameters after every step,
+    the gradients of step 1, the Muon momentum_buffers after every step),
+    each a list of {name: tensor}."""
+    mp = pytest.MonkeyPatch()
+    try:
+        muon_cls = fp32_muon(mp)
+        named = dict(model.named_parameters())
+        muon = muon_cls([named[n] for n in muon_names], **MUON)
+        adamw = torch.optim.AdamW([p for n, p in named.items() if n not in muon_names],
+                                  **ADAMW)
+        params, grads, momenta = [], None, []
+        for s in range(steps):
+            grads_of(model, s)
+            if s == 0:
+                grads = {n: p.grad.detach().clone() for n, p in named.items()}
+            for o in (muon, adamw):
+                o.step()
+                o.zero_grad()
+            params.append({n: p.detach().clone() for n, p in named.items()})
+            momenta.append({n: muon.state[named[n]]["momentum_buffer"].clone()
+                            for n in muon_names})
+        return params, grads, momenta
+    finally:
+        mp.undo()
