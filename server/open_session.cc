@@ -43,6 +43,7 @@ std::string RandomToken() {
 absl::Status CheckShardCover(const Job& job, int rank,
                              const std::vector<ShardMap>& shards)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+  int64_t budget = kCoverBudget;  // for the whole table (shard_map.h)
   for (size_t i = 0; i < job.table().params.size(); ++i) {
     const ParamInfo& p = job.table().params[i];
     // Not a lambda: clang's analysis would not see the lock held in it.
@@ -50,9 +51,8 @@ absl::Status CheckShardCover(const Job& job, int rank,
     for (int k = 0; k < job.world_size(); ++k)
       held.push_back(k == rank ? &shards[i] : &job.ranks()[k]->shards()[i]);
     if (p.sharding == v1::SHARDING_BLOCKS) {
-      std::vector<ShardMap> maps;
-      for (const ShardMap* m : held) maps.push_back(*m);
-      if (auto st = CheckCover(maps, p.shape, p.name); !st.ok()) return st;
+      if (auto st = CheckCover(held, p.shape, p.name, &budget); !st.ok())
+        return st;
       continue;
     }
     if (p.sharding != v1::SHARDING_ROWS) continue;

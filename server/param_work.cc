@@ -8,7 +8,6 @@
 #include <cstring>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
 #include "server/ack_gate.h"
@@ -173,18 +172,15 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
       // dimension) is read once, from the lowest of them. The rest go
       // highest rank first, so an element held in maps that only overlap
       // ends as the lowest rank's too, whatever the others sent.
-      absl::flat_hash_set<ShardMap> seen;
-      std::vector<const Session*> readers;
-      for (const auto& s : ranks) {
-        const ShardMap& held = s->shards()[param];
-        if (!held.empty() && seen.insert(held).second)
-          readers.push_back(s.get());
-      }
+      std::vector<const ShardMap*> maps;
+      for (const auto& s : ranks) maps.push_back(&s->shards()[param]);
+      const std::vector<int> holders = DistinctHolders(maps);
       std::vector<float> local;
-      for (auto it = readers.rbegin(); it != readers.rend(); ++it) {
-        const ShardMap& held = (*it)->shards()[param];
+      for (auto k = holders.rbegin(); k != holders.rend(); ++k) {
+        const ShardMap& held = *maps[*k];
         local.resize(held.elements());
-        if (auto st = ReadGradient(**it, param, held.elements(), local.data());
+        if (auto st =
+                ReadGradient(*ranks[*k], param, held.elements(), local.data());
             !st.ok()) {
           return st;
         }

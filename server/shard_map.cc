@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace dmuon::server {
@@ -48,9 +49,13 @@ absl::Status CheckRuns(const std::vector<IndexRun>& runs, int64_t extent,
 }
 
 std::string RunsString(const std::vector<IndexRun>& runs) {
+  constexpr size_t kShown = 4;
   std::string s;
-  for (const IndexRun& r : runs)
-    absl::StrAppend(&s, s.empty() ? "" : " ", "[", r.begin, ",", r.end, ")");
+  for (size_t i = 0; i < runs.size() && i < kShown; ++i)
+    absl::StrAppend(&s, i ? " " : "", "[", runs[i].begin, ",", runs[i].end,
+                    ")");
+  if (runs.size() > kShown)
+    absl::StrAppend(&s, " ... (", runs.size(), " runs)");
   return s;
 }
 
@@ -151,15 +156,35 @@ void GatherFromMatrix(const ShardMap& map, kernels::Shape shape,
   }
 }
 
-absl::Status CheckCover(absl::Span<const ShardMap> maps, kernels::Shape shape,
-                        const std::string& name) {
+std::vector<int> DistinctHolders(absl::Span<const ShardMap* const> maps) {
+  absl::flat_hash_set<ShardMap> seen;
+  std::vector<int> out;
+  for (size_t k = 0; k < maps.size(); ++k) {
+    if (!maps[k]->empty() && seen.insert(*maps[k]).second)
+      out.push_back(static_cast<int>(k));
+  }
+  return out;
+}
+
+absl::Status CheckCover(absl::Span<const ShardMap* const> maps,
+                        kernels::Shape shape, const std::string& name,
+                        int64_t* budget) {
+  int64_t blocks = 0;
+  for (const ShardMap* m : maps)
+    blocks += static_cast<int64_t>(m->rows().size() * m->cols().size());
+  if (blocks > kMaxMatrixBlocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter '", name, "' is held as ", blocks,
+        " blocks (row runs x column runs) over its ranks, over the limit of ",
+        kMaxMatrixBlocks, " (each is a copy per step): use fewer runs"));
+  }
   // Compress both dimensions to the runs' boundaries, so the check costs
   // what the maps do, not what the matrix does, then count each cell's
   // holders with a 2-D difference array.
   std::vector<int64_t> rb{0, shape.rows}, cb{0, shape.cols};
-  for (const ShardMap& m : maps) {
-    for (const IndexRun& r : m.rows()) rb.insert(rb.end(), {r.begin, r.end});
-    for (const IndexRun& c : m.cols()) cb.insert(cb.end(), {c.begin, c.end});
+  for (const ShardMap* m : maps) {
+    for (const IndexRun& r : m->rows()) rb.insert(rb.end(), {r.begin, r.end});
+    for (const IndexRun& c : m->cols()) cb.insert(cb.end(), {c.begin, c.end});
   }
   for (auto* v : {&rb, &cb}) {
     std::sort(v->begin(), v->end());
@@ -167,21 +192,19 @@ absl::Status CheckCover(absl::Span<const ShardMap> maps, kernels::Shape shape,
   }
   const int64_t nr = static_cast<int64_t>(rb.size()) - 1;
   const int64_t nc = static_cast<int64_t>(cb.size()) - 1;
-  std::string all;
-  for (size_t k = 0; k < maps.size(); ++k)
-    absl::StrAppend(&all, k ? "; " : "", "rank ", k, ": ",
-                    maps[k].DebugString());
-  if (nr * nc > (int64_t{1} << 24)) {
+  if (nr * nc > *budget) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parameter '", name, "' is cut by its ranks' runs into ", nr, " x ", nc,
-        " pieces, too many to check (at most 2^24): use fewer runs"));
+        " pieces, more than the table's cover checks may examine (",
+        kCoverBudget, " in all): use fewer runs"));
   }
+  *budget -= nr * nc;
   auto at = [](const std::vector<int64_t>& v, int64_t x) {
     return std::lower_bound(v.begin(), v.end(), x) - v.begin();
   };
   std::vector<int32_t> diff((nr + 1) * (nc + 1), 0);
-  for (const ShardMap& m : maps) {
-    for (const Block& b : m.Blocks()) {
+  for (const ShardMap* m : maps) {
+    for (const Block& b : m->Blocks()) {
       const int64_t r0 = at(rb, b.row), r1 = at(rb, b.row + b.height);
       const int64_t c0 = at(cb, b.col), c1 = at(cb, b.col + b.width);
       diff[r0 * (nc + 1) + c0] += 1;
@@ -200,13 +223,19 @@ absl::Status CheckCover(absl::Span<const ShardMap> maps, kernels::Shape shape,
   }
   for (int64_t i = 0; i < nr; ++i) {
     for (int64_t j = 0; j < nc; ++j) {
-      if (diff[i * (nc + 1) + j] <= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter '", name, "' element (", rb[i], ",", cb[j],
-                         ") is held by no rank (", all,
-                         "): the ranks' SHARDING_BLOCKS runs must cover its ",
-                         shape.rows, "x", shape.cols, " elements"));
-      }
+      if (diff[i * (nc + 1) + j] > 0) continue;
+      constexpr size_t kShownRanks = 8;
+      std::string held;
+      for (size_t k = 0; k < maps.size() && k < kShownRanks; ++k)
+        absl::StrAppend(&held, k ? "; " : "", "rank ", k, ": ",
+                        maps[k]->DebugString());
+      if (maps.size() > kShownRanks)
+        absl::StrAppend(&held, "; ... (", maps.size(), " ranks)");
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", name, "' element (", rb[i], ",", cb[j],
+                       ") is held by no rank (", held,
+                       "): the ranks' SHARDING_BLOCKS runs must cover its ",
+                       shape.rows, "x", shape.cols, " elements"));
     }
   }
   return absl::OkStatus();

@@ -10,7 +10,8 @@
 // Shard/_StridedShard/Replicate placements), possibly nothing.
 //
 // CUDA-free: the host path copies with ScatterToMatrix/GatherFromMatrix and
-// the device path turns Blocks() into 2-D copies (server/gpu_logic.h).
+// the device path turns Blocks() into 2-D copies
+// (server/cuda/cuda_executor_io.cc).
 
 #ifndef DMUON_SERVER_SHARD_MAP_H_
 #define DMUON_SERVER_SHARD_MAP_H_
@@ -55,6 +56,11 @@ struct Block {
 // quadratic.
 inline constexpr int kMaxRuns = 4096;
 inline constexpr int64_t kMaxBlocks = int64_t{1} << 16;
+// The most blocks of one matrix over all its ranks' maps (each is a copy
+// per step on the device path), and the most compressed cells one
+// OpenSession's cover checks may examine (CheckCover's `budget`).
+inline constexpr int64_t kMaxMatrixBlocks = int64_t{1} << 18;
+inline constexpr int64_t kCoverBudget = int64_t{1} << 24;
 
 class ShardMap {
  public:
@@ -86,7 +92,8 @@ class ShardMap {
   }
   // Every rectangle (row run x column run), local row-major order.
   std::vector<Block> Blocks() const;
-  // "rows [0,4) [8,12) x cols [0,16)", for messages and logs.
+  // "rows [0,4) [8,12) x cols [0,16)", for messages and logs (a list of
+  // more than 4 runs shows its first 4 and the count).
   std::string DebugString() const;
 
   // The same elements in the same local order (replicas hold equal maps).
@@ -110,11 +117,22 @@ void ScatterToMatrix(const ShardMap& map, kernels::Shape shape,
 void GatherFromMatrix(const ShardMap& map, kernels::Shape shape,
                       const float* matrix, float* local);
 
+// For the gradient gather: the index of each distinct non-empty map's
+// lowest holder among `maps` (rank order), ascending. Equal maps (whole
+// replicas, e.g. HSDP's) are read once.
+std::vector<int> DistinctHolders(absl::Span<const ShardMap* const> maps);
+
 // OK when every element of the matrix is held by at least one of `maps`
 // (one per rank, rank order); otherwise INVALID_ARGUMENT naming parameter
-// `name`, the first element (row-major) no rank holds, and each rank's map.
-absl::Status CheckCover(absl::Span<const ShardMap> maps, kernels::Shape shape,
-                        const std::string& name);
+// `name`, the first element (row-major) no rank holds, and the first ranks'
+// maps. Also INVALID_ARGUMENT when the maps have more than
+// kMaxMatrixBlocks blocks together, or when their runs cut the matrix into
+// more compressed cells than `*budget` has left (taken from it: one
+// OpenSession's checks share one budget, so a table of many parameters
+// cannot make them cost more than kCoverBudget cells).
+absl::Status CheckCover(absl::Span<const ShardMap* const> maps,
+                        kernels::Shape shape, const std::string& name,
+                        int64_t* budget);
 
 }  // namespace dmuon::server
 

@@ -96,6 +96,15 @@ TEST(ShardMapTest, BadRunsAreNamed) {
   EXPECT_TRUE(none->Blocks().empty());
 }
 
+// CheckCover on maps given by value (pointers to them), with a fresh budget.
+absl::Status Cover(const std::vector<ShardMap>& maps, Shape shape,
+                   int64_t* budget = nullptr) {
+  std::vector<const ShardMap*> p;
+  for (const ShardMap& m : maps) p.push_back(&m);
+  int64_t fresh = kCoverBudget;
+  return CheckCover(p, shape, "w", budget ? budget : &fresh);
+}
+
 TEST(ShardMapTest, CoverAcceptsReplicasAndEmptyRanksAndNamesAHole) {
   const Shape shape{5, 4};
   auto m = [&](std::vector<IndexRun> r, std::vector<IndexRun> c) {
@@ -104,18 +113,18 @@ TEST(ShardMapTest, CoverAcceptsReplicasAndEmptyRanksAndNamesAHole) {
   // A 2x2 mesh (Shard(0), Shard(1)) with uneven rows.
   std::vector<ShardMap> grid{m({{0, 3}}, {{0, 2}}), m({{0, 3}}, {{2, 4}}),
                              m({{3, 5}}, {{0, 2}}), m({{3, 5}}, {{2, 4}})};
-  EXPECT_TRUE(CheckCover(grid, shape, "w").ok());
+  EXPECT_TRUE(Cover(grid, shape).ok());
   // Replicas (HSDP) and a rank holding nothing.
   std::vector<ShardMap> hsdp{m({{0, 3}}, {{0, 4}}), m({{3, 5}}, {{0, 4}}),
                              m({{0, 3}}, {{0, 4}}), m({{3, 5}}, {{0, 4}}),
                              m({}, {})};
-  EXPECT_TRUE(CheckCover(hsdp, shape, "w").ok());
+  EXPECT_TRUE(Cover(hsdp, shape).ok());
   // Strided rows: {0,1,4} and {2,3}.
   std::vector<ShardMap> strided{m({{0, 2}, {4, 5}}, {{0, 4}}),
                                 m({{2, 4}}, {{0, 4}})};
-  EXPECT_TRUE(CheckCover(strided, shape, "w").ok());
+  EXPECT_TRUE(Cover(strided, shape).ok());
   grid.pop_back();
-  auto st = CheckCover(grid, shape, "w");
+  auto st = Cover(grid, shape);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("element (3,2) is held by no rank"),
             std::string::npos)
@@ -123,6 +132,51 @@ TEST(ShardMapTest, CoverAcceptsReplicasAndEmptyRanksAndNamesAHole) {
   EXPECT_NE(st.message().find("rank 2: rows [3,5) x cols [0,2)"),
             std::string::npos)
       << st;
+}
+
+TEST(ShardMapTest, DistinctHoldersReadEachReplicatedMapOnceFromItsLowestRank) {
+  const ShardMap a = ShardMap::Rows(0, 3, 4), b = ShardMap::Rows(3, 6, 4);
+  const ShardMap none;
+  const std::vector<const ShardMap*> maps{&none, &a, &b, &a, &b, &none};
+  EXPECT_EQ(DistinctHolders(maps), (std::vector<int>{1, 2}));
+}
+
+TEST(ShardMapTest, CoverRefusesTooManyBlocksAndSharesItsBudget) {
+  // 4096 row runs on each of 64 ranks: 2^18 blocks, the limit; one more
+  // rank passes it.
+  const Shape shape{4096, 2};
+  std::vector<IndexRun> rows;
+  for (int i = 0; i < 4096; ++i) rows.push_back({i, i + 1});
+  const ShardMap fine = *ShardMap::FromRuns(rows, {{0, 2}}, shape, "p");
+  std::vector<ShardMap> maps(64, fine);
+  EXPECT_TRUE(Cover(maps, shape).ok());
+  maps.push_back(fine);
+  auto st = Cover(maps, shape);
+  EXPECT_NE(st.message().find("over the limit of 262144"), std::string::npos)
+      << st;
+  // A checkerboard of single elements costs rows x cols cells: the budget
+  // of one table is shared by its parameters.
+  std::vector<IndexRun> cols;
+  for (int i = 0; i < 2; ++i) cols.push_back({i, i + 1});
+  const ShardMap cells = *ShardMap::FromRuns(rows, cols, shape, "p");
+  int64_t budget = 3 * 4096 * 2;
+  EXPECT_TRUE(Cover({cells}, shape, &budget).ok());
+  EXPECT_EQ(budget, 2 * 4096 * 2);
+  EXPECT_TRUE(Cover({cells}, shape, &budget).ok());
+  EXPECT_TRUE(Cover({cells}, shape, &budget).ok());
+  st = Cover({cells}, shape, &budget);
+  EXPECT_NE(st.message().find("more than the table's cover checks may examine"),
+            std::string::npos)
+      << st;
+  // A hole's message lists the first 8 ranks and the count.
+  std::vector<ShardMap> many(20, ShardMap::Rows(0, 1, 2));
+  st = Cover(many, shape);
+  EXPECT_NE(st.message().find("rank 7: rows [0,1)"), std::string::npos) << st;
+  EXPECT_EQ(st.message().find("rank 8:"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("(20 ranks)"), std::string::npos) << st;
+  // A long run list shows its first runs and the count.
+  EXPECT_NE(fine.DebugString().find("[3,4) ... (4096 runs)"), std::string::npos)
+      << fine.DebugString();
 }
 
 }  // namespace

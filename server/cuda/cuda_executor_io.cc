@@ -83,13 +83,16 @@ absl::Status GatherGradient(const ComputeTask& t, float* slot,
         }
       }
       return absl::OkStatus();
-    case Gather::kBlocks:
-      // Highest part first, so an element several parts hold (replicas)
-      // ends as the lowest's. A part on another GPU is first copied whole
-      // into peer_temp (stream order keeps the reuse safe).
-      for (auto it = io.parts.rbegin(); it != io.parts.rend(); ++it) {
-        const DevicePart& p = *it;
-        if (p.map.empty()) continue;
+    case Gather::kBlocks: {
+      // Each distinct map once, from its lowest holder (DistinctHolders),
+      // highest first, so an element several parts hold (replicas) ends as
+      // the lowest's. A part on another GPU is first copied whole into
+      // peer_temp (stream order keeps the reuse safe).
+      std::vector<const ShardMap*> maps;
+      for (const DevicePart& p : io.parts) maps.push_back(&p.map);
+      const std::vector<int> holders = DistinctHolders(maps);
+      for (auto k = holders.rbegin(); k != holders.rend(); ++k) {
+        const DevicePart& p = io.parts[*k];
         const float* src = p.grad;
         if (Elsewhere(p, c)) {
           const size_t local = p.map.elements() * sizeof(float);
@@ -108,6 +111,7 @@ absl::Status GatherGradient(const ComputeTask& t, float* slot,
         }
       }
       return absl::OkStatus();
+    }
     case Gather::kMean: {
       // The host's order and rounding: sum in part order, then * (1/W). A
       // part without a gradient (its rank declared the parameter absent)

@@ -119,12 +119,15 @@ class FakeDeviceExecutor : public Executor {
       } else {
         const DeviceIo& io = *t.device_io;
         if (io.gather == Gather::kBlocks) {
-          // Highest part first: an element several parts hold is the
-          // lowest's.
-          for (auto p = io.parts.rbegin(); p != io.parts.rend(); ++p) {
-            EXPECT_EQ(p->device, -1);
-            if (!p->map.empty())
-              ScatterToMatrix(p->map, t.shape, p->grad, g[k].data());
+          // As the CUDA executor: each distinct map from its lowest holder,
+          // highest first.
+          std::vector<const ShardMap*> maps;
+          for (const DevicePart& p : io.parts) maps.push_back(&p.map);
+          const std::vector<int> holders = DistinctHolders(maps);
+          for (auto h = holders.rbegin(); h != holders.rend(); ++h) {
+            const DevicePart& p = io.parts[*h];
+            EXPECT_EQ(p.device, -1);
+            ScatterToMatrix(p.map, t.shape, p.grad, g[k].data());
           }
         }
         for (const DevicePart& p : io.parts) {
