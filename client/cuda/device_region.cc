@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -15,17 +16,22 @@ namespace dmuon::gpu {
 
 absl::StatusOr<std::unique_ptr<DeviceRegion>> DeviceRegion::Allocate(
     const RegionLayout& layout, bool export_ipc) {
-  if (layout.total_bytes == 0) {
+  if (layout.slots.empty()) {
     return absl::InvalidArgumentError(
         "DeviceRegion: the layout is empty (a table without parameters?)");
   }
   int device = 0;
   DMUON_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   std::unique_ptr<DeviceRegion> r(new DeviceRegion(layout, device));
-  DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&r->base_, layout.total_bytes));
-  DMUON_CUDA_RETURN_IF_ERROR(cudaMemset(r->base_, 0, layout.total_bytes));
+  // At least one aligned block: a rank holding nothing of every matrix
+  // (SHARDING_BLOCKS) has a 0-byte layout, and cudaMalloc(0) gives no
+  // pointer to export.
+  const size_t bytes =
+      std::max<uint64_t>(layout.total_bytes, transport::kAlignment);
+  DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&r->base_, bytes));
+  DMUON_CUDA_RETURN_IF_ERROR(cudaMemset(r->base_, 0, bytes));
   if (export_ipc) {
-    auto e = transport::ExportCudaIpc(r->base_, layout.total_bytes, &r->event_);
+    auto e = transport::ExportCudaIpc(r->base_, bytes, &r->event_);
     if (!e.ok()) return e.status();
     r->export_.mem_handle = std::move(e->mem_handle);
     r->export_.offset = e->offset;

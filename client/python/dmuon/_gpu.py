@@ -116,6 +116,10 @@ class _DeviceBuffer:
     tensor (zero copy, through __cuda_array_interface__)."""
 
     def __init__(self, nbytes, device):
+        # At least one aligned block: a rank holding nothing of every matrix
+        # (SHARDING_BLOCKS) has a 0-byte layout, and cudaMalloc(0) gives no
+        # pointer to export (cuda_ipc) or to hand to torch.
+        nbytes = max(int(nbytes), 64)
         self.rt, self.ptr = cudart(), ctypes.c_void_p()
         with torch.cuda.device(device):
             self.rt.check("cudaMalloc", ctypes.byref(self.ptr), ctypes.c_size_t(nbytes))

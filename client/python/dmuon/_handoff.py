@@ -236,7 +236,12 @@ class _HandoffMixin:
         t0 = time.perf_counter()
         for j, r in enumerate(self._muon):
             if not self._handed[j]:
-                self._handoff(j, _parts.grad(r))
+                g = _parts.grad(r)
+                # A Partial DTensor gradient would need a collective here, in
+                # a backward hook (ranks could order them differently): it is
+                # declared absent instead, on every rank alike (none hands it
+                # from a hook); the step is undone anyway.
+                self._handoff(j, None if _dtensor.needs_collective(r, g) else g)
         step_lr = self._step_lr
         with _errors.explained(self._daemon):
             self._session.finish_step()
