@@ -71,8 +71,6 @@ std::vector<Layout> Layouts(kernels::Shape s) {
   return out;
 }
 
-double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
-
 int Main() {
   const kernels::Shape s{absl::GetFlag(FLAGS_rows), absl::GetFlag(FLAGS_cols)};
   const int reps = absl::GetFlag(FLAGS_reps);
@@ -113,7 +111,7 @@ int Main() {
     for (int i = 0; i < reps; ++i) {
       const absl::Time t0 = absl::Now();
       fn();
-      t.push_back(Seconds(absl::Now() - t0));
+      t.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     }
     std::sort(t.begin(), t.end());
     return Median(t);

@@ -291,12 +291,6 @@ def local_grad(r, grad):
     return grad._local_tensor
 
 
-def local_update(r, u):
-    """This rank's local shard of the update dmuond returned for Route r: u
-    itself (its local shape, or the whole matrix of a replicated one)."""
-    return u
-
-
 def as_param(r, m, dtype=None):
     """Momentum m (dmuond's whole matrix) as a DTensor laid out as parameter
     r.param, for opt.state[p]["momentum_buffer"] (dtype: the parameter's

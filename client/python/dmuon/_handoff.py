@@ -318,7 +318,7 @@ class _HandoffMixin:
                               f"{self._session.step} (non-finite gradient); "
                               "it is left unchanged", RuntimeWarning)
             else:
-                u = _dtensor.local_update(r, self._upd[i])
+                u = self._upd[i]  # a DTensor's: its local shard (_dtensor)
                 if p.device != u.device or p.dtype != u.dtype:
                     u = u.to(device=p.device, dtype=p.dtype)
                 # torch.optim.Muon's p.mul_(1 - lr * wd); p.add_(u, alpha=-lr),
