@@ -9,7 +9,8 @@ Writes {"steps": [{name: full parameter}] after every step, "grads":
 0.weight's momentum_buffer (full) at the end, "momentum_placements": its
 placements, "dtensor_calls": the DTensor.redistribute / full_tensor calls
 DMuon's own code made during the steps (backward hooks and step(); not at
-construction), "error": str or None} to --out."""
+construction; " (in backward)" when from a hook), "rewound": the steps
+DMuon rewound, "error": str or None} to --out."""
 
 import io
 import os
@@ -97,6 +98,32 @@ def tp(rank, world):
 
     def loss_of(x, y):  # every rank the whole batch
         return ((model(x) - y) ** 2).mean()
+
+    return model, loss_of
+
+
+def tp_partial(rank, world):
+    """fc1 colwise and fc2 rowwise (blocks, their gradients handed off from
+    the backward hooks), the 1x8 head Replicate() on a batch split over the
+    same mesh dim after fc2: its gradient comes out Partial (reduced at
+    step(), never from a hook). The loss is the whole batch's."""
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = make_model()
+    parallelize_module(model, mesh, {"0": ColwiseParallel(use_local_output=False),
+                                     "2": RowwiseParallel(use_local_output=False)})
+    for name in ("weight", "bias"):
+        p = getattr(model[4], name)
+        setattr(model[4], name, nn.Parameter(distribute_tensor(p.detach(), mesh,
+                                                               [Replicate()])))
+
+    def loss_of(x, y):
+        h = model[3](model[2](model[1](model[0](x))))  # Replicate()
+        out = model[4](h.redistribute(mesh, [Shard(0)]))
+        y = distribute_tensor(y, mesh, [Shard(0)])
+        return ((out - y) ** 2).mean().full_tensor()
 
     return model, loss_of
 
@@ -220,7 +247,8 @@ def refuse(args, rank, world):
 
 class DTensorCalls:
     """Counts DTensor.redistribute and DTensor.full_tensor calls made from
-    DMuon's own code (a frame of the dmuon package) while `on`."""
+    DMuon's own code (a frame of the dmuon package) while `on`, each as
+    "module: name", with " (in backward)" when made from a backward hook."""
 
     def __init__(self):
         self.on, self.calls = False, []
@@ -231,7 +259,8 @@ class DTensorCalls:
         def counted(t, *a, **kw):
             caller = sys._getframe(1).f_globals.get("__name__", "")
             if self.on and caller.split(".")[0] == "dmuon":
-                self.calls.append(f"{caller}: {name}")
+                hook = torch._C._current_graph_task_id() != -1
+                self.calls.append(f"{caller}: {name}" + (" (in backward)" if hook else ""))
             return fn(t, *a, **kw)
         return counted
 
@@ -239,7 +268,7 @@ class DTensorCalls:
 def train(args, rank, world):
     make = {"fsdp": fsdp, "fsdp_accum": fsdp, "fsdp_resume": fsdp, "tp": tp,
             "dp": dp, "dp_blocks": dp_blocks, "fsdp_tp": fsdp_tp, "hsdp": hsdp,
-            "fsdp_bf16": fsdp_bf16,
+            "fsdp_bf16": fsdp_bf16, "tp_partial_accum": tp_partial,
             "fsdp_tp_dim1": lambda rank, world: fsdp_tp(rank, world, dim=1),
             "fsdp_uneven": lambda rank, world: fsdp(rank, world, hidden=7)}[args.mode]
     model, loss_of = make(rank, world)
@@ -271,7 +300,11 @@ def train(args, rank, world):
             buf.seek(0)
             opt.load_state_dict(torch.load(buf, weights_only=False))
             counter.on = True
-        if args.mode == "fsdp_accum":  # two micro-batches, one reduce-scatter
+        if args.mode == "tp_partial_accum":  # two micro-batches, both synced
+            x, y = batch(s)
+            for i in (0, 1):
+                (loss_of(x[i::2], y[i::2]) / 2).backward()
+        elif args.mode == "fsdp_accum":  # two micro-batches, one reduce-scatter
             x, y = batch(s)
             halves = [(x[i::2], y[i::2]) for i in (0, 1)]
             model.set_requires_gradient_sync(False)
@@ -292,11 +325,12 @@ def train(args, rank, world):
     counter.on = False
     mb = opt.state[model[0].weight]["momentum_buffer"]
     momentum = full(mb)
+    rewound = opt.stats.get("rewound_steps", 0)
     opt.close()
     return {"steps": steps, "grads": grads, "routes": routes, "momentum": momentum,
             "hooked": sorted(set(hooked)), "placements": placements, "reasons": reasons,
             "momentum_placements": str(getattr(mb, "placements", None)),
-            "dtensor_calls": counter.calls}
+            "dtensor_calls": counter.calls, "rewound": rewound}
 
 
 def main():

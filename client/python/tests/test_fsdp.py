@@ -314,6 +314,25 @@ def test_partial_gradients_of_blocks_go_at_step(daemon, reference, tmp_path):
     assert {c.split(": ")[1] for c in r["dtensor_calls"]} == {"redistribute"}, r
 
 
+def test_rewind_with_a_partial_gradient_makes_no_collective_in_a_hook(
+        daemon, reference, tmp_path):
+    """Two backward passes per step, both synced: fc1's and fc2's gradients
+    (blocks) went from the first backward's hooks, so the second one's hooks
+    rewind dmuond's step. The head's Partial gradient is not handed yet: the
+    rewind declares it absent rather than reduce it inside a hook, and
+    step() reduces it as usual. The numbers are the whole batch's."""
+    results = run_job("tp_partial_accum", daemon.address, tmp_path)
+    check_against(reference, results)
+    for rank, r in enumerate(results):
+        assert r["placements"]["4.weight"] == "(Partial(sum),)", (rank, r["placements"])
+        assert r["routes"]["0.weight"] == r["routes"]["2.weight"] == ("blocks", "hook")
+        # The first step is rewound; after it, several backward passes per
+        # step make DMuon hand gradients off at step() (no more rewinds).
+        assert r["rewound"] == 1, (rank, r["rewound"])
+        calls = r["dtensor_calls"]
+        assert calls and all(c.endswith(": redistribute") for c in calls), (rank, calls)
+
+
 def test_refused_layouts(daemon, tmp_path):
     """A mesh that is not DMuon's process group (a sub-mesh) and a Partial
     parameter are refused at construction, naming the parameter."""
