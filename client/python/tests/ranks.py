@@ -27,7 +27,11 @@ def launch(worker, mode, world, address, tmp_path, extra=(), timeout=120, check=
     (each rank's dict, each rank's output). check: fail the test when a rank
     reported an error (else the caller inspects "error")."""
     init = f"tcp://127.0.0.1:{free_port()}"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # Unbuffered, and faulthandler: a rank that aborts (SIGABRT from a C++
+    # std::terminate, SIGSEGV) still shows what it printed and where its
+    # Python threads were.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1")
     procs, outs = [], []
     for rank in range(world):
         out = str(tmp_path / f"{mode}-{rank}.pt")
@@ -47,7 +51,12 @@ def launch(worker, mode, world, address, tmp_path, extra=(), timeout=120, check=
             pytest.fail(f"{worker} {mode}: a rank hung")
     results = []
     for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and os.path.exists(out), f"rank {rank}:\n{logs[rank]}"
+        if p.returncode != 0 or not os.path.exists(out):
+            how = (f"killed by signal {-p.returncode}" if p.returncode < 0
+                   else f"exit code {p.returncode}")
+            when = ("after it wrote its result (in teardown)" if os.path.exists(out)
+                    else "without writing its result")
+            pytest.fail(f"{worker} {mode} rank {rank}: {how}, {when}:\n{logs[rank]}")
         r = torch.load(out, weights_only=False)
         if check:
             assert r["error"] is None, f"{mode} rank {rank}: {r['error']}\n{logs[rank]}"

@@ -58,7 +58,8 @@ SHAPES = {"0.weight": "256x64", "2.weight": "64x256"}
 
 @pytest.mark.parametrize("mode", sorted(EXPECTED))
 def test_parallel_demo_runs(mode):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # faulthandler: a rank that aborts shows where its Python threads were.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     env.pop("DMUON_SERVER", None)  # the demo's own daemon: server="auto"
     env["PYTHONPATH"] = os.pathsep.join(
         [PYTHON_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
