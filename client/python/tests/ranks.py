@@ -77,7 +77,7 @@ def worker_args():
 def worker_main(args, run, initial=None):
     """Joins the gloo group, runs run(args) -> dict and writes it, over
     `initial`, with "error" (None, or the exception, also printed) to
-    args.out."""
+    args.out; then exits the process (os._exit(0), see below)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -91,3 +91,16 @@ def worker_main(args, run, initial=None):
         traceback.print_exc()
     torch.save(result, args.out)
     dist.destroy_process_group()
+    # Then leave without finalizing the interpreter. gloo's worker threads
+    # outlive destroy_process_group (they are joined when the last reference
+    # to the group goes; FSDP2 and DMuon hold one), and one still freeing its
+    # last collective's tensors while the interpreter finalizes takes the GIL
+    # and is killed: std::terminate, "terminate called without an active
+    # exception" (torch's: CI's test_dcp failed so once; a core of it,
+    # reproduced under load: ProcessGroupGloo::runLoop ->
+    # ~AsyncAllgatherCoalescedWork -> THPVariable_dealloc ->
+    # PyEval_RestoreThread -> pthread_exit). The result is written; a
+    # private dmuond (server="auto") dies with its parent (PDEATHSIG).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
