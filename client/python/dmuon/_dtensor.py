@@ -3,24 +3,25 @@ their combinations) for DMuon.
 
 A Muon matrix that is a DTensor, of any Shard/_StridedShard/Replicate
 placements on a device mesh of any number of dimensions whose ranks are
-DMuon's process group, is orthogonalized once, on its global shape, by
-dmuond, and each rank sends and receives exactly its local shard: the
-protocol's SHARDING_BLOCKS (minor 3). The matrix is the parameter viewed as
-[shape[0], prod(shape[1:])]; a rank's local tensor is the matrix's rows R by
-its columns C, row-major, where R and C list global indices in local order
-(C composes the local index sets of dims 1..N-1 row-major). route() reads R
-and C off DTensor's own layout at construction: for each tensor dim, an
-index tensor (arange along that dim; the other dims sized so that every
-rank keeps at least one element) laid out by the parameter's placements
-(DTensor.from_local(idx, mesh, [Replicate()] * ndim).redistribute(mesh,
-placements): a local chunk, no communication), and compresses them to runs
-[begin, end) (ParameterSpec.row_runs / col_runs). Any placements go so:
-FSDP2's Shard(0), uneven or not, a rank holding no rows (both run lists
-empty, 0x0 slots); TP's ColwiseParallel Shard(0) and RowwiseParallel
-Shard(1); FSDP2 x TP's (_StridedShard(0, sf), Shard(0)) and (Shard(0),
-Shard(1)); a conv weight sharded on a kernel dim; HSDP's (Replicate(),
-Shard(0)), where each replica sends its shard and dmuond reads every
-element from the lowest rank holding it.
+DMuon's process group (or on copies of a sub-mesh, below), is
+orthogonalized once, on its global shape, by dmuond, and each rank sends
+and receives exactly its local shard: the protocol's SHARDING_BLOCKS (minor
+3). The matrix is the parameter viewed as [shape[0], prod(shape[1:])]; a
+rank's local tensor is the matrix's rows R by its columns C, row-major,
+where R and C list global indices in local order (C composes the local
+index sets of dims 1..N-1 row-major). route() reads R and C off DTensor's
+own layout at construction: for each tensor dim, an index tensor (arange
+along that dim; the other dims sized so that every rank keeps at least one
+element) laid out by the parameter's placements (DTensor.from_local(idx,
+mesh, [Replicate()] * ndim).redistribute(mesh, placements): a local chunk,
+no communication), and compresses them to runs [begin, end)
+(ParameterSpec.row_runs / col_runs). Any placements go so: FSDP2's
+Shard(0), uneven or not, a rank holding no rows (both run lists empty, 0x0
+slots); TP's ColwiseParallel Shard(0) and RowwiseParallel Shard(1); FSDP2 x
+TP's (_StridedShard(0, sf), Shard(0)) and (Shard(0), Shard(1)); a conv
+weight sharded on a kernel dim; HSDP's (Replicate(), Shard(0)), where each
+replica sends its shard and dmuond reads every element from the lowest rank
+holding it.
 
 Each rank hands over its local gradient as it is (grad._local_tensor) and
 applies the update dmuond returns, in the local tensor's shape, in place to
@@ -46,11 +47,19 @@ opt.state[p]["momentum_buffer"] of a Muon DTensor is a DTensor laid out as
 p (its mesh and placements), sliced from dmuond's whole matrix (as_param:
 no communication).
 
-Refused at construction, naming the parameter: a Partial parameter, a mesh
-whose ranks are not DMuon's process group (a sub-mesh, e.g. the dp mesh of
-an FSDP2 x TP model's non-TP parameters: DMuon cannot tell whether its
-replicas over the other mesh dims hold the same gradient; route it to
-AdamW), a local shard other than torch's chunking
+A Muon DTensor on a sub-mesh (e.g. the dp mesh of an FSDP2 x TP model's
+parameters that are not tensor-parallel) is taken when the ranks' meshes
+are copies of one sub-mesh that partition DMuon's process group (one copy
+per tp coordinate; check() gathers every rank's mesh once, at
+construction): dmuond reads each element from the lowest rank holding it
+and every copy receives the update, as HSDP's replicas. The copies must
+hold the same gradient, as a tensor-parallel model's replicated layers do
+(torch.optim.Muon would otherwise let them drift apart).
+
+Refused at construction, naming the parameter, with the same error on every
+rank: a Partial parameter, a mesh with ranks outside DMuon's process group,
+sub-meshes that are not such copies (a rank outside its own mesh,
+overlapping meshes), a local shard other than torch's chunking
 (DTensor.from_local(shape=...)), more runs than the protocol takes (4096 per
 list, 65536 row runs x column runs), shards= for a DTensor, and
 overlap_forward=True (FSDP2 all-gathers in its own forward pre-hooks,
@@ -67,6 +76,8 @@ import sys
 from typing import List, Optional, Tuple
 
 import torch
+
+from . import _ddp
 
 Runs = List[Tuple[int, int]]
 
@@ -106,7 +117,8 @@ def _unsupported(name, p, why):
         f"DMuon: parameter {name} is a DTensor with placements {tuple(p.placements)} "
         f"on a {p.device_mesh.ndim}-D mesh of shape {tuple(p.device_mesh.shape)}: "
         f"{why}. DMuon takes Muon DTensors of any Shard/_StridedShard/Replicate "
-        "placements on a mesh whose ranks are its process group; route this one to "
+        "placements on a mesh whose ranks are its process group (or on copies of a "
+        "sub-mesh that partition it); route this one to "
         "AdamW (adamw=[...]), which takes any DTensor, or fix the layout")
 
 
@@ -216,6 +228,13 @@ def route(r, p, in_shards=False):
         r.sharding = "replicated"
         r.reason += "; DTensor Replicate()"
         return
+    if mesh.get_coordinate() is None:
+        # Not in its mesh: it holds nothing; check() refuses the layout, with
+        # the same error on every rank.
+        r.dtensor = Info(placements, mesh, [], [])
+        r.sharding = "blocks"
+        r.reason += "; DTensor on a mesh without this rank"
+        return
     want, _ = compute_local_shape_and_global_offset(p.shape, mesh, placements)
     if tuple(int(n) for n in want) != tuple(p._local_tensor.shape):
         raise _unsupported(r.name, p, f"its local shard is {list(p._local_tensor.shape)} "
@@ -241,8 +260,11 @@ def route(r, p, in_shards=False):
 
 def check(routes, pg, world, overlap_forward):
     """At construction, with DMuon's process group known: every Muon
-    DTensor's mesh must be that group (dmuond checks that the ranks' blocks
-    cover each matrix)."""
+    DTensor's mesh is that group, or one of copies of a sub-mesh that
+    partition it (e.g. FSDP2 x TP's dp mesh of a parameter that is not
+    tensor-parallel: one copy per tp coordinate). Sub-meshes cost one
+    all_gather_object over the group, here. dmuond checks at OpenSession
+    that the ranks' blocks cover each matrix."""
     dts = [r for r in routes if r.route == "muon" and getattr(r, "dtensor", None)]
     if not dts:
         return
@@ -257,11 +279,50 @@ def check(routes, pg, world, overlap_forward):
     want = list(range(world)) if pg is None else dist.get_process_group_ranks(pg)
     for r in dts:
         ranks = r.dtensor.mesh.mesh.flatten().tolist()
-        if sorted(ranks) != sorted(want):
+        outside = sorted(set(ranks) - set(want))
+        if outside:
             raise _unsupported(
-                r.name, r.param, f"its mesh spans ranks {ranks}, DMuon's process group "
-                f"ranks {want} (pass process_group= the mesh's group: "
-                "mesh.get_group() of a 1-D mesh)")
+                r.name, r.param, f"its mesh spans ranks {ranks}, and {outside} are not "
+                f"in DMuon's process group (ranks {want}); pass process_group= a group "
+                "of every rank of the mesh (mesh.get_group() of a 1-D mesh)")
+    if world > 1:
+        _check_copies(dts, want, pg, world)
+
+
+def _check_copies(dts, want, pg, world):
+    """The Muon DTensors `dts` (the same on every rank) against every rank's
+    (one all_gather_object over DMuon's group): each is on the group's
+    mesh, or on sub-meshes that each hold their rank and are disjoint copies
+    that together are the group. dmuond then reads each element from the
+    lowest rank holding it and every copy receives the update (as HSDP's
+    replicas): the copies must hold the same gradient, as a
+    tensor-parallel model's replicated layers do. The same error on every
+    rank."""
+    mine = [(r.name, tuple(sorted(r.dtensor.mesh.mesh.flatten().tolist()))) for r in dts]
+    every = _ddp.gather(mine, pg, world)
+    for k, r in enumerate(dts):
+        copies = {}
+        for rank, theirs in zip(want, every):
+            if k >= len(theirs) or theirs[k][0] != r.name:
+                raise _unsupported(
+                    r.name, r.param, f"rank {rank} has other Muon DTensors (the ranks' "
+                    "models differ); build the same model on every rank")
+            copies.setdefault(theirs[k][1], []).append(rank)
+        if list(copies) == [tuple(sorted(want))]:
+            continue  # the group's mesh
+        for mesh, holders in sorted(copies.items()):
+            stray = sorted(set(holders) - set(mesh))
+            if stray:
+                raise _unsupported(
+                    r.name, r.param, f"rank {stray[0]} has it on a mesh of ranks "
+                    f"{list(mesh)}, which does not hold that rank")
+        seen = [x for mesh in copies for x in mesh]
+        if len(seen) != len(set(seen)) or sorted(seen) != sorted(want):
+            meshes = [list(m) for m in sorted(copies)]
+            raise _unsupported(
+                r.name, r.param, f"its meshes on the ranks of DMuon's process group "
+                f"({want}) are {meshes}: not copies of one sub-mesh that partition the "
+                "group")
 
 
 def needs_collective(r, grad) -> bool:

@@ -128,6 +128,31 @@ def tp_partial(rank, world):
     return model, loss_of
 
 
+def fsdp_tp_submesh(rank, world):
+    """FSDP2 x TP on a (dp=2, tp=world/2) mesh with the 1x8 head not
+    tensor-parallel: fully_shard on the dp sub-mesh only, so each tp
+    coordinate holds a copy of it (Shard(0) over dp: dp 0 its row, dp 1
+    nothing). fc1 and fc2 as in fsdp_tp."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    model = make_model()
+    plan = tp_plan()
+    del plan["4"]
+    parallelize_module(model, mesh["tp"], plan)
+    for m in (model[0], model[2], model[4]):
+        fully_shard(m, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    dp = mesh.get_coordinate()[0]
+
+    def loss_of(x, y):
+        n = x.shape[0] // 2
+        return ((model(x[dp * n:(dp + 1) * n]) - y[dp * n:(dp + 1) * n]) ** 2).mean()
+
+    return model, loss_of
+
+
 def fsdp_tp(rank, world, dim=0):
     """FSDP2 x TP on a (dp=2, tp=world/2) mesh: TP inside each dp group,
     fully_shard over dp (the weights' dim `dim`: shard_placement_fn; FSDP2
@@ -221,18 +246,32 @@ def refuse(args, rank, world):
     """The DTensor layouts DMuon refuses: the error of each."""
     from torch.distributed.tensor import Partial
 
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
     errors = {}
-    # A sub-mesh: each rank its own 1-rank mesh, not DMuon's group.
-    mesh2 = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))
+    # A mesh with ranks outside DMuon's group: each rank a group of its own.
+    groups = [dist.new_group([r]) for r in range(world)]
+    mesh = init_device_mesh("cpu", (world,))
     model = make_model()
     for name in ("weight", "bias"):
         p = getattr(model[2], name)
-        setattr(model[2], name, nn.Parameter(distribute_tensor(
-            p.detach(), mesh2["tp"], [Shard(0)])))
+        setattr(model[2], name, nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)])))
+    try:
+        DMuon(model, server=args.server, muon=["4.weight"], process_group=groups[rank],
+              **HYPER)
+    except ValueError as e:
+        errors["outside"] = str(e)
+    # Sub-meshes that are not copies partitioning the group: every rank has
+    # 2.weight on a mesh of rank 0 alone.
+    alone = DeviceMesh("cpu", [0])
+    model = make_model()
+    model[2].weight = nn.Parameter(distribute_tensor(model[2].weight.detach(), alone,
+                                                     [Shard(0)]))
     try:
         DMuon(model, server=args.server, muon=["4.weight"], **HYPER)
     except ValueError as e:
-        errors["submesh"] = str(e)
+        errors["copies"] = str(e)
     # A Partial parameter (not reduced).
     mesh = init_device_mesh("cpu", (world,))
     model = make_model()
@@ -269,6 +308,7 @@ def train(args, rank, world):
     make = {"fsdp": fsdp, "fsdp_accum": fsdp, "fsdp_resume": fsdp, "tp": tp,
             "dp": dp, "dp_blocks": dp_blocks, "fsdp_tp": fsdp_tp, "hsdp": hsdp,
             "fsdp_bf16": fsdp_bf16, "tp_partial_accum": tp_partial,
+            "fsdp_tp_submesh": fsdp_tp_submesh,
             "fsdp_tp_dim1": lambda rank, world: fsdp_tp(rank, world, dim=1),
             "fsdp_uneven": lambda rank, world: fsdp(rank, world, hidden=7)}[args.mode]
     model, loss_of = make(rank, world)

@@ -8,6 +8,7 @@ routing table's runs), that DMuon makes no DTensor collective for a sharded
 matrix, and the layouts DMuon refuses."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -261,6 +262,60 @@ def test_hsdp_2d_mesh(daemon, reference, tmp_path):
         assert head in results[rank]["reasons"]["4.weight"], (rank, results[rank]["reasons"])
 
 
+def test_fsdp2_x_tp_head_on_the_dp_sub_mesh(daemon, reference, tmp_path):
+    """FSDP2 x TP on a (dp=2, tp=2) mesh with the 1x8 head not
+    tensor-parallel: fully_shard on the dp sub-mesh alone (ranks {0, 2} and
+    {1, 3}, a copy per tp coordinate). The copies partition DMuon's group:
+    the head goes as blocks from FSDP2's hooks, rank 0's row is read (rank
+    1's copy equals it) and both copies get the update."""
+    results = run_job("fsdp_tp_submesh", daemon.address, tmp_path, world=4)
+    check_against(reference, results)
+    no_dtensor_collectives(results)
+    assert set(results[0]["routes"].values()) == {("blocks", "hook")}, results[0]["routes"]
+    assert results[0]["hooked"] == [0, 1, 2]
+    for rank, r in enumerate(results):
+        assert r["placements"]["4.weight"] == "(Shard(dim=0),)", (rank, r["placements"])
+        # rank = 2 * dp + tp: dp 0 (ranks 0 and 1) holds the row
+        head = "nothing here" if rank >= 2 else "rows [0, 1) x cols [0, 8) here"
+        assert head in r["reasons"]["4.weight"], (rank, r["reasons"])
+
+
+@pytest.mark.parametrize("meshes, error", [
+    ([[0, 1, 2, 3]] * 4, None),  # the group's mesh
+    ([[0, 2], [1, 3], [0, 2], [1, 3]], None),  # FSDP2 x TP's dp copies
+    ([[0], [1], [2], [3]], None),  # each rank alone
+    ([[0, 1], [0, 1], [2, 3], [1, 2, 3]], "not copies of one sub-mesh"),  # overlap
+    ([[0, 1], [0, 1], [2], [2]], "rank 3 has it on a mesh of ranks [2], which does not"),
+    (None, "rank 2 has other Muon DTensors"),  # the ranks' tables differ
+])
+def test_sub_mesh_copies_check(monkeypatch, meshes, error):
+    """_dtensor._check_copies on what 4 ranks report (the all_gather_object
+    replaced): the meshes must be the group's, or disjoint copies of one
+    sub-mesh that together are the group."""
+    from types import SimpleNamespace
+
+    from dmuon import _dtensor
+
+    def route(name, ranks):
+        mesh = SimpleNamespace(mesh=torch.tensor(ranks), ndim=1, shape=(len(ranks),))
+        param = SimpleNamespace(placements=("Shard(dim=0)",), device_mesh=mesh)
+        return SimpleNamespace(name=name, param=param,
+                               dtensor=SimpleNamespace(mesh=mesh))
+
+    reports = [[("w", tuple(m))] for m in (meshes or [[0, 1, 2, 3]] * 4)]
+    if meshes is None:
+        reports[2] = [("other", (0, 1, 2, 3))]
+    monkeypatch.setattr(_dtensor._ddp, "gather", lambda obj, pg, world: reports)
+    mine = (meshes or [[0, 1, 2, 3]])[0]
+    dts = [route("w", mine)]
+    if error is None:
+        _dtensor._check_copies(dts, [0, 1, 2, 3], None, 4)
+    else:
+        with pytest.raises(ValueError, match=re.escape(error)) as e:
+            _dtensor._check_copies(dts, [0, 1, 2, 3], None, 4)
+        assert "parameter w" in str(e.value)
+
+
 # FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) against
 # the fp32 reference: the forward and backward run in bf16 (unit roundoff
 # u = 2^-8 = 3.9e-3), so step 1's gradients differ from fp32 ones by up to
@@ -334,10 +389,16 @@ def test_rewind_with_a_partial_gradient_makes_no_collective_in_a_hook(
 
 
 def test_refused_layouts(daemon, tmp_path):
-    """A mesh that is not DMuon's process group (a sub-mesh) and a Partial
-    parameter are refused at construction, naming the parameter."""
+    """A mesh with ranks outside DMuon's process group, sub-meshes that are
+    not copies partitioning the group, and a Partial parameter are refused
+    at construction, naming the parameter."""
     results = run_job("refuse", daemon.address, tmp_path)
-    for r in results:
-        sub, partial = r["errors"]["submesh"], r["errors"]["partial"]
-        assert "2.weight" in sub and "process group" in sub, sub
+    for rank, r in enumerate(results):
+        outside, copies, partial = (r["errors"][k] for k in ("outside", "copies", "partial"))
+        assert "2.weight" in outside and f"[{1 - rank}] are not in DMuon's process group" \
+            in outside, outside
+        assert "2.weight" in copies, copies
+        assert "rank 1 has it on a mesh of ranks [0], which does not hold" in copies, copies
         assert "2.weight" in partial and "Partial" in partial, partial
+
+
