@@ -48,9 +48,14 @@ def _check_convertible(opt: DMuon) -> None:
     _parts.check_convertible(opt)  # experts= / split=: a momentum per part
     for r in opt._muon:
         if r.dtensor is not None:  # FSDP2 / TP (_dtensor)
+            # torch.optim.Muon (2.15) cannot step an FSDP2 shard itself: its
+            # param.add_ of the update fails on an uneven Shard(0) ("in-place
+            # operations that require placement changes are not supported").
             raise NotImplementedError(
                 f"dmuon: {r.name} is a DTensor; converting DTensor parameters to "
-                "torch.optim.Muon's state_dict is not supported yet")
+                "torch.optim.Muon is not supported (torch's Muon does not step every "
+                "FSDP2 shard); for checkpoints use DCP (get_optimizer_state_dict), "
+                "which takes DMuon's state as torch's layout")
         if r.row_range or r.sharding != "replicated":
             raise NotImplementedError(
                 f"dmuon: {r.name} is {r.sharding}-sharded; torch.optim.Muon has no "

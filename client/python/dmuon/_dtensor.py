@@ -53,8 +53,9 @@ are copies of one sub-mesh that partition DMuon's process group (one copy
 per tp coordinate; check() gathers every rank's mesh once, at
 construction): dmuond reads each element from the lowest rank holding it
 and every copy receives the update, as HSDP's replicas. The copies must
-hold the same gradient, as a tensor-parallel model's replicated layers do
-(torch.optim.Muon would otherwise let them drift apart).
+hold the same gradient, as a tensor-parallel model's replicated layers do;
+copies_differ() compares them at the first step() and DMuon raises if they
+differ (torch.optim.Muon would let such copies drift apart).
 
 Refused at construction, naming the parameter, with the same error on every
 rank: a Partial parameter, a mesh with ranks outside DMuon's process group,
@@ -97,6 +98,12 @@ class Info:
     # for an all-Replicate() DTensor (SHARDING_REPLICATED).
     row_runs: Optional[Runs] = None
     col_runs: Optional[Runs] = None
+    # A layout only this rank sees as wrong (route()), raised by check() on
+    # every rank.
+    refusal: Optional[ValueError] = None
+    # On copies of a sub-mesh (check()): copies_differ() compares their
+    # gradients at the first step.
+    copies: bool = False
 
 
 def is_dtensor(t) -> bool:
@@ -228,28 +235,35 @@ def route(r, p, in_shards=False):
         r.sharding = "replicated"
         r.reason += "; DTensor Replicate()"
         return
+    # What only this rank can see (its coordinate, its local shard) is not
+    # raised here: check() raises it on every rank alike, after gathering,
+    # so that no rank is left waiting in a collective the others never make.
+    r.dtensor = Info(placements, mesh, [], [])
+    r.sharding = "blocks"
     if mesh.get_coordinate() is None:
-        # Not in its mesh: it holds nothing; check() refuses the layout, with
-        # the same error on every rank.
-        r.dtensor = Info(placements, mesh, [], [])
-        r.sharding = "blocks"
-        r.reason += "; DTensor on a mesh without this rank"
+        r.dtensor.refusal = _unsupported(
+            r.name, p, f"global rank {_global_rank()} has it on a mesh of ranks "
+            f"{mesh.mesh.flatten().tolist()}, which does not hold that rank")
         return
     want, _ = compute_local_shape_and_global_offset(p.shape, mesh, placements)
     if tuple(int(n) for n in want) != tuple(p._local_tensor.shape):
-        raise _unsupported(r.name, p, f"its local shard is {list(p._local_tensor.shape)} "
-                           f"where torch's chunking of its placements gives {list(want)}; "
-                           "a shard layout other than torch's is not supported")
+        r.dtensor.refusal = _unsupported(
+            r.name, p, f"its local shard is {list(p._local_tensor.shape)} where torch's "
+            f"chunking of its placements gives {list(want)}; a shard layout other than "
+            "torch's is not supported")
+        return
     got = _blocks(p, mesh, placements)
     if isinstance(got, str):
-        raise _unsupported(r.name, p, got)
+        r.dtensor.refusal = _unsupported(r.name, p, got)
+        return
     rows, cols = got
     if (len(rows) > MAX_RUNS or len(cols) > MAX_RUNS
             or len(rows) * len(cols) > MAX_RUN_PRODUCT):
-        raise _unsupported(
+        r.dtensor.refusal = _unsupported(
             r.name, p, f"its local shard is {len(rows)} row runs x {len(cols)} column "
             f"runs of the {r.matrix[0]}x{r.matrix[1]} matrix; the protocol takes at "
             f"most {MAX_RUNS} runs per list and {MAX_RUN_PRODUCT} row runs x column runs")
+        return
     r.dtensor = Info(placements, mesh, rows, cols)
     r.sharding = "blocks"
     pl = ", ".join(repr(x) for x in placements)
@@ -259,16 +273,19 @@ def route(r, p, in_shards=False):
 
 
 def check(routes, pg, world, overlap_forward):
-    """At construction, with DMuon's process group known: every Muon
-    DTensor's mesh is that group, or one of copies of a sub-mesh that
-    partition it (e.g. FSDP2 x TP's dp mesh of a parameter that is not
-    tensor-parallel: one copy per tp coordinate). Sub-meshes cost one
-    all_gather_object over the group, here. dmuond checks at OpenSession
-    that the ranks' blocks cover each matrix."""
+    """At construction, with DMuon's process group known, on every rank of
+    it (one all_gather_object when world > 1, whatever the parameters: a
+    rank must not skip it): every Muon DTensor is the same on every rank
+    (name, shape, placements), no rank refused its layout (route()), and
+    its mesh is the group, or the ranks' meshes partition the group (copies
+    of a sub-mesh, e.g. FSDP2 x TP's dp mesh of a parameter that is not
+    tensor-parallel: one copy per tp coordinate). Any refusal is raised on
+    every rank alike. dmuond checks at OpenSession that the ranks' blocks
+    cover each matrix, reads each element from the lowest rank holding it
+    and updates every copy (as HSDP's replicas): copies must hold the same
+    gradient, as a tensor-parallel model's replicated layers do."""
     dts = [r for r in routes if r.route == "muon" and getattr(r, "dtensor", None)]
-    if not dts:
-        return
-    if overlap_forward:
+    if dts and overlap_forward:
         raise ValueError(
             f"DMuon: overlap_forward=True with DTensor parameters ({dts[0].name}, ...) "
             "is not supported yet: FSDP2 all-gathers a module's parameters in its "
@@ -277,52 +294,135 @@ def check(routes, pg, world, overlap_forward):
     import torch.distributed as dist
 
     want = list(range(world)) if pg is None else dist.get_process_group_ranks(pg)
+    refusal = next((r.dtensor.refusal for r in dts if r.dtensor.refusal), None)
     for r in dts:
+        if refusal is not None:
+            break
         ranks = r.dtensor.mesh.mesh.flatten().tolist()
         outside = sorted(set(ranks) - set(want))
         if outside:
-            raise _unsupported(
+            refusal = _unsupported(
                 r.name, r.param, f"its mesh spans ranks {ranks}, and {outside} are not "
                 f"in DMuon's process group (ranks {want}); pass process_group= a group "
                 "of every rank of the mesh (mesh.get_group() of a 1-D mesh)")
-    if world > 1:
-        _check_copies(dts, want, pg, world)
+    if world == 1:
+        if refusal is not None:
+            raise refusal
+        return
+    every = _ddp.gather(_report(dts, refusal), pg, world)
+    _check_reports(dts, want, every)
 
 
-def _check_copies(dts, want, pg, world):
-    """The Muon DTensors `dts` (the same on every rank) against every rank's
-    (one all_gather_object over DMuon's group): each is on the group's
-    mesh, or on sub-meshes that each hold their rank and are disjoint copies
-    that together are the group. dmuond then reads each element from the
-    lowest rank holding it and every copy receives the update (as HSDP's
-    replicas): the copies must hold the same gradient, as a
-    tensor-parallel model's replicated layers do. The same error on every
-    rank."""
-    mine = [(r.name, tuple(sorted(r.dtensor.mesh.mesh.flatten().tolist()))) for r in dts]
-    every = _ddp.gather(mine, pg, world)
+def _report(dts, refusal):
+    """This rank's part of check()'s gather, small whatever the world size:
+    (its refusal's text or None, a digest of its Muon DTensors' names,
+    shapes and placements, each distinct mesh once as (a hash of its
+    ranks, its size), the index of each matrix's mesh in that list)."""
+    import hashlib
+
+    table = repr([(r.name, tuple(r.param.shape), tuple(map(repr, r.dtensor.placements)))
+                  for r in dts])
+    meshes, index = [], []
+    for r in dts:
+        ranks = tuple(sorted(r.dtensor.mesh.mesh.flatten().tolist()))
+        key = (hashlib.sha256(repr(ranks).encode()).hexdigest()[:16], len(ranks))
+        if key not in meshes:
+            meshes.append(key)
+        index.append(meshes.index(key))
+    return (None if refusal is None else str(refusal),
+            hashlib.sha256(table.encode()).hexdigest(), meshes, index)
+
+
+def _check_reports(dts, want, every):
+    """check() on what every rank of the group (global ranks `want`, in
+    order) reported (_report): raises the same ValueError on every rank."""
+    for rank, (refusal, _, _, _) in zip(want, every):
+        if refusal is not None:
+            raise ValueError(refusal if rank == _global_rank()
+                             else f"{refusal} (refused on rank {rank})")
+    digest = every[0][1]
+    for rank, (_, theirs, _, _) in zip(want, every):
+        if theirs != digest:
+            raise ValueError(
+                f"DMuon: rank {rank}'s Muon DTensor parameters (names, shapes, "
+                f"placements) are not rank {want[0]}'s; build the same model, sharded "
+                "the same way, on every rank")
     for k, r in enumerate(dts):
-        copies = {}
-        for rank, theirs in zip(want, every):
-            if k >= len(theirs) or theirs[k][0] != r.name:
+        holders = {}  # (mesh hash, mesh size) -> the ranks that have it so
+        for rank, (_, _, meshes, index) in zip(want, every):
+            holders.setdefault(meshes[index[k]], []).append(rank)
+        # Every rank is in its own mesh (route()), the meshes hold no rank
+        # outside the group (check()): a mesh of n ranks that n ranks report
+        # is exactly those ranks, so the meshes partition the group.
+        if len(holders) > 1 or next(iter(holders))[1] != len(want):
+            r.dtensor.copies = True
+        for (_, size), ranks in holders.items():
+            if len(ranks) != size:
+                shown = ", ".join(str(x) for x in ranks[:8])
                 raise _unsupported(
-                    r.name, r.param, f"rank {rank} has other Muon DTensors (the ranks' "
-                    "models differ); build the same model on every rank")
-            copies.setdefault(theirs[k][1], []).append(rank)
-        if list(copies) == [tuple(sorted(want))]:
-            continue  # the group's mesh
-        for mesh, holders in sorted(copies.items()):
-            stray = sorted(set(holders) - set(mesh))
-            if stray:
-                raise _unsupported(
-                    r.name, r.param, f"rank {stray[0]} has it on a mesh of ranks "
-                    f"{list(mesh)}, which does not hold that rank")
-        seen = [x for mesh in copies for x in mesh]
-        if len(seen) != len(set(seen)) or sorted(seen) != sorted(want):
-            meshes = [list(m) for m in sorted(copies)]
-            raise _unsupported(
-                r.name, r.param, f"its meshes on the ranks of DMuon's process group "
-                f"({want}) are {meshes}: not copies of one sub-mesh that partition the "
-                "group")
+                    r.name, r.param, f"{len(ranks)} rank(s) ({shown}"
+                    f"{' ...' if len(ranks) > 8 else ''}) have it on a mesh of {size} "
+                    "ranks: the ranks' meshes are neither DMuon's process group nor a "
+                    "partition of it (copies of a sub-mesh)")
+
+
+def copies_differ(routes, pg, world) -> Optional[str]:
+    """At the first step(), on every rank (one all_gather_object): whether
+    the copies of a Muon DTensor on a sub-mesh hold different gradients,
+    which dmuond would not see (it reads each element from the lowest rank
+    holding it): the error's text, or None. Ranks with the same runs hold
+    the same elements; their local gradients' norms and sums must agree to
+    1e-4 of the norm and of the sum of magnitudes (not bit for bit: GPU
+    reductions may differ in the last bits). A gradient not reduced yet (Partial) is not compared."""
+    import torch.distributed as dist
+
+    from . import _parts
+
+    mine = []
+    for r in routes:
+        info = getattr(r, "dtensor", None)
+        if info is None or not info.copies:
+            continue
+        g = _parts.grad(r)
+        if g is not None and needs_collective(r, g):
+            continue
+        summary = None
+        if g is not None:
+            x = local(g).detach().double()
+            summary = (float(x.norm()), float(x.sum()), float(x.abs().sum()))
+        mine.append((r.name, (tuple(info.row_runs or ()), tuple(info.col_runs or ())),
+                     summary))
+    want = list(range(world)) if pg is None else dist.get_process_group_ranks(pg)
+    every = _ddp.gather(mine, pg, world)
+    seen = {}  # (name, runs) -> (rank, summary) of the lowest rank
+    for rank, theirs in zip(want, every):
+        for name, runs, summary in theirs:
+            if not runs[0]:
+                continue  # holds nothing
+            first = seen.setdefault((name, runs), (rank, summary))
+            a, b = first[1], summary
+            if a == b:
+                continue
+            if (a is None or b is None or abs(a[0] - b[0]) > 1e-4 * max(a[0], b[0])
+                    or abs(a[1] - b[1]) > 1e-4 * max(a[2], b[2])):
+                return (
+                    f"DMuon: the copies of {name} on a sub-mesh have different gradients: "
+                    f"ranks {first[0]} and {rank} hold the same elements, with {_said(a)} "
+                    f"and {_said(b)}; dmuond would use rank {first[0]}'s. Copies must hold "
+                    "the same gradient (a tensor-parallel model's replicated layers: the "
+                    "same input on every tp rank); route it to AdamW (adamw=[...]), which "
+                    "steps each copy with its own gradient, if they should differ")
+    return None
+
+
+def _said(summary):
+    return "None" if summary is None else f"norm {summary[0]:.6g}, sum {summary[1]:.6g}"
+
+
+def _global_rank():
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def needs_collective(r, grad) -> bool:

@@ -207,6 +207,10 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         self._resume = resume  # the session's reopen after a rollback: _recovery
         self._pg, self._rank, self._world = _ddp.world(process_group)
         _dtensor.check(routes, self._pg, self._world, overlap_forward)  # FSDP2 / TP
+        # Copies of a sub-mesh matrix: their gradients are compared once, at
+        # the first step() (_dtensor.copies_differ).
+        self._compare_copies = any(getattr(getattr(r, "dtensor", None), "copies", False)
+                                   for r in routes)
         self._overlap_forward = bool(overlap_forward)
         self._accumulating = False
         # Loop shape (_handoff._plan_next_handoff): the backwards that gave
@@ -409,6 +413,16 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             except ValueError:
                 self._void_step("a hyperparameter dmuond fixes was changed")
                 raise
+            if self._compare_copies:
+                self._compare_copies = False
+                differ = _dtensor.copies_differ(self._muon, self._pg, self._world)
+                if differ:
+                    # A model error, on every rank alike: no step is taken,
+                    # now or later (_recover raises it again).
+                    self._lost = RuntimeError(
+                        f"{differ}. No step was taken; fix the model or the routing "
+                        "and create the optimizer again")
+                    raise self._lost
             self._stepping = True  # until it commits: an interrupt rolls it back
             for i, r in enumerate(self._muon):
                 if r.handoff == "step (frozen)" and r.param.requires_grad:

@@ -10,7 +10,8 @@ Writes {"steps": [{name: full parameter}] after every step, "grads":
 placements, "dtensor_calls": the DTensor.redistribute / full_tensor calls
 DMuon's own code made during the steps (backward hooks and step(); not at
 construction; " (in backward)" when from a hook), "rewound": the steps
-DMuon rewound, "error": str or None} to --out."""
+DMuon rewound, "convert": dmuon.torch_param_groups' refusal, "error": str
+or None} to --out."""
 
 import io
 import os
@@ -24,6 +25,7 @@ from torch import nn  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
 
+import dmuon  # noqa: E402
 from dmuon.optim import DMuon  # noqa: E402
 from ranks import worker_args, worker_main  # noqa: E402
 
@@ -128,11 +130,13 @@ def tp_partial(rank, world):
     return model, loss_of
 
 
-def fsdp_tp_submesh(rank, world):
+def fsdp_tp_submesh(rank, world, diverge=False):
     """FSDP2 x TP on a (dp=2, tp=world/2) mesh with the 1x8 head not
     tensor-parallel: fully_shard on the dp sub-mesh only, so each tp
     coordinate holds a copy of it (Shard(0) over dp: dp 0 its row, dp 1
-    nothing). fc1 and fc2 as in fsdp_tp."""
+    nothing). fc1 and fc2 as in fsdp_tp. diverge: each tp rank other
+    targets (a broken TP job: the head's copies get different gradients; TP's
+    all-reduce keeps the head's input the same)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -144,11 +148,13 @@ def fsdp_tp_submesh(rank, world):
     for m in (model[0], model[2], model[4]):
         fully_shard(m, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-    dp = mesh.get_coordinate()[0]
+    dp, tp = mesh.get_coordinate()
+    skew = 1.0 if diverge else 0.0  # diverge: the tp ranks' targets differ
 
     def loss_of(x, y):
         n = x.shape[0] // 2
-        return ((model(x[dp * n:(dp + 1) * n]) - y[dp * n:(dp + 1) * n]) ** 2).mean()
+        y = y[dp * n:(dp + 1) * n] + skew * tp
+        return ((model(x[dp * n:(dp + 1) * n]) - y) ** 2).mean()
 
     return model, loss_of
 
@@ -309,6 +315,8 @@ def train(args, rank, world):
             "dp": dp, "dp_blocks": dp_blocks, "fsdp_tp": fsdp_tp, "hsdp": hsdp,
             "fsdp_bf16": fsdp_bf16, "tp_partial_accum": tp_partial,
             "fsdp_tp_submesh": fsdp_tp_submesh,
+            "fsdp_tp_submesh_diverge": lambda rank, world: fsdp_tp_submesh(
+                rank, world, diverge=True),
             "fsdp_tp_dim1": lambda rank, world: fsdp_tp(rank, world, dim=1),
             "fsdp_uneven": lambda rank, world: fsdp(rank, world, hidden=7)}[args.mode]
     model, loss_of = make(rank, world)
@@ -366,11 +374,16 @@ def train(args, rank, world):
     mb = opt.state[model[0].weight]["momentum_buffer"]
     momentum = full(mb)
     rewound = opt.stats.get("rewound_steps", 0)
+    try:
+        dmuon.torch_param_groups(opt)
+        convert = None
+    except NotImplementedError as e:
+        convert = str(e)
     opt.close()
     return {"steps": steps, "grads": grads, "routes": routes, "momentum": momentum,
             "hooked": sorted(set(hooked)), "placements": placements, "reasons": reasons,
             "momentum_placements": str(getattr(mb, "placements", None)),
-            "dtensor_calls": counter.calls, "rewound": rewound}
+            "dtensor_calls": counter.calls, "rewound": rewound, "convert": convert}
 
 
 def main():

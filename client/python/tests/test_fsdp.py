@@ -135,6 +135,10 @@ def test_fsdp2_fully_shard_equals_unsharded_torch(daemon, reference, tmp_path, o
     assert "rows [3, 5) x cols [0, 6) here" in reasons[1]["0.weight"], reasons[1]
     assert "rows [0, 1) x cols [0, 8) here" in reasons[0]["4.weight"], reasons[0]
     assert "nothing here" in reasons[1]["4.weight"], reasons[1]
+    # Conversion to torch.optim.Muon is refused by name (torch's Muon cannot
+    # step the uneven head's shards); DCP is the way.
+    assert "0.weight is a DTensor" in results[0]["convert"], results[0]["convert"]
+    assert "DCP" in results[0]["convert"], results[0]["convert"]
 
 
 def test_fsdp2_uneven_rows_on_4_ranks(daemon, tmp_path):
@@ -280,40 +284,55 @@ def test_fsdp2_x_tp_head_on_the_dp_sub_mesh(daemon, reference, tmp_path):
         assert head in r["reasons"]["4.weight"], (rank, r["reasons"])
 
 
+def test_sub_mesh_copies_with_different_gradients_are_refused(daemon, tmp_path):
+    """The same layout with each tp rank fed a different input: the head's
+    two copies get different gradients, which dmuond would not see (it
+    reads the lowest rank's). The first step() raises on every rank, naming
+    the parameter and the ranks, and takes no step."""
+    results = launch("fsdp_worker.py", "fsdp_tp_submesh_diverge", 4, daemon.address,
+                     tmp_path, timeout=150, check=False)[0]
+    for rank, r in enumerate(results):
+        err = r["error"] or ""
+        assert err.startswith("RuntimeError: DMuon: the copies of 4.weight on a sub-mesh "
+                              "have different gradients: ranks 0 and 1 hold"), (rank, err)
+        assert "No step was taken" in err, (rank, err)
+
+
 @pytest.mark.parametrize("meshes, error", [
     ([[0, 1, 2, 3]] * 4, None),  # the group's mesh
     ([[0, 2], [1, 3], [0, 2], [1, 3]], None),  # FSDP2 x TP's dp copies
     ([[0], [1], [2], [3]], None),  # each rank alone
-    ([[0, 1], [0, 1], [2, 3], [1, 2, 3]], "not copies of one sub-mesh"),  # overlap
-    ([[0, 1], [0, 1], [2], [2]], "rank 3 has it on a mesh of ranks [2], which does not"),
-    (None, "rank 2 has other Muon DTensors"),  # the ranks' tables differ
+    ([[0, 1], [0, 1], [2], [2, 3]], "1 rank(s) (3) have it on a mesh of 2 ranks"),
+    ([[0, 1], [0, 1], [2, 3], [1, 2, 3]], "1 rank(s) (2) have it on a mesh of 2 ranks"),
+    ("shape", "rank 2's Muon DTensor parameters (names, shapes, placements) are not"),
+    ("refusal", "its local shard is wrong (refused on rank 3)"),
 ])
-def test_sub_mesh_copies_check(monkeypatch, meshes, error):
-    """_dtensor._check_copies on what 4 ranks report (the all_gather_object
-    replaced): the meshes must be the group's, or disjoint copies of one
-    sub-mesh that together are the group."""
+def test_sub_mesh_reports_check(meshes, error):
+    """_dtensor._check_reports on what 4 ranks report (_report of each): the
+    meshes must be the group's or partition it, the tables the same, and a
+    refusal on one rank is raised on every rank (here: rank 0)."""
     from types import SimpleNamespace
 
     from dmuon import _dtensor
 
-    def route(name, ranks):
+    def route(ranks, shape=(4, 4)):
         mesh = SimpleNamespace(mesh=torch.tensor(ranks), ndim=1, shape=(len(ranks),))
-        param = SimpleNamespace(placements=("Shard(dim=0)",), device_mesh=mesh)
-        return SimpleNamespace(name=name, param=param,
-                               dtensor=SimpleNamespace(mesh=mesh))
+        param = SimpleNamespace(shape=shape, placements=("Shard(dim=0)",), device_mesh=mesh)
+        return SimpleNamespace(name="w", param=param, dtensor=SimpleNamespace(
+            mesh=mesh, placements=param.placements, refusal=None))
 
-    reports = [[("w", tuple(m))] for m in (meshes or [[0, 1, 2, 3]] * 4)]
-    if meshes is None:
-        reports[2] = [("other", (0, 1, 2, 3))]
-    monkeypatch.setattr(_dtensor._ddp, "gather", lambda obj, pg, world: reports)
-    mine = (meshes or [[0, 1, 2, 3]])[0]
-    dts = [route("w", mine)]
+    grid = meshes if isinstance(meshes, list) else [[0, 2], [1, 3], [0, 2], [1, 3]]
+    reports = [_dtensor._report([route(m)], None) for m in grid]
+    if meshes == "shape":
+        reports[2] = _dtensor._report([route(grid[2], shape=(4, 5))], None)
+    if meshes == "refusal":
+        reports[3] = _dtensor._report([route(grid[3])], "its local shard is wrong")
+    dts = [route(grid[0])]
     if error is None:
-        _dtensor._check_copies(dts, [0, 1, 2, 3], None, 4)
+        _dtensor._check_reports(dts, [0, 1, 2, 3], reports)
     else:
-        with pytest.raises(ValueError, match=re.escape(error)) as e:
-            _dtensor._check_copies(dts, [0, 1, 2, 3], None, 4)
-        assert "parameter w" in str(e.value)
+        with pytest.raises(ValueError, match=re.escape(error)):
+            _dtensor._check_reports(dts, [0, 1, 2, 3], reports)
 
 
 # FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) against
