@@ -57,12 +57,12 @@ hold the same gradient, as a tensor-parallel model's replicated layers do;
 copies_differ() compares them at the first step() and DMuon raises if they
 differ (torch.optim.Muon would let such copies drift apart).
 
-Refused at construction, naming the parameter, with the same error on every
-rank: a Partial parameter, a mesh with ranks outside DMuon's process group,
+Refused at construction, naming the parameter, on every rank alike: a
+Partial parameter, a mesh with ranks outside DMuon's process group,
 sub-meshes that are not such copies (a rank outside its own mesh,
 overlapping meshes), a local shard other than torch's chunking
-(DTensor.from_local(shape=...)), more runs than the protocol takes (4096 per
-list, 65536 row runs x column runs), shards= for a DTensor, and
+(DTensor.from_local(shape=...)), more runs than the protocol takes (4096
+per list, 65536 row runs x column runs), shards= for a DTensor, and
 overlap_forward=True (FSDP2 all-gathers in its own forward pre-hooks,
 before DMuon's would apply the update).
 
@@ -230,20 +230,19 @@ def route(r, p, in_shards=False):
         if not (isinstance(pl, (Shard, Replicate)) or (strided and isinstance(pl, strided))):
             raise _unsupported(r.name, p, f"placement {pl} (a parameter must be "
                                "reduced: Shard, _StridedShard or Replicate)")
-    if all(isinstance(pl, Replicate) for pl in placements):
-        r.dtensor = Info(placements, mesh)
-        r.sharding = "replicated"
-        r.reason += "; DTensor Replicate()"
-        return
     # What only this rank can see (its coordinate, its local shard) is not
     # raised here: check() raises it on every rank alike, after gathering,
     # so that no rank is left waiting in a collective the others never make.
-    r.dtensor = Info(placements, mesh, [], [])
-    r.sharding = "blocks"
+    replicated = all(isinstance(pl, Replicate) for pl in placements)
+    r.dtensor = Info(placements, mesh) if replicated else Info(placements, mesh, [], [])
+    r.sharding = "replicated" if replicated else "blocks"
     if mesh.get_coordinate() is None:
         r.dtensor.refusal = _unsupported(
             r.name, p, f"global rank {_global_rank()} has it on a mesh of ranks "
             f"{mesh.mesh.flatten().tolist()}, which does not hold that rank")
+        return
+    if replicated:
+        r.reason += "; DTensor Replicate()"
         return
     want, _ = compute_local_shape_and_global_offset(p.shape, mesh, placements)
     if tuple(int(n) for n in want) != tuple(p._local_tensor.shape):
@@ -373,7 +372,8 @@ def copies_differ(routes, pg, world) -> Optional[str]:
     holding it): the error's text, or None. Ranks with the same runs hold
     the same elements; their local gradients' norms and sums must agree to
     1e-4 of the norm and of the sum of magnitudes (not bit for bit: GPU
-    reductions may differ in the last bits). A gradient not reduced yet (Partial) is not compared."""
+    reductions may differ in the last bits). A gradient not reduced yet
+    (Partial) is reduced to compare it."""
     import torch.distributed as dist
 
     from . import _parts
@@ -384,14 +384,18 @@ def copies_differ(routes, pg, world) -> Optional[str]:
         if info is None or not info.copies:
             continue
         g = _parts.grad(r)
-        if g is not None and needs_collective(r, g):
-            continue
         summary = None
         if g is not None:
-            x = local(g).detach().double()
+            # A Partial gradient is reduced first (DTensor's collective, in
+            # table order on every rank; step() reduces it again to hand it
+            # over: once, at the first step).
+            x = (local_grad(r, g) if needs_collective(r, g) else local(g)).detach().double()
             summary = (float(x.norm()), float(x.sum()), float(x.abs().sum()))
-        mine.append((r.name, (tuple(info.row_runs or ()), tuple(info.col_runs or ())),
-                     summary))
+        # Ranks with the same runs hold the same elements; every rank holds
+        # the whole of an all-Replicate() matrix (row_runs None).
+        runs = ((tuple(info.row_runs), tuple(info.col_runs))
+                if info.row_runs is not None else ("whole", "whole"))
+        mine.append((r.name, runs, summary))
     want = list(range(world)) if pg is None else dist.get_process_group_ranks(pg)
     every = _ddp.gather(mine, pg, world)
     seen = {}  # (name, runs) -> (rank, summary) of the lowest rank

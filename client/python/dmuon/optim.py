@@ -314,6 +314,8 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                 "DMuon.add_param_group: new Muon matrices reopen the dmuond session, "
                 "which needs every rank at once; with torch.distributed, create the "
                 "DMuon with every group (or add only AdamW parameters: use_muon=False)")
+        if new_muon:  # one rank (above): DTensor refusals, no collective
+            _dtensor.check(routes, self._pg, self._world, self._overlap_forward)
         base = len(self.param_groups)
         for g in torch_groups:
             super().add_param_group(g)
@@ -392,6 +394,19 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         return loss
 
     def _step(self):
+        if (self._compare_copies and self._session is not None
+                and not _dcp.is_init_step(self)):
+            # First, on every rank (a collective), even one about to raise
+            # its own error below.
+            self._compare_copies = False
+            differ = _dtensor.copies_differ(self._muon, self._pg, self._world)
+            if differ:
+                # A model error, on every rank alike: no step is taken, now or
+                # later (_recover raises it again).
+                self._lost = RuntimeError(
+                    f"{differ}. No step was taken; fix the model or the routing "
+                    "and create the optimizer again")
+                raise self._lost
         if self._error is not None:
             err, self._error = self._error, None
             # The step fails before it commits: rolled back (_recovery), so
@@ -413,16 +428,6 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             except ValueError:
                 self._void_step("a hyperparameter dmuond fixes was changed")
                 raise
-            if self._compare_copies:
-                self._compare_copies = False
-                differ = _dtensor.copies_differ(self._muon, self._pg, self._world)
-                if differ:
-                    # A model error, on every rank alike: no step is taken,
-                    # now or later (_recover raises it again).
-                    self._lost = RuntimeError(
-                        f"{differ}. No step was taken; fix the model or the routing "
-                        "and create the optimizer again")
-                    raise self._lost
             self._stepping = True  # until it commits: an interrupt rolls it back
             for i, r in enumerate(self._muon):
                 if r.handoff == "step (frozen)" and r.param.requires_grad:

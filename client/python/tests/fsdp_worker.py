@@ -204,21 +204,45 @@ def hsdp(rank, world):
     return model, loss_of
 
 
-def dp(rank, world):
-    """Replicate() parameters, the batch a Shard(0) DTensor: the weights'
-    gradients come out Partial (DMuon reduces them)."""
-    mesh = init_device_mesh("cpu", (world,))
-    model = make_model()
+def replicate(model, mesh):
+    """Every parameter of make_model() a Replicate() DTensor on `mesh`."""
     for m in (model[0], model[2], model[4]):
         for name in ("weight", "bias"):
             p = getattr(m, name)
             setattr(m, name, nn.Parameter(distribute_tensor(p.detach(), mesh,
                                                             [Replicate()])))
+
+
+def dp(rank, world):
+    """Replicate() parameters, the batch a Shard(0) DTensor: the weights'
+    gradients come out Partial (DMuon reduces them)."""
+    mesh = init_device_mesh("cpu", (world,))
+    model = make_model()
+    replicate(model, mesh)
     n = BATCH // world
 
     def loss_of(x, y):
         x = DTensor.from_local(x[rank * n:(rank + 1) * n], mesh, [Shard(0)])
         y = DTensor.from_local(y[rank * n:(rank + 1) * n], mesh, [Shard(0)])
+        return ((model(x) - y) ** 2).mean().full_tensor()
+
+    return model, loss_of
+
+
+def dp_submesh(rank, world, diverge=False):
+    """dp() on the dp sub-mesh of a (dp=2, tp=world/2) mesh: Replicate()
+    parameters, one copy per tp coordinate, the batch Shard(0) over dp (the
+    weights' gradients Partial over dp). diverge: each tp rank other
+    targets (the copies' gradients differ)."""
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))["dp"]
+    model = make_model()
+    replicate(model, mesh)
+    dp, n = mesh.get_local_rank(), BATCH // 2
+    skew = float(rank % (world // 2)) if diverge else 0.0
+
+    def loss_of(x, y):
+        x = DTensor.from_local(x[dp * n:(dp + 1) * n], mesh, [Shard(0)])
+        y = DTensor.from_local(y[dp * n:(dp + 1) * n] + skew, mesh, [Shard(0)])
         return ((model(x) - y) ** 2).mean().full_tensor()
 
     return model, loss_of
@@ -314,7 +338,8 @@ def train(args, rank, world):
     make = {"fsdp": fsdp, "fsdp_accum": fsdp, "fsdp_resume": fsdp, "tp": tp,
             "dp": dp, "dp_blocks": dp_blocks, "fsdp_tp": fsdp_tp, "hsdp": hsdp,
             "fsdp_bf16": fsdp_bf16, "tp_partial_accum": tp_partial,
-            "fsdp_tp_submesh": fsdp_tp_submesh,
+            "fsdp_tp_submesh": fsdp_tp_submesh, "dp_submesh": dp_submesh,
+            "dp_submesh_diverge": lambda rank, world: dp_submesh(rank, world, True),
             "fsdp_tp_submesh_diverge": lambda rank, world: fsdp_tp_submesh(
                 rank, world, diverge=True),
             "fsdp_tp_dim1": lambda rank, world: fsdp_tp(rank, world, dim=1),

@@ -284,6 +284,19 @@ def test_fsdp2_x_tp_head_on_the_dp_sub_mesh(daemon, reference, tmp_path):
         assert head in r["reasons"]["4.weight"], (rank, r["reasons"])
 
 
+def test_replicated_on_the_dp_sub_mesh(daemon, reference, tmp_path):
+    """Replicate() parameters on the dp sub-mesh of a (dp=2, tp=2) mesh (a
+    copy per tp coordinate), the batch split over dp: Partial gradients,
+    reduced at step() within each copy; rank 0's reduced gradient goes to
+    dmuond (replicated) and every rank gets the update. At the first
+    step() the copies' gradients are compared (reduced too), and agree."""
+    results = run_job("dp_submesh", daemon.address, tmp_path, world=4)
+    check_against(reference, results)
+    r = results[0]
+    assert set(r["routes"].values()) == {("replicated", "step")}, r["routes"]
+    assert r["placements"]["2.weight"] == "(Partial(sum),)", r["placements"]
+
+
 def test_sub_mesh_copies_with_different_gradients_are_refused(daemon, tmp_path):
     """The same layout with each tp rank fed a different input: the head's
     two copies get different gradients, which dmuond would not see (it
@@ -296,6 +309,56 @@ def test_sub_mesh_copies_with_different_gradients_are_refused(daemon, tmp_path):
         assert err.startswith("RuntimeError: DMuon: the copies of 4.weight on a sub-mesh "
                               "have different gradients: ranks 0 and 1 hold"), (rank, err)
         assert "No step was taken" in err, (rank, err)
+    # All-Replicate() copies with Partial gradients: compared once reduced.
+    results = launch("fsdp_worker.py", "dp_submesh_diverge", 4, daemon.address,
+                     tmp_path, timeout=150, check=False)[0]
+    for rank, r in enumerate(results):
+        err = r["error"] or ""
+        assert "the copies of 0.weight on a sub-mesh have different gradients: ranks 0 " \
+               "and 1 hold the same elements" in err, (rank, err)
+
+
+@pytest.mark.parametrize("case, error", [
+    ("same", None),
+    ("tiny", None),  # 1e-6 relative: GPU reductions may differ so
+    ("other", "ranks 0 and 1 hold the same elements"),
+    ("absent", "with norm"),  # rank 1 has no gradient (None) for it
+    ("elsewhere", None),  # rank 1 holds other rows: not compared
+    ("whole", "ranks 0 and 1 hold the same elements"),  # all-Replicate() copies
+])
+def test_copies_differ(monkeypatch, case, error):
+    """_dtensor.copies_differ on two ranks (the all_gather_object replaced
+    by this rank's report and a second rank's, built the same way)."""
+    from types import SimpleNamespace
+
+    from dmuon import _dtensor
+
+    def route(grad, rows=((0, 2),), whole=False):
+        info = _dtensor.Info(("Shard(dim=0)",), None, None if whole else list(rows),
+                             None if whole else [(0, 3)], copies=True)
+        return SimpleNamespace(name="w", param=SimpleNamespace(grad=grad), dtensor=info)
+
+    g = torch.randn(2, 3, generator=torch.Generator().manual_seed(7))
+    whole = case == "whole"
+    theirs = {"same": g.clone(), "tiny": g * (1 + 1e-6), "other": g * 1.5, "absent": None,
+              "elsewhere": g * 2, "whole": g + 1}[case]
+    rows = ((2, 4),) if case == "elsewhere" else ((0, 2),)
+
+    def report(r):  # what copies_differ sends for route r
+        sent = []
+        monkeypatch.setattr(_dtensor._ddp, "gather",
+                            lambda mine, pg, world: sent.append(mine) or [])
+        _dtensor.copies_differ([r], None, 2)
+        return sent[0]
+
+    mine = route(g, whole=whole)
+    reports = [report(mine), report(route(theirs, rows, whole))]
+    monkeypatch.setattr(_dtensor._ddp, "gather", lambda m, pg, world: reports)
+    got = _dtensor.copies_differ([mine], None, 2)
+    if error is None:
+        assert got is None, got
+    else:
+        assert got is not None and error in got and "copies of w" in got, got
 
 
 @pytest.mark.parametrize("meshes, error", [
@@ -319,7 +382,7 @@ def test_sub_mesh_reports_check(meshes, error):
         mesh = SimpleNamespace(mesh=torch.tensor(ranks), ndim=1, shape=(len(ranks),))
         param = SimpleNamespace(shape=shape, placements=("Shard(dim=0)",), device_mesh=mesh)
         return SimpleNamespace(name="w", param=param, dtensor=SimpleNamespace(
-            mesh=mesh, placements=param.placements, refusal=None))
+            mesh=mesh, placements=param.placements, refusal=None, copies=False))
 
     grid = meshes if isinstance(meshes, list) else [[0, 2], [1, 3], [0, 2], [1, 3]]
     reports = [_dtensor._report([route(m)], None) for m in grid]
@@ -330,6 +393,8 @@ def test_sub_mesh_reports_check(meshes, error):
     dts = [route(grid[0])]
     if error is None:
         _dtensor._check_reports(dts, [0, 1, 2, 3], reports)
+        # Copies (compared at the first step) unless on the group's mesh.
+        assert dts[0].dtensor.copies == (grid[0] != [0, 1, 2, 3]), grid
     else:
         with pytest.raises(ValueError, match=re.escape(error)):
             _dtensor._check_reports(dts, [0, 1, 2, 3], reports)
