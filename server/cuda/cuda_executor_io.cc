@@ -2,6 +2,7 @@
 
 #include "server/cuda/cuda_executor_io.h"
 
+#include "absl/status/statusor.h"
 #include "base/cuda_status.h"
 #include "kernels/cuda/elementwise_kernels.h"
 #include "server/gpu_logic.h"
@@ -44,6 +45,20 @@ absl::Status CopyBlocks(const ShardMap& map, int64_t cols, const float* src,
 
 bool Elsewhere(const DevicePart& p, const IoContext& c) {
   return p.device >= 0 && p.device != c.device;
+}
+
+// p's gradient (`bytes` long) where this executor's device can read it: in
+// place, or staged from a peer GPU into c.peer_temp (valid until the next
+// staging).
+absl::StatusOr<const float*> Readable(const DevicePart& p, size_t bytes,
+                                      const IoContext& c) {
+  if (!Elsewhere(p, c)) return p.grad;
+  if (auto st = c.peer_temp->Ensure(bytes, c.stream); !st.ok()) return st;
+  if (auto st = Copy(c.peer_temp->data(), c.device, p.grad, p.device, bytes, c);
+      !st.ok()) {
+    return st;
+  }
+  return c.peer_temp->floats();
 }
 
 }  // namespace
@@ -93,19 +108,10 @@ absl::Status GatherGradient(const ComputeTask& t, float* slot,
       const std::vector<int> holders = DistinctHolders(maps);
       for (auto k = holders.rbegin(); k != holders.rend(); ++k) {
         const DevicePart& p = io.parts[*k];
-        const float* src = p.grad;
-        if (Elsewhere(p, c)) {
-          const size_t local = p.map.elements() * sizeof(float);
-          if (auto st = c.peer_temp->Ensure(local, c.stream); !st.ok())
-            return st;
-          if (auto st = Copy(c.peer_temp->data(), c.device, p.grad, p.device,
-                             local, c);
-              !st.ok()) {
-            return st;
-          }
-          src = c.peer_temp->floats();
-        }
-        if (auto st = CopyBlocks(p.map, cols, src, slot, /*to_matrix=*/true, c);
+        auto src = Readable(p, p.map.elements() * sizeof(float), c);
+        if (!src.ok()) return src.status();
+        if (auto st =
+                CopyBlocks(p.map, cols, *src, slot, /*to_matrix=*/true, c);
             !st.ok()) {
           return st;
         }
@@ -130,19 +136,10 @@ absl::Status GatherGradient(const ComputeTask& t, float* slot,
       for (size_t k = k0 + 1; k < io.parts.size(); ++k) {
         const DevicePart& p = io.parts[k];
         if (p.grad == nullptr) continue;
-        const float* src = p.grad;
-        if (p.device >= 0 && p.device != c.device) {
-          if (auto st = c.peer_temp->Ensure(bytes, c.stream); !st.ok())
-            return st;
-          if (auto st = Copy(c.peer_temp->data(), c.device, p.grad, p.device,
-                             bytes, c);
-              !st.ok()) {
-            return st;
-          }
-          src = c.peer_temp->floats();
-        }
+        auto src = Readable(p, bytes, c);
+        if (!src.ok()) return src.status();
         DMUON_CUDA_RETURN_IF_ERROR(
-            kernels::cuda::device::LaunchAccumulate(src, slot, n, c.stream));
+            kernels::cuda::device::LaunchAccumulate(*src, slot, n, c.stream));
       }
       const float inv = 1.0f / static_cast<float>(io.parts.size());
       DMUON_CUDA_RETURN_IF_ERROR(
