@@ -250,10 +250,15 @@ void OptimizerService::SubmitParams(const std::shared_ptr<Job>& job,
       return;
     }
   }
+  // All at once: a worker woken by the first would otherwise batch a part
+  // of them, and the batches (and their launches) would vary by step.
+  std::vector<std::pair<int, std::shared_ptr<Work>>> works;
+  works.reserve(params.size());
   for (int id : params) {
-    scheduler_->Submit(job->plan().executor_of[id],
+    works.emplace_back(job->plan().executor_of[id],
                        std::make_shared<ParamWork>(this, job, id, step));
   }
+  scheduler_->SubmitAll(std::move(works));
 }
 
 void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,

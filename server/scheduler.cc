@@ -31,10 +31,19 @@ Scheduler::Scheduler(std::vector<std::unique_ptr<Executor>> executors,
 Scheduler::~Scheduler() { Shutdown(); }
 
 void Scheduler::Submit(int index, std::shared_ptr<Work> work) {
+  std::vector<std::pair<int, std::shared_ptr<Work>>> one;
+  one.emplace_back(index, std::move(work));
+  SubmitAll(std::move(one));
+}
+
+void Scheduler::SubmitAll(
+    std::vector<std::pair<int, std::shared_ptr<Work>>> works) {
   absl::MutexLock lock(&mu_);
-  const size_t i = static_cast<size_t>(index) % workers_.size();
-  queues_[i].push_back({work->forward_order(), seq_++, std::move(work)});
-  stats_[i].queue_depth = static_cast<int>(queues_[i].size());
+  for (auto& [index, work] : works) {
+    const size_t i = static_cast<size_t>(index) % workers_.size();
+    queues_[i].push_back({work->forward_order(), seq_++, std::move(work)});
+    stats_[i].queue_depth = static_cast<int>(queues_[i].size());
+  }
 }
 
 std::vector<ExecutorStats> Scheduler::Stats() const {

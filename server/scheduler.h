@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -66,6 +67,10 @@ class Scheduler {
   int executors() const { return static_cast<int>(workers_.size()); }
   // Queues `work` on executor `index` (taken modulo the executor count).
   void Submit(int index, std::shared_ptr<Work> work);
+  // Queues every (executor index, work) pair at once, under one lock: no
+  // worker sees a part of them, so a declaration's same-shape matrices are
+  // batched alike at every step, however the threads interleave.
+  void SubmitAll(std::vector<std::pair<int, std::shared_ptr<Work>>> works);
   std::vector<ExecutorStats> Stats() const;
   // Indices of the executors that are healthy now (Executor::healthy()).
   std::vector<int> Healthy() const;
