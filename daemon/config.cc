@@ -8,6 +8,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "server/gpu_logic.h"
 
 // dmuond's flags (`dmuond --help` lists the ones defined in this file).
@@ -60,8 +61,10 @@ ABSL_FLAG(int64_t, max_job_elements, int64_t{1} << 34,
           "of momentum each; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_state_bytes, 0,
           "most fp32 momentum bytes of all jobs together (idle ones "
-          "included); a new job past it gets RESOURCE_EXHAUSTED. 0: a quarter "
-          "of the host's physical memory");
+          "included); a new job past it gets RESOURCE_EXHAUSTED. 0: the "
+          "default, two fifths of the GPUs' memory when CUDA executors keep "
+          "the state (the step-start copies take as much again), else a "
+          "quarter of the host's physical memory; logged at start");
 ABSL_FLAG(int, max_ns_steps, 100,
           "most Newton-Schulz steps of a schedule (ns_steps, or a custom "
           "schedule's coefficients); more get RESOURCE_EXHAUSTED");
@@ -130,6 +133,14 @@ absl::Status Invalid(const std::string& msg) {
   return absl::InvalidArgumentError(msg);
 }
 
+// The host's physical memory; 0 when unknown.
+uint64_t HostMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+}
+
 bool IsLogLevel(const std::string& s) {
   for (const char* l : {"trace", "debug", "info", "warn", "warning", "err",
                         "error", "critical", "off"}) {
@@ -140,12 +151,36 @@ bool IsLogLevel(const std::string& s) {
 
 }  // namespace
 
-uint64_t DaemonConfig::state_bytes_limit() const {
+uint64_t DefaultStateBytes(uint64_t host_memory, uint64_t device_memory) {
+  if (device_memory > 0) return device_memory / 5 * 2;
+  return host_memory / 4;
+}
+
+uint64_t DaemonConfig::state_bytes_limit(uint64_t device_memory) const {
   if (max_state_bytes > 0) return static_cast<uint64_t>(max_state_bytes);
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return 0;  // unknown: no limit
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4;
+  return DefaultStateBytes(HostMemoryBytes(), device_memory);
+}
+
+std::string DaemonConfig::StateBytesLimitLine(uint64_t device_memory) const {
+  const uint64_t limit = state_bytes_limit(device_memory);
+  const auto gb = [](uint64_t b) {
+    return absl::StrFormat("%.1f GB", static_cast<double>(b) / 1e9);
+  };
+  if (max_state_bytes > 0) {
+    return absl::StrCat("state limit: ", limit, " bytes (", gb(limit),
+                        ") of fp32 momentum, --max-state-bytes");
+  }
+  if (limit == 0) {
+    return "state limit: none (--max-state-bytes unset and the host's "
+           "memory unknown)";
+  }
+  return absl::StrCat(
+      "state limit: ", limit, " bytes (", gb(limit),
+      ") of fp32 momentum, the default: ",
+      device_memory > 0
+          ? absl::StrCat("two fifths of the state devices' ", gb(device_memory))
+          : absl::StrCat("a quarter of the host's ", gb(HostMemoryBytes())),
+      " (--max-state-bytes sets it)");
 }
 
 std::string DaemonConfig::ListenHost() const {

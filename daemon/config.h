@@ -37,8 +37,8 @@ struct DaemonConfig {
   int max_world_size = 4096;                    // --max-world-size, >= 1
   int max_job_parameters = 16384;               // --max-job-parameters, >= 1
   int64_t max_job_elements = int64_t{1} << 34;  // --max-job-elements, >= 1
-  // --max-state-bytes, >= 0; 0: a quarter of the host's physical memory
-  // (state_bytes_limit()).
+  // --max-state-bytes, >= 0; 0: the default, sized from the memory that
+  // holds the state (state_bytes_limit(), DefaultStateBytes).
   int64_t max_state_bytes = 0;
   int max_ns_steps = 100;           // --max-ns-steps, >= 1
   int max_job_id_bytes = 256;       // --max-job-id-bytes, >= 1
@@ -79,9 +79,12 @@ struct DaemonConfig {
   bool json_log() const { return log_format == "json"; }
   bool skip_nonfinite() const { return nan_policy == "skip"; }
   bool bf16_momentum() const { return momentum_dtype == "bf16"; }
-  // --max-state-bytes, or its default (0) resolved: a quarter of physical
-  // memory (the gather buffers and the ranks' regions take as much again).
-  uint64_t state_bytes_limit() const;
+  // --max-state-bytes, or its default (0) resolved by DefaultStateBytes
+  // for this host and `device_memory` (the summed device_memory_capacity()
+  // of executors keeping state on devices; 0: state in host memory).
+  uint64_t state_bytes_limit(uint64_t device_memory) const;
+  // One line for the log: the limit in force and where it comes from.
+  std::string StateBytesLimitLine(uint64_t device_memory) const;
   bool tls() const { return !tls_cert_file.empty(); }
   // Callers are authenticated: tokens, or mTLS client certificates.
   bool authenticated() const {
@@ -107,6 +110,16 @@ struct DaemonConfig {
 // executors (--momentum-dtype=bf16 needs CUDA ones) is checked when they
 // are made.
 absl::Status ValidateConfig(const DaemonConfig& config);
+
+// --max-state-bytes' default: the fp32 momentum bytes all jobs together may
+// hold. `device_memory` > 0 (the total memory of the devices whose
+// executors keep state there): two fifths of it, since the CUDA executor
+// keeps a step-start copy of every momentum buffer (the two take four
+// fifths) and a fifth stays for staging buffers, Newton-Schulz workspaces
+// and plans. Otherwise (state in host memory) a quarter of `host_memory`:
+// the gather buffers and the ranks' regions take as much again. 0 (no
+// limit) when both are unknown (0).
+uint64_t DefaultStateBytes(uint64_t host_memory, uint64_t device_memory);
 
 // The config from the parsed absl flags (ParseFlags has run), validated.
 absl::StatusOr<DaemonConfig> ConfigFromFlags();

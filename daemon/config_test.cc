@@ -86,6 +86,29 @@ TEST(DaemonConfig, EachBadValueIsRefusedNamingItsFlag) {
   }
 }
 
+TEST(DaemonConfig, DefaultStateBytesFollowsWhereTheStateLives) {
+  // On devices: two fifths of their memory (momentum and its step-start
+  // copy in four fifths); the host's memory does not count then.
+  EXPECT_EQ(DefaultStateBytes(uint64_t{24} << 30, 150'000'000'000),
+            60'000'000'000u);
+  EXPECT_EQ(DefaultStateBytes(0, 1000), 400u);
+  // In host memory: a quarter of it.
+  EXPECT_EQ(DefaultStateBytes(uint64_t{24} << 30, 0), uint64_t{6} << 30);
+  // Neither known: no limit.
+  EXPECT_EQ(DefaultStateBytes(0, 0), 0u);
+  // Llama-3-8B's 27.9 GB of fp32 momentum fits one H200's default.
+  EXPECT_GT(DefaultStateBytes(uint64_t{24} << 30, 150'000'000'000),
+            27'900'000'000u);
+  DaemonConfig c;
+  c.max_state_bytes = 12345;
+  EXPECT_EQ(c.state_bytes_limit(150'000'000'000), 12345u);
+  EXPECT_NE(c.StateBytesLimitLine(0).find("--max-state-bytes"),
+            std::string::npos);
+  c.max_state_bytes = 0;
+  EXPECT_EQ(c.state_bytes_limit(1000), 400u);
+  EXPECT_NE(c.StateBytesLimitLine(1000).find("two fifths"), std::string::npos);
+}
+
 TEST(DaemonConfig, BoundaryValuesAreAccepted) {
   DaemonConfig c;
   c.max_sessions = 1;

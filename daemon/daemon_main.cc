@@ -152,8 +152,18 @@ absl::StatusOr<std::vector<std::unique_ptr<Executor>>> BuildExecutors(
   return ex;
 }
 
+// The summed memory of the devices whose executors keep state there (0: the
+// state is in host memory).
+uint64_t StateDeviceMemory(
+    const std::vector<std::unique_ptr<Executor>>& executors) {
+  uint64_t total = 0;
+  for (const auto& e : executors)
+    if (e->holds_state()) total += e->device_memory_capacity();
+  return total;
+}
+
 // The service's options from the config (devices and GPU parts are added
-// by BuildExecutors).
+// by BuildExecutors; max_state_bytes by DaemonMain, once they are made).
 ServiceOptions ServiceOptionsOf(const DaemonConfig& config) {
   ServiceOptions opts;
   opts.skip_nonfinite = config.skip_nonfinite();
@@ -166,7 +176,6 @@ ServiceOptions ServiceOptionsOf(const DaemonConfig& config) {
   opts.max_world_size = config.max_world_size;
   opts.max_job_parameters = config.max_job_parameters;
   opts.max_job_elements = config.max_job_elements;
-  opts.max_state_bytes = config.state_bytes_limit();
   opts.max_ns_steps = config.max_ns_steps;
   opts.max_job_id_bytes = config.max_job_id_bytes;
   opts.max_idle_jobs = config.max_idle_jobs;
@@ -400,6 +409,9 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   int threads = 0;
   auto executors = BuildExecutors(config, gpu, &opts, &threads);
   if (!executors.ok()) return Fail(executors.status());
+  const uint64_t device_memory = StateDeviceMemory(*executors);
+  opts.max_state_bytes = config.state_bytes_limit(device_memory);
+  spdlog::info("{}", config.StateBytesLimitLine(device_memory));
 
   // Signals go to Serve's sigwait, blocked in every thread.
   const sigset_t sigs = BlockStopSignals();

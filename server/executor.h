@@ -156,6 +156,10 @@ class Executor {
   virtual std::string last_error() const { return ""; }
   // Device memory the executor holds (state pool, staging, kernel plans).
   virtual uint64_t memory_bytes() const { return 0; }
+  // The total memory of the device the executor keeps its state in (its
+  // GPU's); 0 when it keeps state in host memory. dmuond sizes the default
+  // --max-state-bytes from it (daemon/config.h DefaultStateBytes).
+  virtual uint64_t device_memory_capacity() const { return 0; }
   // Kernel plans whose CUDA graph failed and that run eagerly instead
   // (gpu_logic.h GraphFallback); the executor stays in service.
   virtual uint64_t graph_fallbacks() const { return 0; }

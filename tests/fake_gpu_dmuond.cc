@@ -26,6 +26,10 @@
 // --devices: 'auto' (the default here) or 'cuda' = two fake executors,
 // 'cuda:0,1,...' = one per listed ordinal, 'cpu' = a plain CPU dmuond (no
 // GPU transports).
+// --fake-device-memory=BYTES: the total memory each fake executor reports
+// as its device's (Executor::device_memory_capacity; 0, the default: none,
+// like a host executor), so the defaults sized from GPU memory can be
+// tested.
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -35,9 +39,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "daemon/daemon_main.h"
 #include "server/gpu_logic.h"
 #include "server/testing/fake_device.h"
+
+ABSL_FLAG(uint64_t, fake_device_memory, 0,
+          "TEST DOUBLE: the device memory each fake executor reports");
 
 int main(int argc, char** argv) {
   using dmuon::server::testing::FakeDeviceExecutor;
@@ -55,8 +63,11 @@ int main(int argc, char** argv) {
     const int n =
         spec->ordinals.empty() ? 2 : static_cast<int>(spec->ordinals.size());
     std::vector<std::unique_ptr<dmuon::server::Executor>> ex;
-    for (int i = 0; i < n; ++i)
-      ex.push_back(std::make_unique<FakeDeviceExecutor>(i));
+    for (int i = 0; i < n; ++i) {
+      auto e = std::make_unique<FakeDeviceExecutor>(i);
+      e->capacity_bytes = absl::GetFlag(FLAGS_fake_device_memory);
+      ex.push_back(std::move(e));
+    }
     return ex;
   };
   gpu.transports = [](const std::vector<std::string>&) {

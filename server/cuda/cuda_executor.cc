@@ -38,6 +38,9 @@ class CudaExecutor final : public Executor {
         graphs_(options.use_graphs),
         ctx_(std::move(ctx)),
         stream_(static_cast<cudaStream_t>(ctx_->stream())) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device_) == cudaSuccess)
+      capacity_ = prop.totalGlobalMem;
     UpdateMemory();
   }
 
@@ -60,6 +63,7 @@ class CudaExecutor final : public Executor {
   bool healthy() const override { return health_.healthy(); }
   std::string last_error() const override { return health_.last_error(); }
   uint64_t memory_bytes() const override { return memory_.load(); }
+  uint64_t device_memory_capacity() const override { return capacity_; }
   uint64_t graph_fallbacks() const override { return graphs_.fallbacks(); }
 
   absl::Status Compute(absl::Span<const ComputeTask> batch) override {
@@ -434,6 +438,7 @@ class CudaExecutor final : public Executor {
   const cudaStream_t stream_;
   Health health_;
   std::atomic<uint64_t> memory_{0};
+  uint64_t capacity_ = 0;  // the device's total memory; set in the constructor
 
   // Guards everything below, and every use of ctx_ and stream_ (one
   // batch or state copy at a time on the device).

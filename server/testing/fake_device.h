@@ -74,6 +74,9 @@ class FakeDeviceExecutor : public Executor {
   bool healthy() const override { return healthy_ && health_.healthy(); }
   std::string last_error() const override { return health_.last_error(); }
   uint64_t memory_bytes() const override { return 4096; }
+  uint64_t device_memory_capacity() const override { return capacity_bytes; }
+  // The "device's" total memory it reports (0: none, as a host executor).
+  uint64_t capacity_bytes = 0;
   uint64_t graph_fallbacks() const override { return graphs_.fallbacks(); }
   std::atomic<bool> healthy_{true};
   std::atomic<int> tasks_{0};
