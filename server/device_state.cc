@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "server/job.h"
 #include "server/job_state.h"
-#include "server/param_work.h"
 #include "server/service.h"
 
 namespace dmuon::server {
@@ -76,43 +75,6 @@ absl::Status PushState(Scheduler& scheduler, Job& job) {
     }
   }
   return absl::OkStatus();
-}
-
-void OptimizerService::PullDone(const std::shared_ptr<Job>& job,
-                                const std::weak_ptr<Session>& session,
-                                int64_t step, const std::vector<int>& ids,
-                                const absl::Status& status) {
-  if (!status.ok()) return TransferFailed(job, status);
-  std::vector<int> ready;
-  {
-    absl::MutexLock lock(&job->mu());
-    // The job's own reference (its ranks), if the session is still open.
-    Session* s = nullptr;
-    for (const auto& r : job->ranks()) {
-      if (r && !r.owner_before(session) && !session.owner_before(r))
-        s = r.get();
-    }
-    if (s == nullptr || job->broken()) return;
-    SessionState& st = s->state(*job);
-    for (int id : ids) {
-      st.bytes_in += s->layout().slots[id].bytes;
-      if (metrics_) metrics_->BytesReceived(s->layout().slots[id].bytes);
-      if (job->Arrive(s->rank(), id) == Job::Arrival::kRun) ready.push_back(id);
-    }
-  }
-  SubmitParams(job, step, ready);
-}
-
-void OptimizerService::TransferFailed(const std::shared_ptr<Job>& job,
-                                      const absl::Status& status) {
-  absl::MutexLock lock(&job->mu());
-  if (!job->Break()) return;
-  const absl::Status why(
-      status.code(),
-      absl::StrCat("job '", job->id(), "': ", status.message(),
-                   "; reopen every rank and restore state from a checkpoint"));
-  job->AbortStreams(why);
-  CountError(why);
 }
 
 bool OptimizerService::DeviceTransportAvailable(v1::Transport t) const {

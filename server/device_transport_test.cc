@@ -122,20 +122,11 @@ TEST(MovingTransport, AFailedTransferBreaksTheJobWithItsReason) {
 
 // Counts snapshot writes, each made slow: a step_complete sent before its
 // snapshot is written would arrive while the write is still going on.
-class SlowSnapshots : public ServiceMetrics {
+class SlowSnapshots : public NoServiceMetrics {
  public:
-  void SetSessions(int) override {}
-  void SetJobs(int) override {}
-  void BytesReceived(uint64_t) override {}
-  void BytesSent(uint64_t) override {}
-  void StepCompleted(double) override {}
-  void NonFiniteGradient() override {}
-  void Error(const std::string&) override {}
   void Snapshot(double) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     written++;
-  }
-  void SetExecutorSource(std::function<std::vector<ExecutorStats>()>) override {
   }
   std::atomic<int> written{0};
 };

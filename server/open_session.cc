@@ -282,10 +282,8 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
   if (created) jobs_[job->id()] = job;
   sessions_[s->id()] = s;
   attach_reaper_.Kick();  // its attach deadline
-  if (metrics_) {
-    metrics_->SetSessions(static_cast<int>(sessions_.size()));
-    metrics_->SetJobs(static_cast<int>(jobs_.size()));
-  }
+  metrics_->SetSessions(static_cast<int>(sessions_.size()));
+  metrics_->SetJobs(static_cast<int>(jobs_.size()));
   resp.set_next_step(s->state(*job).step);
   FillOpenResponse(*s, &resp);
   return resp;

@@ -1,4 +1,4 @@
-// Gathering gradients for a parameter's step and delivering its update.
+// ParamWork (param_work.h): gathering the gradients of a parameter's step.
 
 #include "server/param_work.h"
 
@@ -10,18 +10,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
-#include "server/ack_gate.h"
 #include "server/job_state.h"
-#include "server/service.h"
+#include "server/step_pipeline.h"
 
 namespace dmuon::server {
 namespace {
 
-// Host regions are read and written only through Region::Read/Write, never
-// through their mapping: a client may shrink its shm segment at any moment,
-// and a touch past its new end would be SIGBUS for the whole daemon; the
-// copies fail with DATA_LOSS naming the segment instead. (The inline
-// transport's heap region is also sent from directly: UpdateOf.)
+// Host regions are read only through Region::Read, never through their
+// mapping: a client may shrink its shm segment at any moment, and a touch
+// past its new end would be SIGBUS for the whole daemon; the copy fails
+// with DATA_LOSS naming the segment instead.
 absl::Status ReadGradient(const Session& s, int param, int64_t elements,
                           float* out) {
   absl::Status st = s.region()->Read(s.layout().slots[param].gradient_offset,
@@ -30,19 +28,6 @@ absl::Status ReadGradient(const Session& s, int param, int64_t elements,
   return absl::Status(st.code(),
                       absl::StrCat("rank ", s.rank(), ": ", st.message()));
 }
-absl::Status WriteUpdate(const Session& s, int param, const float* in,
-                         int64_t elements) {
-  absl::Status st = s.region()->Write(s.layout().slots[param].update_offset, in,
-                                      elements * sizeof(float));
-  if (st.ok()) return st;
-  return absl::Status(st.code(),
-                      absl::StrCat("rank ", s.rank(), ": ", st.message()));
-}
-const float* UpdateOf(const Session& s, int param) {
-  return reinterpret_cast<const float*>(s.region()->bytes().data() +
-                                        s.layout().slots[param].update_offset);
-}
-
 // Every rank's slots of `param` in its GPU region.
 // `absent` (by rank; empty: none): ranks that declared it absent, whose
 // parts have no gradient (DevicePart::grad null).
@@ -78,24 +63,11 @@ DeviceIo DeviceIoOf(const std::vector<std::shared_ptr<Session>>& ranks,
   return io;
 }
 
-v1::StepResponse ErrorResponse(int64_t step, int param, const std::string& name,
-                               const absl::Status& status, bool skipped) {
-  v1::StepResponse r;
-  auto* e = r.mutable_error();
-  e->set_step(step);
-  e->set_param_id(param);
-  e->set_name(name);
-  e->set_code(static_cast<int>(status.code()));
-  e->set_message(std::string(status.message()));
-  e->set_skipped(skipped);
-  return r;
-}
-
 }  // namespace
 
-ParamWork::ParamWork(OptimizerService* service, std::shared_ptr<Job> job,
+ParamWork::ParamWork(StepPipeline& pipeline, std::shared_ptr<Job> job,
                      int param, int64_t step)
-    : service(service), job(std::move(job)), param(param), step(step) {}
+    : pipeline(pipeline), job(std::move(job)), param(param), step(step) {}
 
 int32_t ParamWork::forward_order() const {
   return job->table().params[param].forward_order;
@@ -232,201 +204,9 @@ void ParamWork::Finish(absl::Status status) {
         "' at step ", step,
         " has a non-finite value (NaN or Inf; found on the device)"));
   }
-  service->Deliver(job, param, step, status, nonfinite, compute_seconds);
+  pipeline.Deliver(job, param, step, status, nonfinite, compute_seconds);
   // The executor is done with the regions: a closed rank's may go now.
   sessions.clear();
-}
-
-void OptimizerService::SubmitParams(const std::shared_ptr<Job>& job,
-                                    int64_t step,
-                                    const std::vector<int>& params) {
-  if (params.empty()) return;
-  {
-    // A GetState reads the job at its step boundary: these wait for it
-    // (the last reader submits them, StateReader).
-    absl::MutexLock lock(&job->mu());
-    if (job->state_readers() > 0) {
-      for (int id : params) job->Defer(step, id);
-      return;
-    }
-  }
-  // All at once: a worker woken by the first would otherwise batch a part
-  // of them, and the batches (and their launches) would vary by step.
-  std::vector<std::pair<int, std::shared_ptr<Work>>> works;
-  works.reserve(params.size());
-  for (int id : params) {
-    works.emplace_back(job->plan().executor_of[id],
-                       std::make_shared<ParamWork>(this, job, id, step));
-  }
-  scheduler_->SubmitAll(std::move(works));
-}
-
-void OptimizerService::Deliver(const std::shared_ptr<Job>& job, int param,
-                               int64_t step, absl::Status status,
-                               bool nonfinite, double compute_seconds,
-                               bool absent) {
-  const ParamInfo& info = job->table().params[param];
-  if (nonfinite && metrics_) metrics_->NonFiniteGradient();
-  std::string snapshot;
-  int64_t snapshot_steps = 0;
-  // A step that --snapshot-every snapshots is acknowledged (step_complete)
-  // only once its snapshot is written: a daemon killed after a client was
-  // told a step is complete restarts from that step (durable state).
-  const bool durable = snapshots_.enabled() && options_.snapshot_every > 0 &&
-                       step % options_.snapshot_every == 0;
-  std::vector<std::pair<std::shared_ptr<StepSink>, v1::StepResponse>> acks;
-  // nccl ranks' step_complete of a durable step: sent once the last update
-  // send is posted and the snapshot below is written.
-  std::vector<std::shared_ptr<AckGate>> gates;
-  {
-    absl::MutexLock lock(&job->mu());
-    // A step rolled back meanwhile (a rank left mid-step): discarded, and
-    // an executor's state put back to its step-start copy.
-    if (!job->EndParam(param)) {
-      (void)RestoreStepStarts(*scheduler_, *job);
-      return;
-    }
-    if (job->broken()) return;
-    job->AddComputeSeconds(param, compute_seconds);
-    const bool skip = nonfinite && options_.skip_nonfinite;
-    // The step fails for the whole job: every rank's stream ends with it.
-    auto fail = [&](const absl::Status& why) {
-      job->mu().AssertHeld();
-      job->Break();
-      for (auto& s : job->ranks()) {
-        if (!s) continue;
-        const auto& sink = s->state(*job).sink;
-        if (!sink) continue;
-        sink->Send(ErrorResponse(step, param, info.name, why, false));
-        sink->Abort(why);
-      }
-      CountError(why);
-    };
-    if (!status.ok() && !skip) return fail(status);
-    // Every host region's update first (GPU regions: the executor wrote it,
-    // zeros when skipped), before anything is announced: a segment its
-    // client shrank fails the step (DATA_LOSS naming the rank and segment).
-    std::vector<float> zeros, local;
-    for (auto& s : job->ranks()) {
-      if (absent) break;  // no update: the slot is left as it was
-      if (!s || s->region()->device()) continue;
-      const ShardMap& held = s->shards()[param];
-      const int64_t n = held.elements();
-      if (n == 0) continue;  // holds nothing (SHARDING_BLOCKS)
-      if (skip && zeros.size() < static_cast<size_t>(n)) zeros.assign(n, 0.0f);
-      const float* work = job->param(param).work.data();
-      const float* in = skip ? zeros.data() : work + held.offset(info.shape);
-      if (!skip && !held.Contiguous(info.shape)) {
-        local.resize(n);
-        GatherFromMatrix(held, info.shape, work, local.data());
-        in = local.data();
-      }
-      if (auto e = WriteUpdate(*s, param, in, n); !e.ok()) {
-        return fail(absl::Status(
-            e.code(),
-            absl::StrCat("the update of parameter '", info.name, "' at step ",
-                         step, " cannot be delivered: ", e.message())));
-      }
-    }
-    for (auto& s : job->ranks()) {
-      if (!s) continue;
-      SessionState& st = s->state(*job);
-      const int64_t n = absent ? 0 : s->shards()[param].elements();
-      // Inline: the update goes out in chunks from the (heap) region.
-      const float* out = s->transport() == v1::TRANSPORT_INLINE
-                             ? UpdateOf(*s, param)
-                             : nullptr;
-      st.bytes_out += n * sizeof(float);
-      if (metrics_ && n > 0) metrics_->BytesSent(n * sizeof(float));
-      if (!st.sink) continue;
-      if (skip)
-        st.sink->Send(ErrorResponse(step, param, info.name, status, true));
-      if (s->transport() == v1::TRANSPORT_INLINE && !absent) {
-        const uint64_t bytes = n * sizeof(float);
-        const char* base = reinterpret_cast<const char*>(out);
-        for (const auto& c : transport::SplitChunks(
-                 bytes,
-                 transport::MaxChunkPayload(options_.max_message_bytes))) {
-          v1::StepResponse r;
-          auto* u = r.mutable_update();
-          u->set_step(step);
-          u->set_param_id(param);
-          u->set_offset(c.offset);
-          u->set_data(base + c.offset, c.bytes);
-          st.sink->Send(std::move(r));
-        }
-      }
-      v1::StepResponse ready;
-      ready.mutable_updates_ready()->set_step(step);
-      if (absent) {
-        ready.mutable_updates_ready()->add_absent_param_ids(param);
-      } else {
-        ready.mutable_updates_ready()->add_param_ids(param);
-      }
-      const bool last = ++st.delivered == job->num_params();
-      v1::StepResponse done;
-      done.mutable_step_complete()->set_step(step);
-      if (s->region()->moves_data()) {
-        // nccl: UpdatesReady once the send is posted (the client posts the
-        // matching receive when it reads it), StepComplete after the last,
-        // and on a durable step only once its snapshot is written too (as
-        // `acks` below).
-        std::shared_ptr<AckGate> gate;
-        if (last) {
-          gate = std::make_shared<AckGate>(
-              durable ? 2 : 1, [sink = st.sink, done] { sink->Send(done); });
-          if (durable) gates.push_back(gate);
-        }
-        // An absent parameter: an empty push (nothing to send), in its
-        // place among the others (transport.h Region::Absent).
-        s->region()->Push(
-            step, absent ? std::vector<int>() : std::vector<int>{param},
-            [this, job, sink = st.sink, ready, gate](absl::Status e) {
-              if (!e.ok()) return TransferFailed(job, e);
-              sink->Send(ready);
-              if (gate) gate->Done();
-            });
-      } else {
-        st.sink->Send(std::move(ready));
-        if (last && durable) {
-          acks.emplace_back(st.sink, std::move(done));
-        } else if (last) {
-          st.sink->Send(std::move(done));
-        }
-      }
-      if (last) {
-        RecordLatency(std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - st.step_t0)
-                          .count());
-        st.step = step + 1;
-        st.delivered = 0;
-        st.step_started = false;
-        std::fill(st.declared.begin(), st.declared.end(), 0);
-        std::fill(st.received.begin(), st.received.end(), 0);
-      }
-    }
-    if (job->FinishParam(step)) {
-      // Nothing of the next step can have started: every rank's step ends
-      // in this critical section, so the state copied here is consistent.
-      if (snapshots_.enabled() && options_.snapshot_every > 0 &&
-          job->completed_steps() % options_.snapshot_every == 0) {
-        if (auto bytes = SnapshotBytes(*scheduler_, *job); bytes.ok()) {
-          snapshot = *std::move(bytes);
-          snapshot_steps = job->completed_steps();
-        } else {
-          CountError(bytes.status());
-        }
-      }
-    }
-  }
-  if (!snapshot.empty()) {
-    if (auto st = snapshots_.Write(job->id(), job->serial(), snapshot_steps,
-                                   snapshot);
-        !st.ok())
-      CountError(st);
-  }
-  for (auto& [sink, done] : acks) sink->Send(std::move(done));
-  for (auto& gate : gates) gate->Done();
 }
 
 }  // namespace dmuon::server

@@ -1,5 +1,6 @@
 // Internal: one parameter's step as scheduler Work: gathers the gradient
-// from the ranks' regions, and hands the result to the service to deliver.
+// from the ranks' regions, and hands the result to the step pipeline to
+// deliver (StepPipeline::Deliver).
 
 #ifndef DMUON_SERVER_PARAM_WORK_H_
 #define DMUON_SERVER_PARAM_WORK_H_
@@ -11,10 +12,10 @@
 
 namespace dmuon::server {
 
-class OptimizerService;
+class StepPipeline;
 
 struct ParamWork : public Work {
-  ParamWork(OptimizerService* service, std::shared_ptr<Job> job, int param,
+  ParamWork(StepPipeline& pipeline, std::shared_ptr<Job> job, int param,
             int64_t step);
 
   int32_t forward_order() const override;
@@ -25,7 +26,7 @@ struct ParamWork : public Work {
   void Finish(absl::Status status) override;
   void Computed(double seconds) override { compute_seconds = seconds; }
 
-  OptimizerService* const service;
+  StepPipeline& pipeline;
   const std::shared_ptr<Job> job;
   const int param;
   const int64_t step;

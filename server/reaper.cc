@@ -139,7 +139,7 @@ ReapResult OptimizerService::ReapIdleJobs(
     // The host copies go with the job; the next of this id reads the file.
     if (snapshotted) pending_.AddFile(job->id(), snapshots_.PathOf(job->id()));
     out.dropped.emplace_back(job->id(), snapshotted);
-    if (metrics_) metrics_->SetJobs(static_cast<int>(jobs_.size()));
+    metrics_->SetJobs(static_cast<int>(jobs_.size()));
   }
   return out;
 }

@@ -1,6 +1,7 @@
-// The service's sessions: lifetime (attach, detach, close), and the calls
-// that are about the whole daemon (drain, busy, errors). Opening a session
-// is open_session.cc; steps step.cc and param_work.cc; state state.cc;
+// The service's sessions: lifetime (attach, detach, close), a step message
+// handed to its session's job (the path itself is StepPipeline,
+// step_pipeline.h), and the calls that are about the whole daemon (drain,
+// busy, errors). Opening a session is open_session.cc; state state.cc;
 // Status status.cc; idle jobs reaper.cc.
 
 #include "server/service.h"
@@ -15,32 +16,43 @@
 #include "absl/strings/str_cat.h"
 #include "server/job.h"
 #include "server/job_state.h"
+#include "server/step_pipeline.h"
 
 namespace dmuon::server {
+namespace {
+
+// What the service reports to when it is given no metrics.
+ServiceMetrics* NoMetrics() {
+  static NoServiceMetrics none;
+  return &none;
+}
+
+}  // namespace
 
 OptimizerService::OptimizerService(ServiceOptions options,
                                    std::unique_ptr<Scheduler> scheduler,
                                    ServiceMetrics* metrics)
     : options_(std::move(options)),
       scheduler_(std::move(scheduler)),
-      metrics_(metrics),
+      metrics_(metrics != nullptr ? metrics : NoMetrics()),
       started_(std::chrono::steady_clock::now()),
       snapshots_(
           options_.state_dir,
-          [metrics](double seconds) {
-            if (metrics) metrics->Snapshot(seconds);
-          },
-          [metrics, report = options_.snapshot_failed](const char* kind,
-                                                       const absl::Status& st) {
-            if (metrics) metrics->SnapshotFailure(kind);
+          [m = metrics_](double seconds) { m->Snapshot(seconds); },
+          [m = metrics_, report = options_.snapshot_failed](
+              const char* kind, const absl::Status& st) {
+            m->SnapshotFailure(kind);
             if (report) report(st);
-          }) {
+          }),
+      pipeline_(std::make_unique<StepPipeline>(
+          PipelineContext{options_.skip_nonfinite, options_.max_message_bytes,
+                          options_.snapshot_every, scheduler_.get(),
+                          &snapshots_, metrics_, &stats_})) {
   if (!options_.autotune_cache.empty()) {
     autotuner_ = std::make_unique<kernels::Autotuner>(options_.autotune_cache);
   }
   // The destructor removes the source before the service goes away.
-  if (metrics_)
-    metrics_->SetExecutorSource([this] { return ExecutorStatsWithLoad(); });
+  metrics_->SetExecutorSource([this] { return ExecutorStatsWithLoad(); });
   if (options_.attach_timeout_seconds > 0) {
     attach_reaper_.Start(
         [this] { return ExpireUnattached(std::chrono::steady_clock::now()); });
@@ -52,7 +64,7 @@ OptimizerService::~OptimizerService() {
   reaper_.Stop();
   attach_reaper_.Stop();
   scheduler_->Shutdown();
-  if (metrics_) metrics_->SetExecutorSource(nullptr);
+  metrics_->SetExecutorSource(nullptr);
   std::vector<std::unique_ptr<transport::Region>> gpu;
   {
     absl::MutexLock lock(&mu_);
@@ -201,10 +213,8 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
       (void)transport::UnlinkShm(r->region()->name());
   }
   LimitIdleJobsLocked();
-  if (metrics_) {
-    metrics_->SetSessions(static_cast<int>(sessions_.size()));
-    metrics_->SetJobs(static_cast<int>(jobs_.size()));
-  }
+  metrics_->SetSessions(static_cast<int>(sessions_.size()));
+  metrics_->SetJobs(static_cast<int>(jobs_.size()));
 }
 
 void OptimizerService::LimitIdleJobsLocked() {
@@ -301,15 +311,16 @@ int OptimizerService::open_sessions() const {
 }
 
 void OptimizerService::CountError(const absl::Status& st) const {
-  if (st.ok()) return;
-  const std::string code = absl::StatusCodeToString(st.code());
-  stats_.CountError(code);
-  if (metrics_) metrics_->Error(code);
+  pipeline_->CountError(st);
 }
 
-void OptimizerService::RecordLatency(double seconds) {
-  stats_.RecordLatency(seconds);
-  if (metrics_) metrics_->StepCompleted(seconds);
+absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
+                                             const v1::StepRequest& req) {
+  auto s = FindSession(session_id);
+  if (!s) return absl::NotFoundError("session is closed");
+  auto job = s->job();
+  if (!job) return absl::AbortedError("the session's job is gone");
+  return pipeline_->OnRequest(s, job, req, draining());
 }
 
 }  // namespace dmuon::server

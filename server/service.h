@@ -122,6 +122,7 @@ class Job;
 class OptimizerService;
 class RegionRelease;
 class Session;
+class StepPipeline;
 
 // A GetState stream (OptimizerService::ReadState; state.cc). While a
 // reader lives, its job stays at the step boundary it was opened at: a
@@ -203,7 +204,7 @@ struct ReapResult {
 
 class OptimizerService {
  public:
-  // `metrics` (may be null) must outlive the service.
+  // `metrics` (null: nothing observed) must outlive the service.
   OptimizerService(ServiceOptions options, std::unique_ptr<Scheduler> scheduler,
                    ServiceMetrics* metrics);
   ~OptimizerService();
@@ -304,7 +305,6 @@ class OptimizerService {
       std::chrono::steady_clock::time_point now) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  friend struct ParamWork;
   friend class StateReader;
   friend class StateWriter;
   // Methods that need a job's lock held are free functions of the files
@@ -354,49 +354,21 @@ class OptimizerService {
   // ones due now and kicks the reaper (which drops them, snapshotted with
   // --state-dir). (service.cc)
   void LimitIdleJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A parameter's step ended with `status`: its update goes to every rank
-  // (or the job breaks). `compute_seconds`: the parameter's
-  // Executor::Compute time this step (Work::Computed), counted in the job's
-  // measured load. `absent`: every rank declared it absent (Job::Arrival::
-  // kAbsent): nothing was computed, no update is written, and each rank's
-  // UpdatesReady lists it in absent_param_ids. (param_work.cc)
-  void Deliver(const std::shared_ptr<Job>& job, int param, int64_t step,
-               absl::Status status, bool nonfinite, double compute_seconds,
-               bool absent = false) ABSL_LOCKS_EXCLUDED(mu_);
-  // Submits the step of each of `params` of `job` (Job::Arrive said they
-  // run), without the job's lock.
-  void SubmitParams(const std::shared_ptr<Job>& job, int64_t step,
-                    const std::vector<int>& params);
   // The scheduler's executor stats with the per-step load of the open jobs
   // filled in (ExecutorStatus in dmuon.proto), for /metrics. Takes mu_ and
   // the jobs' locks. (status.cc)
   std::vector<ExecutorStats> ExecutorStatsWithLoad() const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // A session's step completed `seconds` after its first gradient: into
-  // stats_ and the metrics. (service.cc)
-  void RecordLatency(double seconds);
   // Resolves method "auto" by measurement and returns each parameter's
   // planner cost in seconds (measured, or the cost model at a nominal rate).
   // (open_session.cc)
   std::vector<double> TuneTable(Table& table);
   // GPU transports: whether `t` can be opened here. (device_state.cc)
   bool DeviceTransportAvailable(v1::Transport t) const;
-  // Transports that move data (nccl; transport.h Region::Pull/Push), from
-  // their own thread: gradients landed (the parameters arrive) or a
-  // transfer failed (the job breaks, its streams end). (device_state.cc)
-  // (Never holds a Session itself: the last reference to one must not drop
-  // on a transport's thread, whose region it would then destroy.)
-  void PullDone(const std::shared_ptr<Job>& job,
-                const std::weak_ptr<Session>& session, int64_t step,
-                const std::vector<int>& ids, const absl::Status& status)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void TransferFailed(const std::shared_ptr<Job>& job,
-                      const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
-
   const ServiceOptions options_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<kernels::Autotuner> autotuner_;
-  ServiceMetrics* const metrics_;  // null: nothing observed
+  ServiceMetrics* const metrics_;  // never null: NoServiceMetrics at least
   const std::chrono::steady_clock::time_point started_;
   // --state-dir's files. Its lock is held for a whole write, never with
   // another: snapshots are copied under a job's lock and written after.
@@ -405,6 +377,8 @@ class OptimizerService {
   // waits for either, and the rename must happen with the job's drop.)
   SnapshotStore snapshots_;
   mutable StepStats stats_;  // its lock is a leaf
+  // A step's path (step_pipeline.h): messages in, work out, updates back.
+  const std::unique_ptr<StepPipeline> pipeline_;
 
   // Lock order: mu_, then a job's mu() (job.h), then the reaper's or a
   // StepStats' lock. (clang-14 cannot check an order between locks of

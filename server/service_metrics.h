@@ -1,8 +1,8 @@
 // What the service observes for monitoring, as an interface: the service
 // (server/) reports through it and never sees how it is exported. dmuond
 // implements it with Prometheus (daemon/prometheus_metrics.h); tests record
-// it (server/testing/recording_metrics.h). The service takes a nullable
-// ServiceMetrics*: null observes nothing.
+// it (server/testing/recording_metrics.h); NoServiceMetrics observes
+// nothing (what the service reports to when given none).
 
 #ifndef DMUON_SERVER_SERVICE_METRICS_H_
 #define DMUON_SERVER_SERVICE_METRICS_H_
@@ -44,6 +44,21 @@ class ServiceMetrics {
   // never touches them; null detaches the source. Thread-safe.
   virtual void SetExecutorSource(
       std::function<std::vector<ExecutorStats>()> stats) = 0;
+};
+
+// Observes nothing (a test double may override what it watches).
+class NoServiceMetrics : public ServiceMetrics {
+ public:
+  void SetSessions(int) override {}
+  void SetJobs(int) override {}
+  void BytesReceived(uint64_t) override {}
+  void BytesSent(uint64_t) override {}
+  void StepCompleted(double) override {}
+  void NonFiniteGradient() override {}
+  void Error(const std::string&) override {}
+  void Snapshot(double) override {}
+  void SetExecutorSource(std::function<std::vector<ExecutorStats>()>) override {
+  }
 };
 
 }  // namespace dmuon::server

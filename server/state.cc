@@ -15,6 +15,7 @@
 #include "server/job_state.h"
 #include "server/service.h"
 #include "server/snapshot_store.h"
+#include "server/step_pipeline.h"
 
 namespace dmuon::server {
 namespace {
@@ -77,7 +78,7 @@ StateReader::StateReader(OptimizerService* service, std::shared_ptr<Job> job,
       max_chunk_(std::max<uint64_t>(max_chunk, 1)) {}
 
 StateReader::~StateReader() {
-  // The parameters whose steps waited for the reader (SubmitParams) run
+  // The parameters whose steps waited for the reader (StepPipeline::Submit) run
   // now, unless their step was rolled back or the job broke meanwhile
   // (then they end here, as their computation would have).
   std::map<int64_t, std::vector<int>> run;
@@ -91,7 +92,8 @@ StateReader::~StateReader() {
       run[step].push_back(id);
     }
   }
-  for (const auto& [step, ids] : run) service_->SubmitParams(job_, step, ids);
+  for (const auto& [step, ids] : run)
+    service_->pipeline_->Submit(job_, step, ids);
 }
 
 absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
