@@ -82,7 +82,7 @@ class Plan {
   size_t bytes_ = 0;
   // LtMatmul per descriptor key; gemm_of_op_[i] points into it for GEMM ops.
   std::map<std::string, std::unique_ptr<LtMatmul>> matmuls_;
-  std::vector<const LtMatmul*> gemm_of_op_;
+  std::vector<LtMatmul*> gemm_of_op_;
   // Graphs by (in, out), and their insertion order for eviction.
   std::map<std::pair<const void*, void*>, Graph> graphs_;
   std::vector<std::pair<const void*, void*>> graph_order_;
