@@ -132,6 +132,11 @@ class CudaExecutor final : public Executor {
       pool_bytes_ -= 2 * it->second.bytes;
       it = pool_.erase(it);
     }
+    // The job's NS plans, unless another open job uses them too.
+    if (absl::Status st = ctx_->ReleasePlans(job); !st.ok()) {
+      spdlog::warn("{}: releasing the plans of job {}: {}", name_, job,
+                   st.ToString());
+    }
     UpdateMemory();
   }
 
@@ -253,7 +258,12 @@ class CudaExecutor final : public Executor {
     // A failed capture or graph launch executes nothing and NS reads its
     // input before writing its output in place, so the eager retry sees the
     // same input.
-    const cu::CudaNsOptions ns = ExecutorNsOptions(batch[0].muon->ns, options_);
+    // The batch's jobs reference the plans its launches use (DropJob
+    // releases them).
+    cu::CudaNsOptions ns = ExecutorNsOptions(batch[0].muon->ns, options_);
+    std::set<uint64_t> jobs;
+    for (const ComputeTask& t : batch) jobs.insert(t.state.job);
+    ns.plan_owners.assign(jobs.begin(), jobs.end());
     int64_t first = 0;
     for (int64_t size : SplitBatch(count, options_.max_launch)) {
       cu::DeviceBatch b;
@@ -281,6 +291,7 @@ class CudaExecutor final : public Executor {
       if (!st.ok()) return st;
       first += size;
     }
+    WarnIfPlansOverCap();
 
     // Scale, then deliver.
     for (int64_t i = 0; i < count; ++i) {
@@ -317,6 +328,20 @@ class CudaExecutor final : public Executor {
       base::ClearLastCudaError();
     }
     return absl::OkStatus();
+  }
+
+  // Once per executor: the plans of open jobs exceed the plan cache's cap
+  // (they are never evicted, so the cap gives way).
+  void WarnIfPlansOverCap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (plan_cap_warned_) return;
+    const cu::PlanCacheStats p = ctx_->PlanStats();
+    if (p.over_cap == 0) return;
+    plan_cap_warned_ = true;
+    spdlog::warn(
+        "{}: the NS plans of open jobs need {} bytes, over the plan cache's "
+        "cap of {} bytes; plans in use are never evicted, so the cap gives "
+        "way (raise the cap, or lower max_launch for smaller plans)",
+        name_, p.bytes, p.cap);
   }
 
   // For ReadState and WriteState: key's pool entry (nullptr: none, nothing
@@ -448,6 +473,7 @@ class CudaExecutor final : public Executor {
   int* flags_ ABSL_GUARDED_BY(mu_) = nullptr;
   int* flags_host_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t flags_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool plan_cap_warned_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -464,7 +490,9 @@ cu::CudaNsOptions ExecutorNsOptions(const kernels::NsOptions& ns,
 
 absl::StatusOr<std::unique_ptr<Executor>> NewCudaExecutor(
     int device, const CudaExecutorOptions& options) {
-  auto ctx = cu::Context::Create(device);
+  cu::ContextOptions context_options;
+  context_options.plan_cache_bytes = options.plan_cache_bytes;
+  auto ctx = cu::Context::Create(device, context_options);
   if (!ctx.ok()) {
     return absl::Status(
         ctx.status().code(),

@@ -37,6 +37,7 @@
 #ifndef DMUON_SERVER_CUDA_CUDA_EXECUTOR_H_
 #define DMUON_SERVER_CUDA_CUDA_EXECUTOR_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,12 @@ struct CudaExecutorOptions {
   bool bf16_momentum = false;  // see the header comment: changes the numbers
   bool use_graphs = true;      // replay each NS plan as a CUDA graph
   int max_launch = 16;         // most matrices per NS launch (power of two)
+  // Cap on the device bytes of cached NS plans (kernels::cuda::
+  // ContextOptions; 0: a quarter of the GPU's memory). Plans are referenced
+  // by the jobs of the batches that use them and freed when DropJob
+  // releases the last; plans of open jobs are never evicted, so they can
+  // exceed the cap: the executor then warns once.
+  uint64_t plan_cache_bytes = 0;
 };
 
 // The options the executor runs Newton–Schulz with for a batch whose

@@ -140,7 +140,11 @@ TEST_F(CudaExecutorTest, WriteStateReplacesAndDropJobForgets) {
   std::vector<float> got(m.shape.elements(), 0.0f);
   ASSERT_TRUE(gpu_->ReadState({7, 0}, absl::MakeSpan(got)).ok());
   EXPECT_EQ(got, set);
+  const uint64_t before = gpu_->memory_bytes();
   gpu_->DropJob(7);
+  // The momentum and its step-start copy, and the job's NS plan.
+  EXPECT_GT(before - gpu_->memory_bytes(), 2u * 32 * 48 * 4)
+      << "DropJob frees the plans no other job uses";
   std::vector<float> untouched(m.shape.elements(), 5.0f);
   ASSERT_TRUE(gpu_->ReadState({7, 0}, absl::MakeSpan(untouched)).ok());
   EXPECT_EQ(untouched[0], 5.0f) << "a dropped state is gone";
