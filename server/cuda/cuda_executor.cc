@@ -20,6 +20,7 @@
 #include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/ns_kernels.h"
 #include "server/cuda/cuda_executor_io.h"
+#include "server/cuda/cuda_executor_logic.h"
 #include "server/gpu_logic.h"
 
 namespace dmuon::server {
@@ -74,6 +75,13 @@ class CudaExecutor final : public Executor {
     absl::Status st = ComputeLocked(batch);
     if (!st.ok()) {
       base::ClearLastCudaError();  // clear a non-sticky error (out of memory)
+      // The batch's copies and kernels enqueued before the failure may still
+      // read or write the tasks' buffers: wait for them first.
+      st = gpu::FinishOnError(std::move(st), [&] {
+        mu_.AssertHeld();  // called back here, under the lock
+        return SyncStream();
+      });
+      base::ClearLastCudaError();
       st = absl::Status(st.code(),
                         absl::StrCat(name_, ": batch of ", batch.size(), " x ",
                                      kernels::ShapeString(batch[0].shape), ": ",
@@ -116,9 +124,14 @@ class CudaExecutor final : public Executor {
     absl::MutexLock lock(&mu_);
     auto state = StateForCopy(key, host.size(), "written from");
     if (!state.ok() || *state == nullptr) return state.status();
-    if (auto st = Load(host.data(), **state); !st.ok()) return st;
-    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
+    if (auto st = Load(host.data(), **state); !st.ok()) {
+      // A copy from `host` may be in flight.
+      return gpu::FinishOnError(std::move(st), [&] {
+        mu_.AssertHeld();
+        return SyncStream();
+      });
+    }
+    return SyncStream();
   }
 
   void DropJob(uint64_t job) override {
@@ -311,6 +324,11 @@ class CudaExecutor final : public Executor {
       }
     }
     return ctx_->Synchronize();
+  }
+
+  absl::Status SyncStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
   }
 
   // After a failed graph capture or launch: clears the thread's last

@@ -23,7 +23,10 @@
 // completed step and a snapshot mid-step holds it. This doubles the
 // momentum's device memory (counted in memory_bytes()).
 //
-// Failures: every CUDA error fails the batch with a status naming the
+// Failures: a failed batch (or WriteState) first waits for the executor's
+// stream, so nothing it enqueued still touches the tasks' buffers when the
+// caller learns of the failure (cuda_executor_logic.h FinishOnError). Every
+// CUDA error fails the batch with a status naming the
 // device, the batch and the call (RESOURCE_EXHAUSTED for out of memory) and
 // marks the executor unhealthy (gpu_logic.h Health): out of memory until a
 // batch succeeds, any other error for good — its later batches then fail at

@@ -376,6 +376,9 @@ TEST_F(CudaExecutorTest, NonFiniteDeviceGradientSkipsOnlyThatTask) {
     ASSERT_EQ(cudaMemcpy(gp, g[i].data(), n * 4, cudaMemcpyHostToDevice),
               cudaSuccess);
     ASSERT_EQ(cudaMemset(up, 0xff, n * 4), cudaSuccess);
+    // cudaMemset is asynchronous on the legacy stream, which the executor's
+    // non-blocking stream does not wait for.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     io[i].parts.push_back({0, gp, up, 0, shape.rows, nullptr, {}});
   }
   const std::vector<float> init = Random(n, 9);
