@@ -3,8 +3,10 @@
 //                                       (base/cuda_status.h)
 //   DMUON_CUBLAS_RETURN_IF_ERROR(expr)  expr is a cublasStatus_t (cuBLASLt)
 // On failure the enclosing function (returning absl::Status or
-// absl::StatusOr<T>) returns RESOURCE_EXHAUSTED for out-of-memory and
-// INTERNAL otherwise, with file, line, the expression and the library's
+// absl::StatusOr<T>) returns RESOURCE_EXHAUSTED for out-of-memory,
+// UNIMPLEMENTED for CUBLAS_STATUS_NOT_SUPPORTED (a configuration the library
+// refuses; algo_fallback.h tries another algorithm on it) and INTERNAL
+// otherwise, with file, line, the expression and the library's
 // error string in the message. Code that calls the CUDA runtime but not
 // cuBLAS includes base/cuda_status.h alone.
 
@@ -29,6 +31,9 @@ inline absl::Status CublasErrorStatus(cublasStatus_t s, const char* expr,
                                  cublasLtGetStatusString(s), ")");
   if (s == CUBLAS_STATUS_ALLOC_FAILED) {
     return absl::ResourceExhaustedError(std::move(msg));
+  }
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
+    return absl::UnimplementedError(std::move(msg));
   }
   return absl::InternalError(std::move(msg));
 }

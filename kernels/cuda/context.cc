@@ -82,6 +82,11 @@ absl::Status ContextImpl::Init() {
   description_ = absl::StrFormat(
       "%s (sm_%d%d, %d SMs, %.1f GiB)", prop.name, prop.major, prop.minor,
       prop.multiProcessorCount, prop.totalGlobalMem / double(1 << 30));
+  cache_ = std::make_unique<PlanCache>(
+      options_.plan_cache_bytes != 0
+          ? options_.plan_cache_bytes
+          : static_cast<uint64_t>(prop.totalGlobalMem) /
+                kDefaultPlanCacheDivisor);
   DMUON_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   DMUON_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&lt_));
@@ -111,29 +116,44 @@ ContextImpl::~ContextImpl() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
-absl::StatusOr<Plan*> ContextImpl::GetPlan(const plan::PlanSpec& spec, DType in,
-                                           DType out, DType compute) {
+absl::StatusOr<Plan*> ContextImpl::GetPlan(
+    const plan::PlanSpec& spec, DType in, DType out, DType compute,
+    const std::vector<uint64_t>& owners) {
   const std::string key =
       plan::PlanKey(spec, static_cast<int>(in), static_cast<int>(out),
                     static_cast<int>(compute));
-  auto it = plans_.find(key);
-  if (it == plans_.end()) {
-    if (plans_.size() >= kMaxPlans) {  // evict the least recently used
-      // Its buffers may still be in use by queued work.
-      DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-      auto lru = plans_.begin();
-      for (auto p = plans_.begin(); p != plans_.end(); ++p) {
-        if (p->second.last_use < lru->second.last_use) lru = p;
-      }
-      plans_.erase(lru);
-    }
-    PlanEnv env{lt_, workspace_, kWorkspaceBytes, nonfinite_};
-    auto plan = Plan::Create(spec, in, out, compute, env);
-    if (!plan.ok()) return plan.status();
-    it = plans_.emplace(key, CachedPlan{*std::move(plan), 0}).first;
-  }
-  it->second.last_use = ++clock_;
-  return it->second.plan.get();
+  if (cache_->Use(key, owners)) return plans_.at(key).get();
+  const size_t bytes = Plan::Bytes(spec, compute);
+  if (auto st = FreePlans(cache_->MakeRoom(bytes)); !st.ok()) return st;
+  PlanEnv env{lt_, workspace_, kWorkspaceBytes, nonfinite_};
+  auto plan = Plan::Create(spec, in, out, compute, env);
+  if (!plan.ok()) return plan.status();
+  cache_->Insert(key, bytes, owners);
+  return plans_.emplace(key, *std::move(plan)).first->second.get();
+}
+
+absl::Status ContextImpl::FreePlans(const std::vector<std::string>& keys) {
+  if (keys.empty()) return absl::OkStatus();
+  // Their buffers may still be in use by queued work.
+  const cudaError_t sync = cudaStreamSynchronize(stream_);
+  for (const std::string& key : keys) plans_.erase(key);
+  DMUON_CUDA_RETURN_IF_ERROR(sync);
+  return absl::OkStatus();
+}
+
+absl::Status ContextImpl::ReleasePlans(uint64_t owner) {
+  DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return FreePlans(cache_->Release(owner));
+}
+
+PlanCacheStats ContextImpl::PlanStats() const {
+  PlanCacheStats s;
+  s.bytes = cache_->bytes();
+  s.cap = cache_->cap();
+  s.plans = cache_->size();
+  s.freed = cache_->freed();
+  s.over_cap = cache_->over_cap();
+  return s;
 }
 
 absl::Status ContextImpl::Orthogonalize(const DeviceBatch& in,
@@ -160,7 +180,8 @@ absl::Status ContextImpl::Orthogonalize(const DeviceBatch& in,
   const plan::PlanSpec spec = MakePlanSpec(in.shape, in.batch, options);
 
   DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  auto plan = GetPlan(spec, in.dtype, out.dtype, resolved.compute);
+  auto plan =
+      GetPlan(spec, in.dtype, out.dtype, resolved.compute, options.plan_owners);
   if (!plan.ok()) return plan.status();
   // `in` is read only by the first two operations and `out` written only by
   // the last, so in and out may overlap.
@@ -231,14 +252,15 @@ absl::Status ContextImpl::Synchronize() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Context>> Context::Create(int device) {
+absl::StatusOr<std::unique_ptr<Context>> Context::Create(
+    int device, const ContextOptions& options) {
   auto count = DeviceCount();
   if (!count.ok()) return count.status();
   if (device < 0 || device >= *count) {
     return absl::InvalidArgumentError(absl::StrCat(
         "device ", device, " does not exist (", *count, " CUDA devices)"));
   }
-  auto ctx = std::make_unique<ContextImpl>(device);
+  auto ctx = std::make_unique<ContextImpl>(device, options);
   if (auto st = ctx->Init(); !st.ok()) return st;
   return std::unique_ptr<Context>(std::move(ctx));
 }

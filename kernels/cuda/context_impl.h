@@ -1,7 +1,8 @@
 // The Context implementation (kernels/cuda/cuda_kernels.h), internal to
 // //kernels/cuda: one device, one non-blocking stream, one cuBLASLt handle
 // and workspace, a pinned non-finite flag, a staging buffer and caches of
-// plans (plan.h) and Gemm configurations. context.cc holds creation,
+// plans (plan.h, capped in bytes by plan_cache.h's policy) and Gemm
+// configurations. context.cc holds creation,
 // Orthogonalize, MomentumUpdate and Synchronize; device_memory.cc the memory
 // helpers and Gemm.
 
@@ -15,18 +16,19 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/lt_matmul.h"
 #include "kernels/cuda/plan.h"
+#include "kernels/cuda/plan_cache.h"
 #include "kernels/cuda/plan_logic.h"
 
 namespace dmuon::kernels::cuda {
 
 inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-inline constexpr size_t kMaxPlans = 64;
 inline constexpr size_t kMaxGemmConfigs = 256;
 
 inline bool ValidDType(DType t) {
@@ -35,7 +37,8 @@ inline bool ValidDType(DType t) {
 
 class ContextImpl final : public Context {
  public:
-  explicit ContextImpl(int device) : device_(device) {}
+  ContextImpl(int device, const ContextOptions& options)
+      : device_(device), options_(options) {}
   ~ContextImpl() override;
 
   absl::Status Init();
@@ -57,18 +60,22 @@ class ContextImpl final : public Context {
   uint64_t MemoryBytes() const override;
   absl::Status Gemm(const void* a, const void* b, void* c, DType dtype,
                     int64_t m, int64_t n, int64_t k, int64_t batch) override;
+  absl::Status ReleasePlans(uint64_t owner) override;
+  PlanCacheStats PlanStats() const override;
 
  private:
   absl::Status Staging(size_t bytes);
+  // The cached plan, or a new one (evicting others as plan_cache.h says),
+  // now referenced by `owners`.
   absl::StatusOr<Plan*> GetPlan(const plan::PlanSpec& spec, DType in, DType out,
-                                DType compute);
-
-  struct CachedPlan {
-    std::unique_ptr<Plan> plan;
-    uint64_t last_use = 0;
-  };
+                                DType compute,
+                                const std::vector<uint64_t>& owners);
+  // Waits for the stream, then frees the plans of `keys` (already out of
+  // cache_); the stream's status.
+  absl::Status FreePlans(const std::vector<std::string>& keys);
 
   const int device_;
+  const ContextOptions options_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
@@ -77,8 +84,10 @@ class ContextImpl final : public Context {
   float* staging_ = nullptr;
   size_t staging_bytes_ = 0;
   std::string description_;
-  uint64_t clock_ = 0;
-  std::unordered_map<std::string, CachedPlan> plans_;
+  // Plans by PlanKey; cache_ holds their bookkeeping (created in Init, once
+  // the device's memory is known).
+  std::unordered_map<std::string, std::unique_ptr<Plan>> plans_;
+  std::unique_ptr<PlanCache> cache_;
   std::unordered_map<std::string, std::unique_ptr<LtMatmul>> gemms_;
 };
 

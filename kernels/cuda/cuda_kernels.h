@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,14 +64,50 @@ struct CudaNsOptions {
   DType compute = DType::kBF16;
   bool symmetric = true;   // triangle-only products where results are symmetric
   bool use_graphs = true;  // capture and replay a CUDA graph per plan
+  // The jobs (any ids the caller chooses; the CUDA executor passes
+  // the job serials of its batch) the call runs for: each references the
+  // plan the call uses until Context::ReleasePlans(job). Empty: none (the
+  // plan is cached but in no job's use). See Context on the plan cache.
+  std::vector<uint64_t> plan_owners;
+};
+
+struct ContextOptions {
+  // Device bytes of plans the plan cache keeps at most (see Context), 0:
+  // kDefaultPlanCacheDivisor-th of the device's memory.
+  uint64_t plan_cache_bytes = 0;
+};
+// The default plan cache cap: a quarter of the device's memory. A plan's
+// buffers are a few matrices of its batch (2 x 4096 x 14336 plus 2 x 4096 x
+// 4096 bf16 elements per matrix: 4.8 GB for a batch of 16), so a quarter
+// of an 80-141 GB GPU keeps a large job's plans cached and leaves the rest
+// to momentum and staging.
+inline constexpr uint64_t kDefaultPlanCacheDivisor = 4;
+
+// The plan cache's state (Context::PlanStats).
+struct PlanCacheStats {
+  uint64_t bytes = 0;     // device bytes of the cached plans
+  uint64_t cap = 0;       // ContextOptions::plan_cache_bytes, resolved
+  uint64_t plans = 0;     // cached plans
+  uint64_t freed = 0;     // plans evicted or released so far
+  uint64_t over_cap = 0;  // plans created while the cache exceeded the cap
 };
 
 // One device, one stream, one cuBLASLt handle, a workspace pool and a cache of
 // plans (descriptors, chosen algorithms, buffers, graphs). Not thread-safe:
 // one executor thread owns one Context.
+//
+// The plan cache (kernels/cuda/plan_cache.h) is capped in device bytes
+// (ContextOptions::plan_cache_bytes). A plan is in use while a job named in
+// a call's plan_owners has not released it. Creating a plan first evicts
+// plans in no job's use, least recently used first, until the new one fits
+// under the cap; plans in use are never evicted, so the cache exceeds the
+// cap when the plans in use need more (PlanStats counts it). ReleasePlans
+// frees at once the plans no other job uses. Freeing a plan first waits for
+// the stream (queued work may still use its buffers).
 class Context {
  public:
-  static absl::StatusOr<std::unique_ptr<Context>> Create(int device);
+  static absl::StatusOr<std::unique_ptr<Context>> Create(
+      int device, const ContextOptions& options = {});
   virtual ~Context() = default;
 
   // out[i] <- NS(in[i]) for every matrix of the batch. in and out must have
@@ -108,6 +145,12 @@ class Context {
   virtual void* stream() const = 0;
   // Device memory the context holds: workspace, staging, plans' buffers.
   virtual uint64_t MemoryBytes() const { return 0; }
+
+  // Drops job `owner`'s references to its plans (CudaNsOptions::plan_owners)
+  // and frees the plans no other job references, after waiting for the
+  // stream. An owner without plans is not an error.
+  virtual absl::Status ReleasePlans(uint64_t owner) = 0;
+  virtual PlanCacheStats PlanStats() const = 0;
 
   // Plain dense GEMM C = A B^T (m x n x k, row-major, compute dtype in, fp32
   // accumulate) through the same cuBLASLt path: the benchmark's peak.

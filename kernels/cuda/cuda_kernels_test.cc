@@ -341,6 +341,47 @@ TEST_F(CudaKernelsTest, GemmIsABTransposed) {
       }
 }
 
+// The plan cache in device bytes (plan_cache.h's policy, tested on the CPU
+// by plan_cache_test) on the device: with a 1-byte cap every new plan evicts
+// the plans no job uses, never one a job uses, and ReleasePlans frees that
+// job's plans and their memory.
+TEST_F(CudaKernelsTest, PlanCacheIsCappedInBytesAndReleasedByJob) {
+  EXPECT_GT(ctx_->PlanStats().cap, 0u) << "the default cap";
+  ContextOptions capped;
+  capped.plan_cache_bytes = 1;
+  auto ctx = Context::Create(0, capped);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ctx_ = *std::move(ctx);
+  EXPECT_EQ(ctx_->PlanStats().cap, 1u);
+  const Shape a{32, 48}, b{48, 80};
+  CudaNsOptions tool;  // no owner
+  CudaNsOptions job = tool;
+  job.plan_owners = {7};
+  ASSERT_TRUE(Gpu(Random(a.elements(), 1), a, 1, DType::kBF16, tool).ok());
+  const PlanCacheStats first = ctx_->PlanStats();
+  EXPECT_EQ(first.plans, 1u);
+  EXPECT_GT(first.bytes, 1u);
+  EXPECT_EQ(first.over_cap, 1u);
+  // Job 7's plan evicts the tool's.
+  ASSERT_TRUE(Gpu(Random(b.elements(), 2), b, 1, DType::kBF16, job).ok());
+  PlanCacheStats s = ctx_->PlanStats();
+  EXPECT_EQ(s.plans, 1u);
+  EXPECT_EQ(s.freed, 1u);
+  const uint64_t job_bytes = s.bytes;
+  // The tool's plan again: it cannot evict job 7's.
+  ASSERT_TRUE(Gpu(Random(a.elements(), 3), a, 1, DType::kBF16, tool).ok());
+  s = ctx_->PlanStats();
+  EXPECT_EQ(s.plans, 2u);
+  EXPECT_EQ(s.bytes, job_bytes + first.bytes);
+  const uint64_t memory = ctx_->MemoryBytes();
+  ASSERT_TRUE(ctx_->ReleasePlans(7).ok());
+  s = ctx_->PlanStats();
+  EXPECT_EQ(s.plans, 1u);
+  EXPECT_EQ(s.bytes, first.bytes);
+  EXPECT_EQ(ctx_->MemoryBytes(), memory - job_bytes);
+  EXPECT_TRUE(ctx_->ReleasePlans(7).ok()) << "released twice";
+}
+
 TEST_F(CudaKernelsTest, DescribesDevice) {
   const std::string d = ctx_->DeviceDescription();
   EXPECT_NE(d.find("sm_"), std::string::npos) << d;

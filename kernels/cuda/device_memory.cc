@@ -55,7 +55,7 @@ absl::Status ContextImpl::Free(void* ptr) {
 
 uint64_t ContextImpl::MemoryBytes() const {
   uint64_t bytes = kWorkspaceBytes + staging_bytes_ + sizeof(int);
-  for (const auto& [key, cached] : plans_) bytes += cached.plan->bytes();
+  for (const auto& [key, plan] : plans_) bytes += plan->bytes();
   return bytes;
 }
 

@@ -292,6 +292,22 @@ TEST(EmulatedPrecision, BatchCalls) {
   }
 }
 
+// server/cuda/cuda_executor_test: the executor's NS (default options: direct
+// in bf16, fp32 in and out) on fresh normal inputs.
+TEST(EmulatedPrecision, ExecutorCalls) {
+  for (Shape shape : accuracy::kExecutorShapes) {
+    CudaNsOptions o;
+    o.compute = DType::kBF16;
+    Case c("Executor " + Describe(DType::kBF16, o.ns.method, shape, o),
+           ErrorBound(shape, o, DType::kF32));
+    for (uint32_t s = 11; s <= 20; ++s) {
+      const std::vector<float> host = accuracy::Random(shape.elements(), s);
+      c.Add(WorstError(Emulate(host, shape, 1, DType::kF32, DType::kF32, o),
+                       accuracy::CpuReference(host, shape, 1, o.ns), shape, 1));
+    }
+  }
+}
+
 // autotune_cuda_test: CudaMeasure's own input (mt19937_64(12345), uploaded
 // as the compute dtype) against the CPU fp32 direct method on the unrounded
 // input, matrix 0 of a batch of 4.

@@ -1,8 +1,11 @@
 #include "kernels/cuda/lt_matmul.h"
 
+#include <array>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/algo_fallback.h"
 #include "kernels/cuda/check.h"
 
 namespace dmuon::kernels::cuda {
@@ -70,19 +73,32 @@ absl::StatusOr<std::unique_ptr<LtMatmul>> LtMatmul::Create(
     DMUON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
         pref, kAlignAttr[i], &bytes, sizeof(bytes)));
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  // Up to kHeuristicResults algorithms, best first; those that report an
+  // error or need more workspace than there is are dropped here, the rest
+  // are the run-time candidates (algo_fallback.h).
+  std::array<cublasLtMatmulHeuristicResult_t, algo::kHeuristicResults>
+      results{};
   int found = 0;
-  DMUON_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmulAlgoGetHeuristic(handle, mm->desc_, mm->a_, mm->b_, mm->cd_,
-                                     mm->cd_, pref, 1, &result, &found));
-  if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
-    return absl::InternalError(
-        absl::StrCat("cuBLASLt has no algorithm for ", mm->description_,
-                     " (alignments ", alignment[0], "/", alignment[1], "/",
-                     alignment[2], "/", alignment[3], " bytes)"));
+  DMUON_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+      handle, mm->desc_, mm->a_, mm->b_, mm->cd_, mm->cd_, pref,
+      algo::kHeuristicResults, results.data(), &found));
+  std::vector<algo::HeuristicResult> seen;
+  for (int i = 0; i < found && i < algo::kHeuristicResults; ++i) {
+    seen.push_back({results[i].state == CUBLAS_STATUS_SUCCESS,
+                    static_cast<uint64_t>(results[i].workspaceSize)});
   }
-  mm->algo_ = result.algo;
-  mm->workspace_needed_ = result.workspaceSize;
+  for (int i : algo::Usable(seen, workspace_bytes)) {
+    mm->candidates_.push_back({results[i].algo, results[i].workspaceSize});
+  }
+  if (mm->candidates_.empty()) {
+    return absl::InternalError(absl::StrCat(
+        "cuBLASLt has no algorithm for ", mm->description_, " (alignments ",
+        alignment[0], "/", alignment[1], "/", alignment[2], "/", alignment[3],
+        " bytes; heuristic: ", algo::DescribeResults(seen, workspace_bytes),
+        ")"));
+  }
+  mm->fallback_ = std::make_unique<algo::AlgoFallback>(
+      static_cast<int>(mm->candidates_.size()), mm->description_);
   return mm;
 }
 
@@ -97,16 +113,20 @@ LtMatmul::~LtMatmul() {
 absl::Status LtMatmul::Run(cublasLtHandle_t handle, float alpha, const void* a,
                            const void* b, float beta, const void* c, void* d,
                            void* workspace, size_t workspace_bytes,
-                           cudaStream_t stream) const {
-  if (workspace_needed_ > workspace_bytes) {
-    return absl::InternalError(
-        absl::StrCat(description_, " needs ", workspace_needed_,
-                     " workspace bytes, have ", workspace_bytes));
-  }
-  DMUON_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, c, cd_, d, cd_,
-                     &algo_, workspace, workspace_bytes, stream));
-  return absl::OkStatus();
+                           cudaStream_t stream) {
+  return fallback_->Run([&](int k) -> absl::Status {
+    const Candidate& cand = candidates_[k];
+    if (cand.workspace > workspace_bytes) {
+      return absl::InternalError(absl::StrCat(
+          description_, " algorithm candidate ", k, " needs ", cand.workspace,
+          " workspace bytes, have ", workspace_bytes));
+    }
+    // NOT_SUPPORTED becomes UNIMPLEMENTED (check.h): the next candidate.
+    DMUON_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, c, cd_, d,
+                       cd_, &cand.algo, workspace, workspace_bytes, stream));
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace dmuon::kernels::cuda

@@ -1,6 +1,10 @@
 // One cuBLASLt matmul configuration: the operation and layout descriptors of
 // a column-major strided-batched GEMM (plan_logic.h's Gemm) and the
-// algorithm cuBLASLt's heuristic picked for it, chosen once at creation.
+// algorithms cuBLASLt's heuristic proposes for it: up to
+// algo::kHeuristicResults, those reporting an error or needing more than the
+// workspace dropped at creation; Run uses the best that works and falls back
+// to the next on CUBLAS_STATUS_NOT_SUPPORTED, remembering the one that ran
+// (algo_fallback.h).
 // Compute type CUBLAS_COMPUTE_32F, scale type CUDA_R_32F (alpha and beta are
 // host floats), A, B, C and D all of one data type.
 
@@ -14,9 +18,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cuda/algo_fallback.h"
 #include "kernels/cuda/plan_logic.h"
 
 namespace dmuon::kernels::cuda {
@@ -34,10 +40,16 @@ class LtMatmul {
   LtMatmul& operator=(const LtMatmul&) = delete;
 
   // D = alpha op(A) op(B) + beta C on `stream`. C may equal D (in place).
+  // Tries the candidates as algo::AlgoFallback::Run does (UNIMPLEMENTED
+  // naming the GEMM when every one is refused). Not thread-safe.
   absl::Status Run(cublasLtHandle_t handle, float alpha, const void* a,
                    const void* b, float beta, const void* c, void* d,
                    void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream) const;
+                   cudaStream_t stream);
+
+  // The candidate Run uses first (index into the usable heuristic results).
+  int current_algorithm() const { return fallback_->current(); }
+  int algorithm_count() const { return fallback_->count(); }
 
   const std::string& description() const { return description_; }
 
@@ -48,8 +60,12 @@ class LtMatmul {
   cublasLtMatrixLayout_t a_ = nullptr;
   cublasLtMatrixLayout_t b_ = nullptr;
   cublasLtMatrixLayout_t cd_ = nullptr;  // C and D share one layout
-  cublasLtMatmulAlgo_t algo_{};
-  size_t workspace_needed_ = 0;
+  struct Candidate {
+    cublasLtMatmulAlgo_t algo{};
+    size_t workspace = 0;
+  };
+  std::vector<Candidate> candidates_;  // usable heuristic results, best first
+  std::unique_ptr<algo::AlgoFallback> fallback_;
   std::string description_;
 };
 

@@ -41,6 +41,26 @@ absl::Status Plan::Allocate(size_t bytes, void** ptr) {
   return absl::OkStatus();
 }
 
+std::vector<size_t> Plan::BufferBytes(const plan::PlanSpec& spec,
+                                      const plan::OpList& ops, DType compute) {
+  std::vector<size_t> bytes;
+  const size_t elem = DTypeBytes(compute);
+  for (Buf b : ops.work_buffers) {
+    bytes.push_back(static_cast<size_t>(plan::BufferElements(spec, b)) *
+                    static_cast<size_t>(spec.batch) * elem);
+  }
+  const int64_t blocks = device::NormBlocks(spec.rows * spec.cols);
+  bytes.push_back(sizeof(float) * spec.batch);            // norms
+  bytes.push_back(sizeof(double) * blocks * spec.batch);  // partials
+  return bytes;
+}
+
+size_t Plan::Bytes(const plan::PlanSpec& spec, DType compute) {
+  size_t total = 0;
+  for (size_t b : BufferBytes(spec, plan::BuildOps(spec), compute)) total += b;
+  return total;
+}
+
 absl::StatusOr<std::unique_ptr<Plan>> Plan::Create(const plan::PlanSpec& spec,
                                                    DType in, DType out,
                                                    DType compute,
@@ -53,26 +73,17 @@ absl::StatusOr<std::unique_ptr<Plan>> Plan::Create(const plan::PlanSpec& spec,
   p->env_ = env;
   p->ops_ = plan::BuildOps(spec);
   const size_t elem = DTypeBytes(compute);
-  for (Buf b : p->ops_.work_buffers) {
-    const size_t bytes = static_cast<size_t>(plan::BufferElements(spec, b)) *
-                         static_cast<size_t>(spec.batch) * elem;
-    if (auto st = p->Allocate(bytes, &p->bufs_[static_cast<int>(b)]);
-        !st.ok()) {
-      return st;
-    }
+  // The work buffers in ops_.work_buffers' order, then norms and partials.
+  const std::vector<size_t> sizes = BufferBytes(spec, p->ops_, compute);
+  std::vector<void*> ptrs(sizes.size(), nullptr);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (auto st = p->Allocate(sizes[i], &ptrs[i]); !st.ok()) return st;
   }
-  void* norms = nullptr;
-  void* partials = nullptr;
-  const int64_t blocks = device::NormBlocks(spec.rows * spec.cols);
-  if (auto st = p->Allocate(sizeof(float) * spec.batch, &norms); !st.ok()) {
-    return st;
+  for (size_t i = 0; i < p->ops_.work_buffers.size(); ++i) {
+    p->bufs_[static_cast<int>(p->ops_.work_buffers[i])] = ptrs[i];
   }
-  if (auto st = p->Allocate(sizeof(double) * blocks * spec.batch, &partials);
-      !st.ok()) {
-    return st;
-  }
-  p->norms_ = static_cast<float*>(norms);
-  p->partials_ = static_cast<double*>(partials);
+  p->norms_ = static_cast<float*>(ptrs[sizes.size() - 2]);
+  p->partials_ = static_cast<double*>(ptrs[sizes.size() - 1]);
 
   // One LtMatmul per distinct descriptor; the work buffers are 256-byte
   // aligned (cudaMalloc), so alignment follows from offsets and strides.

@@ -54,8 +54,11 @@ class Plan {
   absl::Status Run(const void* in, void* out, cudaStream_t stream,
                    bool use_graph);
 
-  // Device bytes the plan owns.
+  // Device bytes the plan owns (its buffers; not the Context's workspace).
   size_t bytes() const { return bytes_; }
+  // What Create allocates for `spec` in `compute`: the bytes() of that plan,
+  // known before it is created.
+  static size_t Bytes(const plan::PlanSpec& spec, DType compute);
   const plan::OpList& ops() const { return ops_; }
 
  private:
@@ -65,6 +68,11 @@ class Plan {
   };
 
   Plan() = default;
+  // Sizes of the buffers Create allocates: the work buffers in
+  // ops.work_buffers' order, then the norms and the norm partials.
+  static std::vector<size_t> BufferBytes(const plan::PlanSpec& spec,
+                                         const plan::OpList& ops,
+                                         DType compute);
   absl::Status Allocate(size_t bytes, void** ptr);
   void* Pointer(plan::Buf b, int64_t offset, const void* in, void* out) const;
   absl::Status Enqueue(const void* in, void* out, cudaStream_t stream);
@@ -82,7 +90,7 @@ class Plan {
   size_t bytes_ = 0;
   // LtMatmul per descriptor key; gemm_of_op_[i] points into it for GEMM ops.
   std::map<std::string, std::unique_ptr<LtMatmul>> matmuls_;
-  std::vector<const LtMatmul*> gemm_of_op_;
+  std::vector<LtMatmul*> gemm_of_op_;
   // Graphs by (in, out), and their insertion order for eviction.
   std::map<std::pair<const void*, void*>, Graph> graphs_;
   std::vector<std::pair<const void*, void*>> graph_order_;

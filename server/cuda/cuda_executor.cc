@@ -20,6 +20,7 @@
 #include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/ns_kernels.h"
 #include "server/cuda/cuda_executor_io.h"
+#include "server/cuda/cuda_executor_logic.h"
 #include "server/gpu_logic.h"
 
 namespace dmuon::server {
@@ -78,6 +79,13 @@ class CudaExecutor final : public Executor {
     absl::Status st = ComputeLocked(batch);
     if (!st.ok()) {
       base::ClearLastCudaError();  // clear a non-sticky error (out of memory)
+      // The batch's copies and kernels enqueued before the failure may still
+      // read or write the tasks' buffers: wait for them first.
+      st = gpu::FinishOnError(std::move(st), [&] {
+        mu_.AssertHeld();  // called back here, under the lock
+        return SyncStream();
+      });
+      base::ClearLastCudaError();
       st = absl::Status(st.code(),
                         absl::StrCat(name_, ": batch of ", batch.size(), " x ",
                                      kernels::ShapeString(batch[0].shape), ": ",
@@ -120,9 +128,14 @@ class CudaExecutor final : public Executor {
     absl::MutexLock lock(&mu_);
     auto state = StateForCopy(key, host.size(), "written from");
     if (!state.ok() || *state == nullptr) return state.status();
-    if (auto st = Load(host.data(), **state); !st.ok()) return st;
-    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
+    if (auto st = Load(host.data(), **state); !st.ok()) {
+      // A copy from `host` may be in flight.
+      return gpu::FinishOnError(std::move(st), [&] {
+        mu_.AssertHeld();
+        return SyncStream();
+      });
+    }
+    return SyncStream();
   }
 
   void DropJob(uint64_t job) override {
@@ -135,6 +148,11 @@ class CudaExecutor final : public Executor {
       (void)cudaFree(it->second.start);
       pool_bytes_ -= 2 * it->second.bytes;
       it = pool_.erase(it);
+    }
+    // The job's NS plans, unless another open job uses them too.
+    if (absl::Status st = ctx_->ReleasePlans(job); !st.ok()) {
+      spdlog::warn("{}: releasing the plans of job {}: {}", name_, job,
+                   st.ToString());
     }
     UpdateMemory();
   }
@@ -257,7 +275,12 @@ class CudaExecutor final : public Executor {
     // A failed capture or graph launch executes nothing and NS reads its
     // input before writing its output in place, so the eager retry sees the
     // same input.
-    const cu::CudaNsOptions ns = ExecutorNsOptions(batch[0].muon->ns, options_);
+    // The batch's jobs reference the plans its launches use (DropJob
+    // releases them).
+    cu::CudaNsOptions ns = ExecutorNsOptions(batch[0].muon->ns, options_);
+    std::set<uint64_t> jobs;
+    for (const ComputeTask& t : batch) jobs.insert(t.state.job);
+    ns.plan_owners.assign(jobs.begin(), jobs.end());
     int64_t first = 0;
     for (int64_t size : SplitBatch(count, options_.max_launch)) {
       cu::DeviceBatch b;
@@ -285,6 +308,7 @@ class CudaExecutor final : public Executor {
       if (!st.ok()) return st;
       first += size;
     }
+    WarnIfPlansOverCap();
 
     // Scale, then deliver.
     for (int64_t i = 0; i < count; ++i) {
@@ -306,6 +330,11 @@ class CudaExecutor final : public Executor {
     return ctx_->Synchronize();
   }
 
+  absl::Status SyncStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    DMUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
   // After a failed graph capture or launch: clears the thread's last
   // (non-sticky) error and ends a capture the failure left open on the
   // stream, so the eager retry starts clean. A sticky error shows up in the
@@ -321,6 +350,20 @@ class CudaExecutor final : public Executor {
       base::ClearLastCudaError();
     }
     return absl::OkStatus();
+  }
+
+  // Once per executor: the plans of open jobs exceed the plan cache's cap
+  // (they are never evicted, so the cap gives way).
+  void WarnIfPlansOverCap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (plan_cap_warned_) return;
+    const cu::PlanCacheStats p = ctx_->PlanStats();
+    if (p.over_cap == 0) return;
+    plan_cap_warned_ = true;
+    spdlog::warn(
+        "{}: the NS plans of open jobs need {} bytes, over the plan cache's "
+        "cap of {} bytes; plans in use are never evicted, so the cap gives "
+        "way (raise the cap, or lower max_launch for smaller plans)",
+        name_, p.bytes, p.cap);
   }
 
   // For ReadState and WriteState: key's pool entry (nullptr: none, nothing
@@ -453,6 +496,7 @@ class CudaExecutor final : public Executor {
   int* flags_ ABSL_GUARDED_BY(mu_) = nullptr;
   int* flags_host_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t flags_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool plan_cap_warned_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -469,7 +513,9 @@ cu::CudaNsOptions ExecutorNsOptions(const kernels::NsOptions& ns,
 
 absl::StatusOr<std::unique_ptr<Executor>> NewCudaExecutor(
     int device, const CudaExecutorOptions& options) {
-  auto ctx = cu::Context::Create(device);
+  cu::ContextOptions context_options;
+  context_options.plan_cache_bytes = options.plan_cache_bytes;
+  auto ctx = cu::Context::Create(device, context_options);
   if (!ctx.ok()) {
     return absl::Status(
         ctx.status().code(),

@@ -23,7 +23,10 @@
 // completed step and a snapshot mid-step holds it. This doubles the
 // momentum's device memory (counted in memory_bytes()).
 //
-// Failures: every CUDA error fails the batch with a status naming the
+// Failures: a failed batch (or WriteState) first waits for the executor's
+// stream, so nothing it enqueued still touches the tasks' buffers when the
+// caller learns of the failure (cuda_executor_logic.h FinishOnError). Every
+// CUDA error fails the batch with a status naming the
 // device, the batch and the call (RESOURCE_EXHAUSTED for out of memory) and
 // marks the executor unhealthy (gpu_logic.h Health): out of memory until a
 // batch succeeds, any other error for good — its later batches then fail at
@@ -37,6 +40,7 @@
 #ifndef DMUON_SERVER_CUDA_CUDA_EXECUTOR_H_
 #define DMUON_SERVER_CUDA_CUDA_EXECUTOR_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +55,12 @@ struct CudaExecutorOptions {
   bool bf16_momentum = false;  // see the header comment: changes the numbers
   bool use_graphs = true;      // replay each NS plan as a CUDA graph
   int max_launch = 16;         // most matrices per NS launch (power of two)
+  // Cap on the device bytes of cached NS plans (kernels::cuda::
+  // ContextOptions; 0: a quarter of the GPU's memory). Plans are referenced
+  // by the jobs of the batches that use them and freed when DropJob
+  // releases the last; plans of open jobs are never evicted, so they can
+  // exceed the cap: the executor then warns once.
+  uint64_t plan_cache_bytes = 0;
 };
 
 // The options the executor runs Newton–Schulz with for a batch whose

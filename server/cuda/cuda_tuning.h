@@ -7,8 +7,9 @@
 // Contexts: each measured (shape, batch) gets its own kernels::cuda Context,
 // created at its first measurement and freed when the measurement function
 // is (after Autotuner::Choose). Keeping one Context for the daemon's life
-// would keep its plan cache (up to 64 plans with their buffers) and
-// workspace on an executor's GPU, next to the momentum state; a Context
+// would keep its plan cache (its measurements' plans, in no job's use, up
+// to the cache's cap: a quarter of the GPU's memory) and workspace on an
+// executor's GPU, next to the momentum state; a Context
 // costs a stream, a cuBLASLt handle and a 32 MiB workspace, little next to a
 // measurement (graph capture, warm-up and timed runs of both methods and a
 // CPU reference), which runs only on a cache miss. One Context per function

@@ -112,6 +112,13 @@ inline constexpr Shape kBatchShapes[] = {{48, 160}, {160, 48}};
 inline constexpr int64_t kBatch = 4;
 inline constexpr uint32_t kBatchSeed = 9;
 
+// The CUDA executor's calls (server/cuda/cuda_executor_test.cc against the
+// CPU executor): fp32 gradients through the momentum step (a fresh normal
+// matrix, as far as NS can tell), NS with the default MuonParams (direct,
+// classic schedule) in bf16 as ExecutorNsOptions asks, fp32 in and out;
+// held to ErrorBound(shape, options, DType::kF32).
+inline constexpr Shape kExecutorShapes[] = {{96, 64}, {40, 56}, {64, 64}};
+
 // The CPU fp32 path on `batch` matrices of `shape` stored one after another
 // in `host`: the reference every GPU result is held to. A failing call is a
 // test failure (the output is then left zero for that matrix).
