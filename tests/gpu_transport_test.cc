@@ -3,8 +3,11 @@
 // whose executors are FakeDeviceExecutors and whose GPU transports are
 // FakeTransports (server/testing/fake_device.h). The "GPU memory" is a host
 // buffer laid out by Client::ComputeRegionLayout: cuda_ipc exports its address,
-// nccl moves its slots over a fake communicator in the order NCCL groups
-// would. Every update is compared with the fp64 reference Muon of
+// nccl moves its slots over a CPU double of NCCL with its blocking semantics
+// (transport/testing/fake_nccl.h), the daemon's side of the transport being
+// the real one and the trainer's the shipped order (client/cuda/
+// nccl_order.h): with the warm-up the steps go through, without it the first
+// transfer deadlocks. Every update is compared with the fp64 reference Muon of
 // tests/muon_job.h (2 ranks, several steps, replicated, row-sharded and
 // unreduced parameters). The end of a cuda_ipc session keeps its order: the
 // exported memory is freed only after the daemon released the region
@@ -26,19 +29,36 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/cuda/nccl_order.h"
 #include "client/cuda/release_gate.h"
 #include "daemon/grpc_service.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "server/service.h"
 #include "server/testing/fake_device.h"
 #include "tests/muon_job.h"
+#include "transport/testing/fake_nccl.h"
 
 namespace dmuon {
 namespace {
 
 using server::testing::FakeDeviceExecutor;
-using server::testing::FakeNcclLink;
 using server::testing::FakeTransports;
+using transport::testing::FakeNcclNet;
+
+// A trainer rank's blocking communicator over the NCCL double.
+class FakeGroups : public gpu::NcclGroups {
+ public:
+  FakeGroups(std::shared_ptr<FakeNcclNet> net, int rank)
+      : net_(std::move(net)), rank_(rank) {}
+  absl::Status Group(const std::vector<transport::NcclTransfer>& transfers,
+                     void* stream) override {
+    return net_->Group(rank_, transfers).status();
+  }
+
+ private:
+  const std::shared_ptr<FakeNcclNet> net_;
+  const int rank_;
+};
 
 ::testing::AssertionResult Has(const std::string& text,
                                const std::string& part) {
@@ -130,7 +150,13 @@ struct Rank {
   std::vector<float> mem;  // float: 4-byte aligned; slots are 64-byte apart
   std::unique_ptr<Client> client;
   std::unique_ptr<Session> session;
-  std::shared_ptr<FakeNcclLink> link;  // nccl
+  // nccl: the job's communicator, this rank's groups over it in the order
+  // of client/cuda/nccl_order.h, and the warm-up's memory.
+  std::shared_ptr<FakeNcclNet> net;
+  std::unique_ptr<FakeGroups> groups;
+  std::unique_ptr<gpu::NcclOrder> order;
+  std::vector<std::byte> warm_up =
+      std::vector<std::byte>(gpu::kNcclTrainerWarmUpBytes);
   // cuda_ipc, when set before Open: the session is guarded by it, as
   // client/cuda/device_region.h's is (`mem` is the exported memory).
   std::shared_ptr<gpu::ReleaseGate> gate;
@@ -164,13 +190,28 @@ struct Rank {
       return s.status();
     }
     session = gate ? gpu::GuardSession(std::move(*s), gate) : std::move(*s);
-    if (nccl())
-      link = d.transports->fabric->Link(session->nccl().unique_id, rank);
+    if (nccl()) {
+      net = d.transports->NcclNet(session->nccl().unique_id);
+      if (net == nullptr) return absl::InternalError("no such communicator");
+      groups = std::make_unique<FakeGroups>(net, rank);
+      order = std::make_unique<gpu::NcclOrder>(*groups,
+                                               session->nccl().daemon_rank);
+    }
     return absl::OkStatus();
   }
 
+  // nccl: ncclCommInitRank (blocks until every rank of the job joined: call
+  // it on every rank at once), then the warm-up, as gpu::NcclPeer::Join
+  // does; without `with_warm_up` (the order before it) none.
+  absl::Status Join(bool with_warm_up = true) {
+    if (auto st = net->Join(spec.rank); !st.ok()) return st;
+    return with_warm_up ? order->WarmUp(warm_up.data(), nullptr)
+                        : absl::OkStatus();
+  }
+
   // Hands over `ids` of `step` as the contract says: gradients written, then
-  // (nccl) one "group" of sends in `ids` order, then GradientsReady.
+  // (nccl) one group of sends in `send_order` (`ids`, unless a test breaks
+  // the rule), then GradientsReady.
   absl::Status HandOver(int64_t step, const std::vector<int>& ids,
                         const std::vector<int>& send_order) {
     const RegionLayout& l = session->layout();
@@ -185,12 +226,12 @@ struct Rank {
                 : base() + l.slots[p].gradient_offset;
       std::memcpy(slot, g.data(), l.slots[p].bytes);
     }
+    if (nccl() && send_order == ids)
+      return order->HandOver(*session, l, base(), ids, nullptr);
     if (nccl()) {
-      for (int p : send_order) {
-        const std::byte* g = base() + l.slots[p].gradient_offset;
-        link->Send(/*to_daemon=*/true,
-                   {p, std::vector<std::byte>(g, g + l.slots[p].bytes)});
-      }
+      if (auto st = order->SendGradients(l, base(), send_order, nullptr);
+          !st.ok())
+        return st;
     }
     return ids.size() == 1 ? session->GradientReady(ids[0])
                            : session->GradientsReady(ids);
@@ -224,18 +265,16 @@ struct Rank {
       if (ids->empty()) break;
       announced->push_back(*ids);
       if (!nccl()) continue;
-      for (int p : *ids) {  // one ncclRecv group, in order
-        auto got = link->Receive(/*at_daemon=*/false,
-                                 std::chrono::milliseconds(10000));
-        if (!got.ok()) return got.status();
-        const RegionSlot& s = session->layout().slots[p];
-        if (got->param != p || got->data.size() != s.bytes) {
-          return absl::InternalError(
-              absl::StrCat("the daemon sent parameter ", got->param,
-                           "'s update where ", p, " was announced"));
-        }
-        std::memcpy(base() + s.update_offset, got->data.data(), s.bytes);
-      }
+      // One receive group per announcement, in order (what
+      // NcclOrder::ReceiveAnnounced loops over).
+      if (auto st =
+              order->ReceiveUpdates(session->layout(), base(), *ids, nullptr);
+          !st.ok())
+        return st;
+    }
+    // cudaStreamSynchronize: the updates are in the region.
+    if (nccl()) {
+      if (auto st = net->Synchronize(spec.rank); !st.ok()) return st;
     }
     // Announced = ready: WaitUpdate and TryUpdate agree.
     for (int p = 0; p < n; ++p) {
@@ -263,6 +302,19 @@ struct Rank {
   }
 };
 
+// nccl: every rank of a job joins at once (Rank::Join), as trainer
+// processes do; their statuses by rank.
+std::vector<absl::Status> JoinAll(std::vector<Rank>& ranks,
+                                  bool with_warm_up = true) {
+  std::vector<absl::Status> status(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    threads.emplace_back([&, r] { status[r] = ranks[r].Join(with_warm_up); });
+  }
+  for (auto& th : threads) th.join();
+  return status;
+}
+
 // `steps` steps of a `world`-rank job over `t`, every update vs the fp64
 // reference, every announcement checked.
 void RunJob(TransportChoice t, const std::string& job, int world, int steps) {
@@ -270,6 +322,9 @@ void RunJob(TransportChoice t, const std::string& job, int world, int steps) {
   std::vector<Rank> ranks(world);
   for (int r = 0; r < world; ++r)
     ASSERT_TRUE(ranks[r].Open(d, job, r, world, t).ok());
+  if (t == TransportChoice::kNccl) {
+    for (const absl::Status& st : JoinAll(ranks)) ASSERT_TRUE(st.ok()) << st;
+  }
   testing::Reference ref(kSeed, world);
   const int n = static_cast<int>(ranks[0].spec.params.size());
   for (int64_t step = 1; step <= steps; ++step) {
@@ -363,6 +418,7 @@ TEST(GpuTransports, NcclAbsentParametersMoveNothingAndKeepTheirMomentum) {
     ASSERT_TRUE(
         nccl[r].Open(dev, "absent", r, world, TransportChoice::kNccl).ok());
   }
+  for (const absl::Status& st : JoinAll(nccl)) ASSERT_TRUE(st.ok()) << st;
   const int n = static_cast<int>(nccl[0].spec.params.size());
   std::vector<std::vector<float>> last;  // the momentum after the last step
   for (int64_t step = 1; step <= static_cast<int64_t>(absent.size()); ++step) {
@@ -612,12 +668,102 @@ TEST(GpuTransports, NcclSendsOutOfOrderBreakTheJob) {
   Daemon d(/*gpu=*/true);
   Rank r;
   ASSERT_TRUE(r.Open(d, "swap", 0, 1, TransportChoice::kNccl).ok());
+  ASSERT_TRUE(r.Join().ok());
   // Declared [0, 1], sent [1, 0]: the daemon's receives do not match.
   ASSERT_TRUE(r.HandOver(1, {0, 1}, {1, 0}).ok());
   auto ids = r.session->NextAnnounced();
   ASSERT_FALSE(ids.ok());
   EXPECT_TRUE(Has(std::string(ids.status().message()), "out of the order"));
   EXPECT_TRUE(Has(std::string(ids.status().message()), d.address));
+}
+
+// Issue 23: NCCL connects a pair lazily in the first group end that uses
+// it, which blocks until the peer uses the pair too. Without the warm-up
+// (the order before it, on both sides) the trainer's first gradient group
+// waits for the daemon's receive, which the daemon posts only after the
+// GradientsReady that the trainer sends once that group end returns: each
+// waits for the other. The double reports the group end that never returns
+// after its timeout (a real trainer would hang; the daemon would give up
+// only after its 120 s enqueue deadline).
+TEST(GpuTransports, NcclWithoutTheWarmUpTheFirstTransferDeadlocks) {
+  Daemon d(/*gpu=*/true);
+  d.transports->nccl_timeout = std::chrono::milliseconds(500);
+  d.transports->nccl_warm_up = false;
+  Rank r;
+  ASSERT_TRUE(r.Open(d, "old", 0, 1, TransportChoice::kNccl).ok());
+  ASSERT_TRUE(r.Join(/*with_warm_up=*/false).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status st = r.HandOver(1, {4, 3}, {4, 3});
+  EXPECT_GE(std::chrono::steady_clock::now() - t0,
+            std::chrono::milliseconds(500))
+      << "the group end returned early";
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_TRUE(Has(std::string(st.message()), "its send to rank 1"));
+  EXPECT_TRUE(Has(std::string(st.message()), "deadlock"));
+  // Meanwhile the daemon posted nothing: it waits for GradientsReady.
+  EXPECT_TRUE(r.net->Posted(1).empty());
+}
+
+// The same first step with the warm-up on both sides goes through, with the
+// same short timeout: no group end waits for a peer any more.
+TEST(GpuTransports, NcclWithTheWarmUpTheFirstStepsGoThrough) {
+  Daemon d(/*gpu=*/true);
+  d.transports->nccl_timeout = std::chrono::milliseconds(2000);
+  std::vector<Rank> ranks(2);
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(ranks[r].Open(d, "new", r, 2, TransportChoice::kNccl).ok());
+  for (const absl::Status& st : JoinAll(ranks)) ASSERT_TRUE(st.ok()) << st;
+  // The warm-up is each side's first group, with every trainer rank.
+  const auto daemon = ranks[0].net->Posted(2);
+  ASSERT_FALSE(daemon.empty());
+  ASSERT_EQ(daemon[0].size(), 4u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(daemon[0][2 * r].send);
+    EXPECT_EQ(daemon[0][2 * r].peer, r);
+    EXPECT_TRUE(daemon[0][2 * r + 1].send);
+    EXPECT_EQ(daemon[0][2 * r + 1].peer, r);
+    const auto mine = ranks[r].net->Posted(r);
+    ASSERT_EQ(mine.size(), 1u);
+    ASSERT_EQ(mine[0].size(), 2u);
+    EXPECT_TRUE(mine[0][0].send);
+    EXPECT_FALSE(mine[0][1].send);
+    EXPECT_EQ(mine[0][0].bytes, transport::kNcclWarmUpBytes);
+  }
+  testing::Reference ref(kSeed, 2);
+  for (int64_t step = 1; step <= 2; ++step) {
+    const auto want = ref.Step(step);
+    std::vector<absl::Status> status(2);
+    std::vector<std::vector<std::vector<int>>> announced(2);
+    std::thread t1([&] { status[1] = ranks[1].Step(step, &announced[1]); });
+    status[0] = ranks[0].Step(step, &announced[0]);
+    t1.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+      for (int p = 0; p < 5; ++p) {
+        EXPECT_LE(testing::RelativeError(
+                      ranks[r].Update(p),
+                      testing::View(want[p], ranks[r].spec.params[p])),
+                  kTolerance)
+            << "rank " << r << " step " << step << " param " << p;
+      }
+    }
+  }
+  for (auto& r : ranks) EXPECT_TRUE(r.session->Close().ok());
+}
+
+// A trainer without the warm-up (a build before it) against a daemon with
+// it: the job breaks with the reason once the daemon's warm-up gives up,
+// rather than hang.
+TEST(GpuTransports, NcclTrainerWithoutTheWarmUpBreaksTheJob) {
+  Daemon d(/*gpu=*/true);
+  d.transports->nccl_timeout = std::chrono::milliseconds(500);
+  Rank r;
+  ASSERT_TRUE(r.Open(d, "mixed", 0, 1, TransportChoice::kNccl).ok());
+  ASSERT_TRUE(r.Join(/*with_warm_up=*/false).ok());
+  std::vector<std::vector<int>> announced;
+  const absl::Status st = r.Step(1, &announced);
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(Has(std::string(st.message()), "NCCL")) << st;
 }
 
 TEST(GpuTransports, NextAnnouncedWorksOverShmToo) {

@@ -11,6 +11,36 @@
 // region (the usual layout: gradient and update slots, fp32) in its own GPU
 // memory; transfers move slots between it and the trainer's copy.
 //
+// Warm-up (what keeps the first transfers from deadlocking): NCCL connects
+// a pair of ranks lazily, inside the first ncclGroupEnd that uses that pair
+// in that direction, and that group end does not return (blocking
+// communicator) or stays in progress (non-blocking) until the peer's group
+// end sets up its side of the same pair. Without a warm-up the trainer's first
+// gradient group would wait for the daemon's receive, which the daemon posts
+// only after the GradientsReady that the trainer sends once that group end
+// returns (and the first update group has the mirror problem). So the first
+// group either side posts on a new communicator is its warm-up, before any
+// step's transfer:
+//   trainer rank r, right after ncclCommInitRank returns: one group
+//     {ncclSend of kNcclWarmUpBytes to daemon_rank, ncclRecv of
+//     kNcclWarmUpBytes from daemon_rank} (the contents mean nothing);
+//   daemon, queued when the communicator is made (AddJobCommunicator) and so
+//     posted as soon as it is initialized: one group with, per trainer rank r
+//     in rank order, {ncclRecv of kNcclWarmUpBytes from r, ncclSend of
+//     kNcclWarmUpBytes to r} (DaemonWarmUp).
+// NCCL matches a pair's point-to-point transfers in posting order, so the
+// warm-ups meet each other; once they have, every connection the steps use
+// exists in both directions and no later group end waits for a peer (the
+// transfers themselves still complete on the streams only when both sides
+// have posted them). Every rank joins every communicator at once (init needs
+// all of them), so no rank is late for the warm-up; a session that closes ends
+// the job's communicator and the reopened ranks join a new one (a new unique
+// id), which starts with its own warm-up on every side. A trainer without the
+// warm-up (a build before it) cannot meet this daemon: the daemon's warm-up
+// waits out its enqueue deadline (NcclPolicy::transfer_timeout_seconds) and
+// the job breaks naming it; before the warm-up no NCCL step could complete at
+// all, so no working pair of builds is broken by it.
+//
 // Order (what keeps both sides' GPU streams from waiting on each other):
 //   trainer, per GradientsReady message: ncclSend of the listed gradient
 //     slots in one group, in message order, then the message; once every
@@ -37,9 +67,11 @@
 // visits the device's communicators in a fixed order and posts each one's
 // groups in queue order.
 //
-// The logic (ranks, transfers, order, policy, the worker over an abstract
-// NcclComm) is plain C++ (nccl_logic.cc, nccl_worker.cc; tested on the CPU
-// with a fake communicator); the CUDA and NCCL calls are in nccl_cuda.cc
+// The logic (ranks, transfers, order, warm-up, policy, the worker over an
+// abstract NcclComm, the daemon's session region over memory it is given) is
+// plain C++ (nccl_logic.cc, nccl_worker.cc, nccl_region.cc; tested on the CPU
+// with transport/testing/fake_nccl.h, a communicator double with NCCL's
+// blocking semantics); the CUDA and NCCL calls are in nccl_cuda.cc
 // (--config=cuda). No CUDA or NCCL type appears here.
 
 #ifndef DMUON_TRANSPORT_NCCL_H_
@@ -87,6 +119,17 @@ std::vector<NcclTransfer> GradientReceives(const Layout& layout, int peer,
 // The sends of `params`' update slots to `peer`, in `params` order.
 std::vector<NcclTransfer> UpdateSends(const Layout& layout, int peer,
                                       const std::vector<int>& params);
+
+// The warm-up's payload each way (one fp32; see the header comment).
+inline constexpr uint64_t kNcclWarmUpBytes = 4;
+// The daemon's scratch memory for its warm-up: a receive slot per trainer
+// rank, then one send slot (ranks.nranks * kNcclWarmUpBytes).
+uint64_t NcclWarmUpScratchBytes(NcclRanks ranks);
+// The daemon's warm-up group over `scratch` (NcclWarmUpScratchBytes(ranks)
+// bytes): per trainer rank r < ranks.daemon_rank, in rank order, a receive of
+// kNcclWarmUpBytes from r into slot r, then a send of kNcclWarmUpBytes to r
+// from the last slot.
+std::vector<NcclTransfer> DaemonWarmUp(NcclRanks ranks, std::byte* scratch);
 
 // One rank's side of the order rule (daemon): a step's update sends wait
 // until every one of its `params` gradients has been posted. Thread-
@@ -208,6 +251,27 @@ class NcclWorker {
   bool stop_ = false;
   std::thread thread_;
 };
+
+// Adds the daemon's communicator `comm` of a job of `ranks` to `worker` and
+// queues the daemon's warm-up (DaemonWarmUp over `scratch`, which must stay
+// valid as long as `comm` exists) as its first group, so that the worker
+// posts it as soon as the communicator is initialized, before anything a
+// session submits. Returns the communicator's id.
+int AddJobCommunicator(NcclWorker& worker, std::unique_ptr<NcclComm> comm,
+                       NcclRanks ranks, std::byte* scratch);
+
+// The daemon's side of trainer rank `rank`'s session over `worker`'s
+// communicator `comm`: `view` (layout.total_bytes of the job's device
+// memory, the region's DeviceView) filled by Pull and sent by Push in the
+// order of the header comment, with ExchangeOrder holding a step's update
+// sends until every gradient of it was posted or declared absent. Its
+// destruction ends the job's communicator (AbortAndWait: nothing moves the
+// memory any more), fails the pushes still held, then runs `free_memory`.
+// Check() is the communicator's status.
+std::unique_ptr<Region> NewNcclRegion(std::shared_ptr<NcclWorker> worker,
+                                      int comm, int rank, Layout layout,
+                                      DeviceView view,
+                                      std::function<void()> free_memory);
 
 // --- CUDA side (nccl_cuda.cc; only in the --config=cuda build) ---
 

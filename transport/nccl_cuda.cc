@@ -1,14 +1,13 @@
 // The CUDA and NCCL side of the nccl transport (nccl.h): the communicator
-// the worker drives, a job's communicator, and the daemon's session region.
+// the worker drives, a job's communicator and the memory of its warm-up and
+// of its sessions' regions (nccl_region.cc moves it).
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <chrono>
-#include <cstring>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -27,14 +26,17 @@ namespace {
 // ncclInProgress, as non-blocking NCCL requires.
 class RealComm final : public NcclComm {
  public:
+  // `scratch`: the warm-up's device memory (DaemonWarmUp), freed with this.
   RealComm(const ncclUniqueId& id, NcclRanks ranks, int device,
-           double enqueue_timeout_seconds)
+           double enqueue_timeout_seconds, void* scratch)
       : id_(id),
         ranks_(ranks),
         device_(device),
-        enqueue_timeout_(enqueue_timeout_seconds) {}
+        enqueue_timeout_(enqueue_timeout_seconds),
+        scratch_(scratch) {}
   ~RealComm() override {
     (void)cudaSetDevice(device_);
+    (void)cudaFree(scratch_);
     for (auto& [marker, ev] : events_) (void)cudaEventDestroy(ev);
     for (cudaEvent_t ev : free_events_) (void)cudaEventDestroy(ev);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
@@ -139,7 +141,9 @@ class RealComm final : public NcclComm {
               .count() > enqueue_timeout_) {
         return absl::DeadlineExceededError(
             absl::StrCat("enqueuing an NCCL group took over ", enqueue_timeout_,
-                         " s: a trainer rank did not post its side"));
+                         " s: a trainer rank did not post its side (each "
+                         "posts the warm-up group right after joining; a "
+                         "trainer built before the warm-up never does)"));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -161,111 +165,13 @@ class RealComm final : public NcclComm {
   const NcclRanks ranks_;
   const int device_;
   const double enqueue_timeout_;
+  void* const scratch_;
   ncclComm_t comm_ = nullptr;
   absl::Status init_error_;
   cudaStream_t stream_ = nullptr;
   uint64_t next_marker_ = 0;
   std::deque<std::pair<uint64_t, cudaEvent_t>> events_;
   std::vector<cudaEvent_t> free_events_;
-};
-
-class NcclJobImpl;
-
-// A session's region in the daemon's GPU memory (see nccl.h for the order).
-class NcclRegion final : public Region {
- public:
-  NcclRegion(std::shared_ptr<NcclWorker> worker, int comm, int device, int rank,
-             Layout layout, std::byte* mem)
-      : worker_(std::move(worker)),
-        comm_(comm),
-        rank_(rank),
-        layout_(std::move(layout)),
-        order_(static_cast<int>(layout_.slots.size())) {
-    view_.device = device;
-    view_.base = mem;
-    view_.bytes = layout_.total_bytes;
-  }
-  ~NcclRegion() override {
-    // The job's communicator ends with any of its sessions: nothing may
-    // still move this memory when it is freed.
-    worker_->AbortAndWait(
-        comm_, absl::CancelledError(absl::StrCat(
-                   "rank ", rank_,
-                   "'s session closed; the job's NCCL communicator ended")));
-    std::vector<Held> held;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto& [token, h] : held_) held.push_back(std::move(h));
-      held_.clear();
-    }
-    for (Held& h : held) h.done(absl::CancelledError("session closed"));
-    (void)cudaSetDevice(view_.device);
-    (void)cudaFree(view_.base);
-  }
-
-  absl::Span<std::byte> bytes() override { return {}; }
-  absl::Status Check() const override { return worker_->status(comm_); }
-  const std::string& name() const override { return name_; }
-  const DeviceView* device() const override { return &view_; }
-  bool moves_data() const override { return true; }
-
-  void Pull(int64_t step, std::vector<int> params,
-            std::function<void(absl::Status)> done) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    worker_->Submit(comm_, WithBase(GradientReceives(layout_, rank_, params)),
-                    nullptr, std::move(done));
-    Release(order_.GradientsPosted(step, static_cast<int>(params.size())));
-  }
-
-  // Absent parameters: no receive (the client sent nothing), but they count
-  // among the step's gradients, so the held update sends can go once the
-  // last of them is declared.
-  void Absent(int64_t step, int count) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    Release(order_.GradientsPosted(step, count));
-  }
-
-  void Push(int64_t step, std::vector<int> params,
-            std::function<void(absl::Status)> done) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t token = ++next_token_;
-    auto transfers = WithBase(UpdateSends(layout_, rank_, params));
-    if (order_.MayPush(step, token)) {
-      worker_->Submit(comm_, std::move(transfers), std::move(done), nullptr);
-    } else {
-      held_[token] = {std::move(transfers), std::move(done)};
-    }
-  }
-
- private:
-  struct Held {
-    std::vector<NcclTransfer> transfers;
-    std::function<void(absl::Status)> done;
-  };
-  // Submits the held pushes `tokens`, in order (mu_ held).
-  void Release(const std::vector<uint64_t>& tokens) {
-    for (uint64_t token : tokens) {
-      auto it = held_.find(token);
-      worker_->Submit(comm_, std::move(it->second.transfers),
-                      std::move(it->second.done), nullptr);
-      held_.erase(it);
-    }
-  }
-  std::vector<NcclTransfer> WithBase(std::vector<NcclTransfer> t) const {
-    for (NcclTransfer& x : t) x.base = view_.base;
-    return t;
-  }
-
-  const std::shared_ptr<NcclWorker> worker_;
-  const int comm_;
-  const int rank_;
-  const Layout layout_;
-  DeviceView view_;
-  const std::string name_;
-  std::mutex mu_;  // the order of Submit calls is the posting order
-  ExchangeOrder order_;
-  uint64_t next_token_ = 0;
-  std::map<uint64_t, Held> held_;
 };
 
 class NcclJobImpl final : public NcclJob {
@@ -297,8 +203,15 @@ class NcclJobImpl final : public NcclJob {
       (void)cudaFree(mem);
       DMUON_CUDA_RETURN_IF_ERROR(e);
     }
-    return std::unique_ptr<Region>(new NcclRegion(
-        worker_, comm_, device_, rank, layout, static_cast<std::byte*>(mem)));
+    DeviceView view;
+    view.device = device_;
+    view.base = static_cast<std::byte*>(mem);
+    view.bytes = layout.total_bytes;
+    const int device = device_;
+    return NewNcclRegion(worker_, comm_, rank, layout, view, [device, mem] {
+      (void)cudaSetDevice(device);
+      (void)cudaFree(mem);
+    });
   }
 
   void Abort(absl::Status why) override { worker_->Abort(comm_, why); }
@@ -320,8 +233,20 @@ absl::StatusOr<std::shared_ptr<NcclJob>> StartNcclJob(
   ncclUniqueId id;
   DMUON_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
   const NcclRanks ranks = NcclRanksFor(world_size);
-  const int comm = worker->Add(std::make_unique<RealComm>(
-      id, ranks, device, policy.transfer_timeout_seconds));
+  DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  void* scratch = nullptr;
+  const uint64_t scratch_bytes = NcclWarmUpScratchBytes(ranks);
+  DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, scratch_bytes));
+  if (const cudaError_t e = cudaMemset(scratch, 0, scratch_bytes);
+      e != cudaSuccess) {
+    (void)cudaFree(scratch);
+    DMUON_CUDA_RETURN_IF_ERROR(e);
+  }
+  const int comm = AddJobCommunicator(
+      *worker,
+      std::make_unique<RealComm>(id, ranks, device,
+                                 policy.transfer_timeout_seconds, scratch),
+      ranks, static_cast<std::byte*>(scratch));
   return std::shared_ptr<NcclJob>(
       new NcclJobImpl(std::string(id.internal, sizeof(id.internal)), ranks,
                       device, std::move(worker), comm));

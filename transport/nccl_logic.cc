@@ -1,5 +1,5 @@
-// The nccl transport's plain logic (nccl.h): ranks, transfers, the order
-// rule and the abort policy.
+// The nccl transport's plain logic (nccl.h): ranks, transfers, the warm-up,
+// the order rule and the abort policy.
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,6 +27,22 @@ std::vector<NcclTransfer> UpdateSends(const Layout& layout, int peer,
     const Slot& s = layout.slots[p];
     if (s.bytes == 0) continue;  // the rank holds nothing (nccl_peer.cc too)
     out.push_back({true, peer, s.update_offset, s.bytes});
+  }
+  return out;
+}
+
+uint64_t NcclWarmUpScratchBytes(NcclRanks ranks) {
+  return static_cast<uint64_t>(ranks.nranks) * kNcclWarmUpBytes;
+}
+
+std::vector<NcclTransfer> DaemonWarmUp(NcclRanks ranks, std::byte* scratch) {
+  std::vector<NcclTransfer> out;
+  const uint64_t send_slot =
+      static_cast<uint64_t>(ranks.daemon_rank) * kNcclWarmUpBytes;
+  for (int r = 0; r < ranks.daemon_rank; ++r) {
+    out.push_back({false, r, static_cast<uint64_t>(r) * kNcclWarmUpBytes,
+                   kNcclWarmUpBytes, scratch});
+    out.push_back({true, r, send_slot, kNcclWarmUpBytes, scratch});
   }
   return out;
 }

@@ -1,4 +1,4 @@
-// NcclPeer (nccl_peer.h): the trainer's NCCL calls.
+// NcclPeer (nccl_peer.h): the trainer's NCCL calls, in NcclOrder's order.
 
 #include "client/cuda/nccl_peer.h"
 
@@ -9,12 +9,27 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/cuda_status.h"
 #include "transport/nccl_check.h"
 
 namespace dmuon::gpu {
 
+namespace {
+
+// Region byte 0 (DeviceRegion hands out slot addresses only); null for a
+// layout without slots, which no transfer addresses.
+std::byte* Base(const DeviceRegion& region) {
+  const RegionLayout& l = region.layout();
+  if (l.slots.empty()) return nullptr;
+  return reinterpret_cast<std::byte*>(region.gradient(0)) -
+         l.slots[0].gradient_offset;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<NcclPeer>> NcclPeer::Join(const NcclInfo& info,
-                                                         int rank) {
+                                                         int rank,
+                                                         void* stream) {
   ncclUniqueId id;
   if (info.unique_id.size() != sizeof(id.internal)) {
     return absl::InvalidArgumentError(
@@ -23,36 +38,47 @@ absl::StatusOr<std::unique_ptr<NcclPeer>> NcclPeer::Join(const NcclInfo& info,
                      " (is this an nccl session?)"));
   }
   std::memcpy(id.internal, info.unique_id.data(), sizeof(id.internal));
+  void* scratch = nullptr;
+  DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, kNcclTrainerWarmUpBytes));
+  if (const cudaError_t e = cudaMemset(scratch, 0, kNcclTrainerWarmUpBytes);
+      e != cudaSuccess) {
+    (void)cudaFree(scratch);
+    DMUON_CUDA_RETURN_IF_ERROR(e);
+  }
   ncclComm_t comm = nullptr;
-  DMUON_NCCL_RETURN_IF_ERROR(ncclCommInitRank(&comm, info.nranks, id, rank));
-  return std::unique_ptr<NcclPeer>(new NcclPeer(comm, info.daemon_rank));
+  if (const ncclResult_t r = ncclCommInitRank(&comm, info.nranks, id, rank);
+      r != ncclSuccess) {
+    (void)cudaFree(scratch);
+    DMUON_NCCL_RETURN_IF_ERROR(r);
+  }
+  std::unique_ptr<NcclPeer> peer(new NcclPeer(comm, info.daemon_rank, scratch));
+  // The communicator's first group (transport/nccl.h): connects both
+  // directions with the daemon before any step's transfer.
+  if (auto st = peer->order_.WarmUp(static_cast<std::byte*>(scratch), stream);
+      !st.ok()) {
+    return st;
+  }
+  return peer;
 }
 
 NcclPeer::~NcclPeer() {
-  if (comm_ != nullptr) (void)ncclCommAbort(static_cast<ncclComm_t>(comm_));
+  if (groups_.comm() != nullptr)
+    (void)ncclCommAbort(static_cast<ncclComm_t>(groups_.comm()));
+  (void)cudaFree(scratch_);
 }
 
-absl::Status NcclPeer::Group(const DeviceRegion& region,
-                             absl::Span<const int> ids, bool send,
-                             void* stream) {
-  const int n = static_cast<int>(region.layout().slots.size());
-  for (int id : ids) {
-    if (id < 0 || id >= n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter index ", id, " is outside [0, ", n, ")"));
-    }
-  }
+absl::Status NcclPeer::Groups::Group(
+    const std::vector<transport::NcclTransfer>& transfers, void* stream) {
   const ncclComm_t comm = static_cast<ncclComm_t>(comm_);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   DMUON_NCCL_RETURN_IF_ERROR(ncclGroupStart());
   ncclResult_t first = ncclSuccess;
-  for (int id : ids) {
-    const size_t count = static_cast<size_t>(region.elements(id));
-    if (count == 0) continue;  // holds nothing: the daemon posts none either
-    const ncclResult_t r = send ? ncclSend(region.gradient(id), count,
-                                           ncclFloat32, daemon_rank_, comm, s)
-                                : ncclRecv(region.update(id), count,
-                                           ncclFloat32, daemon_rank_, comm, s);
+  for (const transport::NcclTransfer& t : transfers) {
+    void* data = t.base + t.offset;
+    const size_t count = t.bytes / sizeof(float);
+    const ncclResult_t r =
+        t.send ? ncclSend(data, count, ncclFloat32, t.peer, comm, s)
+               : ncclRecv(data, count, ncclFloat32, t.peer, comm, s);
     if (r != ncclSuccess && first == ncclSuccess) first = r;
   }
   const ncclResult_t end = ncclGroupEnd();
@@ -63,29 +89,24 @@ absl::Status NcclPeer::Group(const DeviceRegion& region,
 
 absl::Status NcclPeer::SendGradients(const DeviceRegion& region,
                                      absl::Span<const int> ids, void* stream) {
-  return Group(region, ids, /*send=*/true, stream);
+  return order_.SendGradients(region.layout(), Base(region), ids, stream);
 }
 
 absl::Status NcclPeer::ReceiveUpdates(const DeviceRegion& region,
                                       absl::Span<const int> ids, void* stream) {
-  return Group(region, ids, /*send=*/false, stream);
+  return order_.ReceiveUpdates(region.layout(), Base(region), ids, stream);
 }
 
 absl::Status NcclPeer::HandOver(Session& session, const DeviceRegion& region,
                                 absl::Span<const int> ids, void* stream) {
-  if (auto st = SendGradients(region, ids, stream); !st.ok()) return st;
-  return session.GradientsReady(ids);
+  return order_.HandOver(session, region.layout(), Base(region), ids, stream);
 }
 
 absl::Status NcclPeer::ReceiveAnnounced(Session& session,
                                         const DeviceRegion& region,
                                         void* stream) {
-  for (;;) {
-    auto ids = session.NextAnnounced();
-    if (!ids.ok()) return ids.status();
-    if (ids->empty()) return absl::OkStatus();
-    if (auto st = ReceiveUpdates(region, *ids, stream); !st.ok()) return st;
-  }
+  return order_.ReceiveAnnounced(session, region.layout(), Base(region),
+                                 stream);
 }
 
 absl::StatusOr<NcclSession> OpenNcclSession(Client& client, SessionSpec spec) {

@@ -3,6 +3,7 @@
 // caller, in the order transport/nccl.h prescribes.
 //
 //   auto s = gpu::OpenNcclSession(*client, spec);  // region, session, joins
+//                                                  // and warms up
 //   per step: write gradients into s->region->gradient(i) on `stream`, then
 //     s->peer->HandOver(*s->session, *s->region, ids, stream);   // per group
 //     (every gradient of the step declared, then)
@@ -22,6 +23,7 @@
 #include "absl/types/span.h"
 #include "client/client.h"
 #include "client/cuda/device_region.h"
+#include "client/cuda/nccl_order.h"
 
 namespace dmuon::gpu {
 
@@ -31,11 +33,16 @@ namespace dmuon::gpu {
 class NcclPeer {
  public:
   // Joins the communicator of `info` (Session::nccl()) as NCCL rank `rank`
-  // on the current CUDA device; returns once every rank and the daemon have
-  // joined.
+  // on the current CUDA device and posts the warm-up on `stream` (its first
+  // group: transport/nccl.h); returns once every rank and the daemon have
+  // joined and the daemon has posted its side of the warm-up, so that every
+  // later group end returns without waiting for the daemon.
   static absl::StatusOr<std::unique_ptr<NcclPeer>> Join(const NcclInfo& info,
-                                                        int rank);
-  ~NcclPeer();  // aborts the communicator (the daemon's side is gone by then)
+                                                        int rank,
+                                                        void* stream = nullptr);
+  // Aborts the communicator (the daemon's side is gone by then), then frees
+  // the warm-up's memory.
+  ~NcclPeer();
   NcclPeer(const NcclPeer&) = delete;
   NcclPeer& operator=(const NcclPeer&) = delete;
 
@@ -57,12 +64,22 @@ class NcclPeer {
                                 void* stream = nullptr);
 
  private:
-  NcclPeer(void* comm, int daemon_rank)
-      : comm_(comm), daemon_rank_(daemon_rank) {}
-  absl::Status Group(const DeviceRegion& region, absl::Span<const int> ids,
-                     bool send, void* stream);
-  void* comm_;  // ncclComm_t
-  const int daemon_rank_;
+  // The groups over NCCL.
+  class Groups final : public NcclGroups {
+   public:
+    explicit Groups(void* comm) : comm_(comm) {}
+    absl::Status Group(const std::vector<transport::NcclTransfer>& transfers,
+                       void* stream) override;
+    void* comm() const { return comm_; }
+
+   private:
+    void* comm_;  // ncclComm_t
+  };
+  NcclPeer(void* comm, int daemon_rank, void* scratch)
+      : groups_(comm), order_(groups_, daemon_rank), scratch_(scratch) {}
+  Groups groups_;
+  NcclOrder order_;
+  void* scratch_;  // kNcclTrainerWarmUpBytes of device memory
 };
 
 // A kNccl session, its region and its communicator. Members are destroyed
@@ -74,8 +91,9 @@ struct NcclSession {
 };
 
 // Lays out `spec`, allocates its region on the current device, opens the
-// session over kNccl and joins the communicator (blocking until every rank
-// of the job has opened and joined).
+// session over kNccl and joins the communicator with its warm-up on the
+// legacy default stream (blocking until every rank of the job has opened
+// and joined, and the daemon has posted its warm-up).
 absl::StatusOr<NcclSession> OpenNcclSession(Client& client, SessionSpec spec);
 
 }  // namespace dmuon::gpu

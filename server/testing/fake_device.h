@@ -20,9 +20,12 @@
 // frees its memory in.
 // nccl-like sessions: with cuda_ipc set (pointer mode), the transfer thread
 // copies straight from and to the client's memory; without (what
-// dmuon::Client sends), the slots travel over a FakeNcclLink that the client
-// finds in FakeTransports::fabric by the session's nccl.unique_id and rank,
-// and pushes/pops in the order ncclSend/ncclRecv groups would post them.
+// dmuon::Client sends), the daemon's side is the real one (transport/nccl.h:
+// NewNcclRegion over an NcclWorker, the job's communicator added with its
+// warm-up by AddJobCommunicator), its communicator a FakeNcclNet
+// (transport/testing/fake_nccl.h: NCCL's blocking semantics) that the
+// trainer finds with FakeTransports::NcclNet(session's nccl.unique_id) and
+// joins as its rank.
 
 #ifndef DMUON_SERVER_TESTING_FAKE_DEVICE_H_
 #define DMUON_SERVER_TESTING_FAKE_DEVICE_H_
@@ -50,6 +53,7 @@
 #include "server/gpu_logic.h"
 #include "server/service.h"
 #include "transport/nccl.h"
+#include "transport/testing/fake_nccl.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -295,79 +299,18 @@ class ClientMappedRegion : public transport::Region {
   std::string name_;
 };
 
-// One trainer rank's point-to-point link with the daemon in a fake NCCL
-// communicator: two FIFOs of slots, tagged with their parameter id (real
-// NCCL matches by order alone; the tag lets the fake check that order).
-class FakeNcclLink {
- public:
-  struct Slot {
-    int param = -1;
-    std::vector<std::byte> data;
-  };
-  // to_daemon: a gradient (the trainer's ncclSend); else an update (the
-  // daemon's ncclSend).
-  void Send(bool to_daemon, Slot slot) {
-    absl::MutexLock l(&mu_);
-    (to_daemon ? to_daemon_ : to_client_).push_back(std::move(slot));
-  }
-  // The next slot for the daemon (at_daemon) or the trainer, waiting up to
-  // `timeout`; UNAVAILABLE naming the side when none comes (a peer that
-  // never posted its send).
-  absl::StatusOr<Slot> Receive(bool at_daemon,
-                               std::chrono::milliseconds timeout) {
-    absl::MutexLock l(&mu_);
-    std::deque<Slot>& q = at_daemon ? to_daemon_ : to_client_;
-    auto sent = [&q] { return !q.empty(); };  // under mu_
-    if (!mu_.AwaitWithTimeout(absl::Condition(&sent),
-                              absl::FromChrono(timeout))) {
-      return absl::UnavailableError(
-          absl::StrCat("fake nccl: no ", at_daemon ? "gradient" : "update",
-                       " sent within ", timeout.count(), " ms"));
-    }
-    Slot s = std::move(q.front());
-    q.pop_front();
-    return s;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::deque<Slot> to_daemon_ ABSL_GUARDED_BY(mu_);
-  std::deque<Slot> to_client_ ABSL_GUARDED_BY(mu_);
-};
-
-// The fake communicators: one link per (unique id, trainer rank), made by
-// whichever side asks first.
-class FakeNcclFabric {
- public:
-  std::shared_ptr<FakeNcclLink> Link(const std::string& unique_id, int rank) {
-    absl::MutexLock l(&mu_);
-    auto& link = links_[{unique_id, rank}];
-    if (!link) link = std::make_shared<FakeNcclLink>();
-    return link;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::pair<std::string, int>, std::shared_ptr<FakeNcclLink>> links_
-      ABSL_GUARDED_BY(mu_);
-};
-
-// nccl-like: the daemon's own memory, filled from the client's and sent back
-// to it by a transfer thread (Region::Pull / Push), in submission order:
-// straight from and to `client` memory, or (client null) over `link`, where
-// a gradient that is not the next one Pull expects fails the transfer (the
-// order rule of transport/nccl.h broken). As the real region, a step's
-// pushes are held until every gradient of it was pulled or declared absent
-// (Region::Absent; transport/nccl.h ExchangeOrder); an empty push (an
-// absent parameter's answer) moves nothing but keeps its place. With
-// `fail` set, transfers fail as a dead peer's would.
+// nccl-like in pointer mode: the daemon's own memory, filled from the
+// client's and sent back to it by a transfer thread (Region::Pull / Push),
+// in submission order, straight from and to `client` memory. As the real
+// region, a step's pushes are held until every gradient of it was pulled or
+// declared absent (Region::Absent; transport/nccl.h ExchangeOrder); an empty
+// push (an absent parameter's answer) moves nothing but keeps its place.
+// With `fail` set, transfers fail as a dead peer's would.
 class FakeMovingRegion : public transport::Region {
  public:
   FakeMovingRegion(std::byte* client, const transport::Layout& layout,
-                   const std::atomic<bool>* fail,
-                   std::shared_ptr<FakeNcclLink> link = nullptr)
+                   const std::atomic<bool>* fail)
       : client_(client),
-        link_(std::move(link)),
         layout_(layout),
         mem_(layout.total_bytes),
         fail_(fail),
@@ -396,23 +339,8 @@ class FakeMovingRegion : public transport::Region {
         [this, params]() -> absl::Status {
           for (int p : params) {
             const auto& s = layout_.slots[p];
-            if (client_ != nullptr) {
-              std::memcpy(mem_.data() + s.gradient_offset,
-                          client_ + s.gradient_offset, s.bytes);
-              continue;
-            }
-            auto got = link_->Receive(/*at_daemon=*/true, kLinkTimeout);
-            if (!got.ok()) return got.status();
-            if (got->param != p || got->data.size() != s.bytes) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "fake nccl: received the gradient of parameter ", got->param,
-                  " (", got->data.size(), " bytes) where parameter ", p, " (",
-                  s.bytes,
-                  " bytes) was expected: sends out of the order of "
-                  "GradientsReady"));
-            }
-            std::memcpy(mem_.data() + s.gradient_offset, got->data.data(),
-                        s.bytes);
+            std::memcpy(mem_.data() + s.gradient_offset,
+                        client_ + s.gradient_offset, s.bytes);
           }
           return absl::OkStatus();
         },
@@ -435,7 +363,6 @@ class FakeMovingRegion : public transport::Region {
   }
 
  private:
-  static constexpr std::chrono::milliseconds kLinkTimeout{10000};
   void Release(const std::vector<uint64_t>& tokens)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(order_mu_) {
     for (uint64_t token : tokens) {
@@ -450,14 +377,8 @@ class FakeMovingRegion : public transport::Region {
         [this, params]() -> absl::Status {
           for (int p : params) {
             const auto& s = layout_.slots[p];
-            if (client_ != nullptr) {
-              std::memcpy(client_ + s.update_offset,
-                          mem_.data() + s.update_offset, s.bytes);
-              continue;
-            }
-            const std::byte* u = mem_.data() + s.update_offset;
-            link_->Send(/*to_daemon=*/false,
-                        {p, std::vector<std::byte>(u, u + s.bytes)});
+            std::memcpy(client_ + s.update_offset,
+                        mem_.data() + s.update_offset, s.bytes);
           }
           return absl::OkStatus();
         },
@@ -489,7 +410,6 @@ class FakeMovingRegion : public transport::Region {
     }
   }
   std::byte* const client_;
-  const std::shared_ptr<FakeNcclLink> link_;
   const transport::Layout layout_;
   std::vector<std::byte> mem_;
   const std::atomic<bool>* fail_;
@@ -518,17 +438,14 @@ class FakeTransports : public DeviceTransports {
       uint64_t job_serial, const v1::OpenSessionRequest& req,
       const transport::Layout& layout, v1::OpenSessionResponse* resp) override {
     if (req.transport() == v1::TRANSPORT_NCCL) {
-      // The communicator, as the real transport answers it.
+      if (!req.has_cuda_ipc()) return OpenNccl(job_serial, req, layout, resp);
+      // Pointer mode: the communicator, as the real transport answers it.
       auto* n = resp->mutable_nccl();
       n->set_nranks(req.world_size() + 1);
       n->set_daemon_rank(req.world_size());
       std::string id = absl::StrCat("fake-nccl-job-", job_serial);
       id.resize(128, '\0');
       n->set_unique_id(id);
-      if (!req.has_cuda_ipc()) {
-        return std::unique_ptr<transport::Region>(new FakeMovingRegion(
-            nullptr, layout, &fail, fabric->Link(id, req.rank())));
-      }
     }
     const v1::CudaIpcExport& e = req.cuda_ipc();
     if (e.bytes() < layout.total_bytes) {
@@ -569,16 +486,100 @@ class FakeTransports : public DeviceTransports {
     return std::unique_ptr<transport::Region>(new ClientMappedRegion(
         base + e.offset(), e.bytes(), std::move(mapping), std::move(release)));
   }
+  // The communicator a trainer joins for a session whose nccl.unique_id is
+  // `unique_id` (null: none such).
+  std::shared_ptr<transport::testing::FakeNcclNet> NcclNet(
+      const std::string& unique_id) {
+    absl::MutexLock l(&nccl_mu_);
+    auto it = nets_.find(unique_id);
+    return it == nets_.end() ? nullptr : it->second;
+  }
+
   bool nccl = false;
+  // Set before the first Open: how long a fake NCCL call blocks before it
+  // reports a hang (every rank's, and the worker's transfer deadline) ...
+  std::chrono::milliseconds nccl_timeout{10000};
+  // ... and false to leave out the daemon's warm-up (the daemon before it,
+  // for the test that the old order deadlocks).
+  bool nccl_warm_up = true;
   std::atomic<bool> fail{false};
   // Set before the first Open: called with the request's mem_handle when a
   // cuda_ipc-like region is released (its mapping closed).
   std::function<void(const std::string& mem_handle)> on_unmap;
   std::atomic<int> dropped{0};
-  // The nccl-like sessions' links (when no cuda_ipc pointer is given).
-  const std::shared_ptr<FakeNcclFabric> fabric =
-      std::make_shared<FakeNcclFabric>();
-  void DropJob(uint64_t) override { dropped++; }
+  void DropJob(uint64_t job_serial) override {
+    dropped++;
+    absl::MutexLock l(&nccl_mu_);
+    auto it = nccl_jobs_.find(job_serial);
+    if (it == nccl_jobs_.end()) return;
+    worker_->Remove(it->second.comm);
+    nccl_jobs_.erase(it);
+  }
+
+ private:
+  struct NcclJob {
+    std::shared_ptr<transport::testing::FakeNcclNet> net;
+    int comm = 0;
+    std::shared_ptr<std::vector<std::byte>> scratch;  // the warm-up's
+  };
+  // As CudaTransports does over NCCL: one communicator per job (a new one
+  // once it has ended), the daemon's region over host memory.
+  absl::StatusOr<std::unique_ptr<transport::Region>> OpenNccl(
+      uint64_t job_serial, const v1::OpenSessionRequest& req,
+      const transport::Layout& layout, v1::OpenSessionResponse* resp) {
+    absl::MutexLock l(&nccl_mu_);
+    if (worker_ == nullptr) {
+      transport::NcclPolicy policy;
+      policy.init_timeout_seconds = policy.transfer_timeout_seconds =
+          std::chrono::duration<double>(nccl_timeout).count();
+      worker_ = std::make_shared<transport::NcclWorker>(policy);
+    }
+    const transport::NcclRanks ranks =
+        transport::NcclRanksFor(req.world_size());
+    NcclJob& job = nccl_jobs_[job_serial];
+    if (job.net == nullptr || !worker_->status(job.comm).ok()) {
+      if (job.net != nullptr) worker_->Remove(job.comm);
+      job.net = std::make_shared<transport::testing::FakeNcclNet>(ranks.nranks,
+                                                                  nccl_timeout);
+      // Kept by the transports and every region of the communicator (whose
+      // end aborts it): it may outlive the job's entry.
+      job.scratch = std::make_shared<std::vector<std::byte>>(
+          transport::NcclWarmUpScratchBytes(ranks));
+      scratch_.push_back(job.scratch);
+      auto comm =
+          transport::testing::NewFakeDaemonComm(job.net, ranks.daemon_rank);
+      job.comm = nccl_warm_up
+                     ? transport::AddJobCommunicator(*worker_, std::move(comm),
+                                                     ranks, job.scratch->data())
+                     : worker_->Add(std::move(comm));
+      std::string id =
+          absl::StrCat("fake-nccl-job-", job_serial, "-", ++nccl_generation_);
+      id.resize(128, '\0');
+      nets_[id] = job.net;
+      unique_ids_[job.net.get()] = id;
+    }
+    auto* n = resp->mutable_nccl();
+    n->set_nranks(ranks.nranks);
+    n->set_daemon_rank(ranks.daemon_rank);
+    n->set_unique_id(unique_ids_[job.net.get()]);
+    auto mem = std::make_shared<std::vector<std::byte>>(layout.total_bytes);
+    transport::DeviceView view;  // device -1: host memory, as the executor's
+    view.base = mem->data();
+    view.bytes = mem->size();
+    return transport::NewNcclRegion(worker_, job.comm, req.rank(), layout, view,
+                                    [mem, scratch = job.scratch] {});
+  }
+
+  absl::Mutex nccl_mu_;
+  std::shared_ptr<transport::NcclWorker> worker_ ABSL_GUARDED_BY(nccl_mu_);
+  std::map<uint64_t, NcclJob> nccl_jobs_ ABSL_GUARDED_BY(nccl_mu_);
+  std::map<std::string, std::shared_ptr<transport::testing::FakeNcclNet>> nets_
+      ABSL_GUARDED_BY(nccl_mu_);
+  std::map<const transport::testing::FakeNcclNet*, std::string> unique_ids_
+      ABSL_GUARDED_BY(nccl_mu_);
+  std::vector<std::shared_ptr<std::vector<std::byte>>> scratch_
+      ABSL_GUARDED_BY(nccl_mu_);
+  int nccl_generation_ ABSL_GUARDED_BY(nccl_mu_) = 0;
 };
 
 }  // namespace dmuon::server::testing

@@ -15,10 +15,17 @@ uint8 tensor through __cuda_array_interface__:
     announces the update.
   nccl (dmuond anywhere): the rank joins the job's communicator (unique id
     from OpenSession; trainer rank r is NCCL rank r, the daemon the last
-    rank). A gradient is sent with ncclSend (one group per declaration) on
-    torch's current stream, then declared; once a step's gradients are all
-    declared, the updates are received in the order dmuond announces them
-    (one ncclRecv group per announcement: transport/nccl.h's order).
+    rank) and posts the warm-up right away, its first group: one fp32 sent
+    to and one received from dmuond, which connects both directions before
+    any step (NCCL connects lazily, in the first group end that uses a
+    pair, and that group end waits for the peer: without it the first
+    gradient group would wait for a receive dmuond posts only after the
+    declaration). A gradient is sent with ncclSend (one group per
+    declaration) on torch's current stream, then declared; once a step's
+    gradients are all declared, the updates are received in the order
+    dmuond announces them (one ncclRecv group per announcement). Slots of
+    no elements (a rank holding nothing of a matrix) move nothing either
+    way: transport/nccl.h's order.
 
 The end keeps an order (_session.release): the session is closed first, and
 cuda_ipc memory is freed only once dmuond confirmed it released the region
@@ -264,6 +271,7 @@ class NcclRegion(_GpuRegion):
         self.nccl = _Lib("libnccl", "libnccl.so.2", "NCCL")
         self.comm = ctypes.c_void_p()
         self.peer = None
+        self.warm_up = None  # the warm-up's send and receive fp32s
 
     def join(self, session, rank):
         info = session.nccl()
@@ -276,13 +284,24 @@ class NcclRegion(_GpuRegion):
             # first session opens) have joined.
             self.nccl.check("ncclCommInitRank", ctypes.byref(self.comm),
                             ctypes.c_int(info["nranks"]), uid, ctypes.c_int(rank))
-        self.peer = info["daemon_rank"]
+            self.peer = info["daemon_rank"]
+            # The communicator's first group, before any step's (dmuond posts
+            # its side as soon as the communicator is initialized). Returns
+            # once both directions are connected.
+            self.warm_up = torch.zeros(2, dtype=torch.float32, device=self.device)
+            self._group([("ncclSend", self.warm_up[0:1]),
+                         ("ncclRecv", self.warm_up[1:2])])
 
-    def _group(self, fn, tensors):
+    def _group(self, ops):
+        """One ncclGroupStart/End group of (ncclSend | ncclRecv, tensor) ops
+        with dmuond, in order, on torch's current stream; tensors of no
+        elements are left out (dmuond posts nothing for them either)."""
         stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
         self.nccl.check("ncclGroupStart")
         first = None
-        for t in tensors:
+        for fn, t in ops:
+            if t.numel() == 0:
+                continue
             try:
                 self.nccl.check(fn, ctypes.c_void_p(t.data_ptr()),
                                 ctypes.c_size_t(t.numel()), ctypes.c_int(_NCCL_FLOAT32),
@@ -294,15 +313,16 @@ class NcclRegion(_GpuRegion):
             raise first
 
     def handed(self, ids):
-        self._group("ncclSend", [self.grad[i] for i in ids])
+        self._group([("ncclSend", self.grad[i]) for i in ids])
 
     def receive(self, ids):
-        self._group("ncclRecv", [self.upd[i] for i in ids])
+        self._group([("ncclRecv", self.upd[i]) for i in ids])
 
     def close(self):
         if self.comm:
             self.nccl.lib.ncclCommAbort(self.comm)
             self.comm = ctypes.c_void_p()
+        self.warm_up = None
         super().close()
 
 
