@@ -79,6 +79,7 @@ Fault ClassifyFault(const absl::Status& status) {
     case absl::StatusCode::kOk:
       return Fault::kNone;
     case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kUnimplemented:
       return Fault::kInput;
     case absl::StatusCode::kResourceExhausted:
       return Fault::kOutOfMemory;

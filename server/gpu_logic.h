@@ -39,8 +39,10 @@ absl::StatusOr<std::vector<int>> ResolveCudaDevices(const DeviceSpec& spec,
 
 // How a failed batch counts against its executor.
 enum class Fault {
-  kNone,         // OK
-  kInput,        // INVALID_ARGUMENT: the input, not the device
+  kNone,  // OK
+  // INVALID_ARGUMENT: the input; UNIMPLEMENTED: a shape no cuBLASLt
+  // algorithm takes (kernels/cuda/lt_matmul.h): the batch, not the device.
+  kInput,
   kOutOfMemory,  // RESOURCE_EXHAUSTED: unhealthy until a batch succeeds
   kDevice,       // anything else from CUDA: unhealthy for good
 };

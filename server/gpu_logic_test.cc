@@ -58,6 +58,10 @@ TEST(Health, OutOfMemoryClearsDeviceErrorsStick) {
   EXPECT_TRUE(h.healthy());
   h.Record(absl::InvalidArgumentError("NaN in input"));
   EXPECT_TRUE(h.healthy()) << "bad input is not the device's fault";
+  h.Record(absl::UnimplementedError(
+      "no cuBLASLt algorithm takes GEMM 4096x14336x4096"));
+  EXPECT_TRUE(h.healthy()) << "a shape no algorithm takes is the batch's";
+  EXPECT_FALSE(h.out_of_service());
   h.Record(absl::ResourceExhaustedError("cudaMalloc: out of memory"));
   EXPECT_FALSE(h.healthy());
   EXPECT_FALSE(h.out_of_service());

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/cuda_status.h"
+#include "base/device_alloc.h"
 #include "transport/nccl.h"
 #include "transport/nccl_check.h"
 
@@ -196,13 +197,9 @@ class NcclJobImpl final : public NcclJob {
                        "); close every rank and open the job again"));
     }
     DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    void* mem = nullptr;
-    DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&mem, layout.total_bytes));
-    if (const cudaError_t e = cudaMemset(mem, 0, layout.total_bytes);
-        e != cudaSuccess) {
-      (void)cudaFree(mem);
-      DMUON_CUDA_RETURN_IF_ERROR(e);
-    }
+    auto zeroed = base::MallocZeroed(layout.total_bytes);
+    if (!zeroed.ok()) return zeroed.status();
+    void* mem = *zeroed;
     DeviceView view;
     view.device = device_;
     view.base = static_cast<std::byte*>(mem);
@@ -234,14 +231,9 @@ absl::StatusOr<std::shared_ptr<NcclJob>> StartNcclJob(
   DMUON_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
   const NcclRanks ranks = NcclRanksFor(world_size);
   DMUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  void* scratch = nullptr;
-  const uint64_t scratch_bytes = NcclWarmUpScratchBytes(ranks);
-  DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, scratch_bytes));
-  if (const cudaError_t e = cudaMemset(scratch, 0, scratch_bytes);
-      e != cudaSuccess) {
-    (void)cudaFree(scratch);
-    DMUON_CUDA_RETURN_IF_ERROR(e);
-  }
+  auto zeroed = base::MallocZeroed(NcclWarmUpScratchBytes(ranks));
+  if (!zeroed.ok()) return zeroed.status();
+  void* scratch = *zeroed;
   const int comm = AddJobCommunicator(
       *worker,
       std::make_unique<RealComm>(id, ranks, device,

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "base/cuda_status.h"
+#include "base/device_alloc.h"
 #include "transport/cuda_ipc.h"
 
 namespace dmuon::gpu {
@@ -28,8 +29,9 @@ absl::StatusOr<std::unique_ptr<DeviceRegion>> DeviceRegion::Allocate(
   // pointer to export.
   const size_t bytes =
       std::max<uint64_t>(layout.total_bytes, transport::kAlignment);
-  DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&r->base_, bytes));
-  DMUON_CUDA_RETURN_IF_ERROR(cudaMemset(r->base_, 0, bytes));
+  auto zeroed = base::MallocZeroed(bytes);
+  if (!zeroed.ok()) return zeroed.status();
+  r->base_ = *zeroed;
   if (export_ipc) {
     auto e = transport::ExportCudaIpc(r->base_, bytes, &r->event_);
     if (!e.ok()) return e.status();

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/cuda_status.h"
+#include "base/device_alloc.h"
 #include "transport/nccl_check.h"
 
 namespace dmuon::gpu {
@@ -38,13 +39,9 @@ absl::StatusOr<std::unique_ptr<NcclPeer>> NcclPeer::Join(const NcclInfo& info,
                      " (is this an nccl session?)"));
   }
   std::memcpy(id.internal, info.unique_id.data(), sizeof(id.internal));
-  void* scratch = nullptr;
-  DMUON_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, kNcclTrainerWarmUpBytes));
-  if (const cudaError_t e = cudaMemset(scratch, 0, kNcclTrainerWarmUpBytes);
-      e != cudaSuccess) {
-    (void)cudaFree(scratch);
-    DMUON_CUDA_RETURN_IF_ERROR(e);
-  }
+  auto zeroed = base::MallocZeroed(kNcclTrainerWarmUpBytes);
+  if (!zeroed.ok()) return zeroed.status();
+  void* scratch = *zeroed;
   ncclComm_t comm = nullptr;
   if (const ncclResult_t r = ncclCommInitRank(&comm, info.nranks, id, rank);
       r != ncclSuccess) {
