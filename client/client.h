@@ -31,8 +31,13 @@
 //     At the end Close() the session first and free the memory only once
 //     region_released() is true (the daemon no longer maps it).
 //   kNccl (any host): after OpenSession join the communicator of nccl()
-//     (ncclCommInitRank(nranks, unique_id, rank); the daemon is daemon_rank).
-//     Per GradientsReady call: first post ONE ncclGroupStart/End group with an
+//     (ncclCommInitRank(nranks, unique_id, rank); the daemon is daemon_rank)
+//     and, as the communicator's FIRST group, warm it up: one group of an
+//     ncclSend of one fp32 to daemon_rank and an ncclRecv of one fp32 from
+//     it (NCCL connects peers lazily inside the first group that uses them;
+//     without this the first gradient send and the daemon's receive, posted
+//     only after GradientsReady, wait for each other forever). Per
+//     GradientsReady call: first post ONE ncclGroupStart/End group with an
 //     ncclSend (fp32, the slot's elements) to daemon_rank of each listed
 //     gradient slot, in the call's order, then call GradientsReady with the
 //     same ids in the same order (GradientReady(i): a group of one). Once
