@@ -81,8 +81,8 @@ void FillRandom(uint64_t seed, absl::Span<float> out) {
 
 absl::Status WriteJson(const std::string& path, const std::string& name,
                        const nlohmann::json& machine,
-                       const std::string& command,
-                       const std::vector<Row>& rows) {
+                       const std::string& command, const std::vector<Row>& rows,
+                       const nlohmann::json& extra) {
   if (path.empty()) return absl::OkStatus();
   char date[32];
   const std::time_t now = std::time(nullptr);
@@ -101,6 +101,8 @@ absl::Status WriteJson(const std::string& path, const std::string& name,
     if (r.error >= 0) o["error"] = r.error;
     j["rows"].push_back(o);
   }
+  if (extra.is_object())
+    for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = *it;
   const std::string tmp = absl::StrCat(path, ".tmp");
   {
     std::ofstream out(tmp);

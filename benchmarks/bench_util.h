@@ -66,11 +66,12 @@ absl::StatusOr<std::vector<kernels::Shape>> ParseShapes(
 void PrintTable(const std::vector<Row>& rows);
 
 // {"benchmark": name, "date": ..., "machine": machine, "command": ...,
-//  "rows": [...]} written atomically to `path` (skipped when empty).
+//  "rows": [...]} written atomically to `path` (skipped when empty), plus
+// the keys of `extra` (an object, or null for none).
 absl::Status WriteJson(const std::string& path, const std::string& name,
                        const nlohmann::json& machine,
-                       const std::string& command,
-                       const std::vector<Row>& rows);
+                       const std::string& command, const std::vector<Row>& rows,
+                       const nlohmann::json& extra = nullptr);
 
 // CPU model, core count, OpenBLAS build, relevant environment.
 nlohmann::json CpuMachine();

@@ -1,11 +1,14 @@
 // The GPU check's first step (run.sh): can this process use a GPU through
 // the CUDA runtime the bundle's binaries link statically? Prints the
 // runtime's and the driver's CUDA versions and every device the runtime
-// sees, then makes real calls on device 0: a kernels::cuda Context (stream,
-// cuBLASLt handle, workspace), a 1024^3 bf16 GEMM on random operands checked
-// on the host, and one Newton-Schulz call checked against the CPU fp32 path.
+// sees with its compute mode, then makes real calls on device 0: a
+// kernels::cuda Context (stream, cuBLASLt handle, workspace), a 1024^3 bf16
+// GEMM on random operands checked on the host, and one Newton-Schulz call
+// checked against the CPU fp32 path.
 //
-// Exit 0 and a last line "PROBE OK: ..." when all of that worked; else exit
+// Exit 0 and a last line "PROBE OK: ..." (with device 0's compute mode:
+// "exclusive-process" or "prohibited" would refuse dmuond_cuda's context
+// beside the trainer's) when all of that worked; else exit
 // 1 and a last line "PROBE FAIL: <why>" (no driver, a driver too old for
 // this runtime, no device, a failed call or a wrong result). The probe does
 // not decide whether a GPU should be here: run.sh does, from nvidia-smi.
@@ -35,6 +38,25 @@ namespace cu = kernels::cuda;
 
 std::string Version(int v) {
   return v <= 0 ? "none" : absl::StrCat(v / 1000, ".", (v % 1000) / 10);
+}
+
+// cudaDevAttrComputeMode in words (cudaDeviceProp::computeMode is gone in
+// CUDA 13; the attribute remains).
+std::string ComputeMode(int device) {
+  int mode = -1;
+  if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, device) !=
+      cudaSuccess)
+    return "unknown";
+  switch (mode) {
+    case cudaComputeModeDefault:
+      return "default";
+    case cudaComputeModeExclusiveProcess:
+      return "exclusive-process";
+    case cudaComputeModeProhibited:
+      return "prohibited";
+    default:
+      return absl::StrCat("mode ", mode);
+  }
 }
 
 int Fail(const std::string& why) {
@@ -153,9 +175,9 @@ int Run(int device) {
       return Fail(absl::StrCat("cudaGetDeviceProperties(", d,
                                "): ", cudaGetErrorString(e)));
     }
-    std::printf("device %d: %s, sm_%d%d, %d SMs, %.1f GiB\n", d, p.name,
-                p.major, p.minor, p.multiProcessorCount,
-                p.totalGlobalMem / double(1 << 30));
+    std::printf("device %d: %s, sm_%d%d, %d SMs, %.1f GiB, compute mode %s\n",
+                d, p.name, p.major, p.minor, p.multiProcessorCount,
+                p.totalGlobalMem / double(1 << 30), ComputeMode(d).c_str());
   }
   if (device < 0 || device >= count)
     return Fail(absl::StrCat("--device=", device, ": ", count, " devices"));
@@ -173,9 +195,10 @@ int Run(int device) {
     return Fail(absl::StrCat("GEMM: ", st.ToString()));
   if (auto st = CheckNs(**ctx); !st.ok())
     return Fail(absl::StrCat("NS: ", st.ToString()));
-  std::printf("PROBE OK: %s, CUDA runtime %s, driver's CUDA %s\n",
-              (*ctx)->DeviceDescription().c_str(), Version(runtime).c_str(),
-              Version(driver).c_str());
+  std::printf(
+      "PROBE OK: %s, compute mode %s, CUDA runtime %s, driver's CUDA %s\n",
+      (*ctx)->DeviceDescription().c_str(), ComputeMode(device).c_str(),
+      Version(runtime).c_str(), Version(driver).c_str());
   return 0;
 }
 

@@ -1,5 +1,6 @@
 #include "benchmarks/gpu/gpu_tool.h"
 
+#include <cuda_runtime_api.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -94,6 +95,42 @@ absl::StatusOr<double> Bf16GemmRate(int device) {
     if (rep > 0) best = std::max(best, 5 * 2.0 * n * n * n / s);  // warm-up
   }
   for (void* p : buf) (void)(*ctx)->Free(p);
+  return best;
+}
+
+absl::StatusOr<double> DeviceCopyRate(int device) {
+  namespace cu = kernels::cuda;
+  auto ctx = cu::Context::Create(device);
+  if (!ctx.ok()) return ctx.status();
+  if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+    return absl::InternalError(
+        absl::StrCat("cudaSetDevice: ", cudaGetErrorString(e)));
+  const size_t bytes = size_t{1} << 30;
+  DeviceBuffers buf{ctx->get(), {}};
+  auto src = buf.Get(bytes), dst = buf.Get(bytes);
+  for (auto* p : {&src, &dst})
+    if (!p->ok()) return p->status();
+  // Written once: a never-touched page may read faster than a real one.
+  if (const cudaError_t e = cudaMemset(*src, 0x5a, bytes); e != cudaSuccess)
+    return absl::InternalError(
+        absl::StrCat("cudaMemset: ", cudaGetErrorString(e)));
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < 4; ++k) {
+      if (const cudaError_t e =
+              cudaMemcpy(*dst, *src, bytes, cudaMemcpyDeviceToDevice);
+          e != cudaSuccess)
+        return absl::InternalError(
+            absl::StrCat("cudaMemcpy: ", cudaGetErrorString(e)));
+    }
+    if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
+      return absl::InternalError(cudaGetErrorString(e));
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    if (rep > 0) best = std::max(best, 4 * 2.0 * bytes / s);  // warm-up
+  }
   return best;
 }
 

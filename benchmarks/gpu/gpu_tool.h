@@ -1,6 +1,6 @@
 // Helpers of the GPU check's tools: a dmuond_cuda child process, the bf16
-// GEMM rate that floors are measured against, and device buffers freed on
-// every path.
+// GEMM rate and the device copy rate that floors are measured against, and
+// device buffers freed on every path.
 
 #ifndef DMUON_BENCHMARKS_GPU_GPU_TOOL_H_
 #define DMUON_BENCHMARKS_GPU_GPU_TOOL_H_
@@ -37,6 +37,11 @@ class DaemonProcess {
 // The best of a few timed runs of an 8192^3 bf16 GEMM (cuBLASLt, fp32
 // accumulation) on CUDA ordinal `device`, in flop/s, on random operands.
 absl::StatusOr<double> Bf16GemmRate(int device);
+
+// The best of a few timed device-to-device copies of 1 GiB (cudaMemcpy on
+// CUDA ordinal `device`) in bytes moved per second: read plus written, so
+// twice the bytes copied. The memory-bound term of the step floor.
+absl::StatusOr<double> DeviceCopyRate(int device);
 
 // Device allocations of one Context, all freed when this goes out of scope.
 struct DeviceBuffers {

@@ -29,7 +29,7 @@ for t in "${targets[@]}"; do
   bins+=("$path")
   cp -L "$path" "$out/bin/"
 done
-scripts=(compare_torch.py torch_train.py torch_step.py)
+scripts=(compare_torch.py torch_train.py torch_step.py ext_check.py targets.py)
 cp benchmarks/gpu/run.sh "${scripts[@]/#/benchmarks/gpu/}" "$out/"
 # The Python extension is rebuilt there for the machine's CPython (3.12 with
 # torch 2.x; Debian's here is 3.11): stage its sources, headers and objects.
@@ -42,7 +42,9 @@ benchmarks/gpu/copy_libs.sh "$out/lib" "${bins[@]}"
 strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
 # The device tool carries at most 64 MiB: everything but run.sh travels as one
 # xz archive (about a fifth of the size), which run.sh unpacks on the device.
+# $DMUON_BUNDLE_XZ_LEVEL (default 6): ./dmuon test's rehearsal, which never
+# carries the bundle anywhere, packs with 0 (several times faster).
 parts=(bin lib data ext python "${scripts[@]}")
-tar -C "$out" -cf - "${parts[@]}" | xz -T0 -6 >"$out/payload.tar.xz"
+tar -C "$out" -cf - "${parts[@]}" | xz -T0 "-${DMUON_BUNDLE_XZ_LEVEL:-6}" >"$out/payload.tar.xz"
 (cd "$out" && rm -rf "${parts[@]}")
 du -sh "$out" >&2
