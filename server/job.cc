@@ -7,15 +7,6 @@
 
 namespace dmuon::server {
 
-absl::Time DeadlineOf(std::chrono::steady_clock::time_point t) {
-  using Clock = std::chrono::steady_clock;
-  if (t == Clock::time_point::max()) return absl::InfiniteFuture();
-  const Clock::time_point now = Clock::now();
-  // Subtracting first would overflow for min().
-  if (t <= now) return absl::InfinitePast();
-  return absl::Now() + absl::FromChrono(t - now);
-}
-
 void RegionRelease::Set() {
   absl::MutexLock lock(&mu_);
   done_ = true;

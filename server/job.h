@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "planner/planner.h"
 #include "proto/dmuon.pb.h"
+#include "server/deadline_thread.h"
 #include "server/step_sink.h"
 #include "server/table.h"
 #include "transport/transport.h"
@@ -33,10 +34,6 @@ namespace dmuon::server {
 inline bool IsDeviceTransport(v1::Transport t) {
   return t == v1::TRANSPORT_CUDA_IPC || t == v1::TRANSPORT_NCCL;
 }
-
-// A steady_clock time as an absl deadline (absl::Mutex waits on absl::Time).
-// min() and past times are already due; max() never is.
-absl::Time DeadlineOf(std::chrono::steady_clock::time_point t);
 
 // The most completed steps a job may be set to (SetState, a snapshot):
 // steps then count up by one each, so step numbers (int64) never overflow.
@@ -313,7 +310,7 @@ class Job {
     return last_step_compute_seconds_;
   }
 
-  // --- Idle drop (reaper.cc).
+  // --- Idle drop (service_reap.cc).
   // When the job, without an open rank, is dropped: set when its last rank
   // closes (max() until then); meaningless while a rank is open, which is
   // what cancels the drop (the next last close sets a new time). Changed

@@ -1,5 +1,5 @@
 // Internal to the service: a job's momentum in and out of the executors
-// that hold it (device_state.cc), and as snapshot file bytes (state.cc).
+// that hold it, and as snapshot file bytes (job_state.cc).
 
 #ifndef DMUON_SERVER_JOB_STATE_H_
 #define DMUON_SERVER_JOB_STATE_H_
@@ -27,6 +27,10 @@ absl::Status PushState(Scheduler& scheduler, Job& job)
 // rollback, or a rolled-back computation's end). On failure the job is
 // broken (its momentum is a mix of two steps) and the error returned.
 absl::Status RestoreStepStarts(Scheduler& scheduler, Job& job)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
+
+// The header of the job's state (GetState's first message, a snapshot's).
+v1::StateHeader StateHeaderOf(const Job& job)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
 
 // The job's state as snapshot file bytes (snapshot_store.h), the executors'

@@ -1,8 +1,8 @@
 // The service's sessions: lifetime (attach, detach, close), a step message
 // handed to its session's job (the path itself is StepPipeline,
 // step_pipeline.h), and the calls that are about the whole daemon (drain,
-// busy, errors). Opening a session is open_session.cc; state state.cc;
-// Status status.cc; idle jobs reaper.cc.
+// busy, errors). Opening a session is service_open.cc; state state.cc;
+// Status service_status.cc; idle jobs service_reap.cc.
 
 #include "server/service.h"
 

@@ -29,9 +29,9 @@
 #include "base/protocol.h"
 #include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
+#include "server/deadline_thread.h"
 #include "server/device_transport.h"
 #include "server/principal.h"
-#include "server/reaper.h"
 #include "server/scheduler.h"
 #include "server/service_metrics.h"
 #include "server/snapshot_store.h"
@@ -86,7 +86,7 @@ struct ServiceOptions {
   int job_retention_seconds = 600;
   // Limits on what one peer can make the daemon hold or do (each refused
   // with a message naming the dmuond flag; docs/security.md "Limits").
-  // OpenSession (ValidateOpen, open_session.cc): RESOURCE_EXHAUSTED above
+  // OpenSession (ValidateOpen, service_open.cc): RESOURCE_EXHAUSTED above
   // these, INVALID_ARGUMENT for a malformed job id.
   int max_world_size = 4096;                    // --max-world-size
   int max_job_parameters = 16384;               // --max-job-parameters
@@ -308,7 +308,7 @@ class OptimizerService {
   friend class StateReader;
   friend class StateWriter;
   // Methods that need a job's lock held are free functions of the files
-  // that use them (job_state.h, open_session.cc, state.cc): an annotation
+  // that use them (job_state.h, service_open.cc, state.cc): an annotation
   // naming job.mu() needs Job complete, and job.h is internal.
   //
   // A job's table as tuned for it (TuneTable): the table, each parameter's
@@ -318,7 +318,7 @@ class OptimizerService {
   std::shared_ptr<Session> FindSession(const std::string& id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // OpenSession's steps (open_session.cc), in order.
+  // OpenSession's steps (service_open.cc), in order.
   // The request's own checks: protocol, ids, world size, transport.
   absl::Status ValidateOpen(const v1::OpenSessionRequest& req) const;
   // ValidateOpen's limits (ServiceOptions, docs/security.md "Limits"):
@@ -356,15 +356,16 @@ class OptimizerService {
   void LimitIdleJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The scheduler's executor stats with the per-step load of the open jobs
   // filled in (ExecutorStatus in dmuon.proto), for /metrics. Takes mu_ and
-  // the jobs' locks. (status.cc)
+  // the jobs' locks. (service_status.cc)
   std::vector<ExecutorStats> ExecutorStatsWithLoad() const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Resolves method "auto" by measurement and returns each parameter's
   // planner cost in seconds (measured, or the cost model at a nominal rate).
-  // (open_session.cc)
+  // (service_open.cc)
   std::vector<double> TuneTable(Table& table);
-  // GPU transports: whether `t` can be opened here. (device_state.cc)
+  // GPU transports: whether `t` can be opened here. (service_open.cc)
   bool DeviceTransportAvailable(v1::Transport t) const;
+
   const ServiceOptions options_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<kernels::Autotuner> autotuner_;
@@ -398,10 +399,10 @@ class OptimizerService {
   // each idle job dropped with a snapshot), read by LoadPendingSnapshot.
   PendingSnapshots pending_ ABSL_GUARDED_BY(mu_);
   // StartReaper's thread; stopped first by the destructor.
-  Reaper reaper_;
+  DeadlineThread reaper_;
   // ExpireUnattached's thread (attach_timeout_seconds > 0), started by the
   // constructor, kicked by each OpenSession; stopped by the destructor.
-  Reaper attach_reaper_;
+  DeadlineThread attach_reaper_;
 };
 
 }  // namespace dmuon::server

@@ -20,17 +20,6 @@
 namespace dmuon::server {
 namespace {
 
-v1::StateHeader HeaderOf(const Job& job)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
-  v1::StateHeader h;
-  h.set_job_id(job.id());
-  h.set_owner(job.owner());
-  h.set_completed_steps(job.completed_steps());
-  for (const auto& p : job.table().params) *h.add_parameters() = ToSpec(p);
-  for (const auto& g : job.table().groups) *h.add_groups() = g;
-  return h;
-}
-
 // GetState's refusals: a broken job, or one mid-step.
 absl::Status AtStepBoundary(const Job& job)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
@@ -170,7 +159,7 @@ absl::StatusOr<std::unique_ptr<StateReader>> OptimizerService::ReadState(
   absl::MutexLock lock(&job->mu());
   if (auto st = AtStepBoundary(*job); !st.ok()) return st;
   v1::StateChunk head;
-  *head.mutable_header() = HeaderOf(*job);
+  *head.mutable_header() = StateHeaderOf(*job);
   job->AddStateReader();
   return std::unique_ptr<StateReader>(
       new StateReader(this, job, std::move(head),
@@ -346,33 +335,6 @@ absl::StatusOr<int64_t> OptimizerService::SetState(
   for (size_t k = 1; k < chunks.size(); ++k)
     if (auto st = (*w)->Add(chunks[k]); !st.ok()) return st;
   return (*w)->Commit();
-}
-
-absl::StatusOr<std::string> SnapshotBytes(Scheduler& scheduler, Job& job) {
-  if (job.mid_step() && (job.running() || !job.can_roll_back())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", job.id(), "' is in the middle of step ",
-        job.completed_steps() + 1,
-        job.running() ? " (a computation is running)"
-                      : " on executors that hold state (its momentum has "
-                        "advanced in place)",
-        ": no snapshot of its last completed step ", job.completed_steps(),
-        " can be taken now"));
-  }
-  if (auto st = PullState(scheduler, job); !st.ok()) return st;
-  // Mid-step (host momentum): each parameter that ran this step as of
-  // before it, i.e. the whole job at its last completed step.
-  return EncodeSnapshot(HeaderOf(job), job.last_complete_momentum());
-}
-
-bool WaitUntilNotRunning(Job& job, absl::Duration timeout)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
-  auto idle = [&job] {
-    job.mu().AssertHeld();
-    return !job.running();
-  };
-  return job.mu().AwaitWithDeadline(absl::Condition(&idle),
-                                    absl::Now() + timeout);
 }
 
 absl::Status OptimizerService::SnapshotAll() {

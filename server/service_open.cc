@@ -448,7 +448,7 @@ absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
           "then open it again with resume=replace; or use another job_id"));
     }
     // Idle: its snapshot goes first (nothing changes if that fails), then
-    // its memory, as the reaper drops a job (reaper.cc).
+    // its memory, as the reaper drops a job (service_reap.cc).
     if (snapshots_.enabled()) {
       if (auto moved = snapshots_.Replace(job->id(), next_job_serial_);
           !moved.ok()) {
@@ -622,6 +622,12 @@ std::vector<double> OptimizerService::TuneTable(Table& table) {
     costs.push_back(seconds);
   }
   return costs;
+}
+
+bool OptimizerService::DeviceTransportAvailable(v1::Transport t) const {
+  return options_.device_transports != nullptr &&
+         options_.device_transports->Supports(t) &&
+         scheduler_->reads_device_memory();
 }
 
 }  // namespace dmuon::server

@@ -1,11 +1,12 @@
-// The service's side of executors that hold state and of GPU transports
-// (executor.h, device_transport.h): host mirrors of device-resident momentum
-// are filled before they are read and pushed back after they are written.
+// A job's state on executors that hold it (job_state.h, executor.h): host
+// mirrors of device-resident momentum are filled before they are read and
+// pushed back after they are written, and step-start copies restored.
+
+#include "server/job_state.h"
 
 #include "absl/strings/str_cat.h"
 #include "server/job.h"
-#include "server/job_state.h"
-#include "server/service.h"
+#include "server/snapshot_store.h"
 
 namespace dmuon::server {
 
@@ -77,10 +78,40 @@ absl::Status PushState(Scheduler& scheduler, Job& job) {
   return absl::OkStatus();
 }
 
-bool OptimizerService::DeviceTransportAvailable(v1::Transport t) const {
-  return options_.device_transports != nullptr &&
-         options_.device_transports->Supports(t) &&
-         scheduler_->reads_device_memory();
+v1::StateHeader StateHeaderOf(const Job& job) {
+  v1::StateHeader h;
+  h.set_job_id(job.id());
+  h.set_owner(job.owner());
+  h.set_completed_steps(job.completed_steps());
+  for (const auto& p : job.table().params) *h.add_parameters() = ToSpec(p);
+  for (const auto& g : job.table().groups) *h.add_groups() = g;
+  return h;
+}
+
+absl::StatusOr<std::string> SnapshotBytes(Scheduler& scheduler, Job& job) {
+  if (job.mid_step() && (job.running() || !job.can_roll_back())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id(), "' is in the middle of step ",
+        job.completed_steps() + 1,
+        job.running() ? " (a computation is running)"
+                      : " on executors that hold state (its momentum has "
+                        "advanced in place)",
+        ": no snapshot of its last completed step ", job.completed_steps(),
+        " can be taken now"));
+  }
+  if (auto st = PullState(scheduler, job); !st.ok()) return st;
+  // Mid-step (host momentum): each parameter that ran this step as of
+  // before it, i.e. the whole job at its last completed step.
+  return EncodeSnapshot(StateHeaderOf(job), job.last_complete_momentum());
+}
+
+bool WaitUntilNotRunning(Job& job, absl::Duration timeout) {
+  auto idle = [&job] {
+    job.mu().AssertHeld();
+    return !job.running();
+  };
+  return job.mu().AwaitWithDeadline(absl::Condition(&idle),
+                                    absl::Now() + timeout);
 }
 
 }  // namespace dmuon::server

@@ -1,10 +1,8 @@
 // Idle jobs (the rules: docs/protocol.md "Idle jobs"): a job whose ranks
 // have all closed is dropped after ServiceOptions::job_retention_seconds,
 // snapshotted first with --state-dir (LoadPendingSnapshot reads it back).
-// The pass is OptimizerService::ReapIdleJobs; the thread that runs it is
-// the Reaper (reaper.h).
-
-#include "server/reaper.h"
+// The pass is OptimizerService::ReapIdleJobs; the thread that runs it is a
+// DeadlineThread (deadline_thread.h).
 
 #include <algorithm>
 #include <utility>
@@ -22,40 +20,6 @@ namespace {
 constexpr std::chrono::seconds kSnapshotRetry(60);
 
 }  // namespace
-
-void Reaper::Start(Pass pass) {
-  thread_ = std::thread([this, pass = std::move(pass)] { Loop(pass); });
-}
-
-void Reaper::Kick() {
-  absl::MutexLock lock(&mu_);
-  kicked_ = true;
-}
-
-void Reaper::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
-}
-
-void Reaper::Loop(const Pass& pass) {
-  auto woken = [this] {
-    mu_.AssertHeld();
-    return stop_ || kicked_;
-  };
-  mu_.Lock();
-  while (!stop_) {
-    // Cleared before the pass: a close during it kicks another.
-    kicked_ = false;
-    mu_.Unlock();
-    const std::chrono::steady_clock::time_point next = pass();
-    mu_.Lock();
-    mu_.AwaitWithDeadline(absl::Condition(&woken), DeadlineOf(next));
-  }
-  mu_.Unlock();
-}
 
 void OptimizerService::StartReaper(
     std::function<void(const ReapResult&)> report) {
