@@ -396,6 +396,49 @@ bool DrainAndShutdown(const DaemonConfig& config, int sig,
   return snapshot.ok();
 }
 
+// --insecure in force: says what anyone who reaches the port may do.
+void WarnInsecure(const DaemonConfig& config) {
+  spdlog::warn(
+      "--insecure: serving {} without {}: anyone who reaches it may open "
+      "sessions, read and overwrite momentum, and drain the daemon",
+      config.listen,
+      config.tls() ? "authentication (--auth-token-file, "
+                     "--tls-client-ca-file)"
+                   : "TLS (--tls-cert-file)");
+}
+
+// SIGHUP: re-reads the TLS files (and gives /metrics the new ones with
+// --metrics-tls) and the token file; a file that fails keeps what was in
+// force, logged. `tls`, `metrics` may be null (not in use).
+void Reload(const DaemonConfig& config, TlsFiles* tls, MetricsHttp* metrics,
+            Authenticator* auth) {
+  if (tls != nullptr) {
+    auto cert = tls->Reload();
+    if (cert.ok() && metrics != nullptr && config.metrics_tls) {
+      if (auto ctx = MetricsTls(*tls); ctx.ok())
+        metrics->SetTls(*std::move(ctx));
+    }
+    if (cert.ok()) {
+      spdlog::info("SIGHUP: TLS files re-read ({}); new connections use them",
+                   *cert);
+    } else {
+      spdlog::error("SIGHUP: {}; the TLS certificates stay as they were",
+                    std::string(cert.status().message()));
+    }
+  }
+  if (config.auth_token_file.empty()) {
+    if (tls == nullptr) spdlog::info("SIGHUP: no --auth-token-file to re-read");
+    return;
+  }
+  auto n = auth->Reload();
+  if (n.ok()) {
+    spdlog::info("SIGHUP: --auth-token-file re-read: {} tokens", *n);
+  } else {
+    spdlog::error("SIGHUP: {}; the tokens stay as they were",
+                  std::string(n.status().message()));
+  }
+}
+
 }  // namespace
 
 int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
@@ -437,15 +480,7 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
 
   auto metrics_http = StartMetrics(config, metrics, tls.get(), auth->get());
   if (!metrics_http.ok()) return Fail(metrics_http.status());
-  if (config.exposed_insecurely()) {
-    spdlog::warn(
-        "--insecure: serving {} without {}: anyone who reaches it may open "
-        "sessions, read and overwrite momentum, and drain the daemon",
-        config.listen,
-        config.tls() ? "authentication (--auth-token-file, "
-                       "--tls-client-ca-file)"
-                     : "TLS (--tls-cert-file)");
-  }
+  if (config.exposed_insecurely()) WarnInsecure(config);
   // Set, under its lock, once a signal stops the daemon: Undrain then
   // refuses (the shutdown's drain stays).
   std::mutex undrain_mu;
@@ -482,31 +517,7 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
       *metrics_http ? host + ":" + std::to_string(config.metrics_port) : "off");
 
   const int sig = Serve(config, service, sigs, [&] {
-    if (tls) {
-      auto cert = tls->Reload();
-      if (cert.ok() && *metrics_http && config.metrics_tls) {
-        if (auto ctx = MetricsTls(*tls); ctx.ok())
-          (*metrics_http)->SetTls(*std::move(ctx));
-      }
-      if (cert.ok()) {
-        spdlog::info("SIGHUP: TLS files re-read ({}); new connections use them",
-                     *cert);
-      } else {
-        spdlog::error("SIGHUP: {}; the TLS certificates stay as they were",
-                      std::string(cert.status().message()));
-      }
-    }
-    if (config.auth_token_file.empty()) {
-      if (!tls) spdlog::info("SIGHUP: no --auth-token-file to re-read");
-      return;
-    }
-    auto n = (*auth)->Reload();
-    if (n.ok()) {
-      spdlog::info("SIGHUP: --auth-token-file re-read: {} tokens", *n);
-    } else {
-      spdlog::error("SIGHUP: {}; the tokens stay as they were",
-                    std::string(n.status().message()));
-    }
+    Reload(config, tls.get(), metrics_http->get(), auth->get());
   });
   {
     std::lock_guard<std::mutex> l(undrain_mu);

@@ -63,6 +63,69 @@ DeviceIo DeviceIoOf(const std::vector<std::shared_ptr<Session>>& ranks,
   return io;
 }
 
+// Host regions: the whole gradient of `param` into p.work, as its sharding
+// says (rows gathered, blocks from the lowest rank holding each element,
+// the mean in rank order, or rank 0's).
+absl::Status GatherHost(const ParamInfo& info,
+                        const std::vector<std::shared_ptr<Session>>& ranks,
+                        int param, ParamState& p) {
+  const int64_t n = info.shape.elements();
+  p.work.resize(n);
+  switch (info.sharding) {
+    case v1::SHARDING_ROWS:
+      for (const auto& s : ranks) {
+        const ShardMap& held = s->shards()[param];
+        if (auto st = ReadGradient(*s, param, held.elements(),
+                                   p.work.data() + held.offset(info.shape));
+            !st.ok()) {
+          return st;
+        }
+      }
+      break;
+    case v1::SHARDING_BLOCKS: {
+      // A map several ranks hold alike (whole replicas: HSDP's Replicate()
+      // dimension) is read once, from the lowest of them. The rest go
+      // highest rank first, so an element held in maps that only overlap
+      // ends as the lowest rank's too, whatever the others sent.
+      std::vector<const ShardMap*> maps;
+      for (const auto& s : ranks) maps.push_back(&s->shards()[param]);
+      const std::vector<int> holders = DistinctHolders(maps);
+      std::vector<float> local;
+      for (auto k = holders.rbegin(); k != holders.rend(); ++k) {
+        const ShardMap& held = *maps[*k];
+        local.resize(held.elements());
+        if (auto st =
+                ReadGradient(*ranks[*k], param, held.elements(), local.data());
+            !st.ok()) {
+          return st;
+        }
+        ScatterToMatrix(held, info.shape, local.data(), p.work.data());
+      }
+      break;
+    }
+    case v1::SHARDING_UNREDUCED: {
+      // The mean in rank order 0..W-1, so arrival order never changes a bit.
+      std::fill(p.work.begin(), p.work.end(), 0.0f);
+      std::vector<float> g(n);
+      for (const auto& s : ranks) {
+        // A rank that declared it absent contributes zeros (nothing read).
+        if (!p.absent.empty() && p.absent[s->rank()]) continue;
+        if (auto st = ReadGradient(*s, param, n, g.data()); !st.ok()) return st;
+        for (int64_t i = 0; i < n; ++i) p.work[i] += g[i];
+      }
+      const float inv = 1.0f / static_cast<float>(ranks.size());
+      for (float& x : p.work) x *= inv;
+      break;
+    }
+    default:  // replicated: rank 0's gradient
+      if (auto st = ReadGradient(*ranks[0], param, n, p.work.data());
+          !st.ok()) {
+        return st;
+      }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ParamWork::ParamWork(StepPipeline& pipeline, std::shared_ptr<Job> job,
@@ -127,59 +190,7 @@ absl::StatusOr<ComputeTask> ParamWork::Prepare() {
     return t;
   }
   const int64_t cols = info.shape.cols, n = info.shape.elements();
-  p.work.resize(n);
-  switch (info.sharding) {
-    case v1::SHARDING_ROWS:
-      for (const auto& s : ranks) {
-        const ShardMap& held = s->shards()[param];
-        if (auto st = ReadGradient(*s, param, held.elements(),
-                                   p.work.data() + held.offset(info.shape));
-            !st.ok()) {
-          return st;
-        }
-      }
-      break;
-    case v1::SHARDING_BLOCKS: {
-      // A map several ranks hold alike (whole replicas: HSDP's Replicate()
-      // dimension) is read once, from the lowest of them. The rest go
-      // highest rank first, so an element held in maps that only overlap
-      // ends as the lowest rank's too, whatever the others sent.
-      std::vector<const ShardMap*> maps;
-      for (const auto& s : ranks) maps.push_back(&s->shards()[param]);
-      const std::vector<int> holders = DistinctHolders(maps);
-      std::vector<float> local;
-      for (auto k = holders.rbegin(); k != holders.rend(); ++k) {
-        const ShardMap& held = *maps[*k];
-        local.resize(held.elements());
-        if (auto st =
-                ReadGradient(*ranks[*k], param, held.elements(), local.data());
-            !st.ok()) {
-          return st;
-        }
-        ScatterToMatrix(held, info.shape, local.data(), p.work.data());
-      }
-      break;
-    }
-    case v1::SHARDING_UNREDUCED: {
-      // The mean in rank order 0..W-1, so arrival order never changes a bit.
-      std::fill(p.work.begin(), p.work.end(), 0.0f);
-      std::vector<float> g(n);
-      for (const auto& s : ranks) {
-        // A rank that declared it absent contributes zeros (nothing read).
-        if (!p.absent.empty() && p.absent[s->rank()]) continue;
-        if (auto st = ReadGradient(*s, param, n, g.data()); !st.ok()) return st;
-        for (int64_t i = 0; i < n; ++i) p.work[i] += g[i];
-      }
-      const float inv = 1.0f / static_cast<float>(ranks.size());
-      for (float& x : p.work) x *= inv;
-      break;
-    }
-    default:  // replicated: rank 0's gradient
-      if (auto st = ReadGradient(*ranks[0], param, n, p.work.data());
-          !st.ok()) {
-        return st;
-      }
-  }
+  if (auto st = GatherHost(info, ranks, param, p); !st.ok()) return st;
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(p.work[i])) {
       nonfinite = true;

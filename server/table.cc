@@ -71,6 +71,42 @@ std::string ShapeOf(const ParamInfo& p) {
   return kernels::ShapeString(p.shape);
 }
 
+// The part of `p` this rank holds, from `s`'s sharding fields (row range
+// for SHARDING_ROWS, runs for SHARDING_BLOCKS; the others: the whole
+// matrix); a field of another sharding is an error naming `who`.
+absl::StatusOr<ShardMap> HeldOf(const v1::ParameterSpec& s, const ParamInfo& p,
+                                const std::string& who) {
+  ShardMap held = ShardMap::Whole(p.shape);
+  if (p.sharding == v1::SHARDING_ROWS) {
+    if (s.row_begin() < 0 || s.row_end() > p.shape.rows ||
+        s.row_begin() >= s.row_end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, " row range [", s.row_begin(), ",", s.row_end(),
+          ") is not a non-empty part of its ", p.shape.rows, " rows"));
+    }
+    held = ShardMap::Rows(s.row_begin(), s.row_end(), p.shape.cols);
+  } else if (s.row_begin() != 0 || s.row_end() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, " has a row range but is not SHARDING_ROWS"));
+  }
+  if (p.sharding == v1::SHARDING_BLOCKS) {
+    auto runs = [](const auto& list) {
+      std::vector<IndexRun> v;
+      v.reserve(list.size());
+      for (const v1::IndexRun& r : list) v.push_back({r.begin(), r.end()});
+      return v;
+    };
+    auto map = ShardMap::FromRuns(runs(s.row_runs()), runs(s.col_runs()),
+                                  p.shape, who);
+    if (!map.ok()) return map.status();
+    held = *std::move(map);
+  } else if (s.row_runs_size() != 0 || s.col_runs_size() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, " has row_runs/col_runs but is not SHARDING_BLOCKS"));
+  }
+  return held;
+}
+
 }  // namespace
 
 absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
@@ -132,34 +168,8 @@ absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
       return absl::InvalidArgumentError(
           absl::StrCat(who, " sharding ", s.sharding(), " is unknown"));
     }
-    ShardMap held = ShardMap::Whole(p.shape);
-    if (p.sharding == v1::SHARDING_ROWS) {
-      if (s.row_begin() < 0 || s.row_end() > p.shape.rows ||
-          s.row_begin() >= s.row_end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            who, " row range [", s.row_begin(), ",", s.row_end(),
-            ") is not a non-empty part of its ", p.shape.rows, " rows"));
-      }
-      held = ShardMap::Rows(s.row_begin(), s.row_end(), p.shape.cols);
-    } else if (s.row_begin() != 0 || s.row_end() != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, " has a row range but is not SHARDING_ROWS"));
-    }
-    if (p.sharding == v1::SHARDING_BLOCKS) {
-      auto runs = [](const auto& list) {
-        std::vector<IndexRun> v;
-        v.reserve(list.size());
-        for (const v1::IndexRun& r : list) v.push_back({r.begin(), r.end()});
-        return v;
-      };
-      auto map = ShardMap::FromRuns(runs(s.row_runs()), runs(s.col_runs()),
-                                    p.shape, who);
-      if (!map.ok()) return map.status();
-      held = *std::move(map);
-    } else if (s.row_runs_size() != 0 || s.col_runs_size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, " has row_runs/col_runs but is not SHARDING_BLOCKS"));
-    }
+    auto held = HeldOf(s, p, who);
+    if (!held.ok()) return held.status();
     if (s.group() < 0 || s.group() >= static_cast<int>(groups.size())) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, " group ", s.group(), " does not exist (",
@@ -176,7 +186,7 @@ absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
     p.muon = groups[s.group()];
     p.lr_scale = kernels::LrScale(p.muon.adjust, p.shape);
     t.params.push_back(std::move(p));
-    shards->push_back(std::move(held));
+    shards->push_back(*std::move(held));
   }
   return t;
 }

@@ -292,6 +292,18 @@ void Check(const absl::Status& st) {
   if (!st.ok()) Throw(st);
 }
 
+// Runs `call` (returning an absl::Status) without the GIL, then raises its
+// error as Check does.
+template <typename F>
+void Released(F&& call) {
+  absl::Status st;
+  {
+    py::gil_scoped_release release;
+    st = call();
+  }
+  Check(st);
+}
+
 py::dict StateToDict(const State& s) {
   py::dict d;
   d["completed_steps"] = s.completed_steps;
@@ -571,6 +583,7 @@ void AddSessionInfo(py::class_<PySession>& cls) {
 
 // Session: the step protocol, state and closing; blocking calls release the
 // GIL.
+// A session's step: its tensors, declarations, updates and rewind.
 void AddSessionCalls(py::class_<PySession>& cls) {
   cls.def("local_shape", &PySession::local_shape, py::arg("i"))
       .def(
@@ -591,25 +604,17 @@ void AddSessionCalls(py::class_<PySession>& cls) {
           "gradient_ready",
           [](PySession& s, int i) {
             s.param(i);
-            absl::Status st;
-            {
-              py::gil_scoped_release release;
-              st = s.s().GradientReady(i);
-            }
-            Check(st);
+            Released([&] { return s.s().GradientReady(i); });
           },
           py::arg("i"))
       .def(
           "gradients_ready",
           [](PySession& s, std::vector<int> ids,
              std::optional<std::vector<double>> momentum) {
-            absl::Status st;
-            {
-              py::gil_scoped_release release;
-              st = momentum ? s.s().GradientsReadyWithMomentum(ids, *momentum)
-                            : s.s().GradientsReady(ids);
-            }
-            Check(st);
+            Released([&] {
+              return momentum ? s.s().GradientsReadyWithMomentum(ids, *momentum)
+                              : s.s().GradientsReady(ids);
+            });
           },
           py::arg("ids"), py::arg("momentum") = py::none(),
           "Declares the gradients of `ids` ready. momentum: None, or this "
@@ -621,12 +626,7 @@ void AddSessionCalls(py::class_<PySession>& cls) {
           "gradients_absent",
           [](PySession& s, std::vector<int> ids) {
             for (int i : ids) s.param(i);
-            absl::Status st;
-            {
-              py::gil_scoped_release release;
-              st = s.s().GradientsAbsent(ids);
-            }
-            Check(st);
+            Released([&] { return s.s().GradientsAbsent(ids); });
           },
           py::arg("ids"),
           "Declares parameters with no gradient this step (torch: .grad is "
@@ -637,12 +637,7 @@ void AddSessionCalls(py::class_<PySession>& cls) {
           "wait_update",
           [](PySession& s, int i) {
             s.param(i);
-            absl::Status st;
-            {
-              py::gil_scoped_release release;
-              st = s.s().WaitUpdate(i);
-            }
-            Check(st);
+            Released([&] { return s.s().WaitUpdate(i); });
           },
           py::arg("i"))
       .def(
@@ -655,58 +650,36 @@ void AddSessionCalls(py::class_<PySession>& cls) {
           "absent", [](PySession& s, int i) { return s.s().absent(i); },
           py::arg("i"))
       .def("finish_step",
-           [](PySession& s) {
-             absl::Status st;
-             {
-               py::gil_scoped_release release;
-               st = s.s().FinishStep();
-             }
-             Check(st);
-           })
+           [](PySession& s) { Released([&] { return s.s().FinishStep(); }); })
       .def(
           "rewind",
-          [](PySession& s) {
-            absl::Status st;
-            {
-              py::gil_scoped_release release;
-              st = s.s().Rewind();
-            }
-            Check(st);
-          },
+          [](PySession& s) { Released([&] { return s.s().Rewind(); }); },
           "Undoes the step finish_step() just completed (protocol minor 1): "
           "dmuond puts the momentum back to before it and step goes back by "
-          "one, so its gradients can be declared again.")
-      .def("get_state",
-           [](PySession& s) {
-             absl::StatusOr<State> st;
-             {
-               py::gil_scoped_release release;
-               st = s.s().GetState();
-             }
-             if (!st.ok()) Throw(st.status());
-             return StateToDict(*st);
-           })
+          "one, so its gradients can be declared again.");
+}
+
+// A session's state (GetState/SetState) and its closing.
+void AddSessionStateCalls(py::class_<PySession>& cls) {
+  cls.def("get_state",
+          [](PySession& s) {
+            absl::StatusOr<State> st;
+            {
+              py::gil_scoped_release release;
+              st = s.s().GetState();
+            }
+            if (!st.ok()) Throw(st.status());
+            return StateToDict(*st);
+          })
       .def(
           "set_state",
           [](PySession& s, const py::dict& d) {
             State state = DictToState(d);
-            absl::Status st;
-            {
-              py::gil_scoped_release release;
-              st = s.s().SetState(state);
-            }
-            Check(st);
+            Released([&] { return s.s().SetState(state); });
           },
           py::arg("state"))
       .def("close",
-           [](PySession& s) {
-             absl::Status st;
-             {
-               py::gil_scoped_release release;
-               st = s.s().Close();
-             }
-             Check(st);
-           })
+           [](PySession& s) { Released([&] { return s.s().Close(); }); })
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PySession& s, py::args) {
         py::gil_scoped_release release;
@@ -723,6 +696,7 @@ void RegisterClient(py::module_& m) {
       m, "Session", "One rank's session of a job (see Client.open_session).");
   AddSessionInfo(session);
   AddSessionCalls(session);
+  AddSessionStateCalls(session);
 }
 
 }  // namespace dmuon::python
