@@ -216,7 +216,7 @@ class Job {
     kWaiting,  // other ranks have not declared it yet (or one is closed)
     kRun,      // the step runs: the caller submits it (ParamWork)
     kAbsent,   // every rank declared it absent: nothing is computed, the
-               // caller delivers it as absent (OptimizerService::Deliver)
+               // caller delivers it as absent (StepPipeline::Deliver)
   };
   // Rank `rank`'s gradient of `param` has arrived (`absent`: the rank has
   // none this step). The one rule of when a parameter's step runs: when
