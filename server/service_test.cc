@@ -101,6 +101,11 @@ TEST(Service, BadRequestsGetFittingCodes) {
             absl::StatusCode::kInvalidArgument);
   Rank r;
   ASSERT_TRUE(r.Open(*svc, req).ok());
+  // A session id is 16 random bytes in lowercase hex.
+  EXPECT_EQ(r.open.session_id().size(), 32u);
+  EXPECT_EQ(r.open.session_id().find_first_not_of("0123456789abcdef"),
+            std::string::npos)
+      << r.open.session_id();
   auto again = Request("k", 0, 1, v1::TRANSPORT_INLINE,
                        {{"w", 8, 8, v1::SHARDING_REPLICATED}});
   EXPECT_EQ(svc->OpenSession(again).status().code(),
