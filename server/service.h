@@ -206,6 +206,11 @@ struct ReapResult {
       std::chrono::steady_clock::time_point::max();
 };
 
+// NOT_FOUND for a session id that names no open session (never opened,
+// closed, or expired): every call that takes a session id says so in these
+// words (service.cc).
+absl::Status NoOpenSessionError();
+
 class OptimizerService {
  public:
   // `metrics` (null: nothing observed) must outlive the service.

@@ -73,6 +73,32 @@ TEST(Service, TableMismatchNamesParameterAndBothValues) {
       << st;
 }
 
+// Every call given a session id that names no open session (never opened,
+// or closed) fails alike: NOT_FOUND, in NoOpenSessionError's words.
+TEST(Service, NoOpenSessionIsOneError) {
+  auto svc = NewService(ServiceOptions());
+  const absl::Status want = NoOpenSessionError();
+  EXPECT_EQ(want.code(), absl::StatusCode::kNotFound);
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("j", 0, 1, v1::TRANSPORT_INLINE,
+                                   {{"w", 8, 8, v1::SHARDING_REPLICATED}}))
+                  .ok());
+  const std::string closed = r.open.session_id();
+  ASSERT_TRUE(svc->CloseSession(closed).ok());
+  for (const std::string& id : {std::string("never-opened"), closed}) {
+    EXPECT_EQ(svc->Attach(id, std::make_shared<FakeSink>()), want) << id;
+    v1::StepRequest m;
+    m.mutable_gradients_ready()->set_step(1);
+    EXPECT_EQ(svc->OnStepRequest(id, m), want) << id;
+    EXPECT_EQ(svc->CloseSession(id), want) << id;
+    EXPECT_EQ(svc->ReadState(id).status(), want) << id;
+    v1::StateChunk head;
+    head.set_session_id(id);
+    head.mutable_header();
+    EXPECT_EQ(svc->WriteState(head).status(), want) << id;
+  }
+}
+
 TEST(Service, BadRequestsGetFittingCodes) {
   ServiceOptions o;
   o.max_sessions = 1;

@@ -162,7 +162,7 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
 absl::StatusOr<std::unique_ptr<StateReader>> OptimizerService::ReadState(
     const std::string& session_id, const Principal& who) {
   auto s = FindSession(session_id);
-  if (!s) return absl::NotFoundError("no open session with this session_id");
+  if (!s) return NoOpenSessionError();
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
   if (auto st = CheckJobOwner(who, job->owner(), job->id()); !st.ok())
@@ -205,9 +205,7 @@ absl::StatusOr<std::unique_ptr<StateWriter>> OptimizerService::WriteState(
         "SetState: the first message must carry the header");
   }
   auto s = FindSession(first.session_id());
-  if (!s)
-    return absl::NotFoundError(
-        "SetState: no open session with this session_id");
+  if (!s) return NoOpenSessionError();
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
   if (auto st = CheckJobOwner(who, job->owner(), job->id()); !st.ok())
