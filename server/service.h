@@ -259,14 +259,7 @@ class OptimizerService {
   absl::StatusOr<std::unique_ptr<StateWriter>> WriteState(
       const v1::StateChunk& first, const Principal& who = {})
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The whole stream at once (tests, fuzzers): ReadState drained, and
-  // WriteState with every chunk.
-  absl::StatusOr<std::vector<v1::StateChunk>> GetState(
-      const std::string& session_id, const Principal& who = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<int64_t> SetState(const std::vector<v1::StateChunk>& chunks,
-                                   const Principal& who = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // (Both as one call, for tests: server/testing/state_streams.h.)
 
   v1::StatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
   // Refuses new sessions from now on; returns the sessions still open.

@@ -25,6 +25,7 @@
 #include "server/testing/recording_metrics.h"
 #include "server/testing/recording_sink.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/state_streams.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -224,7 +225,7 @@ TEST(Service, NonFiniteGradientFailsTheStepUnderFailPolicy) {
                               "(inf) at element (1,1)"),
             std::string::npos)
       << st;
-  auto state = svc->GetState(r.open.session_id());
+  auto state = GetState(*svc, r.open.session_id());
   EXPECT_FALSE(
       state.ok());  // the job is broken: no half-applied state is served
 }

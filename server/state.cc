@@ -177,19 +177,6 @@ absl::StatusOr<std::unique_ptr<StateReader>> OptimizerService::ReadState(
                       transport::MaxChunkPayload(options_.max_message_bytes)));
 }
 
-absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::GetState(
-    const std::string& session_id, const Principal& who) {
-  auto reader = ReadState(session_id, who);
-  if (!reader.ok()) return reader.status();
-  std::vector<v1::StateChunk> out;
-  for (;;) {
-    auto c = (*reader)->Next();
-    if (!c.ok()) return c.status();
-    if (!c->has_value()) return out;
-    out.push_back(**std::move(c));
-  }
-}
-
 StateWriter::StateWriter(OptimizerService* service, std::shared_ptr<Job> job,
                          int64_t completed_steps)
     : service_(service),
@@ -331,19 +318,6 @@ absl::StatusOr<int64_t> StateWriter::Commit() {
     }
   }
   return job->completed_steps();
-}
-
-absl::StatusOr<int64_t> OptimizerService::SetState(
-    const std::vector<v1::StateChunk>& chunks, const Principal& who) {
-  if (chunks.empty()) {
-    return absl::InvalidArgumentError(
-        "SetState: the first message must carry the header");
-  }
-  auto w = WriteState(chunks[0], who);
-  if (!w.ok()) return w.status();
-  for (size_t k = 1; k < chunks.size(); ++k)
-    if (auto st = (*w)->Add(chunks[k]); !st.ok()) return st;
-  return (*w)->Commit();
 }
 
 absl::StatusOr<std::string> SnapshotBytes(Scheduler& scheduler, Job& job) {
