@@ -382,9 +382,11 @@ class OptimizerService {
   // A step's path (step_pipeline.h): messages in, work out, updates back.
   const std::unique_ptr<StepPipeline> pipeline_;
 
-  // Lock order: mu_, then a job's mu() (job.h), then the reaper's or a
-  // StepStats' lock. (clang-14 cannot check an order between locks of
-  // different objects, so ABSL_ACQUIRED_AFTER is not used across them.)
+  // Lock order: mu_, then a job's mu() (job.h), then a leaf lock (the
+  // reaper's, a StepStats', a StepSink's, a transport's); the snapshot
+  // store's: see snapshots_ above (docs/design.md). (clang-14 cannot check an
+  // order between locks of different objects, so ABSL_ACQUIRED_AFTER is not
+  // used across them.)
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_job_serial_ ABSL_GUARDED_BY(mu_) = 1;
