@@ -24,9 +24,10 @@ inline constexpr uint32_t kProtocolMinor = 3;
 
 // The minor version this binary speaks: kProtocolMinor. Defined weak, so that
 // a test binary can link a strong definition that speaks an older minor
-// (//base:protocol_prev, linked into //daemon:dmuond_prev only) and play the
-// previous release in a rolling-upgrade test. Everything reads the minor
-// through this function, never kProtocolMinor directly.
+// (base/testing/: //base/testing:protocol_prev, linked into
+// //daemon:dmuond_prev only) and play the previous release in a
+// rolling-upgrade test. Everything reads the minor through this function,
+// never kProtocolMinor directly.
 uint32_t ProtocolMinor();
 
 // This build's version (dmuond's Capabilities.version and Status, the

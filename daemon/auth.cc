@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -19,16 +20,6 @@ std::string Sha256(const std::string& s) {
   unsigned char d[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d);
   return std::string(reinterpret_cast<const char*>(d), sizeof(d));
-}
-
-std::string Hex(const std::string& bytes) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(hex[c >> 4]);
-    out.push_back(hex[c & 15]);
-  }
-  return out;
 }
 
 Role ParseRole(absl::string_view s) {
@@ -105,10 +96,10 @@ absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
     }
     const std::string token(f[1]);
     const std::string digest = Sha256(token);
-    e.name =
-        f.size() == 3
-            ? std::string(f[2])
-            : "token-" + Hex(Sha256("dmuon principal\n" + token)).substr(0, 16);
+    e.name = f.size() == 3 ? std::string(f[2])
+                           : "token-" + absl::BytesToHexString(
+                                            Sha256("dmuon principal\n" + token))
+                                            .substr(0, 16);
     if (!out.emplace(digest, std::move(e)).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("line ", n, ": the same token twice"));

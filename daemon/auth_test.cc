@@ -26,6 +26,10 @@ TEST(ParseTokens, RolesNamesAndComments) {
     } else {
       EXPECT_EQ(e.name.rfind("token-", 0), 0u) << e.name;
       EXPECT_EQ(e.name.size(), 22u);
+      // 8 bytes of a SHA-256 in lowercase hex.
+      EXPECT_EQ(e.name.find_first_not_of("0123456789abcdef", 6),
+                std::string::npos)
+          << e.name;
     }
   }
   EXPECT_EQ(readers, 1);

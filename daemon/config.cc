@@ -11,7 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "server/gpu_logic.h"
 
-// dmuond's flags (`dmuond --help` lists the ones defined in this file).
+// dmuond's flags (`dmuond --help` lists the ones defined in this file). The
+// limits' defaults are server/limits.h's (DaemonConfig's too: config_test.cc).
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC address to serve on (host:port; port 0 picks a free one)");
 ABSL_FLAG(std::string, devices, "cpu",
@@ -38,9 +39,10 @@ ABSL_FLAG(
     "the faster of direct and Gram as measured on this daemon's executors "
     "(the CPU, or dmuond_cuda's first GPU), and the planner balances measured "
     "times (empty: the cost model decides)");
-ABSL_FLAG(int, snapshot_every, 0,
+ABSL_FLAG(int, snapshot_every, dmuon::server::kDefaultSnapshotEvery,
           "snapshot each job every N completed steps (0: only at shutdown)");
-ABSL_FLAG(int, job_retention_seconds, 600,
+ABSL_FLAG(int, job_retention_seconds,
+          dmuon::server::kDefaultJobRetentionSeconds,
           "seconds a job whose ranks have all closed keeps its momentum "
           "in the daemon (device memory on GPUs) for a restarted trainer to "
           "reopen the same job id and continue; then it is dropped and its "
@@ -48,44 +50,46 @@ ABSL_FLAG(int, job_retention_seconds, 600,
           "later reopen resumes from the snapshot; WITHOUT --state-dir ITS "
           "MOMENTUM IS GONE and a reopen starts from zero. 0: drop as soon as "
           "the last rank closes; >= 0");
-ABSL_FLAG(int, max_sessions, 64,
+ABSL_FLAG(int, max_sessions, dmuon::server::kDefaultMaxSessions,
           "most open sessions; more get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, max_world_size, 4096,
+ABSL_FLAG(int, max_world_size, dmuon::server::kDefaultMaxWorldSize,
           "most ranks in one job (OpenSession world_size); more get "
           "RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, max_job_parameters, 16384,
+ABSL_FLAG(int, max_job_parameters, dmuon::server::kDefaultMaxJobParameters,
           "most parameters (matrices) in one job's table; more get "
           "RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_job_elements, int64_t{1} << 34,
+ABSL_FLAG(int64_t, max_job_elements, dmuon::server::kDefaultMaxJobElements,
           "most matrix elements (sum of rows*cols) in one job's table, 4 bytes "
           "of momentum each; more get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_state_bytes, 0,
+ABSL_FLAG(int64_t, max_state_bytes, dmuon::server::kDefaultMaxStateBytes,
           "most fp32 momentum bytes of all jobs together (idle ones "
           "included); a new job past it gets RESOURCE_EXHAUSTED. 0: the "
           "default, two fifths of the GPUs' memory when CUDA executors keep "
           "the state (the step-start copies take as much again), else a "
           "quarter of the host's physical memory; logged at start");
-ABSL_FLAG(int, max_ns_steps, 100,
+ABSL_FLAG(int, max_ns_steps, dmuon::server::kDefaultMaxNsSteps,
           "most Newton-Schulz steps of a schedule (ns_steps, or a custom "
           "schedule's coefficients); more get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, max_job_id_bytes, 256,
+ABSL_FLAG(int, max_job_id_bytes, dmuon::server::kDefaultMaxJobIdBytes,
           "longest job id in bytes (job ids are printable ASCII); longer get "
           "INVALID_ARGUMENT");
-ABSL_FLAG(int, max_idle_jobs, 64,
+ABSL_FLAG(int, max_idle_jobs, dmuon::server::kDefaultMaxIdleJobs,
           "most jobs kept without an open rank (--job-retention-seconds); "
           "past it the oldest idle ones are dropped first (snapshotted with "
           "--state-dir)");
-ABSL_FLAG(int, attach_timeout_seconds, 60,
+ABSL_FLAG(int, attach_timeout_seconds,
+          dmuon::server::kDefaultAttachTimeoutSeconds,
           "a session whose Step stream has not attached this many seconds "
           "after OpenSession is closed and its shm segment freed; a Step "
           "stream that has not sent its attach this long after it started "
           "ends with DEADLINE_EXCEEDED");
-ABSL_FLAG(int64_t, max_step_queue_bytes, int64_t{64} << 20,
+ABSL_FLAG(int64_t, max_step_queue_bytes,
+          dmuon::server::kDefaultMaxStepQueueBytes,
           "most bytes of Step responses queued for one session whose client "
           "does not read them; past it the daemon stops reading that "
           "session's requests (its next step waits) until the client has "
           "read below it");
-ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
+ABSL_FLAG(int64_t, max_message_bytes, dmuon::server::kDefaultMaxMessageBytes,
           "largest gRPC message accepted or sent; inline tensors travel in "
           "chunks below it");
 ABSL_FLAG(

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/limits.h"
 
 namespace dmuon::server {
 
@@ -27,29 +28,34 @@ struct DaemonConfig {
   int max_batch = 16;     // --max-batch
   // --metrics-port: Prometheus /metrics on the --listen host; <= 0: off.
   int metrics_port = 0;
-  std::string state_dir;            // --state-dir; empty: no snapshots
-  std::string autotune_cache;       // --autotune-cache; empty: the cost model
-  int snapshot_every = 0;           // --snapshot-every, >= 0
-  int job_retention_seconds = 600;  // --job-retention-seconds, >= 0
-  int max_sessions = 64;            // --max-sessions, >= 1
+  std::string state_dir;       // --state-dir; empty: no snapshots
+  std::string autotune_cache;  // --autotune-cache; empty: the cost model
+  int snapshot_every = kDefaultSnapshotEvery;  // --snapshot-every, >= 0
+  // --job-retention-seconds, >= 0
+  int job_retention_seconds = kDefaultJobRetentionSeconds;
+  int max_sessions = kDefaultMaxSessions;  // --max-sessions, >= 1
   // Limits on what one peer may make the daemon hold (docs/security.md
-  // "Limits"; ServiceOptions has their meaning).
-  int max_world_size = 4096;                    // --max-world-size, >= 1
-  int max_job_parameters = 16384;               // --max-job-parameters, >= 1
-  int64_t max_job_elements = int64_t{1} << 34;  // --max-job-elements, >= 1
+  // "Limits"; ServiceOptions has their meaning; the defaults are
+  // server/limits.h's).
+  int max_world_size = kDefaultMaxWorldSize;  // --max-world-size, >= 1
+  // --max-job-parameters, >= 1
+  int max_job_parameters = kDefaultMaxJobParameters;
+  // --max-job-elements, >= 1
+  int64_t max_job_elements = kDefaultMaxJobElements;
   // --max-state-bytes, >= 0; 0: the default, sized from the memory that
   // holds the state (state_bytes_limit(), DefaultStateBytes).
-  int64_t max_state_bytes = 0;
-  int max_ns_steps = 100;           // --max-ns-steps, >= 1
-  int max_job_id_bytes = 256;       // --max-job-id-bytes, >= 1
-  int max_idle_jobs = 64;           // --max-idle-jobs, >= 0
-  int attach_timeout_seconds = 60;  // --attach-timeout-seconds, >= 1
+  int64_t max_state_bytes = kDefaultMaxStateBytes;
+  int max_ns_steps = kDefaultMaxNsSteps;         // --max-ns-steps, >= 1
+  int max_job_id_bytes = kDefaultMaxJobIdBytes;  // --max-job-id-bytes, >= 1
+  int max_idle_jobs = kDefaultMaxIdleJobs;       // --max-idle-jobs, >= 0
+  // --attach-timeout-seconds, >= 1
+  int attach_timeout_seconds = kDefaultAttachTimeoutSeconds;
   // --max-step-queue-bytes, >= 1: a session's Step responses queued for
   // its client; past it the stream's next request is not read.
-  int64_t max_step_queue_bytes = int64_t{64} << 20;
-  int64_t max_message_bytes = int64_t{64} << 20;  // [4096, 2^31)
-  int exit_timeout_secs = 30;                     // --exit-timeout-secs
-  std::string nan_policy = "skip";                // 'skip' | 'fail'
+  int64_t max_step_queue_bytes = kDefaultMaxStepQueueBytes;
+  int64_t max_message_bytes = kDefaultMaxMessageBytes;  // [4096, 2^31)
+  int exit_timeout_secs = 30;                           // --exit-timeout-secs
+  std::string nan_policy = "skip";                      // 'skip' | 'fail'
   std::string log_level = "info";   // trace|debug|info|warn|error|off
   std::string log_format = "text";  // text|json
   int summary_every_secs = 60;      // --summary-every-secs; <= 0: never

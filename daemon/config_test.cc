@@ -1,4 +1,5 @@
-// ValidateConfig: every value it refuses, with the flag named in the error.
+// ValidateConfig: every value it refuses, with the flag named in the error;
+// and that DaemonConfig's defaults are its flags' and the service's.
 
 #include "daemon/config.h"
 
@@ -8,11 +9,84 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/str_cat.h"
+#include "server/service.h"
+
 namespace dmuon::server {
 namespace {
 
 TEST(DaemonConfig, DefaultsAreValid) {
   EXPECT_TRUE(ValidateConfig(DaemonConfig()).ok());
+}
+
+// Every flag's default is the default-constructed DaemonConfig's field it
+// fills, and every limit the daemon hands the service is ServiceOptions'
+// default too (each written once, in server/limits.h; a field that is not a
+// limit is written in config.h and config.cc, tied here).
+TEST(DaemonConfig, DefaultsAreTheFlagsAndTheServicesDefaults) {
+  const DaemonConfig c;
+  const ServiceOptions o;
+  struct Case {
+    std::string flag;     // absl name (underscores)
+    std::string config;   // DaemonConfig{}'s value, as the flag prints it
+    std::string service;  // ServiceOptions{}'s, empty: not the service's
+  };
+  const auto str = [](auto v) { return absl::StrCat(v); };
+  const std::vector<Case> cases = {
+      {"listen", c.listen, ""},
+      {"devices", c.devices, ""},
+      {"momentum_dtype", c.momentum_dtype, ""},
+      {"cpu_threads", str(c.cpu_threads), ""},
+      {"cpu_executors", str(c.cpu_executors), ""},
+      {"max_batch", str(c.max_batch), ""},
+      {"metrics_port", str(c.metrics_port), ""},
+      {"state_dir", c.state_dir, o.state_dir},
+      {"autotune_cache", c.autotune_cache, o.autotune_cache},
+      {"snapshot_every", str(c.snapshot_every), str(o.snapshot_every)},
+      {"job_retention_seconds", str(c.job_retention_seconds),
+       str(o.job_retention_seconds)},
+      {"max_sessions", str(c.max_sessions), str(o.max_sessions)},
+      {"max_world_size", str(c.max_world_size), str(o.max_world_size)},
+      {"max_job_parameters", str(c.max_job_parameters),
+       str(o.max_job_parameters)},
+      {"max_job_elements", str(c.max_job_elements), str(o.max_job_elements)},
+      // 0 both: the service's "no limit", dmuond's "derived"
+      // (DefaultStateBytes), which it hands the service.
+      {"max_state_bytes", str(c.max_state_bytes), str(o.max_state_bytes)},
+      {"max_ns_steps", str(c.max_ns_steps), str(o.max_ns_steps)},
+      {"max_job_id_bytes", str(c.max_job_id_bytes), str(o.max_job_id_bytes)},
+      {"max_idle_jobs", str(c.max_idle_jobs), str(o.max_idle_jobs)},
+      {"attach_timeout_seconds", str(c.attach_timeout_seconds),
+       str(o.attach_timeout_seconds)},
+      {"max_step_queue_bytes", str(c.max_step_queue_bytes), ""},
+      {"max_message_bytes", str(c.max_message_bytes), str(o.max_message_bytes)},
+      {"exit_timeout_secs", str(c.exit_timeout_secs), ""},
+      {"nan_policy", c.nan_policy, o.skip_nonfinite ? "skip" : "fail"},
+      {"log_level", c.log_level, ""},
+      {"log_format", c.log_format, ""},
+      {"summary_every_secs", str(c.summary_every_secs), ""},
+      {"port_file", c.port_file, ""},
+      {"tls_cert_file", c.tls_cert_file, ""},
+      {"tls_key_file", c.tls_key_file, ""},
+      {"tls_client_ca_file", c.tls_client_ca_file, ""},
+      {"auth_token_file", c.auth_token_file, ""},
+      {"metrics_tls", c.metrics_tls ? "true" : "false", ""},
+      {"metrics_auth", c.metrics_auth ? "true" : "false", ""},
+      {"insecure", c.insecure ? "true" : "false", ""},
+  };
+  for (const Case& k : cases) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(k.flag);
+    ASSERT_NE(flag, nullptr) << "--" << k.flag;
+    EXPECT_EQ(flag->DefaultValue(), k.config) << "--" << k.flag;
+    if (!k.service.empty()) {
+      EXPECT_EQ(k.service, k.config) << "--" << k.flag;
+    }
+  }
+  // --max-state-bytes stays 0 by default: derived, never a fixed number.
+  EXPECT_EQ(c.max_state_bytes, 0);
+  EXPECT_EQ(o.max_state_bytes, 0u);
 }
 
 TEST(DaemonConfig, ListenHost) {

@@ -21,6 +21,7 @@
 
 #include "daemon/auth.h"
 #include "proto/dmuon.grpc.pb.h"
+#include "server/limits.h"
 #include "server/service.h"
 
 namespace dmuon::server {
@@ -28,15 +29,16 @@ namespace dmuon::server {
 // absl and gRPC share the canonical code numbering.
 grpc::Status ToGrpc(const absl::Status& st);
 
-// The adapter's own limits (docs/security.md "Limits").
+// The adapter's own limits (docs/security.md "Limits"; defaults:
+// server/limits.h).
 struct GrpcOptions {
   // A Step stream whose first message (attach) has not come this long after
   // it started ends with DEADLINE_EXCEEDED naming --attach-timeout-seconds.
-  int attach_timeout_seconds = 60;
+  int attach_timeout_seconds = kDefaultAttachTimeoutSeconds;
   // --max-step-queue-bytes: a session's Step responses queued and not yet
   // taken by its client; past it the stream's next request is not read
   // until the client has read below it.
-  uint64_t max_step_queue_bytes = uint64_t{64} << 20;
+  uint64_t max_step_queue_bytes = kDefaultMaxStepQueueBytes;
 };
 
 class GrpcOptimizer final

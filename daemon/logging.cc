@@ -4,9 +4,10 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include <cstdio>
 #include <memory>
 #include <string>
+
+#include "absl/strings/escaping.h"
 
 namespace dmuon::server {
 namespace {
@@ -22,11 +23,9 @@ void AppendControl(unsigned char c, std::string* out) {
     case '\t':
       out->append("\\t");
       break;
-    default: {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      out->append(buf);
-    }
+    default:
+      out->append("\\x").append(absl::BytesToHexString(
+          absl::string_view(reinterpret_cast<const char*>(&c), 1)));
   }
 }
 
@@ -68,10 +67,11 @@ class JsonMessageFlag : public spdlog::custom_flag_formatter {
           break;
         default:
           if (IsControl(static_cast<unsigned char>(c))) {
-            char buf[8];
-            std::snprintf(buf, sizeof(buf), "\\u%04x",
-                          static_cast<unsigned char>(c));
-            dest.append(std::string_view(buf));
+            // \u00XX: control characters are below 0x80.
+            const std::string hex =
+                absl::BytesToHexString(absl::string_view(&c, 1));
+            dest.append(std::string_view("\\u00"));
+            dest.append(std::string_view(hex));
           } else {
             dest.push_back(c);
           }

@@ -4,6 +4,7 @@
 #include "daemon/logging.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 
 #include <string>
 
@@ -24,6 +25,17 @@ TEST(LogSafe, CapsTheLength) {
   const std::string s = LogSafe(std::string(10000, 'x'), 128);
   EXPECT_EQ(s, std::string(128, 'x') + "...(10000 bytes)");
   EXPECT_EQ(LogSafe(std::string(128, 'y'), 128), std::string(128, 'y'));
+}
+
+// The JSON format escapes control characters as \u00XX (and only those).
+TEST(SetUpLogging, JsonEscapesControlCharacters) {
+  SetUpLogging(/*json=*/true, "info");
+  ::testing::internal::CaptureStdout();
+  spdlog::info("a{}b", std::string("\x01\x1f\x7f\n\"", 5));
+  spdlog::default_logger()->flush();
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find(R"("msg":"a\u0001\u001f\u007f\n\"b")"), std::string::npos)
+      << out;
 }
 
 TEST(AppendEscaped, KeepsBackslashesEscapesControls) {

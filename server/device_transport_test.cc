@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "server/testing/fake_daemon.h"
+#include "server/testing/state_streams.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -116,7 +117,7 @@ TEST(MovingTransport, AFailedTransferBreaksTheJobWithItsReason) {
   const absl::Status why = dev.sinks[0]->abort_status();
   EXPECT_EQ(why.code(), absl::StatusCode::kUnavailable) << why;
   EXPECT_NE(why.message().find("peer gone"), std::string::npos) << why;
-  EXPECT_FALSE(dev.svc->GetState(dev.open[0].session_id()).ok())
+  EXPECT_FALSE(GetState(*dev.svc, dev.open[0].session_id()).ok())
       << "a broken job's state is not served";
 }
 

@@ -12,6 +12,7 @@
 
 #include "server/testing/fake_daemon.h"
 #include "server/testing/recording_metrics.h"
+#include "server/testing/state_streams.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -31,7 +32,7 @@ TEST(ExecutorState, DeviceResidentStateAndDeviceIoMatchTheCpuService) {
   EXPECT_EQ(dev.State(), state);
   EXPECT_GT(dev.fakes[0]->states() + dev.fakes[1]->states(), 0u);
   // SetState of another state: both continue alike from it.
-  auto chunks = cpu.svc->GetState(cpu.open[0].session_id());
+  auto chunks = GetState(*cpu.svc, cpu.open[0].session_id());
   ASSERT_TRUE(chunks.ok());
   for (auto& c : *chunks) {
     if (c.has_momentum()) {
@@ -40,9 +41,9 @@ TEST(ExecutorState, DeviceResidentStateAndDeviceIoMatchTheCpuService) {
     }
   }
   (*chunks)[0].set_session_id(dev.open[0].session_id());
-  ASSERT_TRUE(dev.svc->SetState(*chunks).ok());
+  ASSERT_TRUE(SetState(*dev.svc, *chunks).ok());
   (*chunks)[0].set_session_id(cpu.open[0].session_id());
-  ASSERT_TRUE(cpu.svc->SetState(*chunks).ok());
+  ASSERT_TRUE(SetState(*cpu.svc, *chunks).ok());
   const auto g = Grads(world, 77);
   EXPECT_EQ(cpu.Step(4, g), dev.Step(4, g));
   EXPECT_EQ(dev.State(), cpu.State());

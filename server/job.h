@@ -4,8 +4,8 @@
 //
 // Locks: a Job's mu() guards everything mutable of the job and of its
 // sessions (Session::state). The service takes its own mu_ before a job's
-// mu(), never after (service.h); a transport's or the reaper's lock comes
-// after both.
+// mu(), never after (service.h); the leaf locks (the reaper's, StepStats',
+// a StepSink's, a transport's) come after both.
 
 #ifndef DMUON_SERVER_JOB_H_
 #define DMUON_SERVER_JOB_H_

@@ -89,9 +89,7 @@ std::shared_ptr<Session> OptimizerService::FindSession(
 absl::Status OptimizerService::Attach(const std::string& session_id,
                                       std::shared_ptr<StepSink> sink) {
   auto s = FindSession(session_id);
-  if (!s)
-    return absl::NotFoundError(
-        "no open session with this session_id (expired or closed?)");
+  if (!s) return NoOpenSessionError();
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
   absl::MutexLock lock(&job->mu());
@@ -129,7 +127,7 @@ absl::Status OptimizerService::CloseSession(
     } else if (auto c = closing_.find(session_id); c != closing_.end()) {
       release = c->second;  // closed when its Step stream ended
     } else {
-      return absl::NotFoundError("no open session with this session_id");
+      return NoOpenSessionError();
     }
   }
   // Without mu_: the step computations that still hold the session finish
@@ -317,7 +315,7 @@ void OptimizerService::CountError(const absl::Status& st) const {
 absl::Status OptimizerService::OnStepRequest(const std::string& session_id,
                                              const v1::StepRequest& req) {
   auto s = FindSession(session_id);
-  if (!s) return absl::NotFoundError("session is closed");
+  if (!s) return NoOpenSessionError();
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
   return pipeline_->OnRequest(s, job, req, draining());

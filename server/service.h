@@ -31,9 +31,11 @@
 #include "proto/dmuon.pb.h"
 #include "server/deadline_thread.h"
 #include "server/device_transport.h"
+#include "server/limits.h"
 #include "server/principal.h"
 #include "server/scheduler.h"
 #include "server/service_metrics.h"
+#include "server/session_error.h"
 #include "server/snapshot_store.h"
 #include "server/step_sink.h"
 #include "server/step_stats.h"
@@ -72,36 +74,39 @@ struct Tuning {
 
 struct ServiceOptions {
   std::string version = kDmuonVersion;  // base/protocol.h
-  int max_sessions = 64;
-  uint64_t max_message_bytes = 64ull << 20;
+  int max_sessions = kDefaultMaxSessions;
+  uint64_t max_message_bytes = kDefaultMaxMessageBytes;
   // Non-finite gradient: true = skip that parameter's step (momentum
   // untouched, update zeros, a ParameterError says so); false = fail the
   // step (the job's streams end with INVALID_ARGUMENT).
   bool skip_nonfinite = true;
   std::string state_dir;  // empty: no snapshots
-  int snapshot_every =
-      0;  // completed steps between snapshots; 0: shutdown only
+  // Completed steps between snapshots; 0: shutdown only.
+  int snapshot_every = kDefaultSnapshotEvery;
   // Idle-job retention (ReapIdleJobs; docs/protocol.md "Idle jobs").
   // >= 0 (an int of seconds past now cannot overflow steady_clock).
-  int job_retention_seconds = 600;
+  int job_retention_seconds = kDefaultJobRetentionSeconds;
   // Limits on what one peer can make the daemon hold or do (each refused
   // with a message naming the dmuond flag; docs/security.md "Limits").
   // OpenSession (ValidateOpen, service_open.cc): RESOURCE_EXHAUSTED above
   // these, INVALID_ARGUMENT for a malformed job id.
-  int max_world_size = 4096;                    // --max-world-size
-  int max_job_parameters = 16384;               // --max-job-parameters
-  int64_t max_job_elements = int64_t{1} << 34;  // --max-job-elements
+  // Defaults: limits.h (each written once, for dmuond's flags too).
+  int max_world_size = kDefaultMaxWorldSize;          // --max-world-size
+  int max_job_parameters = kDefaultMaxJobParameters;  // --max-job-parameters
+  int64_t max_job_elements = kDefaultMaxJobElements;  // --max-job-elements
   // fp32 momentum bytes of every job the daemon holds (idle ones
   // included) that a new job may bring the total to; 0: no limit.
-  uint64_t max_state_bytes = 0;  // --max-state-bytes
-  int max_ns_steps = 100;        // --max-ns-steps: ns_steps, custom length
-  int max_job_id_bytes = 256;    // --max-job-id-bytes
+  uint64_t max_state_bytes = kDefaultMaxStateBytes;  // --max-state-bytes
+  // --max-ns-steps: ns_steps, a custom schedule's length.
+  int max_ns_steps = kDefaultMaxNsSteps;
+  int max_job_id_bytes = kDefaultMaxJobIdBytes;  // --max-job-id-bytes
   // Jobs without an open rank kept at once: past it the oldest idle ones
   // are dropped first (snapshotted with state_dir) by the reaper.
-  int max_idle_jobs = 64;  // --max-idle-jobs, >= 0
+  int max_idle_jobs = kDefaultMaxIdleJobs;  // --max-idle-jobs, >= 0
   // A session whose Step stream has not attached this long after
   // OpenSession is closed and its region freed (ExpireUnattached); 0: never.
-  int attach_timeout_seconds = 60;  // --attach-timeout-seconds
+  // --attach-timeout-seconds.
+  int attach_timeout_seconds = kDefaultAttachTimeoutSeconds;
   std::vector<std::string> devices;
   // Autotuner cache file: parameters with method "auto" get the method
   // measured fastest for their shape by `tuning` (once; then cached), and
@@ -250,14 +255,7 @@ class OptimizerService {
   absl::StatusOr<std::unique_ptr<StateWriter>> WriteState(
       const v1::StateChunk& first, const Principal& who = {})
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The whole stream at once (tests, fuzzers): ReadState drained, and
-  // WriteState with every chunk.
-  absl::StatusOr<std::vector<v1::StateChunk>> GetState(
-      const std::string& session_id, const Principal& who = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<int64_t> SetState(const std::vector<v1::StateChunk>& chunks,
-                                   const Principal& who = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // (Both as one call, for tests: server/testing/state_streams.h.)
 
   v1::StatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
   // Refuses new sessions from now on; returns the sessions still open.
@@ -381,9 +379,11 @@ class OptimizerService {
   // A step's path (step_pipeline.h): messages in, work out, updates back.
   const std::unique_ptr<StepPipeline> pipeline_;
 
-  // Lock order: mu_, then a job's mu() (job.h), then the reaper's or a
-  // StepStats' lock. (clang-14 cannot check an order between locks of
-  // different objects, so ABSL_ACQUIRED_AFTER is not used across them.)
+  // Lock order: mu_, then a job's mu() (job.h), then a leaf lock (the
+  // reaper's, a StepStats', a StepSink's, a transport's); the snapshot
+  // store's: see snapshots_ above (docs/design.md). (clang-14 cannot check an
+  // order between locks of different objects, so ABSL_ACQUIRED_AFTER is not
+  // used across them.)
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_job_serial_ ABSL_GUARDED_BY(mu_) = 1;

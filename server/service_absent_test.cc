@@ -14,6 +14,7 @@
 
 #include "server/service.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/state_streams.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -134,7 +135,7 @@ TEST(Absent, GetStateSeesUntouchedMomentum) {
   r.sink->WaitStep(1);
   std::vector<std::vector<v1::StateChunk>> states;
   for (int step = 1; step <= 2; ++step) {
-    auto chunks = svc->GetState(r.open.session_id());
+    auto chunks = GetState(*svc, r.open.session_id());
     ASSERT_TRUE(chunks.ok()) << chunks.status();
     states.push_back(*std::move(chunks));
     if (step == 1) {

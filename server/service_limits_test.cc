@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/state_streams.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -296,20 +297,20 @@ TEST(Limits, CompletedStepsRange) {
   Rank r;
   ASSERT_TRUE(
       r.Open(*svc, Request("j", 0, 1, v1::TRANSPORT_INLINE, kOne)).ok());
-  auto state = svc->GetState(r.open.session_id());
+  auto state = GetState(*svc, r.open.session_id());
   ASSERT_TRUE(state.ok()) << state.status();
   (*state)[0].set_session_id(r.open.session_id());
   for (int64_t bad : {std::numeric_limits<int64_t>::max(),
                       (int64_t{1} << 62) + 1, int64_t{-1}}) {
     (*state)[0].mutable_header()->set_completed_steps(bad);
-    EXPECT_TRUE(Refused(svc->SetState(*state).status(),
+    EXPECT_TRUE(Refused(SetState(*svc, *state).status(),
                         absl::StatusCode::kInvalidArgument, "completed_steps"))
         << bad;
   }
   // The largest allowed count steps on without overflow (UBSan checks).
   const int64_t top = int64_t{1} << 62;
   (*state)[0].mutable_header()->set_completed_steps(top);
-  auto set = svc->SetState(*state);
+  auto set = SetState(*svc, *state);
   ASSERT_TRUE(set.ok()) << set.status();
   std::mt19937_64 rng(4);
   for (int64_t step = top + 1; step <= top + 2; ++step) {

@@ -27,13 +27,8 @@ std::string RandomToken() {
     ssize_t n = getrandom(b + got, sizeof(b) - got, 0);
     if (n > 0) got += static_cast<size_t>(n);
   }
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : b) {
-    s.push_back(hex[c >> 4]);
-    s.push_back(hex[c & 15]);
-  }
-  return s;
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(b), sizeof(b)));
 }
 
 // Row ranges of a SHARDING_ROWS parameter must tile [0, rows) exactly, and

@@ -15,6 +15,7 @@
 #include "server/testing/open_request.h"
 #include "server/testing/recording_sink.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/state_streams.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -164,7 +165,7 @@ struct Pair {
   }
   // Every momentum byte, in order.
   std::string Momentum() {
-    auto chunks = svc->GetState(ranks[0].open.session_id());
+    auto chunks = GetState(*svc, ranks[0].open.session_id());
     EXPECT_TRUE(chunks.ok()) << chunks.status();
     std::string m;
     if (chunks.ok())

@@ -28,6 +28,7 @@
 #include "server/testing/recording_metrics.h"
 #include "server/testing/recording_sink.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/state_streams.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -249,7 +250,7 @@ TEST(Service, StateRoundTripContinuesLikeUninterrupted) {
   ASSERT_TRUE(
       r1.Open(*svc1, Request("j", 0, 1, v1::TRANSPORT_INLINE, ps)).ok());
   run(*svc1, r1, 1, 2);
-  auto state = svc1->GetState(r1.open.session_id());
+  auto state = GetState(*svc1, r1.open.session_id());
   ASSERT_TRUE(state.ok()) << state.status();
   auto straight = run(*svc1, r1, 3, 4);
 
@@ -257,7 +258,7 @@ TEST(Service, StateRoundTripContinuesLikeUninterrupted) {
   Rank r2;
   ASSERT_TRUE(r2.Open(*svc2, Request("j", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
   (*state)[0].set_session_id(r2.open.session_id());
-  auto set = svc2->SetState(*state);
+  auto set = SetState(*svc2, *state);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(*set, 2);
   auto resumed = run(*svc2, r2, 3, 4);
@@ -266,7 +267,7 @@ TEST(Service, StateRoundTripContinuesLikeUninterrupted) {
   // A state whose table differs is refused, naming the parameter.
   auto other = *state;
   other[0].mutable_header()->mutable_parameters(1)->set_shape(0, 41);
-  EXPECT_EQ(svc2->SetState(other).status().code(),
+  EXPECT_EQ(SetState(*svc2, other).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -374,7 +375,7 @@ TEST(Service, SetStateRollsBackANewerSnapshotFile) {
       ASSERT_TRUE(r.Send(*svc, s, RandomGradients(ps, rng)).ok());
       r.sink->WaitStep(s);
       if (s == 2) {
-        auto got = svc->GetState(r.open.session_id());
+        auto got = GetState(*svc, r.open.session_id());
         ASSERT_TRUE(got.ok()) << got.status();
         at2 = *got;
       }
@@ -406,7 +407,7 @@ TEST(Service, SetStateRollsBackANewerSnapshotFile) {
     ASSERT_TRUE(r.Open(*svc, Request("rb", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
     EXPECT_EQ(r.open.next_step(), 5);
     at2[0].set_session_id(r.open.session_id());
-    auto set = svc->SetState(at2);
+    auto set = SetState(*svc, at2);
     ASSERT_TRUE(set.ok()) << set.status();
     EXPECT_EQ(*set, 2);
     EXPECT_EQ(steps_in(snap[0]), 2);
@@ -418,7 +419,7 @@ TEST(Service, SetStateRollsBackANewerSnapshotFile) {
     EXPECT_EQ(steps_in(snap[0]), 3);
     // The same job restored again, to step 2: its own newer file (step 3)
     // goes back too.
-    auto again = svc->SetState(at2);
+    auto again = SetState(*svc, at2);
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(steps_in(snap[0]), 2);
     EXPECT_EQ(files(".rolled-back-").size(), 2u);

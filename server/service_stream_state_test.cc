@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "server/testing/service_harness.h"
+#include "server/testing/state_streams.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -77,7 +78,7 @@ TEST(StreamState, GetStateIsChunkByChunkBitIdenticalAndHoldsTheStepBoundary) {
   std::vector<std::string> want;
   const uint64_t seed = std::random_device{}();
   ASSERT_TRUE(
-      svc->SetState(RandomState(r.open.session_id(), 5, seed, &want)).ok());
+      SetState(*svc, RandomState(r.open.session_id(), 5, seed, &want)).ok());
 
   auto reader = svc->ReadState(r.open.session_id());
   ASSERT_TRUE(reader.ok()) << reader.status();
@@ -107,7 +108,7 @@ TEST(StreamState, GetStateIsChunkByChunkBitIdenticalAndHoldsTheStepBoundary) {
 
   // Nothing else may change it meanwhile: SetState is refused.
   std::vector<std::string> other;
-  auto set = svc->SetState(RandomState(r.open.session_id(), 9, 1, &other));
+  auto set = SetState(*svc, RandomState(r.open.session_id(), 9, 1, &other));
   EXPECT_EQ(set.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(set.status().message().find("GetState"), std::string::npos)
       << set.status();
@@ -140,7 +141,7 @@ TEST(StreamState, GetStateIsChunkByChunkBitIdenticalAndHoldsTheStepBoundary) {
   EXPECT_TRUE(msgs.back().has_step_complete());
   EXPECT_EQ(CompletedSteps(*svc), 6);
   // And the state read now is step 6's.
-  auto after = svc->GetState(r.open.session_id());
+  auto after = GetState(*svc, r.open.session_id());
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ((*after)[0].header().completed_steps(), 6);
   EXPECT_NE((*after)[1].momentum().data(), want[0].substr(0, max_chunk));
@@ -245,10 +246,10 @@ TEST(StreamState, SetStateChecksItsHeaderFirstAndTakesNoMoreThanDeclared) {
   EXPECT_EQ(CompletedSteps(*svc), 0);
 
   // The whole state in order: set.
-  auto ok = svc->SetState(state);
+  auto ok = SetState(*svc, state);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(*ok, 3);
-  auto back = svc->GetState(r.open.session_id());
+  auto back = GetState(*svc, r.open.session_id());
   ASSERT_TRUE(back.ok());
   std::vector<std::string> read(kParams.size());
   for (size_t k = 1; k < back->size(); ++k)

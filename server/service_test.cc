@@ -25,6 +25,7 @@
 #include "server/testing/recording_metrics.h"
 #include "server/testing/recording_sink.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/state_streams.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -73,6 +74,32 @@ TEST(Service, TableMismatchNamesParameterAndBothValues) {
       << st;
 }
 
+// Every call given a session id that names no open session (never opened,
+// or closed) fails alike: NOT_FOUND, in NoOpenSessionError's words.
+TEST(Service, NoOpenSessionIsOneError) {
+  auto svc = NewService(ServiceOptions());
+  const absl::Status want = NoOpenSessionError();
+  EXPECT_EQ(want.code(), absl::StatusCode::kNotFound);
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("j", 0, 1, v1::TRANSPORT_INLINE,
+                                   {{"w", 8, 8, v1::SHARDING_REPLICATED}}))
+                  .ok());
+  const std::string closed = r.open.session_id();
+  ASSERT_TRUE(svc->CloseSession(closed).ok());
+  for (const std::string& id : {std::string("never-opened"), closed}) {
+    EXPECT_EQ(svc->Attach(id, std::make_shared<FakeSink>()), want) << id;
+    v1::StepRequest m;
+    m.mutable_gradients_ready()->set_step(1);
+    EXPECT_EQ(svc->OnStepRequest(id, m), want) << id;
+    EXPECT_EQ(svc->CloseSession(id), want) << id;
+    EXPECT_EQ(svc->ReadState(id).status(), want) << id;
+    v1::StateChunk head;
+    head.set_session_id(id);
+    head.mutable_header();
+    EXPECT_EQ(svc->WriteState(head).status(), want) << id;
+  }
+}
+
 TEST(Service, BadRequestsGetFittingCodes) {
   ServiceOptions o;
   o.max_sessions = 1;
@@ -101,6 +128,11 @@ TEST(Service, BadRequestsGetFittingCodes) {
             absl::StatusCode::kInvalidArgument);
   Rank r;
   ASSERT_TRUE(r.Open(*svc, req).ok());
+  // A session id is 16 random bytes in lowercase hex.
+  EXPECT_EQ(r.open.session_id().size(), 32u);
+  EXPECT_EQ(r.open.session_id().find_first_not_of("0123456789abcdef"),
+            std::string::npos)
+      << r.open.session_id();
   auto again = Request("k", 0, 1, v1::TRANSPORT_INLINE,
                        {{"w", 8, 8, v1::SHARDING_REPLICATED}});
   EXPECT_EQ(svc->OpenSession(again).status().code(),
@@ -193,7 +225,7 @@ TEST(Service, NonFiniteGradientFailsTheStepUnderFailPolicy) {
                               "(inf) at element (1,1)"),
             std::string::npos)
       << st;
-  auto state = svc->GetState(r.open.session_id());
+  auto state = GetState(*svc, r.open.session_id());
   EXPECT_FALSE(
       state.ok());  // the job is broken: no half-applied state is served
 }

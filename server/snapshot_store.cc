@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -21,16 +22,6 @@ namespace dmuon::server {
 namespace {
 
 constexpr char kMagic[] = "DMUONST1";
-
-std::string HexOf(const std::string& s) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out.push_back(hex[c >> 4]);
-    out.push_back(hex[c & 15]);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -169,7 +160,7 @@ absl::StatusOr<std::string> SnapshotStore::Restore(
 }
 
 std::string SnapshotStore::PathOf(const std::string& job_id) const {
-  return absl::StrCat(dir_, "/job-", HexOf(job_id), ".dmst");
+  return absl::StrCat(dir_, "/job-", absl::BytesToHexString(job_id), ".dmst");
 }
 
 absl::Status SnapshotStore::Write(const std::string& job_id,

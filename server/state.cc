@@ -151,7 +151,7 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
 absl::StatusOr<std::unique_ptr<StateReader>> OptimizerService::ReadState(
     const std::string& session_id, const Principal& who) {
   auto s = FindSession(session_id);
-  if (!s) return absl::NotFoundError("no open session with this session_id");
+  if (!s) return NoOpenSessionError();
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
   if (auto st = CheckJobOwner(who, job->owner(), job->id()); !st.ok())
@@ -164,19 +164,6 @@ absl::StatusOr<std::unique_ptr<StateReader>> OptimizerService::ReadState(
   return std::unique_ptr<StateReader>(
       new StateReader(this, job, std::move(head),
                       transport::MaxChunkPayload(options_.max_message_bytes)));
-}
-
-absl::StatusOr<std::vector<v1::StateChunk>> OptimizerService::GetState(
-    const std::string& session_id, const Principal& who) {
-  auto reader = ReadState(session_id, who);
-  if (!reader.ok()) return reader.status();
-  std::vector<v1::StateChunk> out;
-  for (;;) {
-    auto c = (*reader)->Next();
-    if (!c.ok()) return c.status();
-    if (!c->has_value()) return out;
-    out.push_back(**std::move(c));
-  }
 }
 
 StateWriter::StateWriter(OptimizerService* service, std::shared_ptr<Job> job,
@@ -194,9 +181,7 @@ absl::StatusOr<std::unique_ptr<StateWriter>> OptimizerService::WriteState(
         "SetState: the first message must carry the header");
   }
   auto s = FindSession(first.session_id());
-  if (!s)
-    return absl::NotFoundError(
-        "SetState: no open session with this session_id");
+  if (!s) return NoOpenSessionError();
   auto job = s->job();
   if (!job) return absl::AbortedError("the session's job is gone");
   if (auto st = CheckJobOwner(who, job->owner(), job->id()); !st.ok())
@@ -322,19 +307,6 @@ absl::StatusOr<int64_t> StateWriter::Commit() {
     }
   }
   return job->completed_steps();
-}
-
-absl::StatusOr<int64_t> OptimizerService::SetState(
-    const std::vector<v1::StateChunk>& chunks, const Principal& who) {
-  if (chunks.empty()) {
-    return absl::InvalidArgumentError(
-        "SetState: the first message must carry the header");
-  }
-  auto w = WriteState(chunks[0], who);
-  if (!w.ok()) return w.status();
-  for (size_t k = 1; k < chunks.size(); ++k)
-    if (auto st = (*w)->Add(chunks[k]); !st.ok()) return st;
-  return (*w)->Commit();
 }
 
 absl::Status OptimizerService::SnapshotAll() {

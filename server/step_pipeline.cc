@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/job_state.h"
 #include "server/param_work.h"
+#include "server/session_error.h"
 #include "server/step_checks.h"
 
 namespace dmuon::server {
@@ -97,7 +98,7 @@ absl::Status StepPipeline::OnRequest(const std::shared_ptr<Session>& s,
       };
       job->mu().Await(absl::Condition(&idle));
     }
-    if (!job->Holds(*s)) return absl::NotFoundError("session is closed");
+    if (!job->Holds(*s)) return NoOpenSessionError();
     if (job->broken()) {
       return absl::AbortedError(absl::StrCat(
           "job '", job->id(), "' is broken (a rank left mid-step)"));

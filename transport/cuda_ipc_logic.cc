@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "transport/cuda_ipc.h"
@@ -57,13 +58,11 @@ absl::Status ValidateCudaIpcMapping(const CudaIpcExport& e,
 }
 
 std::string UuidString(const std::string& uuid) {
-  static const char* hex = "0123456789abcdef";
+  const std::string hex = absl::BytesToHexString(uuid);
   std::string s = "GPU-";
   for (size_t i = 0; i < uuid.size(); ++i) {
     if (i == 4 || i == 6 || i == 8 || i == 10) s.push_back('-');
-    const unsigned char c = static_cast<unsigned char>(uuid[i]);
-    s.push_back(hex[c >> 4]);
-    s.push_back(hex[c & 15]);
+    s.append(hex, 2 * i, 2);
   }
   return s;
 }

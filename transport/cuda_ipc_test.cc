@@ -61,6 +61,14 @@ TEST(CudaIpcMapping, TheAllocationMustCoverTheRegion) {
   EXPECT_TRUE(Fails(ValidateCudaIpcMapping(e, 100, 0), "freed"));
 }
 
+TEST(CudaIpcDevice, UuidStringIsNvidiaSmisForm) {
+  std::string uuid;
+  for (int i = 0; i < 16; ++i) uuid.push_back(static_cast<char>(i * 0x11));
+  EXPECT_EQ(UuidString(uuid), "GPU-00112233-4455-6677-8899-aabbccddeeff");
+  EXPECT_EQ(UuidString(std::string("\x01\xfe", 2)), "GPU-01fe");
+  EXPECT_EQ(UuidString(""), "GPU-");
+}
+
 TEST(CudaIpcDevice, FoundByUuidOrNamed) {
   const std::string a(16, '\x11'), b(16, '\xab');
   EXPECT_EQ(*FindDeviceByUuid({a, b}, b), 1);

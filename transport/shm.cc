@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "transport/transport.h"
@@ -74,13 +75,9 @@ absl::Status RandomBytes(unsigned char* buf, size_t n) {
 absl::StatusOr<std::string> RandomName() {
   unsigned char raw[kRandomBytes];
   if (absl::Status s = RandomBytes(raw, sizeof(raw)); !s.ok()) return s;
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string name = kNamePrefix;
-  for (unsigned char c : raw) {
-    name.push_back(kHex[c >> 4]);
-    name.push_back(kHex[c & 0xf]);
-  }
-  return name;
+  return absl::StrCat(kNamePrefix,
+                      absl::BytesToHexString(absl::string_view(
+                          reinterpret_cast<const char*>(raw), sizeof(raw))));
 }
 
 // shm_open(3) names: "/" then 1..NAME_MAX characters, none of them '/'.

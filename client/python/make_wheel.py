@@ -5,8 +5,8 @@
 (`./dmuon wheel` builds the binaries first, then runs this into dist/.)
 Inputs: the dmuon package (client/python/dmuon), its metadata
 (client/python/pyproject.toml: name, summary, Requires-Python, dependencies,
-extras, console scripts; the version from module.cc, as pyproject.toml says)
-and the Bazel output of
+extras, console scripts; the version from base/protocol.h, as pyproject.toml
+says) and the Bazel output of
 `bazel build //client/python:_dmuon.so //daemon:dmuond //daemon:dmuonctl`.
 Output: DIR/dmuon-VERSION-cp311-cp311-manylinux_2_35_x86_64.whl (earlier
 dmuon-VERSION wheels in DIR are removed), which holds
@@ -80,13 +80,15 @@ def project():
 
 
 def version(tool):
-    """The version: pyproject.toml declares it dynamic, kept in module.cc
-    ([tool.dmuon] version-file), where the extension's __version__ is set."""
-    path = os.path.join(HERE, tool.get("version-file", "module.cc"))
+    """The version: pyproject.toml declares it dynamic, kept in
+    base/protocol.h ([tool.dmuon] version-file) as kDmuonVersion, the build's
+    version, which module.cc makes the extension's __version__."""
+    path = os.path.normpath(os.path.join(
+        HERE, tool.get("version-file", "../../base/protocol.h")))
     with open(path) as f:
-        m = re.search(r'__version__"\) = "([^"]+)"', f.read())
+        m = re.search(r'kDmuonVersion\[\] = "([^"]+)"', f.read())
     if not m:
-        sys.exit(f"make_wheel: no __version__ in {path}")
+        sys.exit(f"make_wheel: no kDmuonVersion in {path}")
     return m.group(1)
 
 

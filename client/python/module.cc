@@ -3,11 +3,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include "base/protocol.h"
 #include "client/python/bindings.h"
 
 PYBIND11_MODULE(_dmuon, m) {
   m.doc() = "dmuon's native extension (use the dmuon package).";
-  m.attr("__version__") = "0.1.0";
+  m.attr("__version__") = dmuon::kDmuonVersion;  // the build's, one place
   dmuon::python::RegisterErrors(m);
   dmuon::python::RegisterKernels(m);
   dmuon::python::RegisterClient(m);

@@ -20,6 +20,7 @@
 #include "proto/dmuon.pb.h"
 #include "server/fuzz/fuzz_support.h"
 #include "server/service.h"
+#include "server/testing/state_streams.h"
 
 namespace dmuon::server::fuzz {
 namespace {
@@ -102,7 +103,7 @@ void Run(const uint8_t* data, size_t size) {
         break;
       }
       case kGetState:
-        (void)svc.GetState(session(p, len));
+        (void)testing::GetState(svc, session(p, len));
         break;
       case kStateChunk: {
         v1::StateChunk c;
@@ -114,7 +115,7 @@ void Run(const uint8_t* data, size_t size) {
         break;
       }
       case kSetState:
-        (void)svc.SetState(pending);
+        (void)testing::SetState(svc, pending);
         pending.clear();
         break;
       case kDetach:

@@ -26,6 +26,7 @@
 #include "server/fuzz/fuzz_support.h"
 #include "server/service.h"
 #include "server/snapshot_store.h"
+#include "server/testing/state_streams.h"
 
 namespace dmuon::server::fuzz {
 namespace {
@@ -71,7 +72,7 @@ void Run(const uint8_t* data, size_t size) {
   (void)svc.LoadSnapshots();
   auto r = svc.OpenSession(req);
   if (r.ok()) {
-    (void)svc.GetState(r->session_id());
+    (void)testing::GetState(svc, r->session_id());
     (void)svc.Status();
     svc.Detach(r->session_id(), absl::CancelledError("fuzz: end of input"));
   }

@@ -21,6 +21,7 @@
 #include "server/testing/fake_device.h"
 #include "server/testing/open_request.h"
 #include "server/testing/recording_sink.h"
+#include "server/testing/state_streams.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -150,7 +151,7 @@ struct Daemon {
   }
 
   std::vector<std::vector<float>> State() {
-    auto chunks = svc->GetState(open[0].session_id());
+    auto chunks = GetState(*svc, open[0].session_id());
     EXPECT_TRUE(chunks.ok()) << chunks.status();
     std::vector<std::vector<float>> m(table.size());
     if (!chunks.ok()) return m;

@@ -1,0 +1,38 @@
+// The defaults of dmuond's limits, each written once (docs/security.md
+// "Limits"). ServiceOptions (service.h), the gRPC adapter's GrpcOptions
+// (daemon/grpc_service.h), DaemonConfig (daemon/config.h) and dmuond's flags
+// (daemon/config.cc) all take their defaults from here;
+// daemon/config_test.cc checks that they agree.
+
+#ifndef DMUON_SERVER_LIMITS_H_
+#define DMUON_SERVER_LIMITS_H_
+
+#include <cstdint>
+
+namespace dmuon::server {
+
+// Each is the default of the dmuond flag of its name (kDefaultMaxSessions:
+// --max-sessions).
+
+inline constexpr int kDefaultMaxSessions = 64;
+inline constexpr int64_t kDefaultMaxMessageBytes = int64_t{64} << 20;
+inline constexpr int kDefaultSnapshotEvery = 0;
+inline constexpr int kDefaultJobRetentionSeconds = 600;
+inline constexpr int kDefaultMaxWorldSize = 4096;
+inline constexpr int kDefaultMaxJobParameters = 16384;
+inline constexpr int64_t kDefaultMaxJobElements = int64_t{1} << 34;
+// --max-state-bytes: 0. In ServiceOptions 0 is "no limit"; dmuond's 0 is
+// "derived from the memory that holds the state" (DefaultStateBytes,
+// daemon/config.h), which it passes to the service.
+inline constexpr int64_t kDefaultMaxStateBytes = 0;
+inline constexpr int kDefaultMaxNsSteps = 100;
+inline constexpr int kDefaultMaxJobIdBytes = 256;
+inline constexpr int kDefaultMaxIdleJobs = 64;
+inline constexpr int kDefaultAttachTimeoutSeconds = 60;
+// The gRPC adapter's (GrpcOptions): a session's Step responses queued for
+// its client.
+inline constexpr int64_t kDefaultMaxStepQueueBytes = int64_t{64} << 20;
+
+}  // namespace dmuon::server
+
+#endif  // DMUON_SERVER_LIMITS_H_
