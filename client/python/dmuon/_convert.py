@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from . import _state
+from . import _parts, _state
 
 if TYPE_CHECKING:
     from .optim import DMuon
@@ -43,8 +43,6 @@ StateDict = dict[str, Any]
 
 
 def _check_convertible(opt: DMuon) -> None:
-    from . import _parts
-
     _parts.check_convertible(opt)  # experts= / split=: a momentum per part
     for r in opt._muon:
         if r.dtensor is not None:  # FSDP2 / TP (_dtensor)

@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from . import _ddp, _dtensor, _errors, _parts
+from . import _ddp, _dtensor, _errors, _parts, _routing
 from ._recovery import deferred_sigint
 
 
@@ -48,7 +48,7 @@ class _HandoffMixin:
         self._grad_tasks.add(torch._C._current_graph_task_id())
         if self._defer_handoff:
             return  # handed off at step(), from .grad as it is then
-        grad = _parts.grad(self._muon[i])  # a part's: its view
+        grad = _routing.grad(self._muon[i])  # a part's: its view
         if _dtensor.needs_collective(self._muon[i], grad):
             # A DTensor gradient not in its parameter's placements (Partial):
             # reduced and handed off at step(), in table order on every rank
@@ -198,7 +198,7 @@ class _HandoffMixin:
                 # this rank's); the gradient, and an edit of it, is every
                 # rank's alike: rank 0 tells (_agree_on_redo).
                 continue
-            g = _parts.grad(self._muon[i])
+            g = _routing.grad(self._muon[i])
             if _dtensor.needs_collective(self._muon[i], g):
                 # A Partial DTensor gradient: reduced on its way to dmuond, at
                 # this step(), just now (never from a hook): not comparable
@@ -236,7 +236,7 @@ class _HandoffMixin:
         t0 = time.perf_counter()
         for j, r in enumerate(self._muon):
             if not self._handed[j]:
-                g = _parts.grad(r)
+                g = _routing.grad(r)
                 # A Partial DTensor gradient would need a collective here, in
                 # a backward hook (ranks could order them differently): it is
                 # declared absent instead, on every rank alike (none hands it
@@ -269,7 +269,7 @@ class _HandoffMixin:
                 "gradients leave at step(), after your edits")
         self._rewind_step()
         for j, r in enumerate(self._muon):
-            self._handoff(j, _parts.grad(r))
+            self._handoff(j, _routing.grad(r))
         n = self.stats["redone_steps"] = self.stats.get("redone_steps", 0) + 1
         self._redo_streak = getattr(self, "_redo_streak", 0) + 1
         if self._redo_streak == 3 and not getattr(self, "_warned_redo", False):
@@ -296,7 +296,7 @@ class _HandoffMixin:
         if self._applied[i]:
             return
         r = self._muon[i]
-        if self._restage(i, _dtensor.local(_parts.param(r))):  # interrupted after staging
+        if self._restage(i, _dtensor.local(_routing.param(r))):  # interrupted after staging
             return
         t0 = time.perf_counter()
         if self._region is not None and self._region.kind == "nccl":
@@ -304,7 +304,7 @@ class _HandoffMixin:
         self._session.wait_update(i)
         self._wait += time.perf_counter() - t0
         lr, wd = self._step_lr[i]
-        p = _dtensor.local(_parts.param(r))  # a DTensor's local shard, a part's view
+        p = _dtensor.local(_routing.param(r))  # a DTensor's local shard, a part's view
         with torch.no_grad():
             if self._absent[i] and self._session.absent(i):
                 # No gradient on any rank (torch.optim.Muon: no decay, no

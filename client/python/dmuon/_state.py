@@ -44,7 +44,7 @@ from collections.abc import ItemsView, KeysView, Mapping, ValuesView
 
 import torch
 
-from . import _dtensor, _groups, _parts
+from . import _dtensor, _groups, _parts, _routing
 
 FORMAT = 2  # state_dict()["dmuon"]["format"]; load_state_dict() reads 1 and 2
 # What opt.state[p] of a Muon parameter lists and reads from dmuond.
@@ -179,8 +179,11 @@ class _StateMixin:
         of a shards= matrix. momentum: {table name: array} (GetState's);
         copy=False: the result may share the array's memory."""
         r = self._muon[i]
-        if isinstance(r, _parts.Part):  # the full shape, from every part's momentum
-            return _parts.momentum_buffer(self, i, momentum, dtype)
+        if isinstance(r, _routing.Part):  # the full shape, from every part's momentum
+            full = _parts.momentum_buffer(self, i, momentum)
+            if r.dtensor is not None:
+                return _dtensor.as_param(r, full, dtype=dtype)
+            return full.to(device=r.param.device, dtype=dtype or r.param.dtype)
         m = torch.from_numpy(momentum[self._session.names[i]])
         if r.dtensor is not None:  # from the whole matrix, laid out as p (_dtensor)
             return _dtensor.as_param(r, m, dtype=dtype)
@@ -192,7 +195,7 @@ class _StateMixin:
     def _by_param(self):
         """[(parameter, [its table indices])] in table order."""
         return [(self._muon[idx[0]].param, idx)
-                for idx in _parts.indices(self._muon).values()]
+                for idx in _routing.indices(self._muon).values()]
 
     def _init_adamw_state(self):
         """AdamW's initial state for every AdamW parameter that requires grad
@@ -318,7 +321,7 @@ class _StateMixin:
             st = state.get(k)
             if st is not None and not isinstance(st, Mapping):
                 raise ValueError(f"DMuon.load_state_dict: state[{k!r}] (parameter "
-                                 f"{_parts.param_name(self._muon[idx[0]])!r}) is a "
+                                 f"{_routing.param_name(self._muon[idx[0]])!r}) is a "
                                  f"{type(st).__name__}, not a dict")
             mb = (st or {}).get("momentum_buffer")
             if isinstance(mb, Mapping) and not mb:
@@ -335,7 +338,7 @@ class _StateMixin:
         names, momentum, steps = self._session.names, {}, []
         for p, idx in entries:
             r = self._muon[idx[0]]
-            name = _parts.param_name(r)
+            name = _routing.param_name(r)
             k, st, mb = found[id(p)]
             if st is not None and "step" in st and not isinstance(st["step"], Mapping):
                 steps.append(st["step"])
@@ -364,7 +367,7 @@ class _StateMixin:
             full = self._checked_buffer(p, r, k, mb)
             for i in idx:
                 q = self._muon[i]
-                part = q.view(full) if isinstance(q, _parts.Part) else full
+                part = q.view(full) if isinstance(q, _routing.Part) else full
                 momentum[names[i]] = part.reshape(q.matrix)
         try:
             if not torch_layout:
@@ -389,7 +392,7 @@ class _StateMixin:
 
     def _checked_buffer(self, p, r, k, mb):
         """A loaded momentum_buffer as a CPU fp32 tensor in p's shape."""
-        name = _parts.param_name(r)
+        name = _routing.param_name(r)
         if _dtensor.is_dtensor(mb):
             mb = mb.full_tensor()  # a collective: every rank loads, in table order
         if not isinstance(mb, torch.Tensor):
@@ -397,7 +400,7 @@ class _StateMixin:
                              f"of {name!r} is a {type(mb).__name__}, not a tensor")
         shape = tuple(mb.shape)
         if shape != tuple(p.shape) and not (len(shape) == 2 and shape == tuple(r.matrix)
-                                            and not isinstance(r, _parts.Part)):
+                                            and not isinstance(r, _routing.Part)):
             raise ValueError(f"DMuon.load_state_dict: momentum_buffer of {name!r} is "
                              f"{list(shape)}; the parameter is {list(p.shape)}")
         return mb.detach().to("cpu", torch.float32).reshape(p.shape)

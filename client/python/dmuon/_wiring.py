@@ -94,7 +94,7 @@ class _WiringMixin:
             if muon[i].handoff == "hook":
                 self._hook_grad(i)
         if self._overlap_forward:
-            new = _parts.indices(new_muon)  # every table entry (part) of a parameter
+            new = _routing.indices(new_muon)  # every table entry (part) of a parameter
             for m, params in _applied_in_forward_of(self._module):
                 ids = [n_old + k for p in params for k in new.get(id(p), ())]
                 if ids:
@@ -116,7 +116,7 @@ class _WiringMixin:
         unused = bool(getattr(self._ddp, "find_unused_parameters", False))
         mark = []
         for r in self._muon:
-            in_ddp = self._ddp is not None and _parts.param_name(r) not in ignored
+            in_ddp = self._ddp is not None and _routing.param_name(r) not in ignored
             if (r.sharding != "rows" and reduce_in_daemon and self._world > 1
                     and getattr(r, "dtensor", None) is None  # a DTensor's is reduced
                     and not (in_ddp and unused)):
@@ -130,7 +130,7 @@ class _WiringMixin:
                 # (Partial) to step() (_dtensor.needs_collective).
                 r.handoff = "hook"
             if r.sharding != "replicated" and self._ddp is None and module is not None:
-                mark.append(_parts.param_name(r))
+                mark.append(_routing.param_name(r))
         if mark and self._world > 1:
             # A DDP built on this module later leaves these out of its all-reduce.
             old = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []) or [])
@@ -188,7 +188,7 @@ class _WiringMixin:
             self._handles.append(module.register_forward_pre_hook(
                 _hook(ref, "_before_forward")))
         if self._overlap_forward:
-            index = _parts.indices(self._muon)  # every table entry (part) of a parameter
+            index = _routing.indices(self._muon)  # every table entry (part) of a parameter
             for m, params in _applied_in_forward_of(module):
                 ids = [i for p in params for i in index.get(id(p), ())]
                 if ids:

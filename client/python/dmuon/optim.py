@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from torch.optim.optimizer import ParamsT
 
 from . import Session, _ddp, _dtensor, _errors, _groups, _native, _options, _routing, _session
-from . import _dcp, _parts
+from . import _convert, _dcp, _parts
 from ._groups import CLASSIC
 from ._handoff import _HandoffMixin
 from ._recovery import _RecoveryMixin, deferred_sigint
@@ -199,6 +199,7 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         adamw, muon = list(adamw), list(muon)  # kept for add_param_group
         groups, named = _groups.user_groups(params)
         routes = _routing.resolve(groups, module, adamw, muon, shards, named)
+        _dtensor.route_all(routes)  # FSDP2 / TP
         self._part_selectors = (_parts.normalize(experts), dict(split or {}))
         _parts.route(routes, module, *self._part_selectors)  # experts=, split=: _parts
         self._module, self._selectors, self._user_groups = module, (adamw, muon), len(groups)
@@ -301,6 +302,7 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         if any(id(p) in known for p in groups[0]["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
         routes = _routing.resolve(groups, self._module, *self._selectors, None, named)
+        _dtensor.route_all(routes)
         _parts.route(routes, self._module, *self._part_selectors, strict=False)
         torch_groups, group_of = _groups.split(groups, routes, self._shared)
         for r in routes:
@@ -435,7 +437,7 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                 g = self.param_groups[self._group_of[i]]
                 self._step_lr[i] = (float(g["lr"]), float(g["weight_decay"]))
                 if not self._handed[i]:
-                    self._handoff(i, _parts.grad(r))
+                    self._handoff(i, _routing.grad(r))
             # Gradients edited after their hand-off (clipping, unscaling,
             # masking) are taken as they are now: exact, at the cost of
             # computing the step again (client/python/README.md).
@@ -533,8 +535,6 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         """(torch.optim.Muon's state_dict, torch.optim.AdamW's) of this
         optimizer, for torch optimizers over dmuon.torch_param_groups(self)
         (dmuon/_convert.py; dmuon.to_torch(opt) makes them)."""
-        from . import _convert
-
         return _convert.to_torch_state_dicts(self)
 
     def load_torch_state_dicts(self, muon_state_dict: dict[str, Any] | None,
@@ -545,8 +545,6 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         into dmuond), checked whole before anything changes. muon_params /
         adamw_params: the parameters those optimizers held, in their order
         (default: this DMuon's, as dmuon.torch_param_groups(self) lists them)."""
-        from . import _convert
-
         _convert.load_torch_state_dicts(self, muon_state_dict, adamw_state_dict,
                                         muon_params=muon_params,
                                         adamw_params=adamw_params)
