@@ -70,7 +70,7 @@ def is_init_step(opt) -> bool:
     if any(g["use_muon"] and float(g["lr"]) != 0.0 for g in opt.param_groups):
         return False
     seen = False
-    for r in opt._muon:
+    for r in opt._table.muon:
         g = r.param.grad
         if g is None:
             if r.param.requires_grad:

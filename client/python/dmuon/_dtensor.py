@@ -73,7 +73,6 @@ takes DTensors of any placement as they are.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import List, Optional, Tuple
 
 import torch

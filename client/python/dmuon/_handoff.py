@@ -25,7 +25,7 @@ class _HandoffMixin:
     """DMuon's per-step hand-off and apply (see the module docstring)."""
 
     def _reset_step(self):
-        n = len(self._muon)
+        n = len(self._table.muon)
         self._handed, self._applied = [False] * n, [False] * n
         self._received = [False] * n  # nccl: update received
         self._absent = [False] * n  # no gradient this step: left unchanged
@@ -48,8 +48,8 @@ class _HandoffMixin:
         self._grad_tasks.add(torch._C._current_graph_task_id())
         if self._defer_handoff:
             return  # handed off at step(), from .grad as it is then
-        grad = _routing.grad(self._muon[i])  # a part's: its view
-        if _dtensor.needs_collective(self._muon[i], grad):
+        grad = _routing.grad(self._table.muon[i])  # a part's: its view
+        if _dtensor.needs_collective(self._table.muon[i], grad):
             # A DTensor gradient not in its parameter's placements (Partial):
             # reduced and handed off at step(), in table order on every rank
             # (ranks could run these hooks in different orders).
@@ -66,7 +66,7 @@ class _HandoffMixin:
             self._error = self._error or e
 
     def _check_shapes(self):
-        for r in self._muon:
+        for r in self._table.muon:
             if tuple(r.param.shape) != r.shape0:
                 self._shape_error(r)
 
@@ -84,23 +84,23 @@ class _HandoffMixin:
         "local" (hand off at once, no all-reduce), "skip" (neither: step())."""
         plan, offset = [], 0
         for p in params:
-            i = self._index.get(id(p))
+            i = self._table.index.get(id(p))
             if i is None:
                 kind = "reduce"
-            elif self._muon[i].sharding == "replicated":
-                kind = "after" if self._muon[i].handoff == "ddp" else "reduce"
+            elif self._table.muon[i].sharding == "replicated":
+                kind = "after" if self._table.muon[i].handoff == "ddp" else "reduce"
             else:
-                kind = "local" if self._muon[i].handoff == "ddp" else "skip"
+                kind = "local" if self._table.muon[i].handoff == "ddp" else "skip"
             plan.append((i, kind, offset, p.numel()))
             offset += p.numel()
-        return _parts.bucket_plan(self, plan)  # a parameter with parts: each part's rows
+        return _parts.bucket_plan(self._table, plan)  # a parameter with parts: each part's rows
 
     def _handoff(self, i, grad):
         self._recover(backward_only=True)  # an earlier backward died mid-way (_recovery)
         if self._pending:
             self.synchronize()
         self._track_backward()
-        r = self._muon[i]
+        r = self._table.muon[i]
         if self._handed[i] and self._can_rewind():
             # A second backward before step(): a new .grad after a backward
             # whose step() was not taken (zero_grad() then backward, as when
@@ -163,7 +163,7 @@ class _HandoffMixin:
                     self._region.handed([i])  # cuda_ipc: event after the copy; nccl: send
                     self._declare_ready(i, beta)
             self._handed[i] = True
-            self._sent_beta[i] = float(self.param_groups[self._group_of[i]]["momentum"])
+            self._sent_beta[i] = float(self.param_groups[self._table.group_of[i]]["momentum"])
         self.stats["handoff_seconds"] += time.perf_counter() - t0
 
     def _declare_ready(self, i, beta):
@@ -193,13 +193,13 @@ class _HandoffMixin:
         for i, rec in enumerate(self._sent):
             if rec is None or not self._handed[i] or self._absent[i]:
                 continue
-            if self._muon[i].sharding == "replicated" and self._rank != 0:
+            if self._table.muon[i].sharding == "replicated" and self._rank != 0:
                 # Only rank 0's copy is sent (its buffer here holds nothing of
                 # this rank's); the gradient, and an edit of it, is every
                 # rank's alike: rank 0 tells (_agree_on_redo).
                 continue
-            g = _routing.grad(self._muon[i])
-            if _dtensor.needs_collective(self._muon[i], g):
+            g = _routing.grad(self._table.muon[i])
+            if _dtensor.needs_collective(self._table.muon[i], g):
                 # A Partial DTensor gradient: reduced on its way to dmuond, at
                 # this step(), just now (never from a hook): not comparable
                 # with its local tensor, and nothing edited it since.
@@ -234,7 +234,7 @@ class _HandoffMixin:
         (Rewind). The step is then built again: every gradient is handed off
         anew (_redo_step, or the backward in progress)."""
         t0 = time.perf_counter()
-        for j, r in enumerate(self._muon):
+        for j, r in enumerate(self._table.muon):
             if not self._handed[j]:
                 g = _routing.grad(r)
                 # A Partial DTensor gradient would need a collective here, in
@@ -257,7 +257,7 @@ class _HandoffMixin:
         from the handed-off ones is rewound and every gradient handed off
         again. Without a rewind (several ranks, GPU transports) it raises
         naming the parameters."""
-        names = (", ".join(self._muon[i].name for i in edited[:5])
+        names = (", ".join(self._table.muon[i].name for i in edited[:5])
                  if edited else "a Muon parameter (on another rank)")
         more = f" and {len(edited) - 5} more" if len(edited) > 5 else ""
         if not self._can_rewind():
@@ -268,7 +268,7 @@ class _HandoffMixin:
                 "transports dmuond cannot redo a step: pass overlap=False so that "
                 "gradients leave at step(), after your edits")
         self._rewind_step()
-        for j, r in enumerate(self._muon):
+        for j, r in enumerate(self._table.muon):
             self._handoff(j, _routing.grad(r))
         n = self.stats["redone_steps"] = self.stats.get("redone_steps", 0) + 1
         self._redo_streak = getattr(self, "_redo_streak", 0) + 1
@@ -295,7 +295,7 @@ class _HandoffMixin:
     def _apply(self, i):
         if self._applied[i]:
             return
-        r = self._muon[i]
+        r = self._table.muon[i]
         if self._restage(i, _dtensor.local(_routing.param(r))):  # interrupted after staging
             return
         t0 = time.perf_counter()
@@ -341,7 +341,7 @@ class _HandoffMixin:
                 if self._absent[i]:
                     return  # every update received; i's answer was "absent"
                 raise RuntimeError(f"DMuon: dmuond announced every update of step "
-                                   f"{self._session.step} but not {self._muon[i].name}'s")
+                                   f"{self._session.step} but not {self._table.muon[i].name}'s")
             self._region.receive(ids)
             for j in ids:
                 self._received[j] = True

@@ -32,7 +32,6 @@ decayed and updated like any other, as torch does with a stacked parameter
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Mapping
 
 import torch
@@ -42,34 +41,21 @@ from . import _routing
 from ._routing import Part
 
 
-def _entries(opt):
-    """{id(route): [table indices of its parts]}, cached for opt._muon (a
-    new list when add_param_group grows the table)."""
-    cache = getattr(opt, "_parts_cache", None)
-    if cache is None or cache[0] is not opt._muon:
-        entries = collections.defaultdict(list)
-        for i, r in enumerate(opt._muon):
-            if isinstance(r, Part):
-                entries[id(r.route)].append(i)
-        cache = opt._parts_cache = (opt._muon, dict(entries))
-    return cache[1]
-
-
-def bucket_plan(opt, plan):
-    """DMuon._bucket_plan's entries [(index, kind, offset, numel)] with a
+def bucket_plan(table, plan):
+    """The DDP bucket plan's entries [(index, kind, offset, numel)] with a
     parameter that has parts replaced by one entry per part (its rows of
-    the bucket's flat gradient, handed off by itself)."""
-    entries = _entries(opt)
-    if not entries:
+    the bucket's flat gradient, handed off by itself). table: the
+    MuonTable (dmuon/_table.py)."""
+    if not table.parts:
         return plan
     out = []
     for i, kind, offset, numel in plan:
-        r = None if i is None else opt._muon[i]
+        r = None if i is None else table.muon[i]
         if not isinstance(r, Part):
             out.append((i, kind, offset, numel))
             continue
-        for j in entries[id(r.route)]:
-            start, n = opt._muon[j].flat_range()
+        for j in table.parts[id(r.route)]:
+            start, n = table.muon[j].flat_range()
             out.append((j, kind, offset + start, n))
     return out
 
@@ -90,28 +76,28 @@ def expand(muon, group_of):
     return entries, groups
 
 
-def momentum_buffer(opt, i, momentum):
+def momentum_buffer(table, names, i, momentum):
     """The momentum_buffer (opt.state[p], state_dict()) of table entry i's
     parameter when it has parts: the full-shape fp32 CPU tensor assembled
-    from every part's momentum (momentum: {table name: array}); None for a
-    plain entry."""
-    r = opt._muon[i]
+    from every part's momentum (momentum: {table name: array}; names: the
+    session's table names); None for a plain entry."""
+    r = table.muon[i]
     if not isinstance(r, Part):
         return None
     full = torch.zeros(r.param.shape, dtype=torch.float32)
-    for j in _entries(opt)[id(r.route)]:
-        dst = opt._muon[j].view(full)
-        dst.copy_(torch.from_numpy(momentum[opt._session.names[j]]).reshape(dst.shape))
+    for j in table.parts[id(r.route)]:
+        dst = table.muon[j].view(full)
+        dst.copy_(torch.from_numpy(momentum[names[j]]).reshape(dst.shape))
     return full
 
 
-def check_convertible(opt):
+def check_convertible(muon):
     """torch.optim.Muon keeps one momentum per parameter: a parameter
-    orthogonalized as parts has one per part."""
-    for r in opt._muon:
+    orthogonalized as parts (of the table entries `muon`) has one per part."""
+    for r in muon:
         if isinstance(r, Part):
             what = "an expert stack" if isinstance(r.index, int) else "a split weight"
-            n = sum(isinstance(q, Part) and q.route is r.route for q in opt._muon)
+            n = sum(isinstance(q, Part) and q.route is r.route for q in muon)
             raise NotImplementedError(
                 f"dmuon: {r.route.name} {list(r.param.shape)} is {what}, "
                 f"orthogonalized as {n} matrices with a momentum each; "

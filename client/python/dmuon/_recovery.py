@@ -45,7 +45,7 @@ import weakref
 
 import torch
 
-from . import _errors, _groups, _session
+from . import _errors, _session
 
 _engine = torch.autograd.Variable._execution_engine
 
@@ -163,7 +163,6 @@ class _RecoveryMixin:
             self.stats["voided_steps"] = self.stats.get("voided_steps", 0) + 1
             return
         timeout, transport = self._open_args
-        opened = self._opened
         self._finalizer.detach()
         old, self._session, self._grad, self._upd = self._session, None, None, None
         # Closing mid-step: dmuond rolls the job back to its last completed
@@ -175,8 +174,8 @@ class _RecoveryMixin:
                 (session, self._region, self._staging, _, self.address, _,
                  self.pool_owner) = _session.open_session(
                     self._pg, self._rank, self._world, self.address, self.job_id,
-                    timeout, transport, (), _groups.table(self._muon, self._group_of),
-                    opened, self._cuda_device(transport),
+                    timeout, transport, (), list(self._table.table),
+                    list(self._table.specs), self._cuda_device(transport),
                     # The job as rolled back (step - 1 completed): anything
                     # else (dropped meanwhile, replaced) is an error here,
                     # never a silent start from zero (resume="auto": as the
@@ -191,7 +190,6 @@ class _RecoveryMixin:
                 "the last checkpoint")
             raise self._lost from e
         self._attach(session)
-        self._opened = opened  # what the job was opened with, not the groups now
         self._momentum_cache = None
         self._backwards, self._stepping = {}, False
         self._reset_step()
@@ -211,18 +209,13 @@ class _RecoveryMixin:
         no scheduler cycles it. OneCycleLR/CyclicLR with cycle_momentum=True
         set each group's 'momentum' every step (and mark the groups with
         'base_momentum'/'max_momentum'), as torch.optim.Muon reads it."""
-        g = self._group_of[i]
+        g = self._table.group_of[i]
         group = self.param_groups[g]
         beta = float(group["momentum"])
         if not 0.0 <= beta < 1.0:  # NaN too
             raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
                              f"{group['momentum']!r}; it must be in [0, 1)")
-        cache = getattr(self, "_opened_by_group", None)
-        if cache is None or cache[0] is not self._opened:
-            cache = (self._opened, dict(zip(sorted(set(self._group_of)),
-                                            (o["momentum"] for o in self._opened))))
-            self._opened_by_group = cache
-        if (beta == cache[1].get(g) and "max_momentum" not in group
+        if (beta == self._table.momentum.get(g) and "max_momentum" not in group
                 and "base_momentum" not in group):
             return None
         return beta
@@ -236,16 +229,16 @@ class _RecoveryMixin:
         for i, beta in enumerate(getattr(self, "_sent_beta", ())):
             if beta is None or not self._handed[i] or self._absent[i]:
                 continue
-            g = self._group_of[i]
+            g = self._table.group_of[i]
             if float(self.param_groups[g]["momentum"]) != beta:
                 moved.append(i)
         if moved and not self._can_rewind():
-            g = self._group_of[moved[0]]
+            g = self._table.group_of[moved[0]]
             raise RuntimeError(
                 f"DMuon: param_groups[{g}]['momentum'] changed from "
                 f"{self._sent_beta[moved[0]]!r} to "
                 f"{self.param_groups[g]['momentum']!r} after the gradient of "
-                f"{self._muon[moved[0]].name} was handed to dmuond for step "
+                f"{self._table.muon[moved[0]].name} was handed to dmuond for step "
                 f"{self._session.step}; with "
                 "GPU transports dmuond "
                 "cannot redo a step: change the momentum (scheduler.step()) after "

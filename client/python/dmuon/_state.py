@@ -147,7 +147,7 @@ class _StateMixin:
 
     def _install_state(self):
         ref = weakref.ref(self)
-        for i, r in enumerate(self._muon):
+        for i, r in enumerate(self._table.muon):
             st = self.state.get(r.param, {})
             if not isinstance(st, _MuonState) or st._index != i:
                 kept = st.stored() if isinstance(st, _MuonState) else dict(st)
@@ -178,9 +178,9 @@ class _StateMixin:
         laid out as it; assembled from its parts' (_parts); this rank's rows
         of a shards= matrix. momentum: {table name: array} (GetState's);
         copy=False: the result may share the array's memory."""
-        r = self._muon[i]
+        r = self._table.muon[i]
         if isinstance(r, _routing.Part):  # the full shape, from every part's momentum
-            full = _parts.momentum_buffer(self, i, momentum)
+            full = _parts.momentum_buffer(self._table, self._session.names, i, momentum)
             if r.dtensor is not None:
                 return _dtensor.as_param(r, full, dtype=dtype)
             return full.to(device=r.param.device, dtype=dtype or r.param.dtype)
@@ -191,11 +191,6 @@ class _StateMixin:
             m = m[r.row_range[0]:r.row_range[1]]
         return m.reshape(r.param.shape).to(device=r.param.device,
                                            dtype=dtype or r.param.dtype, copy=copy)
-
-    def _by_param(self):
-        """[(parameter, [its table indices])] in table order."""
-        return [(self._muon[idx[0]].param, idx)
-                for idx in _routing.indices(self._muon).values()]
 
     def _init_adamw_state(self):
         """AdamW's initial state for every AdamW parameter that requires grad
@@ -216,8 +211,8 @@ class _StateMixin:
         key = {id(p): k for g, saved in zip(self.param_groups, sd["param_groups"])
                for p, k in zip(g["params"], saved["params"])}
         whole = {}
-        for p, idx in self._by_param():
-            k, r = key[id(p)], self._muon[idx[0]]
+        for p, idx in self._table.by_param:
+            k, r = key[id(p)], self._table.muon[idx[0]]
             entry = {n: v for n, v in sd["state"].get(k, {}).items() if n not in _LAZY}
             if _is_row_sharded(r):
                 whole[r.name] = torch.from_numpy(momentum[self._session.names[idx[0]]])
@@ -274,11 +269,11 @@ class _StateMixin:
         merged = [{**mine, **{k: v for k, v in theirs.items() if k != "params"}}
                   for mine, theirs in zip(self.param_groups, saved)]
         try:
-            now = _groups.specs(merged, self._group_of)
+            now = _groups.specs(merged, self._table.group_of)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"DMuon.load_state_dict: the checkpoint's Muon groups "
                              f"cannot be read ({e!r})") from e
-        for g, then, spec in zip(sorted(set(self._group_of)), self._opened, now):
+        for g, then, spec in zip(self._table.groups, self._table.specs, now):
             if not 0.0 <= spec["momentum"] < 1.0:  # NaN too
                 raise ValueError(f"DMuon.load_state_dict: the checkpoint's param_groups"
                                  f"[{g}]['momentum'] is {merged[g]['momentum']!r}; it "
@@ -314,14 +309,14 @@ class _StateMixin:
                              f"{type(state).__name__}, not a dict")
         key = {id(p): k for mine, theirs in zip(self.param_groups, saved)
                if mine["use_muon"] for p, k in zip(mine["params"], theirs["params"])}
-        entries = self._by_param()
+        entries = self._table.by_param
         found = {}
         for p, idx in entries:
             k = key[id(p)]
             st = state.get(k)
             if st is not None and not isinstance(st, Mapping):
                 raise ValueError(f"DMuon.load_state_dict: state[{k!r}] (parameter "
-                                 f"{_routing.param_name(self._muon[idx[0]])!r}) is a "
+                                 f"{_routing.param_name(self._table.muon[idx[0]])!r}) is a "
                                  f"{type(st).__name__}, not a dict")
             mb = (st or {}).get("momentum_buffer")
             if isinstance(mb, Mapping) and not mb:
@@ -337,7 +332,7 @@ class _StateMixin:
                              "['row_sharded_momentum'] is not a dict")
         names, momentum, steps = self._session.names, {}, []
         for p, idx in entries:
-            r = self._muon[idx[0]]
+            r = self._table.muon[idx[0]]
             name = _routing.param_name(r)
             k, st, mb = found[id(p)]
             if st is not None and "step" in st and not isinstance(st["step"], Mapping):
@@ -362,11 +357,11 @@ class _StateMixin:
                         "or its routing differs (check adamw= and muon=, experts= and "
                         "split=)")
                 for i in idx:  # torch's layout: never stepped, zero
-                    momentum[names[i]] = torch.zeros(self._muon[i].matrix)
+                    momentum[names[i]] = torch.zeros(self._table.muon[i].matrix)
                 continue
             full = self._checked_buffer(p, r, k, mb)
             for i in idx:
-                q = self._muon[i]
+                q = self._table.muon[i]
                 part = q.view(full) if isinstance(q, _routing.Part) else full
                 momentum[names[i]] = part.reshape(q.matrix)
         try:
@@ -421,7 +416,7 @@ class _StateMixin:
             raise ValueError("DMuon.load_state_dict: the 'dmuon' entry (format 1) has "
                              "no 'momentum' dict")
         names, momentum = self._session.names, []
-        for r, name in zip(self._muon, names):
+        for r, name in zip(self._table.muon, names):
             m = dm["momentum"].get(name)
             if m is None:
                 raise ValueError(
@@ -438,8 +433,8 @@ class _StateMixin:
         are applied here and may change, and momentum goes to dmuond with each
         step's hand-offs: _momentum_to_send; equal values in another spelling,
         e.g. a list for a tuple or "original" for None, are fine)."""
-        now = _groups.specs(self.param_groups, self._group_of)
-        for g, then, spec in zip(sorted(set(self._group_of)), self._opened, now):
+        now = _groups.specs(self.param_groups, self._table.group_of)
+        for g, then, spec in zip(self._table.groups, self._table.specs, now):
             if not 0.0 <= spec["momentum"] < 1.0:  # NaN too
                 raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
                                  f"{self.param_groups[g]['momentum']!r}; it must be "

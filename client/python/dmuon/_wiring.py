@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import _ddp, _groups, _parts, _routing, _session
+from . import _ddp, _routing, _session
 
 try:
     from torch.nn.parallel import DistributedDataParallel as _DDP
@@ -55,29 +55,24 @@ def _applied_in_forward_of(module):
 class _WiringMixin:
     """DMuon's hand-off plan, hooks and session (see the module docstring)."""
 
-    def _reopen(self, new_muon, new_group_of):
-        """A session with the table grown by new_muon; momentum carried over."""
+    def _reopen(self, table):
+        """A session with the grown table (add_param_group: MuonTable.grown,
+        planned by _replan); the momentum of the matrices it had carried
+        over."""
         old = self._session.get_state() if self._session is not None else None
-        muon, group_of = self._muon + new_muon, self._group_of + new_group_of
-        for r, layer in zip(muon, _routing.layer_ids([r.name for r in muon])):
-            r.layer = layer
+        n_old = len(self._table.muon)
         if self._session is not None:
             self._finalizer.detach()
             _session.release([self._session], self._region)
             self._session = None
-        self._muon, self._group_of = muon, group_of
-        self._index = {id(r.param): i for i, r in enumerate(muon)}
-        kept = [r.handoff for r in muon[:len(muon) - len(new_muon)]]
-        self._plan_sharding(self._reduce_in_daemon, self._overlap, self._module)
-        for r, handoff in zip(muon, kept):  # their hooks are in place
-            r.handoff = handoff
+        self._table = table
+        muon = table.muon
         timeout, transport = self._open_args
         server = self.address if self.address is not None else self._server
         (session, self._region, self._staging, daemon, address, self.job_id,
          self.pool_owner) = _session.open_session(
             self._pg, self._rank, self._world, server, None, timeout, transport, (),
-            _groups.table(muon, group_of), _groups.specs(self.param_groups, group_of),
-            self._cuda_device(transport))
+            list(table.table), list(table.specs), self._cuda_device(transport))
         if self._daemon is None:
             self._daemon = daemon
         self.address = address
@@ -87,14 +82,13 @@ class _WiringMixin:
             momentum = [carried.get(r.name, np.zeros(r.matrix, np.float32)) for r in muon]
             session.set_state({"completed_steps": int(old["completed_steps"]),
                                "names": session.names, "momentum": momentum})
-        n_old = len(muon) - len(new_muon)
-        self._trained += [False] * len(new_muon)
+        self._trained += [False] * (len(muon) - n_old)
         ref = weakref.ref(self)
         for i in range(n_old, len(muon)):
             if muon[i].handoff == "hook":
                 self._hook_grad(i)
         if self._overlap_forward:
-            new = _routing.indices(new_muon)  # every table entry (part) of a parameter
+            new = _routing.indices(muon[n_old:])  # every table entry (part) of a parameter
             for m, params in _applied_in_forward_of(self._module):
                 ids = [n_old + k for p in params for k in new.get(id(p), ())]
                 if ids:
@@ -107,7 +101,17 @@ class _WiringMixin:
         self._install_state()
         self._reset_step()
 
-    def _plan_sharding(self, reduce_in_daemon, overlap, module):
+    def _replan(self, entries):
+        """The hand-off plan of a grown table (MuonTable.grown): the entries
+        it had keep their hand-off (their hooks are in place)."""
+        kept = [r.handoff for r in self._table.muon]
+        self._plan_sharding(entries)
+        for r, handoff in zip(entries, kept):
+            r.handoff = handoff
+
+    def _plan_sharding(self, entries):
+        reduce_in_daemon, overlap, module = (self._reduce_in_daemon, self._overlap,
+                                             self._module)
         ignored = set(getattr(self._ddp, "parameters_to_ignore", ()) or ())
         # DDP(find_unused_parameters=True) hands its comm hook zeros for a
         # parameter no rank used, then leaves its .grad None, which
@@ -115,7 +119,7 @@ class _WiringMixin:
         # when .grad says which ones trained.
         unused = bool(getattr(self._ddp, "find_unused_parameters", False))
         mark = []
-        for r in self._muon:
+        for r in entries:
             in_ddp = self._ddp is not None and _routing.param_name(r) not in ignored
             if (r.sharding != "rows" and reduce_in_daemon and self._world > 1
                     and getattr(r, "dtensor", None) is None  # a DTensor's is reduced
@@ -140,7 +144,7 @@ class _WiringMixin:
     def _cuda_device(self, transport):
         """The one CUDA device of the Muon parameters (a GPU transport moves
         them without host staging), else None."""
-        devices = {r.param.device for r in self._muon}
+        devices = {r.param.device for r in self._table.muon}
         if transport in ("cuda_ipc", "nccl") and len(devices) > 1:
             raise ValueError(f"DMuon: transport='{transport}' needs every Muon "
                              f"parameter on one CUDA device; they are on "
@@ -152,14 +156,13 @@ class _WiringMixin:
 
     def _attach(self, session):
         self._session = session
-        n = len(self._muon)
+        n = len(self._table.muon)
         if self._region is not None:  # GPU memory of this process
             self._grad, self._upd = list(self._region.grad), list(self._region.upd)
         else:
             self._grad = [torch.from_numpy(session.gradient(i)) for i in range(n)]
             self._upd = [torch.from_numpy(session.update(i, writable=True))
                          for i in range(n)]
-        self._opened = _groups.specs(self.param_groups, self._group_of)
         # The finalizer owns the session through a list: close() empties it so
         # the channel is gone before the private daemon is told to stop; the
         # GPU region is freed only after the daemon released it
@@ -170,7 +173,7 @@ class _WiringMixin:
 
     def _install_hooks(self, module, overlap):
         ref = weakref.ref(self)
-        for i, r in enumerate(self._muon):
+        for i, r in enumerate(self._table.muon):
             if r.handoff == "hook":  # after .grad holds the whole gradient
                 self._hook_grad(i)
         if self._ddp is not None:
@@ -188,7 +191,7 @@ class _WiringMixin:
             self._handles.append(module.register_forward_pre_hook(
                 _hook(ref, "_before_forward")))
         if self._overlap_forward:
-            index = _routing.indices(self._muon)  # every table entry (part) of a parameter
+            index = _routing.indices(self._table.muon)  # every table entry (part) of a parameter
             for m, params in _applied_in_forward_of(module):
                 ids = [i for p in params for i in index.get(id(p), ())]
                 if ids:
@@ -200,7 +203,7 @@ class _WiringMixin:
         """Hands parameter i over as soon as backward has accumulated its
         gradient; a frozen one is handed over in step() until it is unfrozen
         (step() then hooks it)."""
-        r = self._muon[i]
+        r = self._table.muon[i]
         if not r.param.requires_grad:
             r.handoff = "step (frozen)"
             return

@@ -42,12 +42,13 @@ from torch import Tensor, nn
 from torch.optim.optimizer import ParamsT
 
 from . import Session, _ddp, _dtensor, _errors, _groups, _native, _options, _routing, _session
-from . import _convert, _dcp, _parts
+from . import _convert, _dcp, _parts, _table
 from ._groups import CLASSIC
 from ._handoff import _HandoffMixin
 from ._recovery import _RecoveryMixin, deferred_sigint
 from ._options import AdamWOptions, DaemonOptions
 from ._state import _MuonState, _StateMixin
+from ._table import MuonTable
 from ._wiring import _DDP, _WiringMixin
 
 try:
@@ -198,10 +199,9 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                 "autograd then works), or turn compiled autograd off")
         adamw, muon = list(adamw), list(muon)  # kept for add_param_group
         groups, named = _groups.user_groups(params)
-        routes = _routing.resolve(groups, module, adamw, muon, shards, named)
-        _dtensor.route_all(routes)  # FSDP2 / TP
         self._part_selectors = (_parts.normalize(experts), dict(split or {}))
-        _parts.route(routes, module, *self._part_selectors)  # experts=, split=: _parts
+        routes = _table.route(groups, named, module, adamw, muon, shards,
+                              *self._part_selectors)
         self._module, self._selectors, self._user_groups = module, (adamw, muon), len(groups)
         self._reduce_in_daemon, self._overlap = reduce_in_daemon, overlap
         self._open_args, self._server = (timeout, transport), server
@@ -246,31 +246,30 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         # (_momentum_to_send), an AdamW group's is its beta1 (_adamw_beta1).
         self.defaults["momentum"] = momentum
         self._constructing = False
-        self._routes = routes
         # dmuond's table: a parameter with parts (_parts) is one entry per part
-        self._muon, group_of = _parts.expand([r for r in routes if r.route == "muon"],
-                                             group_of)
-        self._group_of = group_of  # Muon index -> index in self.param_groups
-        self._index = {id(r.param): i for i, r in enumerate(self._muon)}
+        entries, group_of = _parts.expand([r for r in routes if r.route == "muon"],
+                                          group_of)
         self._adamw = None
         self._relink_adamw()
-        self._plan_sharding(reduce_in_daemon, overlap, module)
+        self._plan_sharding(entries)
+        self._table = MuonTable(routes, entries, group_of,
+                                _groups.specs(self.param_groups, group_of))
         self._session, self._daemon, self.address, self.job_id = None, None, None, None
         # A pool: the daemon (index into server) of each Muon parameter, the
         # same on every rank (rank 0's plan); None for a single daemon.
         self.pool_owner = None
         self._grad = self._upd = self._region = self._staging = None
         self._handoff_lock = threading.Lock()
-        if self._muon:
+        if self._table.muon:
             (session, self._region, self._staging, self._daemon, self.address,
              self.job_id, self.pool_owner) = _session.open_session(
                 self._pg, self._rank, self._world, server, job_id, timeout, transport,
-                daemon_flags, _groups.table(self._muon, group_of),
-                _groups.specs(self.param_groups, group_of), self._cuda_device(transport),
+                daemon_flags, list(self._table.table), list(self._table.specs),
+                self._cuda_device(transport),
                 resume=resume)
             self._attach(session)
             self._install_hooks(module, overlap)
-        n = len(self._muon)
+        n = len(self._table.muon)
         # Whether each Muon matrix's momentum may be non-zero (it had a gradient,
         # or a checkpoint was loaded): _dcp's test of a fresh optimizer.
         self._trained = [False] * n
@@ -281,7 +280,7 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             if verbose:
                 print(self.routing_table, flush=True)
             else:
-                print(_routing.format_summary(self._routes, self.param_groups,
+                print(_routing.format_summary(self._table.routes, self.param_groups,
                                               self._where()), file=sys.stderr, flush=True)
 
     # ----------------------------------------------------------- construction
@@ -301,9 +300,8 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         known = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in known for p in groups[0]["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
-        routes = _routing.resolve(groups, self._module, *self._selectors, None, named)
-        _dtensor.route_all(routes)
-        _parts.route(routes, self._module, *self._part_selectors, strict=False)
+        routes = _table.route(groups, named, self._module, *self._selectors, None,
+                              *self._part_selectors, strict=False)
         torch_groups, group_of = _groups.split(groups, routes, self._shared)
         for r in routes:
             r.group = self._user_groups
@@ -322,10 +320,13 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         for g in torch_groups:
             super().add_param_group(g)
         self._user_groups += 1
-        self._routes.extend(routes)
         self._relink_adamw()
+        table = self._table.grown(routes, new_muon, [base + g for g in group_of],
+                                  self.param_groups, self._replan)
         if new_muon:
-            self._reopen(new_muon, [base + g for g in group_of])
+            self._reopen(table)
+        else:
+            self._table = table
 
     def _relink_adamw(self):
         groups = [g for g in self.param_groups if not g["use_muon"]]
@@ -347,7 +348,7 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             self._recover()  # a step interrupted before it committed: rolled back
             return
         with _errors.explained(self._daemon):
-            for i in range(len(self._muon)):
+            for i in range(len(self._table.muon)):
                 self._apply(i)
             if self._session.step == self._pending_step:  # not if it ran, then an interrupt
                 self._session.finish_step()
@@ -401,7 +402,7 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
             # First, on every rank (a collective), even one about to raise
             # its own error below.
             self._compare_copies = False
-            differ = _dtensor.copies_differ(self._muon, self._pg, self._world)
+            differ = _dtensor.copies_differ(self._table.muon, self._pg, self._world)
             if differ:
                 # A model error, on every rank alike: no step is taken, now or
                 # later (_recover raises it again).
@@ -431,10 +432,10 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                 self._void_step("a hyperparameter dmuond fixes was changed")
                 raise
             self._stepping = True  # until it commits: an interrupt rolls it back
-            for i, r in enumerate(self._muon):
+            for i, r in enumerate(self._table.muon):
                 if r.handoff == "step (frozen)" and r.param.requires_grad:
                     self._hook_grad(i)  # unfrozen: hooked from the next backward
-                g = self.param_groups[self._group_of[i]]
+                g = self.param_groups[self._table.group_of[i]]
                 self._step_lr[i] = (float(g["lr"]), float(g["weight_decay"]))
                 if not self._handed[i]:
                     self._handoff(i, _routing.grad(r))
@@ -562,11 +563,11 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         layer: a Muon matrix's layer in the daemon's table, else None)."""
         return [dict(name=r.name, shape=r.shape, route=r.route, reason=r.reason,
                      matrix=r.matrix, sharding=r.sharding if r.route == "muon" else None,
-                     handoff=r.handoff or None, layer=r.layer) for r in self._routes]
+                     handoff=r.handoff or None, layer=r.layer) for r in self._table.routes]
 
     @property
     def routing_table(self) -> str:
-        table = _routing.format_table(self._routes)
+        table = _routing.format_table(self._table.routes)
         return f"{table}\ntransport to dmuond: {self.transport}" if self._session else table
 
     @property

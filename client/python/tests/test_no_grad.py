@@ -92,8 +92,8 @@ def _train(monkeypatch, daemon, schedule, freeze=(), region=None):
             for n in ("branch.weight", "branch.bias", "branch_ln.weight"):
                 assert torch.equal(dm.get_parameter(n).detach(), before[n]), (step, n)
         if region is not None:  # nothing sent or received for an absent one
-            branch = opt._index[id(dm.branch.weight)]
-            n = len(opt._muon)
+            branch = opt._table.index[id(dm.branch.weight)]
+            n = len(opt._table.muon)
             want = [i for i in range(n) if use_branch or i != branch]
             assert sorted(region.sent) == want, (step, region.sent)
             assert sorted(region.received) == want, (step, region.received)
