@@ -101,3 +101,15 @@ def specs(param_groups, group_of):
             coefficients=coefficients, method=str(h["method"]),
             adjust_lr_fn=h["adjust_lr_fn"] or "original", eps=float(h["eps"])))
     return out
+
+
+def adamw_beta1(param_groups):
+    """OneCycleLR/CyclicLR with cycle_momentum=True write 'momentum' into
+    every group (DMuon's defaults have no 'betas') and mark it with
+    'base_momentum'/'max_momentum': an AdamW group's is its beta1, as a
+    torch.optim.AdamW's scheduler sets betas[0]. (An AdamW group added
+    later gets the defaults' 'momentum' unmarked: not its beta1.)"""
+    for group in param_groups:
+        if (not group.get("use_muon", True) and "momentum" in group
+                and ("max_momentum" in group or "base_momentum" in group)):
+            group["betas"] = (group["momentum"], *tuple(group["betas"])[1:])

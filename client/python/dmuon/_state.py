@@ -66,7 +66,7 @@ class _MuonState(dict):
 
     def _lazy(self):
         owner = self._owner()
-        if owner is None or getattr(owner, "_session", None) is None:
+        if owner is None or owner.session is None:
             return ()
         return tuple(k for k in _LAZY if not dict.__contains__(self, k))
 
@@ -157,12 +157,18 @@ class _StateMixin:
     def _fetch_state(self):
         """({table name: momentum array}, completed steps) from dmuond, once
         per step (for opt.state[p])."""
-        if self._momentum_cache is None:
-            self._at_boundary("state[p]['momentum_buffer'] (a read from dmuond)")
-            st = self._session.get_state()
-            self._momentum_cache = (dict(zip(st["names"], st["momentum"])),
-                                    int(st["completed_steps"]))
-        return self._momentum_cache
+        session = self._handoff.link.session
+        cache = self._momentum_cache
+        if cache is None or cache[0] is not session or cache[1] != session.step:
+            self._handoff.at_boundary("state[p]['momentum_buffer'] (a read from dmuond)")
+            session = self._handoff.link.session  # a rollback may have reopened it
+            st = session.get_state()
+            # Valid while the session and its step are: a step, a reopen or
+            # a rollback's reopen make it stale; load_state_dict() drops it.
+            cache = self._momentum_cache = (session, session.step,
+                                            dict(zip(st["names"], st["momentum"])),
+                                            int(st["completed_steps"]))
+        return cache[2], cache[3]
 
     def _lazy_state(self, i, key):
         """opt.state[p][key] of Muon table entry i's parameter ("step" or
@@ -180,11 +186,11 @@ class _StateMixin:
         copy=False: the result may share the array's memory."""
         r = self._table.muon[i]
         if isinstance(r, _routing.Part):  # the full shape, from every part's momentum
-            full = _parts.momentum_buffer(self._table, self._session.names, i, momentum)
+            full = _parts.momentum_buffer(self._table, self._handoff.link.session.names, i, momentum)
             if r.dtensor is not None:
                 return _dtensor.as_param(r, full, dtype=dtype)
             return full.to(device=r.param.device, dtype=dtype or r.param.dtype)
-        m = torch.from_numpy(momentum[self._session.names[i]])
+        m = torch.from_numpy(momentum[self._handoff.link.session.names[i]])
         if r.dtensor is not None:  # from the whole matrix, laid out as p (_dtensor)
             return _dtensor.as_param(r, m, dtype=dtype)
         if r.row_range:
@@ -205,7 +211,7 @@ class _StateMixin:
     def _add_muon_state(self, sd):
         """Adds dmuond's Muon state to sd (local_state_dict()'s) in torch's
         layout, and the "dmuon" entry (the module docstring)."""
-        st = self._session.get_state()
+        st = self._handoff.link.session.get_state()
         momentum = dict(zip(st["names"], st["momentum"]))
         done = int(st["completed_steps"])
         key = {id(p): k for g, saved in zip(self.param_groups, sd["param_groups"])
@@ -215,7 +221,7 @@ class _StateMixin:
             k, r = key[id(p)], self._table.muon[idx[0]]
             entry = {n: v for n, v in sd["state"].get(k, {}).items() if n not in _LAZY}
             if _is_row_sharded(r):
-                whole[r.name] = torch.from_numpy(momentum[self._session.names[idx[0]]])
+                whole[r.name] = torch.from_numpy(momentum[self._handoff.link.session.names[idx[0]]])
             else:
                 entry["momentum_buffer"] = self._momentum_of(  # a fresh GetState's
                     idx[0], momentum, torch.float32, copy=False)
@@ -231,12 +237,6 @@ class _StateMixin:
         were checked)."""
         return {k for mine, theirs in zip(self.param_groups, saved_groups)
                 if mine["use_muon"] for k in theirs.get("params", ())}
-
-    def _at_boundary(self, what):
-        self.synchronize()
-        if self._session is not None and any(self._handed):
-            raise RuntimeError(f"DMuon.{what}() in the middle of a step (gradients are "
-                               "already with dmuond): call it after step()")
 
     def _check_loadable(self, state_dict):
         """Everything load_state_dict() checks, before it changes anything."""
@@ -264,7 +264,7 @@ class _StateMixin:
                     f"{kind[bool(theirs['use_muon'])]} group in the checkpoint and "
                     f"{kind[mine['use_muon']]} group here: the routing differs (check "
                     "adamw=, muon= and the groups' use_muon)")
-        if self._session is None:
+        if self._handoff.link.session is None:
             return None
         merged = [{**mine, **{k: v for k, v in theirs.items() if k != "params"}}
                   for mine, theirs in zip(self.param_groups, saved)]
@@ -330,7 +330,7 @@ class _StateMixin:
         if not isinstance(whole, Mapping):
             raise ValueError("DMuon.load_state_dict: state_dict['dmuon']"
                              "['row_sharded_momentum'] is not a dict")
-        names, momentum, steps = self._session.names, {}, []
+        names, momentum, steps = self._handoff.link.session.names, {}, []
         for p, idx in entries:
             r = self._table.muon[idx[0]]
             name = _routing.param_name(r)
@@ -415,7 +415,7 @@ class _StateMixin:
         if not isinstance(dm.get("momentum"), Mapping):
             raise ValueError("DMuon.load_state_dict: the 'dmuon' entry (format 1) has "
                              "no 'momentum' dict")
-        names, momentum = self._session.names, []
+        names, momentum = self._handoff.link.session.names, []
         for r, name in zip(self._table.muon, names):
             m = dm["momentum"].get(name)
             if m is None:
@@ -427,26 +427,3 @@ class _StateMixin:
             momentum.append(m.detach().to("cpu", torch.float32).contiguous().numpy())
         return {"completed_steps": int(dm["completed_steps"]), "names": names,
                 "momentum": momentum}
-
-    def _check_hyperparameters(self):
-        """What the daemon was given must not have changed (lr and weight_decay
-        are applied here and may change, and momentum goes to dmuond with each
-        step's hand-offs: _momentum_to_send; equal values in another spelling,
-        e.g. a list for a tuple or "original" for None, are fine)."""
-        now = _groups.specs(self.param_groups, self._table.group_of)
-        for g, then, spec in zip(self._table.groups, self._table.specs, now):
-            if not 0.0 <= spec["momentum"] < 1.0:  # NaN too
-                raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
-                                 f"{self.param_groups[g]['momentum']!r}; it must be "
-                                 "in [0, 1)")
-            for key in then:
-                if key == "momentum":
-                    continue  # per step (GradientsReady.momentum)
-                if spec[key] != then[key]:
-                    name = "ns_coefficients" if key in ("schedule", "coefficients") else key
-                    raise ValueError(
-                        f"DMuon: param_groups[{g}]['{name}'] changed from "
-                        f"{then[key]!r} to {spec[key]!r}; dmuond fixes every Muon "
-                        "hyperparameter but lr, weight_decay and momentum when the "
-                        "optimizer is created: create a new DMuon and load_state_dict() "
-                        "into it")

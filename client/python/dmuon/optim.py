@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -41,15 +40,15 @@ import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import ParamsT
 
-from . import Session, _ddp, _dtensor, _errors, _groups, _native, _options, _routing, _session
-from . import _convert, _dcp, _parts, _table
+from . import Session, _convert, _ddp, _dtensor, _errors, _groups, _native, _options
+from . import _parts, _routing, _session, _table, _wiring
 from ._groups import CLASSIC
-from ._handoff import _HandoffMixin
-from ._recovery import _RecoveryMixin, deferred_sigint
+from ._handoff import Handoff
 from ._options import AdamWOptions, DaemonOptions
+from ._recovery import Recovery, deferred_sigint
 from ._state import _MuonState, _StateMixin
 from ._table import MuonTable
-from ._wiring import _DDP, _WiringMixin
+from ._wiring import _DDP
 
 try:
     from torch.distributed import ProcessGroup
@@ -76,8 +75,7 @@ def _compiled_autograd() -> bool:
                 or getattr(ca, "compiled_autograd_enabled", False))
 
 
-class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
-            torch.optim.Optimizer):
+class DMuon(_StateMixin, torch.optim.Optimizer):
     """Muon through dmuond (matrices) plus a local AdamW (everything else).
 
     params: a model (nn.Module, DDP included: best, names and embeddings are
@@ -203,26 +201,9 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         routes = _table.route(groups, named, module, adamw, muon, shards,
                               *self._part_selectors)
         self._module, self._selectors, self._user_groups = module, (adamw, muon), len(groups)
-        self._reduce_in_daemon, self._overlap = reduce_in_daemon, overlap
-        self._open_args, self._server = (timeout, transport), server
-        self._resume = resume  # the session's reopen after a rollback: _recovery
-        self._pg, self._rank, self._world = _ddp.world(process_group)
-        _dtensor.check(routes, self._pg, self._world, overlap_forward)  # FSDP2 / TP
-        # Copies of a sub-mesh matrix: their gradients are compared once, at
-        # the first step() (_dtensor.copies_differ).
-        self._compare_copies = any(getattr(getattr(r, "dtensor", None), "copies", False)
-                                   for r in routes)
-        self._overlap_forward = bool(overlap_forward)
-        self._accumulating = False
-        # Loop shape (_handoff._plan_next_handoff): the backwards that gave
-        # Muon gradients since the last step, and whether this step's
-        # gradients are handed off at step() instead of during backward.
-        self._grad_tasks, self._defer_handoff = set(), False
-        self._wait = 0.0
-        self._error = None
-        self._init_recovery()
-        self._finalizer = None
-        self._handles = []
+        self._reduce_in_daemon, self._overlap, self._server = reduce_in_daemon, overlap, server
+        link = _session.Link(*_ddp.world(process_group), timeout, transport)
+        _dtensor.check(routes, link.pg, link.world, overlap_forward)  # FSDP2 / TP
         # wait: blocked on dmuond; handoff: copying gradients out and declaring
         # them (in backward's hooks, or in step()).
         self.stats = {"steps": 0, "wait_seconds": 0.0, "last_wait_seconds": 0.0,
@@ -237,13 +218,14 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                       adamw_eps=adamw_eps, adamw_wd=adamw_wd)
         torch_groups, group_of = _groups.split(groups, routes, shared)
         self._shared = shared
-        self._constructing = True
+        self._constructing, self._closed = True, False
         super().__init__(torch_groups, dict(lr=lr, weight_decay=weight_decay))
         # So that OneCycleLR/CyclicLR with cycle_momentum=True can be made (not
         # torch's "optimizer must support momentum"; set after the groups:
         # AdamW's have no momentum). They then write 'momentum' into every
         # group each step: a Muon group's goes to dmuond with its hand-offs
-        # (_momentum_to_send), an AdamW group's is its beta1 (_adamw_beta1).
+        # (Handoff.momentum_to_send), an AdamW group's is its beta1
+        # (_groups.adamw_beta1).
         self.defaults["momentum"] = momentum
         self._constructing = False
         # dmuond's table: a parameter with parts (_parts) is one entry per part
@@ -251,37 +233,25 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                                           group_of)
         self._adamw = None
         self._relink_adamw()
-        self._plan_sharding(entries)
-        self._table = MuonTable(routes, entries, group_of,
-                                _groups.specs(self.param_groups, group_of))
-        self._session, self._daemon, self.address, self.job_id = None, None, None, None
-        # A pool: the daemon (index into server) of each Muon parameter, the
-        # same on every rank (rank 0's plan); None for a single daemon.
-        self.pool_owner = None
-        self._grad = self._upd = self._region = self._staging = None
-        self._handoff_lock = threading.Lock()
-        if self._table.muon:
-            (session, self._region, self._staging, self._daemon, self.address,
-             self.job_id, self.pool_owner) = _session.open_session(
-                self._pg, self._rank, self._world, server, job_id, timeout, transport,
-                daemon_flags, list(self._table.table), list(self._table.specs),
-                self._cuda_device(transport),
-                resume=resume)
-            self._attach(session)
-            self._install_hooks(module, overlap)
-        n = len(self._table.muon)
-        # Whether each Muon matrix's momentum may be non-zero (it had a gradient,
-        # or a checkpoint was loaded): _dcp's test of a fresh optimizer.
-        self._trained = [False] * n
-        self._momentum_cache = None  # {name: tensor} for opt.state[p]
+        _wiring.plan(entries, self._ddp, link.world, reduce_in_daemon, overlap, module)
+        table = MuonTable(routes, entries, group_of, _groups.specs(self.param_groups, group_of))
+        self._handoff = Handoff(table, self.param_groups, link, Recovery(resume),
+                                ddp=self._ddp, overlap=overlap,
+                                overlap_forward=overlap_forward, stats=self.stats)
+        if table.muon:
+            self._handoff.open(server, job_id, daemon_flags, module, resume)
+        self._momentum_cache = None  # (session, step, momentum, steps): _state
         self._install_state()
-        self._reset_step()
-        if self._rank == 0:
+        if link.rank == 0:
             if verbose:
                 print(self.routing_table, flush=True)
             else:
-                print(_routing.format_summary(self._table.routes, self.param_groups,
-                                              self._where()), file=sys.stderr, flush=True)
+                print(_routing.format_summary(table.routes, self.param_groups,
+                                              link.where()), file=sys.stderr, flush=True)
+
+    @property
+    def _table(self) -> MuonTable:
+        return self._handoff.table
 
     # ----------------------------------------------------------- construction
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -295,7 +265,7 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         if getattr(self, "_constructing", False):
             super().add_param_group(param_group)
             return
-        self._at_boundary("add_param_group")
+        self._handoff.at_boundary("add_param_group")
         groups, named = _groups.user_groups([param_group])
         known = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in known for p in groups[0]["params"]):
@@ -309,13 +279,14 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                 r.name = f"params[{self._user_groups}][" + r.name[len("params[0]["):]
         new_muon, group_of = _parts.expand([r for r in routes if r.route == "muon"],
                                            group_of)
-        if new_muon and self._world > 1:
+        world = self._handoff.world
+        if new_muon and world > 1:
             raise NotImplementedError(
                 "DMuon.add_param_group: new Muon matrices reopen the dmuond session, "
                 "which needs every rank at once; with torch.distributed, create the "
                 "DMuon with every group (or add only AdamW parameters: use_muon=False)")
         if new_muon:  # one rank (above): DTensor refusals, no collective
-            _dtensor.check(routes, self._pg, self._world, self._overlap_forward)
+            _dtensor.check(routes, self._handoff.pg, world, self._handoff.overlap_forward)
         base = len(self.param_groups)
         for g in torch_groups:
             super().add_param_group(g)
@@ -324,9 +295,19 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         table = self._table.grown(routes, new_muon, [base + g for g in group_of],
                                   self.param_groups, self._replan)
         if new_muon:
-            self._reopen(table)
+            self._handoff.grow(table, self._server, self._module)
+            self._install_state()
         else:
-            self._table = table
+            self._handoff.table = table
+
+    def _replan(self, entries):
+        """The hand-off plan of a grown table (MuonTable.grown): the entries
+        it had keep their hand-off (their hooks are in place)."""
+        kept = [r.handoff for r in self._table.muon]
+        _wiring.plan(entries, self._ddp, self._handoff.world, self._reduce_in_daemon,
+                     self._overlap, self._module)
+        for r, handoff in zip(entries, kept):
+            r.handoff = handoff
 
     def _relink_adamw(self):
         groups = [g for g in self.param_groups if not g["use_muon"]]
@@ -344,27 +325,19 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
     def synchronize(self) -> None:
         """Applies every outstanding update of the last step (overlap_forward;
         or of a step() that an interrupt cut short after it committed)."""
-        if not self._pending:
-            self._recover()  # a step interrupted before it committed: rolled back
-            return
-        with _errors.explained(self._daemon):
-            for i in range(len(self._table.muon)):
-                self._apply(i)
-            if self._session.step == self._pending_step:  # not if it ran, then an interrupt
-                self._session.finish_step()
-        self._reset_step()
+        self._handoff.synchronize()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad, after settling a step an interrupt cut short
         (rolled back before its commit, completed after: client/python/
         README.md, "Interrupts and exceptions")."""
         try:
-            self._settle()
+            self._handoff.settle()
         except _native.load().Error:
             # The private dmuond died: nothing can complete the step, its
             # error was raised where it happened, and state_dict() repeats it
             # with what to do. zero_grad itself does not fail, as torch's.
-            daemon = getattr(self, "_daemon", None)
+            daemon = self._handoff.link.daemon
             if daemon is None or daemon.alive():
                 raise
         super().zero_grad(set_to_none)
@@ -373,11 +346,12 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate into .grad without handing anything
         to dmuond: wrap every micro-batch but the last."""
-        old, self._accumulating = self._accumulating, True
+        h = self._handoff
+        old, h.accumulating = h.accumulating, True
         try:
             yield
         finally:
-            self._accumulating = old
+            h.accumulating = old
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -385,85 +359,34 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        t0, self._wait = time.perf_counter(), 0.0
-        if getattr(self, "_closed", False):
+        h = self._handoff
+        t0, h.wait = time.perf_counter(), 0.0
+        if self._closed:
             raise RuntimeError("DMuon: step() after close()")
-        with _errors.explained(self._daemon):
-            self._step()
+        with _errors.explained(h.link.daemon):
+            self._step(h)
         self.stats["steps"] += 1
-        self.stats["last_wait_seconds"] = self._wait
-        self.stats["wait_seconds"] += self._wait
+        self.stats["last_wait_seconds"] = h.wait
+        self.stats["wait_seconds"] += h.wait
         self.stats["last_step_seconds"] = time.perf_counter() - t0
         return loss
 
-    def _step(self):
-        if (self._compare_copies and self._session is not None
-                and not _dcp.is_init_step(self)):
-            # First, on every rank (a collective), even one about to raise
-            # its own error below.
-            self._compare_copies = False
-            differ = _dtensor.copies_differ(self._table.muon, self._pg, self._world)
-            if differ:
-                # A model error, on every rank alike: no step is taken, now or
-                # later (_recover raises it again).
-                self._lost = RuntimeError(
-                    f"{differ}. No step was taken; fix the model or the routing "
-                    "and create the optimizer again")
-                raise self._lost
-        if self._error is not None:
-            err, self._error = self._error, None
-            # The step fails before it commits: rolled back (_recovery), so
-            # the next backward and step() start clean.
-            self._void_step(f"a gradient hand-off failed: {type(err).__name__}",
-                            cause=err if isinstance(err, _native.load().Error) else None)
-            raise err
-        if self._session is not None and _dcp.is_init_step(self):
+    def _step(self, h):
+        if not h.at_step():
             # torch.distributed.checkpoint's _init_optim_state (zero gradients,
             # lr 0): AdamW's state only, no dmuond step (dmuon/_dcp.py)
             if self._adamw is not None:
                 self._adamw.step()
             self._momentum_cache = None
             return
-        if self._session is not None:
-            self.synchronize()  # a step() right after a step(), without backward
-            try:
-                self._check_hyperparameters()
-            except ValueError:
-                self._void_step("a hyperparameter dmuond fixes was changed")
-                raise
-            self._stepping = True  # until it commits: an interrupt rolls it back
-            for i, r in enumerate(self._table.muon):
-                if r.handoff == "step (frozen)" and r.param.requires_grad:
-                    self._hook_grad(i)  # unfrozen: hooked from the next backward
-                g = self.param_groups[self._table.group_of[i]]
-                self._step_lr[i] = (float(g["lr"]), float(g["weight_decay"]))
-                if not self._handed[i]:
-                    self._handoff(i, _routing.grad(r))
-            # Gradients edited after their hand-off (clipping, unscaling,
-            # masking) are taken as they are now: exact, at the cost of
-            # computing the step again (client/python/README.md).
-            edited = self._edited_after_handoff()
-            # So is a momentum changed after its gradients' hand-off (a
-            # scheduler stepped between backward and step()): redone with it.
-            moved = self._momentum_moved()
-            # Several ranks: all redo, or none (one tiny all-reduce).
-            if self._agree_on_redo(edited or moved):
-                self._redo_step(sorted(set(edited) | set(moved)))
-            else:
-                self._redo_streak = 0
         # AdamW's step and the commit run whole: a Ctrl-C in them is raised
         # after the commit (the step is then completed, not undone).
-        self._adamw_beta1()  # a cycled 'momentum' is AdamW's beta1
+        _groups.adamw_beta1(self.param_groups)  # a cycled 'momentum' is AdamW's beta1
         with deferred_sigint():
             if self._adamw is not None:
                 self._adamw.step()  # runs while dmuond computes
-            if self._session is not None:
-                self._pending, self._pending_step = True, self._session.step
-                self._plan_next_handoff()
-                self._stepping, self._backwards = False, {}
-        if self._session is not None:
-            if not self._overlap_forward:
-                self.synchronize()
+            h.commit()
+        h.after_commit()
         self._momentum_cache = None
 
     # ----------------------------------------------------------------- state
@@ -475,14 +398,14 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         (dmuon/_state.py). Raises dmuon.Error naming the daemon if the
         momentum cannot be fetched; local_state_dict() is the rest without it."""
         try:
-            self._at_boundary("state_dict")
+            self._handoff.at_boundary("state_dict")
             self._init_adamw_state()  # a complete destination for dcp.load
             sd = self.local_state_dict()
-            if self._session is not None:
+            if self.session is not None:
                 self._add_muon_state(sd)
             return sd
         except _native.load().Error as e:
-            err = _errors.explain(self._daemon, e)
+            err = _errors.explain(self._handoff.link.daemon, e)
             raise type(err)(
                 f"DMuon.state_dict(): the Muon momentum is held by dmuond at "
                 f"{self.address} and could not be fetched: {err}\nTo save what this "
@@ -507,19 +430,20 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         state and the groups here and the Muon momentum into dmuond. Takes
         state_dict()'s layout, the same without "dmuon" (DCP's,
         torch.optim.Muon's), and format 1 (dmuon/_state.py)."""
-        self._at_boundary("load_state_dict")
+        h = self._handoff
+        h.at_boundary("load_state_dict")
         daemon_state = self._check_loadable(state_dict)
-        if self._session is not None and daemon_state is None:
+        if self.session is not None and daemon_state is None:
             warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
                           "Muon momentum starts from zero", RuntimeWarning)
         if daemon_state is not None:
-            if self._world > 1:
+            if h.world > 1:
                 # dmuond refuses SetState while a GetState of the job is
                 # streaming: another rank may still be in the state_dict()
                 # before this load (each rank sets the same whole state).
-                _ddp.barrier(self._pg)
-            self._session.set_state(daemon_state)  # first: it can still fail
-            self._trained = [bool(m.any()) for m in daemon_state["momentum"]]
+                _ddp.barrier(h.pg)
+            self.session.set_state(daemon_state)  # first: it can still fail
+            h.trained = [bool(m.any()) for m in daemon_state["momentum"]]
             self._momentum_cache = None
         muon_keys = self._muon_keys(state_dict["param_groups"])
         state = {k: ({n: x for n, x in v.items() if n not in ("momentum_buffer", "step")}
@@ -527,10 +451,11 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                  for k, v in state_dict["state"].items()}
         super().load_state_dict({**{k: v for k, v in state_dict.items() if k != "dmuon"},
                                  "state": state})
+        h.groups = self.param_groups  # torch's load_state_dict made new groups
         self._relink_adamw()
         self._install_state()
-        if self._session is not None:
-            _ddp.barrier(self._pg)
+        if self.session is not None:
+            _ddp.barrier(h.pg)
 
     def to_torch_state_dicts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(torch.optim.Muon's state_dict, torch.optim.AdamW's) of this
@@ -551,12 +476,6 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                                         adamw_params=adamw_params)
 
     # ------------------------------------------------------------ reporting
-    def _where(self):
-        if self._session is None:
-            return ""
-        who = "private dmuond" if self._daemon is not None else "dmuond"
-        return f"{who} at {self.address} ({self.transport})"
-
     @property
     def routing(self) -> list[dict[str, Any]]:
         """Where every parameter went: a list of dicts (name, shape, route, ...;
@@ -568,27 +487,36 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
     @property
     def routing_table(self) -> str:
         table = _routing.format_table(self._table.routes)
-        return f"{table}\ntransport to dmuond: {self.transport}" if self._session else table
+        return f"{table}\ntransport to dmuond: {self.transport}" if self.session else table
 
     @property
     def session(self) -> Session | None:
-        return self._session
+        return self._handoff.link.session
 
     @property
     def transport(self) -> str | None:
         """How the Muon tensors travel: "cuda_ipc" | "nccl" | "shm" | "inline",
         with the reason when CUDA tensors are staged through host memory."""
-        if self._session is None:
-            return None
-        t = self._session.transport
-        return f"{t} ({self._staging})" if self._staging else t
+        return self._handoff.link.transport
+
+    @property
+    def address(self) -> str | list[str] | None:
+        """dmuond's address (a pool's: its addresses), None without Muon
+        parameters."""
+        return self._handoff.link.address
+
+    @property
+    def job_id(self) -> str | None:
+        """The job's name on dmuond (the ranks agree on rank 0's)."""
+        return self._handoff.link.job_id
+
+    @property
+    def pool_owner(self) -> list[int] | None:
+        """A pool: the daemon (index into server) of each Muon table entry,
+        the same on every rank (rank 0's plan); None for a single daemon."""
+        return self._handoff.link.pool_owner
 
     def close(self) -> None:
         """Closes the dmuond session and stops a private dmuond."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
         self._closed = True
-        self._session, self._grad, self._upd, self._region = None, None, None, None
-        if self._finalizer is not None:
-            self._finalizer()
+        self._handoff.close()

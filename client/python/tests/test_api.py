@@ -51,8 +51,7 @@ def test_public_api_is_defined_on_dmuon_itself():
     on DMuon."""
     assert [name for name in PUBLIC if name not in vars(DMuon)] == []
     assert DMuon.__module__ == "dmuon.optim"
-    assert [c.__name__ for c in DMuon.__mro__[1:4]] == [
-        "_WiringMixin", "_HandoffMixin", "_StateMixin"]
+    assert [c.__name__ for c in DMuon.__mro__[1:3]] == ["_StateMixin", "Optimizer"]
 
 
 def test_option_groups_are_keyword_only_and_typed():

@@ -72,7 +72,7 @@ def _train(monkeypatch, daemon, schedule, freeze=(), region=None):
     muon = fp32_muon(monkeypatch)(mats, **MUON)
     adamw = torch.optim.AdamW(others, **ADAMW)
     opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address)
-    opt._region = region  # None: the shm session's own
+    opt._handoff.link.region = region  # None: the shm session's own
     assert {r["name"] for r in opt.routing if r["route"] == "muon"} == {
         "fc1.weight", "branch.weight", "fc2.weight", "out.weight"}
     before = {}
@@ -98,7 +98,7 @@ def _train(monkeypatch, daemon, schedule, freeze=(), region=None):
             assert sorted(region.sent) == want, (step, region.sent)
             assert sorted(region.received) == want, (step, region.received)
             region.sent, region.received = [], []
-    opt._region = None
+    opt._handoff.link.region = None
     opt.close()
     return opt
 
