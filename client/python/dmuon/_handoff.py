@@ -470,23 +470,18 @@ class Handoff:
         are applied here and may change, and momentum goes to dmuond with each
         step's hand-offs: momentum_to_send; equal values in another spelling,
         e.g. a list for a tuple or "original" for None, are fine)."""
-        now = _groups.specs(self.groups, self.table.group_of)
-        for g, then, spec in zip(self.table.groups, self.table.specs, now):
-            if not 0.0 <= spec["momentum"] < 1.0:  # NaN too
-                raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
-                                 f"{self.groups[g]['momentum']!r}; it must be "
-                                 "in [0, 1)")
-            for key in then:
-                if key == "momentum":
-                    continue  # per step (GradientsReady.momentum)
-                if spec[key] != then[key]:
-                    name = "ns_coefficients" if key in ("schedule", "coefficients") else key
-                    raise ValueError(
-                        f"DMuon: param_groups[{g}]['{name}'] changed from "
-                        f"{then[key]!r} to {spec[key]!r}; dmuond fixes every Muon "
-                        "hyperparameter but lr, weight_decay and momentum when the "
-                        "optimizer is created: create a new DMuon and load_state_dict() "
-                        "into it")
+        changed = self.table.changed(_groups.specs(self.groups, self.table.group_of))
+        if changed is None:
+            return
+        g, name, then, now = changed
+        if name is None:
+            raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
+                             f"{self.groups[g]['momentum']!r}; it must be in [0, 1)")
+        raise ValueError(
+            f"DMuon: param_groups[{g}]['{name}'] changed from {then!r} to {now!r}; "
+            "dmuond fixes every Muon hyperparameter but lr, weight_decay and momentum "
+            "when the optimizer is created: create a new DMuon and load_state_dict() "
+            "into it")
 
     # ---------------------------------------------------------- boundaries
     def before_forward(self, *args):

@@ -80,6 +80,23 @@ class MuonTable:
         """The Muon groups' indices in param_groups, in order."""
         return sorted(set(self.group_of))
 
+    def changed(self, now: list[dict[str, Any]]) -> tuple[int, str | None, Any, Any] | None:
+        """The first way hyperparameter groups `now` (_groups.specs of some
+        param_groups, in this table's group order) differ from the specs
+        dmuond was opened with: (group, None, None, its momentum) for a
+        momentum outside [0, 1) (NaN too); (group, name, then, now) for a
+        value dmuond fixes (name: the param_groups key, "ns_coefficients"
+        for the schedule and coefficients); None if they do not. The
+        momentum may change otherwise: it is sent with each step."""
+        for g, then, spec in zip(self.groups, self.specs, now):
+            if not 0.0 <= spec["momentum"] < 1.0:  # NaN too
+                return g, None, None, spec["momentum"]
+            for key in then:
+                if key != "momentum" and spec[key] != then[key]:
+                    name = "ns_coefficients" if key in ("schedule", "coefficients") else key
+                    return g, name, then[key], spec[key]
+        return None
+
     @property
     def by_param(self) -> list[tuple[Any, tuple[int, ...]]]:
         """[(parameter, its entries)] in table order."""

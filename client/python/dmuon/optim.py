@@ -46,7 +46,7 @@ from ._groups import CLASSIC
 from ._handoff import Handoff
 from ._options import AdamWOptions, DaemonOptions
 from ._recovery import Recovery, deferred_sigint
-from ._state import _MuonState, _StateMixin
+from ._state import StateView, _MuonState
 from ._table import MuonTable
 from ._wiring import _DDP
 
@@ -75,7 +75,7 @@ def _compiled_autograd() -> bool:
                 or getattr(ca, "compiled_autograd_enabled", False))
 
 
-class DMuon(_StateMixin, torch.optim.Optimizer):
+class DMuon(torch.optim.Optimizer):
     """Muon through dmuond (matrices) plus a local AdamW (everything else).
 
     params: a model (nn.Module, DDP included: best, names and embeddings are
@@ -240,8 +240,8 @@ class DMuon(_StateMixin, torch.optim.Optimizer):
                                 overlap_forward=overlap_forward, stats=self.stats)
         if table.muon:
             self._handoff.open(server, job_id, daemon_flags, module, resume)
-        self._momentum_cache = None  # (session, step, momentum, steps): _state
-        self._install_state()
+        self._muon_state = StateView(self._handoff)  # opt.state's Muon half, checks
+        self._muon_state.install(self.state)
         if link.rank == 0:
             if verbose:
                 print(self.routing_table, flush=True)
@@ -296,7 +296,7 @@ class DMuon(_StateMixin, torch.optim.Optimizer):
                                   self.param_groups, self._replan)
         if new_muon:
             self._handoff.grow(table, self._server, self._module)
-            self._install_state()
+            self._muon_state.install(self.state)
         else:
             self._handoff.table = table
 
@@ -377,7 +377,7 @@ class DMuon(_StateMixin, torch.optim.Optimizer):
             # lr 0): AdamW's state only, no dmuond step (dmuon/_dcp.py)
             if self._adamw is not None:
                 self._adamw.step()
-            self._momentum_cache = None
+            self._muon_state.forget()
             return
         # AdamW's step and the commit run whole: a Ctrl-C in them is raised
         # after the commit (the step is then completed, not undone).
@@ -387,7 +387,7 @@ class DMuon(_StateMixin, torch.optim.Optimizer):
                 self._adamw.step()  # runs while dmuond computes
             h.commit()
         h.after_commit()
-        self._momentum_cache = None
+        self._muon_state.forget()
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -399,10 +399,10 @@ class DMuon(_StateMixin, torch.optim.Optimizer):
         momentum cannot be fetched; local_state_dict() is the rest without it."""
         try:
             self._handoff.at_boundary("state_dict")
-            self._init_adamw_state()  # a complete destination for dcp.load
+            self._muon_state.init_adamw_state(self.state)  # a destination for dcp.load
             sd = self.local_state_dict()
             if self.session is not None:
-                self._add_muon_state(sd)
+                self._muon_state.add_muon_state(sd)
             return sd
         except _native.load().Error as e:
             err = _errors.explain(self._handoff.link.daemon, e)
@@ -432,7 +432,7 @@ class DMuon(_StateMixin, torch.optim.Optimizer):
         torch.optim.Muon's), and format 1 (dmuon/_state.py)."""
         h = self._handoff
         h.at_boundary("load_state_dict")
-        daemon_state = self._check_loadable(state_dict)
+        daemon_state = self._muon_state.check_loadable(state_dict)
         if self.session is not None and daemon_state is None:
             warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
                           "Muon momentum starts from zero", RuntimeWarning)
@@ -444,8 +444,8 @@ class DMuon(_StateMixin, torch.optim.Optimizer):
                 _ddp.barrier(h.pg)
             self.session.set_state(daemon_state)  # first: it can still fail
             h.trained = [bool(m.any()) for m in daemon_state["momentum"]]
-            self._momentum_cache = None
-        muon_keys = self._muon_keys(state_dict["param_groups"])
+            self._muon_state.forget()
+        muon_keys = self._muon_state.muon_keys(state_dict["param_groups"])
         state = {k: ({n: x for n, x in v.items() if n not in ("momentum_buffer", "step")}
                      if k in muon_keys and isinstance(v, Mapping) else v)
                  for k, v in state_dict["state"].items()}
@@ -453,7 +453,7 @@ class DMuon(_StateMixin, torch.optim.Optimizer):
                                  "state": state})
         h.groups = self.param_groups  # torch's load_state_dict made new groups
         self._relink_adamw()
-        self._install_state()
+        self._muon_state.install(self.state)
         if self.session is not None:
             _ddp.barrier(h.pg)
 

@@ -88,10 +88,10 @@ def test_opt_state_lists_momentum_buffer_and_step_without_fetching(daemon):
     st = opt.state[w]
     assert list(st) == ["momentum_buffer", "step"] and len(st) == 2 and st
     assert "step" in st and "momentum_buffer" in st.keys() and "exp_avg" not in st
-    assert opt._momentum_cache is None  # nothing read yet
-    assert "read from dmuond" in repr(st) and opt._momentum_cache is None
+    assert opt._muon_state.cache is None  # nothing read yet
+    assert "read from dmuond" in repr(st) and opt._muon_state.cache is None
     assert opt.local_state_dict()["state"].keys() == {2, 3}  # AdamW's (biases)
-    assert opt._momentum_cache is None
+    assert opt._muon_state.cache is None
     m = st["momentum_buffer"]
     assert m.shape == w.shape and m.abs().sum() > 0
     assert float(st["step"]) == 1.0
