@@ -37,12 +37,17 @@ class Handoff:
     """One DMuon's hand-off of Muon gradients and updates (see the module
     docstring)."""
 
-    def __init__(self, table, groups, link, recovery, *, ddp, overlap, overlap_forward,
-                 stats):
+    def __init__(self, table, groups, link, recovery, *, ddp, overlap, overlap_forward):
         self.table, self.groups, self.link, self.recovery = table, groups, link, recovery
         self.ddp, self.overlap, self.overlap_forward = ddp, overlap, bool(overlap_forward)
         self.pg, self.rank, self.world = link.pg, link.rank, link.world
-        self.stats = stats
+        # DMuon.stats. wait: blocked on dmuond; handoff: copying gradients out
+        # and declaring them (in backward's hooks, or in step()); redone /
+        # rewound: steps dmuond computed again (gradients edited after their
+        # hand-off, or a step() not taken); voided: rolled back.
+        self.stats = {"steps": 0, "wait_seconds": 0.0, "last_wait_seconds": 0.0,
+                      "last_step_seconds": 0.0, "handoff_seconds": 0.0,
+                      "redone_steps": 0, "rewound_steps": 0}
         self.hooks = _wiring.Hooks(self)
         self.lock = threading.Lock()  # a GPU send and its declaration go together
         self.accumulating = False  # no_sync()

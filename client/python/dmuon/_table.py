@@ -21,20 +21,29 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import _dtensor, _groups, _parts, _routing
+from ._options import RoutingOptions
 from ._routing import Part, Route
 
 Entry = Route | Part
 
 
-def route(groups: list[dict[str, Any]], named: dict[int, str], module, adamw, muon,
-          shards, experts, split, strict: bool = True) -> list[Route]:
-    """Routes the user's groups: by module and the adamw=/muon=/shards=
-    selectors (_routing.resolve), a Muon DTensor laid out by its placements
-    (_dtensor), experts= and split= as parts (_parts; strict: every selector
-    must name a parameter, as at construction)."""
-    routes = _routing.resolve(groups, module, adamw, muon, shards, named)
+def route(groups: list[dict[str, Any]], named: dict[int, str], module,
+          routing: RoutingOptions, shards=None, strict: bool = True) -> list[Route]:
+    """Routes the user's groups: by module and routing's adamw/muon and
+    `shards` (_routing.resolve), a Muon DTensor laid out by its placements
+    (_dtensor), routing's experts and split as parts (_parts; strict: every
+    selector must name a parameter, as at construction). A complex Muon
+    parameter is torch.optim.Muon's RuntimeError (AdamW takes it)."""
+    routes = _routing.resolve(groups, module, routing.adamw, routing.muon, shards, named)
     _dtensor.route_all(routes)  # FSDP2 / TP
-    _parts.route(routes, module, experts, split, strict=strict)
+    _parts.route(routes, module, routing.experts, routing.split, strict=strict)
+    for r in routes:
+        if r.route == "muon" and r.param.is_complex():
+            raise RuntimeError(
+                f"Muon does not support complex parameters: DMuon routed {r.name} "
+                f"({r.param.dtype}, {r.reason}) to Muon; route it to AdamW "
+                "(routing_options=RoutingOptions(adamw=[...])), which takes complex "
+                "parameters as torch.optim.AdamW does")
     return routes
 
 

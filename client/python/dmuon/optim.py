@@ -30,10 +30,11 @@ package; dmuon.torch still imports as an alias of it.)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,7 +45,7 @@ from . import Session, _convert, _ddp, _dtensor, _errors, _groups, _native, _opt
 from . import _parts, _routing, _session, _table, _wiring
 from ._groups import CLASSIC
 from ._handoff import Handoff
-from ._options import AdamWOptions, DaemonOptions
+from ._options import AdamWOptions, DaemonOptions, OverlapOptions, RoutingOptions
 from ._recovery import Recovery, deferred_sigint
 from ._state import StateView, _MuonState
 from ._table import MuonTable
@@ -59,10 +60,6 @@ except ImportError:  # torch built without distributed
 # ns_coefficients: one (a, b, c) triple for every step, a list of per-step
 # triples, or a named schedule ("classic", "polar_express", "you").
 NSCoefficients = tuple[float, float, float] | Sequence[Sequence[float]] | str
-# adamw= / muon= entries: parameters, modules (all their parameters) or names.
-ParamSelector = Iterable[Tensor | nn.Module | str]
-# shards=: {parameter or its name: (row_begin, row_end, total_rows)}.
-Shards = Mapping[Tensor | str, tuple[int, int, int]]
 
 
 def _compiled_autograd() -> bool:
@@ -75,13 +72,57 @@ def _compiled_autograd() -> bool:
                 or getattr(ca, "compiled_autograd_enabled", False))
 
 
+def _check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn):
+    """torch.optim.Muon's checks, with its exception types and messages
+    (momentum in [0, 1): dmuond's)."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not lr >= 0.0:
+        raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum should be in [0, 1) but is: {momentum}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
+    if not isinstance(use_addmm, bool):
+        raise ValueError(f"use_addmm should be a bool but is: {use_addmm!r}")
+    if adjust_lr_fn not in _groups.ADJUST_LR_FNS:
+        raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
+
+
+def _with_model(params, routing: RoutingOptions, overlap: OverlapOptions):
+    """(params, routing with its model and its selectors as lists, the DDP
+    wrapper or None, the model to route by and hook, or None), checked."""
+    model = routing.model
+    if isinstance(params, nn.Module):
+        if model is not None and model is not params:
+            raise ValueError("DMuon: params is a model and model= names another one")
+        model, params = params, list(params.parameters())
+    routing = dataclasses.replace(
+        routing, model=model, adamw=list(routing.adamw), muon=list(routing.muon),
+        experts=_parts.normalize(routing.experts), split=dict(routing.split or {}))
+    ddp = model if isinstance(model, _DDP) else None
+    module = ddp.module if ddp is not None else model
+    if overlap.forward and module is None:
+        raise ValueError("DMuon: overlap_forward=True needs the model (pass it as "
+                         "params or model=) to hook its modules' forward")
+    if overlap.backward and _compiled_autograd():
+        raise ValueError(
+            "DMuon: compiled autograd is on (torch._dynamo.config.compiled_autograd"
+            "=True): it traces backward's hooks into a graph, and DMuon's overlap "
+            "hooks hand each gradient to dmuond (I/O) as backward makes it. Pass "
+            "overlap=False (gradients are handed over in step(); compiled "
+            "autograd then works), or turn compiled autograd off")
+    return params, routing, ddp, module
+
+
 class DMuon(torch.optim.Optimizer):
     """Muon through dmuond (matrices) plus a local AdamW (everything else).
 
     params: a model (nn.Module, DDP included: best, names and embeddings are
     known), an iterable of parameters, of (name, parameter) pairs, or of
     parameter-group dicts (which may override any hyperparameter below,
-    adamw_* included, and may say "use_muon": True/False).
+    adamw_* included, and may say "use_muon": True/False), checked as
+    torch.optim.Optimizer checks them.
     The positional parameters are torch.optim.Muon's, in its order and with
     its defaults: lr (a float or a 1-element tensor), weight_decay, momentum,
     nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn (None/"original",
@@ -89,30 +130,35 @@ class DMuon(torch.optim.Optimizer):
     keyword-only and DMuon's own: use_addmm (accepted so calls written for
     torch versions whose Muon has it work unchanged; it picks how torch forms
     the same products, and dmuond's kernels make that choice themselves),
-    method ("direct", "gram", "auto"), and the options below.
-    adamw_options: an AdamWOptions(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+    method ("direct", "gram", "auto"), the option groups below (dmuon/
+    _options.py has each field), process_group (the ranks of one job;
+    default: torch.distributed's world) and verbose (print every
+    parameter's route).
+    adamw_options: AdamWOptions(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
     weight_decay=0.01), the AdamW half's hyperparameters (torch.optim.AdamW's
-    names and defaults); or, flat, adamw_lr, adamw_betas, adamw_eps, adamw_wd.
-    daemon_options: a DaemonOptions(server="auto", transport="auto",
-    timeout=60.0, job_id=None, flags=(), resume="fresh"); or, flat, server,
-    transport, timeout, job_id, daemon_flags, resume. A flat keyword left at
-    None takes the group's default; one given with its group's options is a
-    TypeError.
-    resume: "fresh" (default; False too) starts the job at step 1 and raises,
-    naming the job and its step, if job_id names a job dmuond holds momentum
-    of; True (or "continue") continues that momentum (an error if there is
-    none); "replace" discards it and starts at step 1; "auto" continues if
+    names and defaults).
+    daemon_options: DaemonOptions(server="auto", transport="auto",
+    timeout=60.0, job_id=None, flags=(), resume="fresh"): which dmuond and
+    how to reach it. server: "auto" (a private dmuond for this process, or
+    for the process group, stopped with the optimizer), "host:port" of a
+    running dmuond, or a list of addresses (a pool: each matrix goes to one
+    of its daemons, by a plan rank 0 makes; see pool_owner). resume:
+    "fresh" (default; False too) starts the job at step 1 and raises if
+    job_id names a job dmuond holds momentum of; True (or "continue")
+    continues that momentum; "replace" discards it; "auto" continues if
     there is any. load_state_dict() replaces the momentum whatever the mode.
-    server: "auto" (a private dmuond for this process, or for the process
-    group, stopped with the optimizer), "host:port" of a running dmuond, or a
-    list of addresses (a pool: each matrix goes to one of its daemons, by a
-    plan over their devices that rank 0 makes and sends to every rank; see
-    pool_owner).
-    experts: 3-D expert stacks [E, out, in] (parameters, modules or names;
-    "auto": 3-D parameters named or owned by an "expert" module), each
-    orthogonalized as E matrices out x in with a momentum each. split:
-    {parameter or name: n | [rows, ...] | {label: rows}}, a fused 2-D weight
-    (QKV) orthogonalized as parts along dim 0 (dmuon/_parts.py).
+    routing_options: RoutingOptions(model=None, adamw=(), muon=(),
+    experts=(), split=None, shards=None): the model to route by, parameters
+    sent to AdamW or Muon whatever the rules say, MoE expert stacks and
+    fused weights orthogonalized as parts (dmuon/_parts.py), row shards.
+    overlap_options: OverlapOptions(backward=True, forward=False,
+    reduce_in_daemon=False): gradients handed over during backward, updates
+    applied by the next forward, DDP's Muon gradients averaged by dmuond.
+    The flat keywords of each group (adamw_lr, ..., server, ..., model,
+    adamw, muon, experts, split, shards, overlap, overlap_forward,
+    reduce_in_daemon) still work for one release, each with a
+    DeprecationWarning naming its new spelling; one left at None takes the
+    group's default; one given with its group's options is a TypeError.
     """
 
     def __init__(
@@ -130,124 +176,62 @@ class DMuon(torch.optim.Optimizer):
         use_addmm: bool = False,
         method: str = "direct",
         adamw_options: AdamWOptions | None = None,
-        adamw_lr: float | None = None,
-        adamw_betas: tuple[float, float] | None = None,
-        adamw_eps: float | None = None,
-        adamw_wd: float | None = None,
         daemon_options: DaemonOptions | None = None,
-        server: str | Sequence[str] | None = None,
-        transport: str | None = None,
-        timeout: float | None = None,
-        job_id: str | None = None,
-        daemon_flags: Sequence[str] | None = None,
-        resume: bool | str | None = None,
-        model: nn.Module | None = None,
-        adamw: ParamSelector = (),
-        muon: ParamSelector = (),
-        shards: Shards | None = None,
-        experts: ParamSelector | str = (),
-        split: Mapping[Tensor | str, Any] | None = None,
-        overlap: bool = True,
-        overlap_forward: bool = False,
-        reduce_in_daemon: bool = False,
+        routing_options: RoutingOptions | None = None,
+        overlap_options: OverlapOptions | None = None,
         process_group: ProcessGroup | None = None,
         verbose: bool = False,
+        **flat: Any,
     ) -> None:
-        aw = _options.resolve(AdamWOptions, "adamw_options", adamw_options,
-                              dict(adamw_lr=adamw_lr, adamw_betas=adamw_betas,
-                                   adamw_eps=adamw_eps, adamw_wd=adamw_wd),
-                              _options.ADAMW_KEYWORDS)
-        dd = _options.resolve(DaemonOptions, "daemon_options", daemon_options,
-                              dict(server=server, transport=transport, timeout=timeout,
-                                   job_id=job_id, daemon_flags=daemon_flags,
-                                   resume=resume),
-                              _options.DAEMON_KEYWORDS)
+        aw, dd, ro, oo = _options.grouped(
+            dict(adamw_options=adamw_options, daemon_options=daemon_options,
+                 routing_options=routing_options, overlap_options=overlap_options), flat)
         resume = _options.resume_mode(dd.resume)
-        adamw_lr, adamw_betas, adamw_eps, adamw_wd = (aw.lr, aw.betas, aw.eps,
-                                                      aw.weight_decay)
-        server, transport, timeout, job_id, daemon_flags = (
-            dd.server, dd.transport, dd.timeout, dd.job_id, dd.flags)
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        if not lr >= 0.0:
-            raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum should be in [0, 1) but is: {momentum}")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
-        if not isinstance(use_addmm, bool):
-            raise ValueError(f"use_addmm should be a bool but is: {use_addmm!r}")
-        if adjust_lr_fn not in _groups.ADJUST_LR_FNS:
-            raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
-        if isinstance(params, nn.Module):
-            if model is not None and model is not params:
-                raise ValueError("DMuon: params is a model and model= names another one")
-            model, params = params, list(params.parameters())
-        self._ddp = model if isinstance(model, _DDP) else None
-        module = self._ddp.module if self._ddp is not None else model
-        if overlap_forward and module is None:
-            raise ValueError("DMuon: overlap_forward=True needs the model (pass it as "
-                             "params or model=) to hook its modules' forward")
-        if overlap and _compiled_autograd():
-            raise ValueError(
-                "DMuon: compiled autograd is on (torch._dynamo.config.compiled_autograd"
-                "=True): it traces backward's hooks into a graph, and DMuon's overlap "
-                "hooks hand each gradient to dmuond (I/O) as backward makes it. Pass "
-                "overlap=False (gradients are handed over in step(); compiled "
-                "autograd then works), or turn compiled autograd off")
-        adamw, muon = list(adamw), list(muon)  # kept for add_param_group
+        _check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn)
+        params, ro, self._ddp, module = _with_model(params, ro, oo)
         groups, named = _groups.user_groups(params)
-        self._part_selectors = (_parts.normalize(experts), dict(split or {}))
-        routes = _table.route(groups, named, module, adamw, muon, shards,
-                              *self._part_selectors)
-        self._module, self._selectors, self._user_groups = module, (adamw, muon), len(groups)
-        self._reduce_in_daemon, self._overlap, self._server = reduce_in_daemon, overlap, server
-        link = _session.Link(*_ddp.world(process_group), timeout, transport)
-        _dtensor.check(routes, link.pg, link.world, overlap_forward)  # FSDP2 / TP
-        # wait: blocked on dmuond; handoff: copying gradients out and declaring
-        # them (in backward's hooks, or in step()).
-        self.stats = {"steps": 0, "wait_seconds": 0.0, "last_wait_seconds": 0.0,
-                      "last_step_seconds": 0.0, "handoff_seconds": 0.0,
-                      # steps dmuond computed again: gradients edited after
-                      # their hand-off (redone) or a step() not taken (rewound)
-                      "redone_steps": 0, "rewound_steps": 0}
-        shared = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
-                      nesterov=nesterov, ns_coefficients=ns_coefficients, eps=eps,
-                      ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, method=method,
-                      adamw_lr=adamw_lr, adamw_betas=adamw_betas,
-                      adamw_eps=adamw_eps, adamw_wd=adamw_wd)
-        torch_groups, group_of = _groups.split(groups, routes, shared)
-        self._shared = shared
+        self._routing, self._overlap, self._server = ro, oo, dd.server
+        self._module, self._user_groups, self._named = module, len(groups), bool(named)
+        routes = _table.route(groups, named, module, ro, ro.shards)
+        link = _session.Link(*_ddp.world(process_group), dd.timeout, dd.transport)
+        _dtensor.check(routes, link.pg, link.world, oo.forward)  # FSDP2 / TP
+        self._shared = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
+                            nesterov=nesterov, ns_coefficients=ns_coefficients, eps=eps,
+                            ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, method=method,
+                            adamw_lr=aw.lr, adamw_betas=aw.betas, adamw_eps=aw.eps,
+                            adamw_wd=aw.weight_decay)
+        torch_groups, group_of = _groups.split(groups, routes, self._shared)
         self._constructing, self._closed = True, False
         super().__init__(torch_groups, dict(lr=lr, weight_decay=weight_decay))
-        # So that OneCycleLR/CyclicLR with cycle_momentum=True can be made (not
-        # torch's "optimizer must support momentum"; set after the groups:
-        # AdamW's have no momentum). They then write 'momentum' into every
-        # group each step: a Muon group's goes to dmuond with its hand-offs
-        # (Handoff.momentum_to_send), an AdamW group's is its beta1
-        # (_groups.adamw_beta1).
+        # OneCycleLR/CyclicLR(cycle_momentum=True) need it (set after the
+        # groups: AdamW's have none); each group's is then its own, sent to
+        # dmuond (Muon) or its beta1 (AdamW: _groups.adamw_beta1).
         self.defaults["momentum"] = momentum
-        self._constructing = False
-        # dmuond's table: a parameter with parts (_parts) is one entry per part
-        entries, group_of = _parts.expand([r for r in routes if r.route == "muon"],
-                                          group_of)
-        self._adamw = None
+        self._constructing, self._adamw = False, None
         self._relink_adamw()
-        _wiring.plan(entries, self._ddp, link.world, reduce_in_daemon, overlap, module)
-        table = MuonTable(routes, entries, group_of, _groups.specs(self.param_groups, group_of))
-        self._handoff = Handoff(table, self.param_groups, link, Recovery(resume),
-                                ddp=self._ddp, overlap=overlap,
-                                overlap_forward=overlap_forward, stats=self.stats)
-        if table.muon:
-            self._handoff.open(server, job_id, daemon_flags, module, resume)
+        self._handoff = self._new_handoff(routes, group_of, link, resume)
+        self.stats = self._handoff.stats
+        if self._table.muon:
+            self._handoff.open(dd.server, dd.job_id, dd.flags, module, resume)
         self._muon_state = StateView(self._handoff)  # opt.state's Muon half, checks
         self._muon_state.install(self.state)
         if link.rank == 0:
-            if verbose:
-                print(self.routing_table, flush=True)
-            else:
-                print(_routing.format_summary(table.routes, self.param_groups,
-                                              link.where()), file=sys.stderr, flush=True)
+            print(self.routing_table if verbose else _routing.format_summary(
+                routes, self.param_groups, link.where()),
+                file=sys.stdout if verbose else sys.stderr, flush=True)
+
+    def _new_handoff(self, routes, group_of, link, resume):
+        """The hand-off of a new optimizer: dmuond's table (a parameter with
+        parts, dmuon/_parts.py, is one entry per part) with its hand-off
+        plan (_wiring.plan)."""
+        entries, group_of = _parts.expand([r for r in routes if r.route == "muon"],
+                                          group_of)
+        oo = self._overlap
+        _wiring.plan(entries, self._ddp, link.world, oo.reduce_in_daemon, oo.backward,
+                     self._module)
+        table = MuonTable(routes, entries, group_of, _groups.specs(self.param_groups, group_of))
+        return Handoff(table, self.param_groups, link, Recovery(resume), ddp=self._ddp,
+                       overlap=oo.backward, overlap_forward=oo.forward)
 
     @property
     def _table(self) -> MuonTable:
@@ -265,13 +249,15 @@ class DMuon(torch.optim.Optimizer):
         if getattr(self, "_constructing", False):
             super().add_param_group(param_group)
             return
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
         self._handoff.at_boundary("add_param_group")
         groups, named = _groups.user_groups([param_group])
+        _groups.check_names(bool(named), self._named)
         known = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in known for p in groups[0]["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
-        routes = _table.route(groups, named, self._module, *self._selectors, None,
-                              *self._part_selectors, strict=False)
+        routes = _table.route(groups, named, self._module, self._routing, strict=False)
         torch_groups, group_of = _groups.split(groups, routes, self._shared)
         for r in routes:
             r.group = self._user_groups
@@ -304,8 +290,8 @@ class DMuon(torch.optim.Optimizer):
         """The hand-off plan of a grown table (MuonTable.grown): the entries
         it had keep their hand-off (their hooks are in place)."""
         kept = [r.handoff for r in self._table.muon]
-        _wiring.plan(entries, self._ddp, self._handoff.world, self._reduce_in_daemon,
-                     self._overlap, self._module)
+        _wiring.plan(entries, self._ddp, self._handoff.world,
+                     self._overlap.reduce_in_daemon, self._overlap.backward, self._module)
         for r, handoff in zip(entries, kept):
             r.handoff = handoff
 
