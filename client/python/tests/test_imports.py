@@ -1,8 +1,9 @@
-"""The dmuon package's import graph: every module imports alone, in a fresh
+"""The dmuon package's shape: every module imports alone, in a fresh
 interpreter, and no module imports another that (directly or not) imports
 it back, whether the import is at module level or inside a function (a
-function-local import would only hide such a cycle). Imports under
-`if TYPE_CHECKING:` never run and are left out."""
+function-local import would only hide such a cycle; imports under
+`if TYPE_CHECKING:` never run and are left out); no function is over 100
+lines, and no class is a mixin."""
 
 import ast
 import json
@@ -144,3 +145,28 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
                          text=True, timeout=150, cwd=str(PACKAGE.parent))
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {}
+
+
+def test_no_function_of_the_package_is_over_100_lines():
+    long = []
+    for stem in MODULES:
+        tree = ast.parse((PACKAGE / f"{stem}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 100:
+                    long.append(f"{stem}.{node.name}: {n} lines")
+    assert long == []
+
+
+def test_the_package_has_no_mixin():
+    """Classes own their state; none is a base class another module's class
+    borrows attributes through (DMuon's only base is torch.optim.Optimizer)."""
+    mixins = []
+    for stem in MODULES:
+        tree = ast.parse((PACKAGE / f"{stem}.py").read_text())
+        mixins += [f"{stem}.{n.name}" for n in ast.walk(tree)
+                   if isinstance(n, ast.ClassDef) and "mixin" in n.name.lower()]
+    assert mixins == []
+    from dmuon.optim import DMuon
+    assert [c.__name__ for c in DMuon.__mro__] == ["DMuon", "Optimizer", "object"]
