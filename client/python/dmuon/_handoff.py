@@ -77,7 +77,7 @@ class Handoff:
         self.step_lr = [(0.0, 0.0)] * n
         self.pending = False
         # (the .grad handed off, its _version then) per Muon index, None when
-        # none was: step() checks those for edits (_edited_after_handoff).
+        # none was: step() checks those for edits (edited_after_handoff).
         self.sent = [None] * n
         # The momentum each Muon index was handed off with (its group's then;
         # None: not handed off): step() redoes those changed since.
@@ -88,7 +88,7 @@ class Handoff:
                                   and not self.ddp.require_backward_grad_sync):
             return
         # The backwards that produced Muon gradients since the last step()
-        # (_plan_next_handoff): one, and the next step hands off during
+        # (plan_next_handoff): one, and the next step hands off during
         # backward; several, and it hands off at step().
         self.grad_tasks.add(torch._C._current_graph_task_id())
         if self.defer_handoff:
@@ -141,7 +141,8 @@ class Handoff:
         return _parts.bucket_plan(self.table, plan)  # a parameter with parts: each part's rows
 
     def hand_off(self, i, grad):
-        self.recovery.recover(self, backward_only=True)  # an earlier backward died mid-way (_recovery)
+        # An earlier backward that died mid-way is rolled back (_recovery).
+        self.recovery.recover(self, backward_only=True)
         if self.pending:
             self.synchronize()
         self.recovery.track_backward()
@@ -153,7 +154,7 @@ class Handoff:
             # accumulated (gradient accumulation, a second loss, a GAN's other
             # loss). dmuond's step of the first backward is undone (momentum
             # untouched) and the gradients are handed off again as they are
-            # now; the rest of this step, and the next (_plan_next_handoff),
+            # now; the rest of this step, and the next (plan_next_handoff),
             # hand off at step(), so that such a loop rewinds once.
             self.defer_handoff = True
             self.rewind()
@@ -182,7 +183,7 @@ class Handoff:
         buf = self.link.grad[i]
         if grad is None:
             # torch.optim.Muon skips it: declared absent, dmuond computes
-            # nothing and leaves its momentum as it is; _apply leaves the
+            # nothing and leaves its momentum as it is; apply() leaves the
             # parameter unchanged (no decay, no update).
             self.absent[i] = True
         elif not (r.sharding == "replicated" and self.rank != 0):
@@ -223,7 +224,7 @@ class Handoff:
         buffers (shm/inline; dmuond's CPU executors keep the pre-step momentum
         that a Rewind restores). With several ranks every rank rewinds (dmuond
         undoes the step once all have asked): step() agrees on it first
-        (_agree_on_redo); a second backward does it on every rank alike."""
+        (agree_on_redo); a second backward does it on every rank alike."""
         return (self.link.region is None and self.link.session is not None
                 and getattr(self.link.session, "rewind", None) is not None)
 
@@ -241,7 +242,7 @@ class Handoff:
             if self.table.muon[i].sharding == "replicated" and self.rank != 0:
                 # Only rank 0's copy is sent (its buffer here holds nothing of
                 # this rank's); the gradient, and an edit of it, is every
-                # rank's alike: rank 0 tells (_agree_on_redo).
+                # rank's alike: rank 0 tells (agree_on_redo).
                 continue
             g = _routing.grad(self.table.muon[i])
             if _dtensor.needs_collective(self.table.muon[i], g):
@@ -277,7 +278,7 @@ class Handoff:
         off yet goes now (the step must complete), the step's updates are
         waited for and dropped, and dmuond puts the momentum back to before it
         (Rewind). The step is then built again: every gradient is handed off
-        anew (_redo_step, or the backward in progress)."""
+        anew (redo(), or the backward in progress)."""
         t0 = time.perf_counter()
         for j, r in enumerate(self.table.muon):
             if not self.handed[j]:
@@ -386,7 +387,8 @@ class Handoff:
                 if self.absent[i]:
                     return  # every update received; i's answer was "absent"
                 raise RuntimeError(f"DMuon: dmuond announced every update of step "
-                                   f"{self.link.session.step} but not {self.table.muon[i].name}'s")
+                                   f"{self.link.session.step} but not "
+                                   f"{self.table.muon[i].name}'s")
             self.link.region.receive(ids)
             for j in ids:
                 self.received[j] = True

@@ -1,7 +1,7 @@
 """DMuon's state and checkpoints: opt.state[p] of a Muon parameter (its
 "momentum_buffer" and "step" read from dmuond when asked for), state_dict()'s
-layout, what load_state_dict() checks before it changes anything, the Muon
-hyperparameters dmuond fixes, and "between steps only" (_at_boundary).
+layout, and what load_state_dict() checks before it changes anything (the
+hyperparameters dmuond fixes among them: MuonTable.changed).
 
 state_dict() is torch.optim.Muon + torch.optim.AdamW's layout, whoever asks
 (torch.save, torch.distributed.checkpoint: dmuon/_dcp.py):

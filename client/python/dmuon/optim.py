@@ -1,7 +1,9 @@
 """dmuon.optim.DMuon: torch.optim.Muon's semantics, computed by dmuond.
 
+    from dmuon import RoutingOptions
     from dmuon.optim import DMuon
-    opt = DMuon(model, lr=0.02, weight_decay=0.01, adamw=[model.lm_head])
+    opt = DMuon(model, lr=0.02, weight_decay=0.01,
+                routing_options=RoutingOptions(adamw=[model.lm_head]))
 
 Every matrix (2-D weight, or conv weight flattened to out x in*k*k) is handed
 to dmuond, which owns its momentum and returns lr_scale(A, B) * NS(U) with
@@ -13,15 +15,15 @@ which is torch.optim.Muon's `param.mul_(1 - lr * wd); param.add_(O,
 alpha=-lr * lr_scale)` with lr_scale folded into the update (the same
 numbers up to one fp32 rounding of the product). Every other parameter is
 updated here by torch.optim.AdamW (adamw_options=AdamWOptions(lr, betas,
-eps, weight_decay), or flat: adamw_lr, adamw_betas, adamw_eps, adamw_wd).
-See client/python/README.md for routing, overlap, accumulation, state_dict,
-DDP and errors.
+eps, weight_decay)). See client/python/README.md for routing, overlap,
+accumulation, state_dict, DDP and errors.
 
-DMuon's machinery is split by concern into private modules, each a mixin
-of DMuon: _wiring (the hand-off plan, hooks, opening the session),
-_handoff (each step's gradients out and updates in), _state (momentum
-buffers and checkpoint checks); _errors explains a dead private daemon and
-_options holds the option groups.
+DMuon is the torch.optim.Optimizer surface; its machinery lives in objects
+it owns (docs/design.md, "The Python client"): the MuonTable (_table), the
+Handoff of each step's gradients and updates (_handoff, with its session
+Link, Hooks and Recovery) and the StateView of the Muon state (_state);
+_options holds the option groups and _errors explains a dead private
+daemon.
 
 (This module was dmuon.torch, a name that shadowed `torch` inside the
 package; dmuon.torch still imports as an alias of it.)
