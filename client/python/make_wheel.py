@@ -212,6 +212,13 @@ def repair(raw, name, plat, out_dir):
     return made[0]
 
 
+def is_package_file(name):
+    """Whether dmuon/<name> goes into the wheel: its modules, the extension's
+    type stubs and the PEP 561 marker (py.typed) that says the package is
+    typed."""
+    return name.endswith((".py", ".pyi")) or name == "py.typed"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "dist"),
@@ -228,7 +235,7 @@ def main():
     files = []  # (path in the wheel, bytes, executable)
     pkg = os.path.join(HERE, dist)
     for name in sorted(os.listdir(pkg)):
-        if name.endswith(".py"):
+        if is_package_file(name):
             with open(os.path.join(pkg, name), "rb") as f:
                 files.append((f"{dist}/{name}", f.read(), False))
     binaries = ((("client", "python", "_dmuon.so"), f"{dist}/_dmuon.so"),

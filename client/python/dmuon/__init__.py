@@ -5,7 +5,8 @@
     dmuon.optim.DMuon                   a torch.optim.Optimizer (import dmuon.optim;
                                         dmuon.torch is its old, deprecated name)
     dmuon.AdamWOptions / DaemonOptions  DMuon's grouped options (adamw_options=,
-                                        daemon_options=)
+    dmuon.RoutingOptions / OverlapOptions daemon_options=, routing_options=,
+                                        overlap_options=)
     dmuon.LocalDaemon                   a private dmuond for this process
 
 See client/python/README.md.
@@ -35,7 +36,7 @@ __version__ = _ext.__version__
 plan_pool = _ext.plan_pool
 
 from ._daemon import LocalDaemon, find_dmuond  # noqa: E402
-from ._options import AdamWOptions, DaemonOptions  # noqa: E402
+from ._options import AdamWOptions, DaemonOptions, OverlapOptions, RoutingOptions  # noqa: E402
 
 _CONVERT = ("torch_param_groups", "to_torch_state_dicts", "to_torch",
             "from_torch_state_dicts", "load_torch_state_dicts")
@@ -92,6 +93,8 @@ __all__ = [
     "LocalDaemon",
     "AdamWOptions",
     "DaemonOptions",
+    "RoutingOptions",
+    "OverlapOptions",
     "find_dmuond",
     "orthogonalize",
     "Error",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from . import _state
+from . import _parts, _state
 
 if TYPE_CHECKING:
     from .optim import DMuon
@@ -43,10 +43,8 @@ StateDict = dict[str, Any]
 
 
 def _check_convertible(opt: DMuon) -> None:
-    from . import _parts
-
-    _parts.check_convertible(opt)  # experts= / split=: a momentum per part
-    for r in opt._muon:
+    _parts.check_convertible(opt._table.muon)  # experts= / split=: a momentum per part
+    for r in opt._table.muon:
         if r.dtensor is not None:  # FSDP2 / TP (_dtensor)
             # torch.optim.Muon (2.15) cannot step an FSDP2 shard itself: its
             # param.add_ of the update fails on an uneven Shard(0) ("in-place
@@ -181,7 +179,7 @@ def from_torch_state_dicts(opt: DMuon, muon_state_dict: StateDict | None,
             raise ValueError(f"dmuon: {len(missing)} of this DMuon's {what} parameters "
                              f"are not among {what.lower()}_params")
         tables[what] = (sd, where)
-    name_of = {id(r.param): r for r in opt._muon}
+    name_of = {id(r.param): r for r in opt._table.muon}
     for group, saved in zip(opt.param_groups, local["param_groups"]):
         what = "Muon" if group["use_muon"] else "AdamW"
         sd, where = tables[what]
@@ -214,7 +212,7 @@ def from_torch_state_dicts(opt: DMuon, muon_state_dict: StateDict | None,
                 new["state"][k] = st
                 if "step" in st:
                     steps.append(int(float(st["step"])))
-    if opt._muon:
+    if opt._table.muon:
         done = max(steps)
         if done == 0 and moved:
             done = 1

@@ -58,19 +58,21 @@ from __future__ import annotations
 from . import _dtensor
 
 
-def is_init_step(opt) -> bool:
-    """Whether this step() is torch.distributed.checkpoint's
-    _init_optim_state: every Muon group's lr 0, every Muon gradient zero
-    (set directly, nothing handed to dmuond yet), no momentum and no step
-    completed in this job. dmuond then need not step: on a zero momentum a
-    zero gradient with lr 0 changes nothing but its step count."""
-    if (opt._session is None or opt._pending or any(opt._handed)
-            or any(opt._trained) or opt._session.step != 1):
+def is_init_step(h) -> bool:
+    """Whether this step() (of hand-off h, dmuon/_handoff.py) is
+    torch.distributed.checkpoint's _init_optim_state: every Muon group's lr
+    0, every Muon gradient zero (set directly, nothing handed to dmuond
+    yet), no momentum and no step completed in this job. dmuond then need
+    not step: on a zero momentum a zero gradient with lr 0 changes nothing
+    but its step count."""
+    session = h.link.session
+    if (session is None or h.pending or any(h.handed) or any(h.trained)
+            or session.step != 1):
         return False
-    if any(g["use_muon"] and float(g["lr"]) != 0.0 for g in opt.param_groups):
+    if any(g["use_muon"] and float(g["lr"]) != 0.0 for g in h.groups):
         return False
     seen = False
-    for r in opt._muon:
+    for r in h.table.muon:
         g = r.param.grad
         if g is None:
             if r.param.requires_grad:

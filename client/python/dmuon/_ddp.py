@@ -78,20 +78,20 @@ def _completed(tensor):
     return fut
 
 
-def comm_hook(opt_ref, group, world_size):
-    """A DDP comm hook bound (weakly) to a DMuon optimizer."""
+def comm_hook(handoff_ref, group, world_size):
+    """A DDP comm hook bound (weakly) to a DMuon hand-off (dmuon/_handoff.py)."""
 
     def hook(state, bucket):
         buf = bucket.buffer()
-        opt = opt_ref()
-        plan = opt._bucket_plan(bucket.parameters()) if opt is not None else []
+        owner = handoff_ref()
+        plan = owner.bucket_plan(bucket.parameters()) if owner is not None else []
         local = [(i, o, n) for i, kind, o, n in plan if kind == "local"]
         after = [(i, o, n) for i, kind, o, n in plan if kind == "after"]
         reduce = [(o, n) for _, kind, o, n in plan if kind in ("reduce", "after")]
-        if opt is None:  # "skip": handed off at step(), never all-reduced
+        if owner is None:  # "skip": handed off at step(), never all-reduced
             reduce = [(0, buf.numel())]
         for i, o, n in local:
-            opt._handoff_flat(i, buf[o : o + n])
+            owner.handoff_flat(i, buf[o : o + n])
         if not reduce:
             return _completed(buf)
         whole = len(reduce) == 1 and reduce[0] == (0, buf.numel())
@@ -106,10 +106,10 @@ def comm_hook(opt_ref, group, world_size):
                 for o, n in reduce:
                     buf[o : o + n].copy_(reduced[at : at + n])
                     at += n
-            owner = opt_ref()
+            owner = handoff_ref()
             if owner is not None:
                 for i, o, n in after:
-                    owner._handoff_flat(i, buf[o : o + n])
+                    owner.handoff_flat(i, buf[o : o + n])
             return buf
 
         return fut.then(done)

@@ -73,12 +73,12 @@ takes DTensors of any placement as they are.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import List, Optional, Tuple
 
 import torch
 
-from . import _ddp
+from . import _ddp, _routing
+from ._routing import is_dtensor
 
 Runs = List[Tuple[int, int]]
 
@@ -104,14 +104,6 @@ class Info:
     # On copies of a sub-mesh (check()): copies_differ() compares their
     # gradients at the first step.
     copies: bool = False
-
-
-def is_dtensor(t) -> bool:
-    # A DTensor exists only once torch.distributed.tensor was imported: no
-    # import here (it costs time, and torch may be built without it).
-    mod = sys.modules.get("torch.distributed.tensor")
-    cls = getattr(mod, "DTensor", None)
-    return cls is not None and isinstance(t, cls)
 
 
 def local(t):
@@ -215,15 +207,20 @@ def _describe(runs: Runs, shown: int = 3) -> str:
     return text
 
 
-def route(r, p, in_shards=False):
+def route_all(routes):
+    """After _routing.resolve: lays out every Muon route whose parameter is a
+    DTensor (route())."""
+    for r in routes:
+        if r.route == "muon" and is_dtensor(r.param):
+            route(r, r.param)
+
+
+def route(r, p):
     """Sets Route r (a Muon matrix that is DTensor p) to its sharding: this
     rank's local shard as runs (SHARDING_BLOCKS), or replicated."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    if in_shards:
-        raise ValueError(f"DMuon: shards= names {r.name}, a DTensor: its layout is "
-                         "taken from its placements; leave it out of shards=")
     mesh, placements = p.device_mesh, tuple(p.placements)
     strided = _strided_cls()
     for pl in placements:
@@ -376,14 +373,12 @@ def copies_differ(routes, pg, world) -> Optional[str]:
     (Partial) is reduced to compare it."""
     import torch.distributed as dist
 
-    from . import _parts
-
     mine = []
     for r in routes:
         info = getattr(r, "dtensor", None)
         if info is None or not info.copies:
             continue
-        g = _parts.grad(r)
+        g = _routing.grad(r)
         summary = None
         if g is not None:
             # A Partial gradient is reduced first (DTensor's collective, in

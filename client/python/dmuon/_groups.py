@@ -1,6 +1,8 @@
 """Parameter groups: the user's groups in, DMuon's Muon/AdamW groups and the
 daemon's table and hyperparameter groups out."""
 
+import warnings
+
 import torch
 
 CLASSIC = (3.4445, -4.775, 2.0315)
@@ -28,27 +30,79 @@ def schedule(coefficients, steps):
 
 
 def user_groups(params):
-    """Torch-style groups (and names, for (name, param) pairs) from `params`."""
+    """Torch-style groups (and names, {id(param): name}, of (name, param)
+    pairs) from `params`, checked as torch.optim.Optimizer checks them, with
+    its exception types and messages: a tensor is a TypeError; a set warns
+    (FutureWarning: its order differs between processes, and so between
+    ranks), a set inside a group is a TypeError; anything that is not a
+    tensor is a TypeError; names given for some parameters (or groups) and
+    not for others are a ValueError."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params argument given to the optimizer should be an iterable "
+                        "of Tensors or dicts, but got " + torch.typename(params))
+    if isinstance(params, set):
+        warnings.warn(
+            "optimizer parameters need to be organized in ordered collections, but the "
+            "ordering of tensors in sets will change between runs. Please use a list "
+            "instead. This will be an error in a future release.",
+            FutureWarning, stacklevel=3)
     params = list(params)
     if not params:
         raise ValueError("optimizer got an empty parameter list")
-    named = {}
-    if isinstance(params[0], dict):
-        groups = [dict(g) for g in params]
-    elif isinstance(params[0], tuple):
-        groups = [{"params": [p for _, p in params]}]
-        named = {id(p): n for n, p in params}
-    else:
-        groups = [{"params": params}]
+    groups = ([dict(g) for g in params] if isinstance(params[0], dict)
+              else [{"params": params}])
     allowed = {"params", "lr", "weight_decay", "use_muon", *MUON_KEYS, *ADAMW_KEYS}
+    named, with_names = {}, None
     for g in groups:
-        ps = g["params"]
-        g["params"] = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+        g["params"], names = _group_params(g["params"])
+        if with_names is not None and (names is not None) != with_names:
+            raise ValueError(_names_mixed(names is not None))
+        with_names = names is not None
+        named.update({id(p): n for p, n in zip(g["params"], names or ())})
         unknown = set(g) - allowed
         if unknown:
             raise ValueError(f"DMuon: unknown parameter-group keys {sorted(unknown)} "
                              f"(known: {sorted(allowed)})")
     return groups, named
+
+
+def _names_mixed(with_names):
+    """torch.optim.Optimizer.add_param_group's message for a group with (or
+    without) names among groups without (with) them."""
+    return ("all optimizer param groups should be with/without names. cannot add param "
+            f"group {'with names' if with_names else 'without names'} to the optimizer")
+
+
+def _group_params(ps):
+    """(tensors, names or None) of one group's "params", as torch reads
+    them: a tensor, or an ordered iterable of tensors or (name, tensor)."""
+    if isinstance(ps, torch.Tensor):
+        ps = [ps]
+    elif isinstance(ps, set):
+        raise TypeError("optimizer parameters need to be organized in ordered "
+                        "collections, but the ordering of tensors in sets will change "
+                        "between runs. Please use a list instead.")
+    tensors, names = [], []
+    for p in ps:
+        if isinstance(p, tuple):
+            names.append(p[0])
+            p = p[1]
+        tensors.append(p)
+    if names and len(names) != len(tensors):
+        raise ValueError("all optimizer params should be with/without names. Some param "
+                         "names are missing")
+    for p in tensors:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError("optimizer can only optimize Tensors, but one of the params "
+                            "is " + torch.typename(p))
+    return tensors, (names or None)
+
+
+def check_names(param_group_named, optimizer_named):
+    """add_param_group(): a group with names for an optimizer without them,
+    or the other way round, is torch's ValueError."""
+    if param_group_named != optimizer_named:
+        raise ValueError(_names_mixed(param_group_named))
 
 
 def split(groups, routes, shared):
@@ -101,3 +155,15 @@ def specs(param_groups, group_of):
             coefficients=coefficients, method=str(h["method"]),
             adjust_lr_fn=h["adjust_lr_fn"] or "original", eps=float(h["eps"])))
     return out
+
+
+def adamw_beta1(param_groups):
+    """OneCycleLR/CyclicLR with cycle_momentum=True write 'momentum' into
+    every group (DMuon's defaults have no 'betas') and mark it with
+    'base_momentum'/'max_momentum': an AdamW group's is its beta1, as a
+    torch.optim.AdamW's scheduler sets betas[0]. (An AdamW group added
+    later gets the defaults' 'momentum' unmarked: not its beta1.)"""
+    for group in param_groups:
+        if (not group.get("use_muon", True) and "momentum" in group
+                and ("max_momentum" in group or "base_momentum" in group)):
+            group["betas"] = (group["momentum"], *tuple(group["betas"])[1:])

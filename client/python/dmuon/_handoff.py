@@ -1,123 +1,169 @@
-"""DMuon's per-step gradient hand-off: each Muon gradient copied into the
-session's buffers and declared ready (from backward's hooks, DDP's comm
-hook, or step()), and each update waited for and applied, W <- W * (1 - lr
-* wd) - lr * update.
+"""DMuon's per-step hand-off (the Handoff object): each Muon gradient
+copied into the session's buffers and declared ready (from backward's
+hooks, DDP's comm hook, or step()), and each update waited for and applied,
+W <- W * (1 - lr * wd) - lr * update.
 
-_HandoffMixin is a part of DMuon (dmuon.optim), split out by concern; it
-uses DMuon's attributes: _muon, _index (id(param) -> Muon index), _session,
-_region (GPU transports), _grad/_upd (the session's buffers), the per-step
-lists _handed/_applied/_received/_absent/_step_lr, _pending, _trained,
-_accumulating, _ddp, _rank, _daemon, stats, synchronize().
+A step's hand-off goes through these states (docs/design.md, "The Python
+client"): idle -> handing off (on_grad: backward's hooks; at_step: the
+rest) -> committed (commit(), after AdamW's step) -> applied (apply() of
+each entry: synchronize(), or the next forward's pre-hooks) -> idle
+(reset_step). A second backward before step() rewinds dmuond's step and
+hands every gradient off again (rewind, redo); a step interrupted before
+it commits is rolled back (dmuon/_recovery.py).
+
+Handoff owns the per-step lists (handed, applied, received, absent,
+step_lr, sent, sent_beta), the session link (dmuon/_session.py Link: the
+session, its buffers and region), the lock that orders GPU sends, its hooks
+(dmuon/_wiring.py Hooks, which reach it by a weak reference) and the
+recovery (dmuon/_recovery.py). It reads the MuonTable (dmuon/_table.py) and
+the optimizer's param_groups (`groups`: DMuon relinks them after
+load_state_dict), and never DMuon itself.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
+import numpy as np
 import torch
 
-from . import _ddp, _dtensor, _errors, _parts
+from . import _dcp, _ddp, _dtensor, _errors, _groups, _native, _parts, _routing, _wiring
 from ._recovery import deferred_sigint
 
 
-class _HandoffMixin:
-    """DMuon's per-step hand-off and apply (see the module docstring)."""
+class Handoff:
+    """One DMuon's hand-off of Muon gradients and updates (see the module
+    docstring)."""
 
-    def _reset_step(self):
-        n = len(self._muon)
-        self._handed, self._applied = [False] * n, [False] * n
-        self._received = [False] * n  # nccl: update received
-        self._absent = [False] * n  # no gradient this step: left unchanged
-        self._step_lr = [(0.0, 0.0)] * n
-        self._pending = False
+    def __init__(self, table, groups, link, recovery, *, ddp, overlap, overlap_forward):
+        self.table, self.groups, self.link, self.recovery = table, groups, link, recovery
+        self.ddp, self.overlap, self.overlap_forward = ddp, overlap, bool(overlap_forward)
+        self.pg, self.rank, self.world = link.pg, link.rank, link.world
+        # DMuon.stats. wait: blocked on dmuond; handoff: copying gradients out
+        # and declaring them (in backward's hooks, or in step()); redone /
+        # rewound: steps dmuond computed again (gradients edited after their
+        # hand-off, or a step() not taken); voided: rolled back.
+        self.stats = {"steps": 0, "wait_seconds": 0.0, "last_wait_seconds": 0.0,
+                      "last_step_seconds": 0.0, "handoff_seconds": 0.0,
+                      "redone_steps": 0, "rewound_steps": 0}
+        self.hooks = _wiring.Hooks(self)
+        self.lock = threading.Lock()  # a GPU send and its declaration go together
+        self.accumulating = False  # no_sync()
+        # Loop shape (plan_next_handoff): the backwards that gave Muon
+        # gradients since the last step, and whether this step's gradients
+        # are handed off at step() instead of during backward.
+        self.grad_tasks, self.defer_handoff = set(), False
+        self.wait = 0.0  # this step()'s seconds blocked on dmuond
+        self.error = None  # a hook's hand-off error, raised by the next step()
+        self.staged = None  # (entry, new value) of an apply in progress
+        self.redo_streak, self.warned_redo = 0, False
+        # Copies of a sub-mesh matrix: their gradients are compared once, at
+        # the first step() (_dtensor.copies_differ).
+        self.compare_copies = any(getattr(getattr(r, "dtensor", None), "copies", False)
+                                  for r in table.routes)
+        # Whether each entry's momentum may be non-zero (it had a gradient, or
+        # a checkpoint was loaded): _dcp's test of a fresh optimizer.
+        self.trained = [False] * len(table.muon)
+        self.pending_step = None  # the session's step when it committed
+        self.reset_step()
+
+    def reset_step(self):
+        n = len(self.table.muon)
+        self.handed, self.applied = [False] * n, [False] * n
+        self.received = [False] * n  # nccl: update received
+        self.absent = [False] * n  # no gradient this step: left unchanged
+        self.step_lr = [(0.0, 0.0)] * n
+        self.pending = False
         # (the .grad handed off, its _version then) per Muon index, None when
-        # none was: step() checks those for edits (_edited_after_handoff).
-        self._sent = [None] * n
+        # none was: step() checks those for edits (edited_after_handoff).
+        self.sent = [None] * n
         # The momentum each Muon index was handed off with (its group's then;
         # None: not handed off): step() redoes those changed since.
-        self._sent_beta = [None] * n
+        self.sent_beta = [None] * n
 
-    def _on_grad(self, i):
-        if self._accumulating or (self._ddp is not None
-                                  and not self._ddp.require_backward_grad_sync):
+    def on_grad(self, i):
+        if self.accumulating or (self.ddp is not None
+                                  and not self.ddp.require_backward_grad_sync):
             return
         # The backwards that produced Muon gradients since the last step()
-        # (_plan_next_handoff): one, and the next step hands off during
+        # (plan_next_handoff): one, and the next step hands off during
         # backward; several, and it hands off at step().
-        self._grad_tasks.add(torch._C._current_graph_task_id())
-        if self._defer_handoff:
+        self.grad_tasks.add(torch._C._current_graph_task_id())
+        if self.defer_handoff:
             return  # handed off at step(), from .grad as it is then
-        grad = _parts.grad(self._muon[i])  # a part's: its view
-        if _dtensor.needs_collective(self._muon[i], grad):
+        grad = _routing.grad(self.table.muon[i])  # a part's: its view
+        if _dtensor.needs_collective(self.table.muon[i], grad):
             # A DTensor gradient not in its parameter's placements (Partial):
             # reduced and handed off at step(), in table order on every rank
             # (ranks could run these hooks in different orders).
             return
         try:
-            self._handoff(i, grad)
+            self.hand_off(i, grad)
         except Exception as e:  # noqa: BLE001 - raised by the next step()
-            self._error = self._error or e
+            self.error = self.error or e
 
-    def _handoff_flat(self, i, flat):
+    def handoff_flat(self, i, flat):
         try:
-            self._handoff(i, flat)
+            self.hand_off(i, flat)
         except Exception as e:  # noqa: BLE001 - raised by the next step()
-            self._error = self._error or e
+            self.error = self.error or e
 
-    def _check_shapes(self):
-        for r in self._muon:
+    def check_shapes(self):
+        for r in self.table.muon:
             if tuple(r.param.shape) != r.shape0:
-                self._shape_error(r)
+                self.shape_error(r)
 
     @staticmethod
-    def _shape_error(r):
+    def shape_error(r):
         raise ValueError(
             f"DMuon: parameter {r.name} now has shape {list(r.param.shape)}; it was "
             f"registered with dmuond as {list(r.shape0)}. The parameter table is "
             "fixed when the optimizer is created: create a new DMuon (and "
             "load_state_dict) after changing a model's shapes")
 
-    def _bucket_plan(self, params):
+    def bucket_plan(self, params):
         """[(muon index or None, kind, offset, numel)] for a DDP bucket's
         parameters: "reduce" (all-reduce), "after" (all-reduce, then hand off),
         "local" (hand off at once, no all-reduce), "skip" (neither: step())."""
         plan, offset = [], 0
         for p in params:
-            i = self._index.get(id(p))
+            i = self.table.index.get(id(p))
             if i is None:
                 kind = "reduce"
-            elif self._muon[i].sharding == "replicated":
-                kind = "after" if self._muon[i].handoff == "ddp" else "reduce"
+            elif self.table.muon[i].sharding == "replicated":
+                kind = "after" if self.table.muon[i].handoff == "ddp" else "reduce"
             else:
-                kind = "local" if self._muon[i].handoff == "ddp" else "skip"
+                kind = "local" if self.table.muon[i].handoff == "ddp" else "skip"
             plan.append((i, kind, offset, p.numel()))
             offset += p.numel()
-        return _parts.bucket_plan(self, plan)  # a parameter with parts: each part's rows
+        return _parts.bucket_plan(self.table, plan)  # a parameter with parts: each part's rows
 
-    def _handoff(self, i, grad):
-        self._recover(backward_only=True)  # an earlier backward died mid-way (_recovery)
-        if self._pending:
+    def hand_off(self, i, grad):
+        # An earlier backward that died mid-way is rolled back (_recovery).
+        self.recovery.recover(self, backward_only=True)
+        if self.pending:
             self.synchronize()
-        self._track_backward()
-        r = self._muon[i]
-        if self._handed[i] and self._can_rewind():
+        self.recovery.track_backward()
+        r = self.table.muon[i]
+        if self.handed[i] and self.can_rewind():
             # A second backward before step(): a new .grad after a backward
             # whose step() was not taken (zero_grad() then backward, as when
             # GradScaler skips a step on inf/NaN), or the same .grad
             # accumulated (gradient accumulation, a second loss, a GAN's other
             # loss). dmuond's step of the first backward is undone (momentum
             # untouched) and the gradients are handed off again as they are
-            # now; the rest of this step, and the next (_plan_next_handoff),
+            # now; the rest of this step, and the next (plan_next_handoff),
             # hand off at step(), so that such a loop rewinds once.
-            self._defer_handoff = True
-            self._rewind_step()
+            self.defer_handoff = True
+            self.rewind()
             return  # handed off at step(), from .grad as it is then
-        if self._handed[i]:
-            why = ("its tensors travel in GPU memory" if self._region is not None
+        if self.handed[i]:
+            why = ("its tensors travel in GPU memory" if self.link.region is not None
                    else "it has no session")
             raise RuntimeError(
-                f"DMuon: {r.name} got a second gradient for step {self._session.step} "
+                f"DMuon: {r.name} got a second gradient for step {self.link.session.step} "
                 "after the first was handed to dmuond during an earlier backward (a "
                 "second backward before step(): gradient accumulation, a second loss, "
                 "a backward whose step() was skipped, or zero_grad() then a new "
@@ -128,61 +174,61 @@ class _HandoffMixin:
                 "model.no_sync())")
         grad = _dtensor.local_grad(r, grad)  # a DTensor's: its local rows (_dtensor)
         if tuple(r.param.shape) != r.shape0 or (grad is not None and grad.numel() !=
-                                                 self._grad[i].numel()):
-            self._shape_error(r)
+                                                 self.link.grad[i].numel()):
+            self.shape_error(r)
         # This step's momentum when it is not the session's (a scheduler that
         # cycles it): sent with the declaration (protocol minor 2).
-        beta = self._momentum_to_send(i)
+        beta = self.momentum_to_send(i)
         t0 = time.perf_counter()
-        buf = self._grad[i]
+        buf = self.link.grad[i]
         if grad is None:
             # torch.optim.Muon skips it: declared absent, dmuond computes
-            # nothing and leaves its momentum as it is; _apply leaves the
+            # nothing and leaves its momentum as it is; apply() leaves the
             # parameter unchanged (no decay, no update).
-            self._absent[i] = True
-        elif not (r.sharding == "replicated" and self._rank != 0):
+            self.absent[i] = True
+        elif not (r.sharding == "replicated" and self.rank != 0):
             buf.copy_(grad.detach().reshape(buf.shape))  # rank 0's is the one used
         if grad is not None:
-            self._trained[i] = True
-            self._sent[i] = (grad, grad._version)
+            self.trained[i] = True
+            self.sent[i] = (grad, grad._version)
         # Declared and recorded together: a Ctrl-C in between would leave
         # dmuond and _handed disagreeing (_recovery rolls back by _handed).
         with deferred_sigint():
             if grad is None:
                 # No bytes on any transport (nccl: no send, and dmuond posts no
                 # receive for it), so no place in the send order to keep.
-                self._session.gradients_absent([i])
-            elif self._region is None:
+                self.link.session.gradients_absent([i])
+            elif self.link.region is None:
                 self._declare_ready(i, beta)
             else:
                 # Hand-offs can come from several threads (autograd's, DDP's
                 # comm hook callbacks); over nccl the daemon receives in
                 # declaration order, so each send and its declaration go
                 # together.
-                with self._handoff_lock:
-                    self._region.handed([i])  # cuda_ipc: event after the copy; nccl: send
+                with self.lock:
+                    self.link.region.handed([i])  # cuda_ipc: event after the copy; nccl: send
                     self._declare_ready(i, beta)
-            self._handed[i] = True
-            self._sent_beta[i] = float(self.param_groups[self._group_of[i]]["momentum"])
+            self.handed[i] = True
+            self.sent_beta[i] = float(self.groups[self.table.group_of[i]]["momentum"])
         self.stats["handoff_seconds"] += time.perf_counter() - t0
 
     def _declare_ready(self, i, beta):
         if beta is None:
-            self._session.gradient_ready(i)
+            self.link.session.gradient_ready(i)
         else:
-            self._session.gradients_ready([i], momentum=[beta])
+            self.link.session.gradients_ready([i], momentum=[beta])
 
     # ------------------------------------ gradients edited after their hand-off
-    def _can_rewind(self):
+    def can_rewind(self):
         """Whether a step dmuond computed can be undone and redone here: host
         buffers (shm/inline; dmuond's CPU executors keep the pre-step momentum
         that a Rewind restores). With several ranks every rank rewinds (dmuond
         undoes the step once all have asked): step() agrees on it first
-        (_agree_on_redo); a second backward does it on every rank alike."""
-        return (self._region is None and self._session is not None
-                and getattr(self._session, "rewind", None) is not None)
+        (agree_on_redo); a second backward does it on every rank alike."""
+        return (self.link.region is None and self.link.session is not None
+                and getattr(self.link.session, "rewind", None) is not None)
 
-    def _edited_after_handoff(self):
+    def edited_after_handoff(self):
         """The Muon indices whose .grad changed after it was handed off:
         clip_grad_norm_, GradScaler.unscale_, masking, a new .grad. Compared
         bit for bit with what dmuond got: the version counter does not do
@@ -190,164 +236,388 @@ class _HandoffMixin:
         clip_grad_norm_ bumps it even when it multiplies by exactly 1.0). One
         read of every handed-off gradient and its copy per step."""
         edited = []
-        for i, rec in enumerate(self._sent):
-            if rec is None or not self._handed[i] or self._absent[i]:
+        for i, rec in enumerate(self.sent):
+            if rec is None or not self.handed[i] or self.absent[i]:
                 continue
-            if self._muon[i].sharding == "replicated" and self._rank != 0:
+            if self.table.muon[i].sharding == "replicated" and self.rank != 0:
                 # Only rank 0's copy is sent (its buffer here holds nothing of
                 # this rank's); the gradient, and an edit of it, is every
-                # rank's alike: rank 0 tells (_agree_on_redo).
+                # rank's alike: rank 0 tells (agree_on_redo).
                 continue
-            g = _parts.grad(self._muon[i])
-            if _dtensor.needs_collective(self._muon[i], g):
+            g = _routing.grad(self.table.muon[i])
+            if _dtensor.needs_collective(self.table.muon[i], g):
                 # A Partial DTensor gradient: reduced on its way to dmuond, at
                 # this step(), just now (never from a hook): not comparable
                 # with its local tensor, and nothing edited it since.
                 continue
             g = _dtensor.local(g)
-            buf = self._grad[i]
+            buf = self.link.grad[i]
             if g is None or g.numel() != buf.numel() or not torch.equal(
                     g.detach().reshape(buf.shape).to(device=buf.device,
                                                       dtype=buf.dtype), buf):
                 edited.append(i)
         return edited
 
-    def _agree_on_redo(self, redo):
+    def agree_on_redo(self, redo):
         """Several ranks, overlap=True: whether some rank must redo the step
         (an edit seen by any rank: rank 0 for replicated gradients, each rank
         for its own rows/unreduced ones). One all-reduce (MAX) of one int on
         DMuon's process group per step() (several ranks, overlap=True only);
         every rank then rewinds, or none (dmuond undoes a step of several
         ranks only when all ask)."""
-        if self._world <= 1 or not self._overlap:
+        if self.world <= 1 or not self.overlap:
             # One rank; or overlap=False: every gradient leaves at step(),
             # after any edit, so nothing is redone and nothing disagrees. (Not
             # skipped when this step hands off at step() (_defer_handoff):
             # DDP's comm hook hands off during backward regardless.)
             return bool(redo)
-        return _ddp.any_rank(bool(redo), self._pg)
+        return _ddp.any_rank(bool(redo), self.pg)
 
-    def _rewind_step(self):
+    def rewind(self):
         """Undoes dmuond's step in progress: every Muon gradient not handed
         off yet goes now (the step must complete), the step's updates are
         waited for and dropped, and dmuond puts the momentum back to before it
         (Rewind). The step is then built again: every gradient is handed off
-        anew (_redo_step, or the backward in progress)."""
+        anew (redo(), or the backward in progress)."""
         t0 = time.perf_counter()
-        for j, r in enumerate(self._muon):
-            if not self._handed[j]:
-                g = _parts.grad(r)
+        for j, r in enumerate(self.table.muon):
+            if not self.handed[j]:
+                g = _routing.grad(r)
                 # A Partial DTensor gradient would need a collective here, in
                 # a backward hook (ranks could order them differently): it is
                 # declared absent instead, on every rank alike (none hands it
                 # from a hook); the step is undone anyway.
-                self._handoff(j, None if _dtensor.needs_collective(r, g) else g)
-        step_lr = self._step_lr
-        with _errors.explained(self._daemon):
-            self._session.finish_step()
-            self._session.rewind()
-        self._reset_step()
-        self._step_lr = step_lr
+                self.hand_off(j, None if _dtensor.needs_collective(r, g) else g)
+        step_lr = self.step_lr
+        with _errors.explained(self.link.daemon):
+            self.link.session.finish_step()
+            self.link.session.rewind()
+        self.reset_step()
+        self.step_lr = step_lr
         self.stats["rewound_steps"] = self.stats.get("rewound_steps", 0) + 1
-        self._wait += time.perf_counter() - t0
+        self.wait += time.perf_counter() - t0
 
-    def _redo_step(self, edited):
+    def redo(self, edited):
         """step(): gradients edited after their hand-off (`edited`, Muon
         indices) are taken exactly as they are now: the step dmuond computed
         from the handed-off ones is rewound and every gradient handed off
         again. Without a rewind (several ranks, GPU transports) it raises
         naming the parameters."""
-        names = (", ".join(self._muon[i].name for i in edited[:5])
+        names = (", ".join(self.table.muon[i].name for i in edited[:5])
                  if edited else "a Muon parameter (on another rank)")
         more = f" and {len(edited) - 5} more" if len(edited) > 5 else ""
-        if not self._can_rewind():
+        if not self.can_rewind():
             raise RuntimeError(
                 f"DMuon: the gradient of {names}{more} changed after it was handed to "
-                f"dmuond for step {self._session.step} (e.g. clip_grad_norm_, "
+                f"dmuond for step {self.link.session.step} (e.g. clip_grad_norm_, "
                 "GradScaler.unscale_ or masking after backward()); with GPU "
                 "transports dmuond cannot redo a step: pass overlap=False so that "
                 "gradients leave at step(), after your edits")
-        self._rewind_step()
-        for j, r in enumerate(self._muon):
-            self._handoff(j, _parts.grad(r))
+        self.rewind()
+        for j, r in enumerate(self.table.muon):
+            self.hand_off(j, _routing.grad(r))
         n = self.stats["redone_steps"] = self.stats.get("redone_steps", 0) + 1
-        self._redo_streak = getattr(self, "_redo_streak", 0) + 1
-        if self._redo_streak == 3 and not getattr(self, "_warned_redo", False):
-            self._warned_redo = True
+        self.redo_streak += 1
+        if self.redo_streak == 3 and not self.warned_redo:
+            self.warned_redo = True
             warnings.warn(
                 f"DMuon: Muon gradients were changed after backward() in 3 steps in a "
                 f"row ({names}{more}; {n} so far), e.g. by gradient clipping that "
                 "clips or GradScaler's unscale_; each such step is computed twice by "
                 "dmuond (the second time not overlapped with backward). The numbers "
                 "are exact either way; overlap=False computes each step once",
-                RuntimeWarning, stacklevel=4)
+                RuntimeWarning, stacklevel=5)
 
-    def _plan_next_handoff(self):
+    def plan_next_handoff(self):
         """At a step's commit: the next step hands each gradient off during
         backward (overlapped with the rest of backward) when this one had a
         single backward producing Muon gradients; after several (gradient
         accumulation, two losses, a GAN's other loss, a skipped step) it hands
         them off at step(), as they are then, so that such loops cost no
         rewind (each computes a step twice) and stay exact."""
-        self._defer_handoff = len(self._grad_tasks) > 1
-        self._grad_tasks = set()
+        self.defer_handoff = len(self.grad_tasks) > 1
+        self.grad_tasks = set()
 
-    def _apply(self, i):
-        if self._applied[i]:
+    def apply(self, i):
+        if self.applied[i]:
             return
-        r = self._muon[i]
-        if self._restage(i, _dtensor.local(_parts.param(r))):  # interrupted after staging
+        r = self.table.muon[i]
+        if self.restage(i, _dtensor.local(_routing.param(r))):  # interrupted after staging
             return
         t0 = time.perf_counter()
-        if self._region is not None and self._region.kind == "nccl":
+        if self.link.region is not None and self.link.region.kind == "nccl":
             self._receive_until(i)
-        self._session.wait_update(i)
-        self._wait += time.perf_counter() - t0
-        lr, wd = self._step_lr[i]
-        p = _dtensor.local(_parts.param(r))  # a DTensor's local shard, a part's view
+        self.link.session.wait_update(i)
+        self.wait += time.perf_counter() - t0
+        lr, wd = self.step_lr[i]
+        p = _dtensor.local(_routing.param(r))  # a DTensor's local shard, a part's view
         with torch.no_grad():
-            if self._absent[i] and self._session.absent(i):
+            if self.absent[i] and self.link.session.absent(i):
                 # No gradient on any rank (torch.optim.Muon: no decay, no
                 # update). Absent here only, unreduced: dmuond averaged the
                 # others' with zeros for this rank, as DDP's all-reduce with
                 # find_unused_parameters gives every rank the averaged .grad,
                 # and every rank applies the update below.
                 pass
-            elif self._session.skipped(i):
+            elif self.link.session.skipped(i):
                 warnings.warn(f"DMuon: dmuond skipped {r.name} at step "
-                              f"{self._session.step} (non-finite gradient); "
+                              f"{self.link.session.step} (non-finite gradient); "
                               "it is left unchanged", RuntimeWarning)
             else:
-                u = self._upd[i]  # a DTensor's: its local shard (_dtensor)
+                u = self.link.upd[i]  # a DTensor's: its local shard (_dtensor)
                 if p.device != u.device or p.dtype != u.dtype:
                     u = u.to(device=p.device, dtype=p.dtype)
                 # torch.optim.Muon's p.mul_(1 - lr * wd); p.add_(u, alpha=-lr),
                 # computed aside and copied in: an interrupt leaves p whole.
                 new = p.mul(1 - lr * wd) if wd != 0 else p.clone()
                 new.add_(u.view(p.shape), alpha=-lr)
-                self._stage_apply(i, p, new)
+                self.stage(i, p, new)
                 return
-        self._applied[i] = True
+        self.applied[i] = True
 
     def _receive_until(self, i):
         """nccl: posts the update receives in the order dmuond announces them
         (one group per announcement) until update i's is posted; torch's
         stream orders the receive before the update is applied."""
-        while not self._received[i]:
-            if self._absent[i] and self._session.absent(i):
+        while not self.received[i]:
+            if self.absent[i] and self.link.session.absent(i):
                 return  # answered as absent: nothing to receive
-            ids = self._session.next_announced()
+            ids = self.link.session.next_announced()
             if not ids:
-                if self._absent[i]:
+                if self.absent[i]:
                     return  # every update received; i's answer was "absent"
                 raise RuntimeError(f"DMuon: dmuond announced every update of step "
-                                   f"{self._session.step} but not {self._muon[i].name}'s")
-            self._region.receive(ids)
+                                   f"{self.link.session.step} but not "
+                                   f"{self.table.muon[i].name}'s")
+            self.link.region.receive(ids)
             for j in ids:
-                self._received[j] = True
+                self.received[j] = True
 
-    def _apply_pending(self, ids):
-        if self._pending:
-            with _errors.explained(self._daemon):
+    def apply_pending(self, ids):
+        if self.pending:
+            with _errors.explained(self.link.daemon):
                 for i in ids:
-                    self._apply(i)
+                    self.apply(i)
+
+    def synchronize(self):
+        """Applies every outstanding update of the last step (overlap_forward;
+        or of a step() that an interrupt cut short after it committed)."""
+        if not self.pending:
+            self.recovery.recover(self)  # a step interrupted before it committed
+            return
+        with _errors.explained(self.link.daemon):
+            for i in range(len(self.table.muon)):
+                self.apply(i)
+            if self.link.session.step == self.pending_step:  # not if it ran, then an interrupt
+                self.link.session.finish_step()
+        self.reset_step()
+
+    def stage(self, i, p, value):
+        """Writes `value` into parameter p (entry i) so that an interrupt
+        leaves it either untouched or done: a retry copies the same value."""
+        self.staged = (i, value)
+        p.copy_(value)
+        self.applied[i] = True
+        self.staged = None
+
+    def restage(self, i, p):
+        """An apply of i interrupted after it was staged: done again from its
+        value. True if there was one."""
+        if self.staged is None or self.staged[0] != i:
+            return False
+        with torch.no_grad():
+            self.stage(i, p, self.staged[1])
+        return True
+
+    # ------------------------------------------------------------ momentum
+    def momentum_to_send(self, i):
+        """This step's momentum (beta) for entry i, sent with its hand-off
+        (GradientsReady.momentum, protocol minor 2), or None: its group's
+        'momentum' is the one the dmuond session was opened with and no
+        scheduler cycles it. OneCycleLR/CyclicLR with cycle_momentum=True set
+        each group's 'momentum' every step (and mark the groups with
+        'base_momentum'/'max_momentum'), as torch.optim.Muon reads it."""
+        g = self.table.group_of[i]
+        group = self.groups[g]
+        beta = float(group["momentum"])
+        if not 0.0 <= beta < 1.0:  # NaN too
+            raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
+                             f"{group['momentum']!r}; it must be in [0, 1)")
+        if (beta == self.table.momentum.get(g) and "max_momentum" not in group
+                and "base_momentum" not in group):
+            return None
+        return beta
+
+    def momentum_moved(self):
+        """step(): the entries handed off with another momentum than their
+        group's now (a scheduler, or the user, changed it after the hand-off,
+        during or after backward). With a rewind they are redone (exact);
+        otherwise it raises naming the group."""
+        moved = []
+        for i, beta in enumerate(self.sent_beta):
+            if beta is None or not self.handed[i] or self.absent[i]:
+                continue
+            g = self.table.group_of[i]
+            if float(self.groups[g]["momentum"]) != beta:
+                moved.append(i)
+        if moved and not self.can_rewind():
+            g = self.table.group_of[moved[0]]
+            raise RuntimeError(
+                f"DMuon: param_groups[{g}]['momentum'] changed from "
+                f"{self.sent_beta[moved[0]]!r} to {self.groups[g]['momentum']!r} after "
+                f"the gradient of {self.table.muon[moved[0]].name} was handed to dmuond "
+                f"for step {self.link.session.step}; with GPU transports dmuond "
+                "cannot redo a step: change the momentum (scheduler.step()) after "
+                "optimizer.step() and before the next backward, or pass "
+                "overlap=False so that gradients leave at step()")
+        return moved
+
+    def check_hyperparameters(self):
+        """What the daemon was given must not have changed (lr and weight_decay
+        are applied here and may change, and momentum goes to dmuond with each
+        step's hand-offs: momentum_to_send; equal values in another spelling,
+        e.g. a list for a tuple or "original" for None, are fine)."""
+        changed = self.table.changed(_groups.specs(self.groups, self.table.group_of))
+        if changed is None:
+            return
+        g, name, then, now = changed
+        if name is None:
+            raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
+                             f"{self.groups[g]['momentum']!r}; it must be in [0, 1)")
+        raise ValueError(
+            f"DMuon: param_groups[{g}]['{name}'] changed from {then!r} to {now!r}; "
+            "dmuond fixes every Muon hyperparameter but lr, weight_decay and momentum "
+            "when the optimizer is created: create a new DMuon and load_state_dict() "
+            "into it")
+
+    # ---------------------------------------------------------- boundaries
+    def before_forward(self, *args):
+        """The model's forward pre-hook: a step interrupted before it
+        committed is rolled back, one that committed is completed (its
+        updates must be in before this forward uses the parameters)."""
+        self.recovery.recover(self)
+        if self.pending and not self.overlap_forward:
+            self.synchronize()
+        self.check_shapes()
+
+    def settle(self):
+        """zero_grad(): rolls back an interrupted step that had not committed
+        (it still reads .grad) and completes one that had."""
+        self.recovery.recover(self)
+        if self.pending and not self.overlap_forward:
+            self.synchronize()
+
+    def at_boundary(self, what):
+        """Between steps only: applies what is outstanding, and raises if
+        gradients of the next step are with dmuond already."""
+        self.synchronize()
+        if self.link.session is not None and any(self.handed):
+            raise RuntimeError(f"DMuon.{what}() in the middle of a step (gradients are "
+                               "already with dmuond): call it after step()")
+
+    # ----------------------------------------------------------------- step
+    def at_step(self):
+        """step() up to its commit: every Muon gradient not handed off yet is
+        handed off now, and one edited after its hand-off (or handed off with
+        another momentum) is handed off again. False for
+        torch.distributed.checkpoint's init step (dmuon/_dcp.py), which is
+        AdamW's alone."""
+        session = self.link.session
+        if self.compare_copies and session is not None and not _dcp.is_init_step(self):
+            # First, on every rank (a collective), even one about to raise
+            # its own error below.
+            self.compare_copies = False
+            differ = _dtensor.copies_differ(self.table.muon, self.pg, self.world)
+            if differ:
+                # A model error, on every rank alike: no step is taken, now or
+                # later (the recovery raises it again).
+                self.recovery.lost = RuntimeError(
+                    f"{differ}. No step was taken; fix the model or the routing "
+                    "and create the optimizer again")
+                raise self.recovery.lost
+        if self.error is not None:
+            err, self.error = self.error, None
+            # The step fails before it commits: rolled back (_recovery), so
+            # the next backward and step() start clean.
+            self.recovery.void_step(
+                self, f"a gradient hand-off failed: {type(err).__name__}",
+                cause=err if isinstance(err, _native.load().Error) else None)
+            raise err
+        if session is None:
+            return True
+        if _dcp.is_init_step(self):
+            return False
+        self.synchronize()  # a step() right after a step(), without backward
+        try:
+            self.check_hyperparameters()
+        except ValueError:
+            self.recovery.void_step(self, "a hyperparameter dmuond fixes was changed")
+            raise
+        self.recovery.stepping = True  # until it commits: an interrupt rolls it back
+        for i, r in enumerate(self.table.muon):
+            if r.handoff == "step (frozen)" and r.param.requires_grad:
+                self.hooks.grad(i, r)  # unfrozen: hooked from the next backward
+            g = self.groups[self.table.group_of[i]]
+            self.step_lr[i] = (float(g["lr"]), float(g["weight_decay"]))
+            if not self.handed[i]:
+                self.hand_off(i, _routing.grad(r))
+        # Gradients edited after their hand-off (clipping, unscaling,
+        # masking) are taken as they are now: exact, at the cost of
+        # computing the step again (client/python/README.md).
+        edited = self.edited_after_handoff()
+        # So is a momentum changed after its gradients' hand-off (a
+        # scheduler stepped between backward and step()): redone with it.
+        moved = self.momentum_moved()
+        # Several ranks: all redo, or none (one tiny all-reduce).
+        if self.agree_on_redo(edited or moved):
+            self.redo(sorted(set(edited) | set(moved)))
+        else:
+            self.redo_streak = 0
+        return True
+
+    def commit(self):
+        """step()'s commit, after AdamW's step (SIGINT deferred by the
+        caller): from here the step is completed, never rolled back."""
+        if self.link.session is not None:
+            self.pending, self.pending_step = True, self.link.session.step
+            self.plan_next_handoff()
+            self.recovery.committed()
+
+    def after_commit(self):
+        """The rest of step(): its updates applied (overlap_forward: by the
+        next forward)."""
+        if self.link.session is not None and not self.overlap_forward:
+            self.synchronize()
+
+    # --------------------------------------------------------------- session
+    def open(self, server, job_id, flags, module, resume):
+        """Opens the session of the table and installs the hooks."""
+        self.link.open(server, job_id, flags, self.table, resume=resume)
+        self.hooks.install(self.table, module, self.ddp, self.pg, self.world,
+                           self.overlap_forward)
+
+    def grow(self, table, server, module):
+        """Reopens the session with a grown table (add_param_group): the
+        momentum of the entries it had carried over, the new ones' hooks
+        installed."""
+        old = self.link.session.get_state() if self.link.session is not None else None
+        n_old = len(self.table.muon)
+        if self.link.session is not None:
+            self.link.release()
+        self.table = table
+        self.link.open(self.link.address if self.link.address is not None else server,
+                       None, (), table)
+        if old is not None:
+            carried = dict(zip(old["names"], old["momentum"]))
+            momentum = [carried.get(r.name, np.zeros(r.matrix, np.float32))
+                        for r in table.muon]
+            self.link.session.set_state({"completed_steps": int(old["completed_steps"]),
+                                         "names": self.link.session.names,
+                                         "momentum": momentum})
+        self.trained += [False] * (len(table.muon) - n_old)
+        self.hooks.extend(table, n_old, module, self.overlap_forward)
+        self.reset_step()
+
+    def close(self):
+        self.hooks.remove()
+        self.link.close()

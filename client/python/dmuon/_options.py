@@ -1,15 +1,24 @@
-"""DMuon's grouped options: AdamWOptions (the AdamW half's hyperparameters)
-and DaemonOptions (which dmuond, and how to reach it).
+"""DMuon's grouped options: AdamWOptions (the AdamW half's hyperparameters),
+DaemonOptions (which dmuond, and how to reach it), RoutingOptions (which
+parameters go to dmuond, and as what) and OverlapOptions (when gradients
+leave and updates come back).
 
-    opt = DMuon(model, lr=0.02, weight_decay=0.01, adamw=[model.lm_head],
+    opt = DMuon(model, lr=0.02, weight_decay=0.01,
                 adamw_options=AdamWOptions(lr=3e-3, betas=(0.9, 0.95)),
-                daemon_options=DaemonOptions("10.0.0.5:50051", timeout=120))
+                daemon_options=DaemonOptions("10.0.0.5:50051", timeout=120),
+                routing_options=RoutingOptions(adamw=[model.lm_head]),
+                overlap_options=OverlapOptions(forward=True))
 
-Each group stands for a few of DMuon's flat keywords, which keep working:
+Each group stands for some of DMuon's flat keywords, which still work for
+one release, each with a DeprecationWarning naming its new spelling:
 
     adamw_lr, adamw_betas, adamw_eps, adamw_wd  AdamWOptions(lr, betas, eps, weight_decay)
     server, transport, timeout, job_id,         DaemonOptions(server, transport=, timeout=,
     daemon_flags, resume                                      job_id=, flags=, resume=)
+    model, adamw, muon, experts, split, shards  RoutingOptions(model, adamw, muon, experts,
+                                                               split, shards)
+    overlap, overlap_forward, reduce_in_daemon  OverlapOptions(backward, forward,
+                                                               reduce_in_daemon)
 
 A call gives a value one way: a flat keyword of a group together with that
 group's options object is a TypeError naming both. Torch-free (dmuon
@@ -19,8 +28,15 @@ imports it without torch).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+    # Parameters, modules (all their parameters) or names.
+    ParamSelector = Iterable[Tensor | nn.Module | str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +84,65 @@ class DaemonOptions:
     resume: bool | str = "fresh"
 
 
+@dataclasses.dataclass(frozen=True)
+class RoutingOptions:
+    """Which parameters go to dmuond, and as what (client/python/README.md,
+    "Routing"); the flat keywords: model, adamw, muon, experts, split,
+    shards.
+
+    model: the model whose modules and names route the parameters, when
+    params is not the model itself (an nn.Module; DDP included). adamw /
+    muon: parameters, modules or names sent to AdamW / to Muon whatever the
+    rules say. experts: 3-D expert stacks [E, out, in] (parameters, modules
+    or names; "auto": 3-D parameters named or owned by an "expert" module),
+    each orthogonalized as E matrices out x in with a momentum each. split:
+    {parameter or name: n | [rows, ...] | {label: rows}}, a fused 2-D weight
+    (QKV) orthogonalized as parts along dim 0. shards: {parameter or name:
+    (row_begin, row_end, total_rows)}, a plain tensor holding those rows of
+    its matrix on this rank.
+    """
+
+    model: nn.Module | None = None
+    adamw: ParamSelector = ()
+    muon: ParamSelector = ()
+    experts: ParamSelector | str = ()
+    split: Mapping[Tensor | str, Any] | None = None
+    shards: Mapping[Tensor | str, tuple[int, int, int]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapOptions:
+    """When the Muon gradients leave for dmuond and their updates come back
+    (client/python/README.md, "Overlap"); the flat keywords: overlap,
+    overlap_forward, reduce_in_daemon.
+
+    backward: each gradient is handed to dmuond during backward, as soon as
+    it is accumulated (False: all at step(), after any edit of .grad).
+    forward: step() returns at once, and each module's forward waits for its
+    own parameters' updates (needs the model). reduce_in_daemon: with
+    several ranks (DDP), the Muon gradients skip DDP's all-reduce and
+    dmuond averages them.
+    """
+
+    backward: bool = True
+    forward: bool = False
+    reduce_in_daemon: bool = False
+
+
 # Each group's flat keywords, as {flat keyword: field}.
 ADAMW_KEYWORDS = {"adamw_lr": "lr", "adamw_betas": "betas", "adamw_eps": "eps",
                   "adamw_wd": "weight_decay"}
 DAEMON_KEYWORDS = {"server": "server", "transport": "transport", "timeout": "timeout",
                    "job_id": "job_id", "daemon_flags": "flags", "resume": "resume"}
+ROUTING_KEYWORDS = {"model": "model", "adamw": "adamw", "muon": "muon",
+                    "experts": "experts", "split": "split", "shards": "shards"}
+OVERLAP_KEYWORDS = {"overlap": "backward", "overlap_forward": "forward",
+                    "reduce_in_daemon": "reduce_in_daemon"}
+# Each options group: (its class, its keyword, its flat keywords).
+GROUPS = ((AdamWOptions, "adamw_options", ADAMW_KEYWORDS),
+          (DaemonOptions, "daemon_options", DAEMON_KEYWORDS),
+          (RoutingOptions, "routing_options", ROUTING_KEYWORDS),
+          (OverlapOptions, "overlap_options", OVERLAP_KEYWORDS))
 
 # DaemonOptions.resume: each accepted value -> Client.open_session's resume.
 RESUME_MODES = {False: "fresh", "fresh": "fresh", True: "continue",
@@ -88,6 +158,28 @@ def resume_mode(value: Any) -> str:
         f"DMuon: resume={value!r} is not one of \"fresh\" (or False, the default: "
         "start the job at step 1), True (or \"continue\": continue its momentum), "
         "\"replace\" (discard its momentum) or \"auto\" (continue if any)")
+
+
+def grouped(options: dict[str, Any], flat: dict[str, Any]) -> list[Any]:
+    """The four options groups of a DMuon() call, in GROUPS' order: each as
+    given (options: {keyword: value or None}), or made of its flat keywords
+    in `flat` (the call's other keywords). Each flat keyword warns
+    (DeprecationWarning) naming its new spelling; one that is no flat
+    keyword is the TypeError Python gives."""
+    known = {k for _, _, fields in GROUPS for k in fields}
+    unknown = sorted(set(flat) - known)
+    if unknown:
+        raise TypeError(f"DMuon.__init__() got an unexpected keyword argument "
+                        f"'{unknown[0]}'")
+    for cls, keyword, fields in GROUPS:
+        for k in fields:
+            if k in flat:
+                warnings.warn(
+                    f"DMuon({k}=...) is deprecated: pass {keyword}={cls.__name__}("
+                    f"{fields[k]}=...) (the flat keyword goes in the next release)",
+                    DeprecationWarning, stacklevel=3)
+    return [resolve(cls, keyword, options.get(keyword), flat, fields)
+            for cls, keyword, fields in GROUPS]
 
 
 def resolve(cls: type, keyword: str, options: Any, flat: dict[str, Any],

@@ -32,129 +32,30 @@ decayed and updated like any other, as torch does with a stacked parameter
 
 from __future__ import annotations
 
-import collections
-import math
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from . import _routing
+from ._routing import Part
 
 
-class Part:
-    """A dmuond table entry that is a slice (index along dim 0) of a routed
-    parameter: the route's attributes, with its own name and matrix. Its
-    hand-off, sharding and layer are its own (each table entry goes through
-    DMuon's hand-off states by itself) and are also written to the route,
-    which the routing table shows."""
-
-    def __init__(self, route, label, index, matrix):
-        self.route, self.label, self.index = route, label, index
-        self.name = f"{route.name}[{label}]"
-        self.matrix = matrix
-        self._handoff, self._sharding = route.handoff, route.sharding
-        self._layer = route.layer
-
-    def __getattr__(self, key):  # param, shape0, row_range, frozen, group, ...
-        if key.startswith("__") or key == "route":
-            raise AttributeError(key)
-        return getattr(self.route, key)
-
-    @property
-    def handoff(self):
-        return self._handoff
-
-    @handoff.setter
-    def handoff(self, value):
-        self._handoff = self.route.handoff = value
-
-    @property
-    def sharding(self):
-        return self._sharding
-
-    @sharding.setter
-    def sharding(self, value):
-        self._sharding = self.route.sharding = value
-
-    @property
-    def layer(self):
-        return self._layer
-
-    @layer.setter
-    def layer(self, value):
-        self._layer = self.route.layer = value
-
-    def view(self, t):
-        return t[self.index]
-
-    def flat_range(self):
-        """(first element, elements) of the part in the parameter's
-        row-major flattening (its rows of a DDP bucket's gradient)."""
-        row = math.prod(self.route.param.shape[1:])
-        if isinstance(self.index, int):
-            return self.index * row, row
-        return self.index.start * row, (self.index.stop - self.index.start) * row
-
-    @property
-    def shape(self):
-        return tuple(self.view(self.route.param.detach()).shape)
-
-
-def grad(r):
-    """The gradient table entry r hands over: .grad, or its part's view."""
-    g = r.param.grad
-    if g is None or not isinstance(r, Part):
-        return g
-    return r.view(g)
-
-
-def param(r):
-    """What table entry r's update is applied to: the parameter, or its
-    part's view (of the detached parameter: same storage and version)."""
-    return r.view(r.param.detach()) if isinstance(r, Part) else r.param
-
-
-def param_name(r):
-    return r.route.name if isinstance(r, Part) else r.name
-
-
-def indices(muon):
-    """{id(parameter): [its table entries' indices]}."""
-    out = collections.defaultdict(list)
-    for i, r in enumerate(muon):
-        out[id(r.param)].append(i)
-    return out
-
-
-def _entries(opt):
-    """{id(route): [table indices of its parts]}, cached for opt._muon (a
-    new list when add_param_group grows the table)."""
-    cache = getattr(opt, "_parts_cache", None)
-    if cache is None or cache[0] is not opt._muon:
-        entries = collections.defaultdict(list)
-        for i, r in enumerate(opt._muon):
-            if isinstance(r, Part):
-                entries[id(r.route)].append(i)
-        cache = opt._parts_cache = (opt._muon, dict(entries))
-    return cache[1]
-
-
-def bucket_plan(opt, plan):
-    """DMuon._bucket_plan's entries [(index, kind, offset, numel)] with a
+def bucket_plan(table, plan):
+    """The DDP bucket plan's entries [(index, kind, offset, numel)] with a
     parameter that has parts replaced by one entry per part (its rows of
-    the bucket's flat gradient, handed off by itself)."""
-    entries = _entries(opt)
-    if not entries:
+    the bucket's flat gradient, handed off by itself). table: the
+    MuonTable (dmuon/_table.py)."""
+    if not table.parts:
         return plan
     out = []
     for i, kind, offset, numel in plan:
-        r = None if i is None else opt._muon[i]
+        r = None if i is None else table.muon[i]
         if not isinstance(r, Part):
             out.append((i, kind, offset, numel))
             continue
-        for j in entries[id(r.route)]:
-            start, n = opt._muon[j].flat_range()
+        for j in table.parts[id(r.route)]:
+            start, n = table.muon[j].flat_range()
             out.append((j, kind, offset + start, n))
     return out
 
@@ -175,33 +76,28 @@ def expand(muon, group_of):
     return entries, groups
 
 
-def momentum_buffer(opt, i, momentum, dtype=None):
+def momentum_buffer(table, names, i, momentum):
     """The momentum_buffer (opt.state[p], state_dict()) of table entry i's
-    parameter when it has parts: the full-shape tensor assembled from every
-    part's momentum (momentum: {table name: array}), in `dtype` (default the
-    parameter's), a DTensor laid out as the parameter when it is one; None
-    for a plain entry."""
-    from . import _dtensor
-
-    r = opt._muon[i]
+    parameter when it has parts: the full-shape fp32 CPU tensor assembled
+    from every part's momentum (momentum: {table name: array}; names: the
+    session's table names); None for a plain entry."""
+    r = table.muon[i]
     if not isinstance(r, Part):
         return None
     full = torch.zeros(r.param.shape, dtype=torch.float32)
-    for j in _entries(opt)[id(r.route)]:
-        dst = opt._muon[j].view(full)
-        dst.copy_(torch.from_numpy(momentum[opt._session.names[j]]).reshape(dst.shape))
-    if getattr(r, "dtensor", None) is not None:
-        return _dtensor.as_param(r, full, dtype=dtype)
-    return full.to(device=r.param.device, dtype=dtype or r.param.dtype)
+    for j in table.parts[id(r.route)]:
+        dst = table.muon[j].view(full)
+        dst.copy_(torch.from_numpy(momentum[names[j]]).reshape(dst.shape))
+    return full
 
 
-def check_convertible(opt):
+def check_convertible(muon):
     """torch.optim.Muon keeps one momentum per parameter: a parameter
-    orthogonalized as parts has one per part."""
-    for r in opt._muon:
+    orthogonalized as parts (of the table entries `muon`) has one per part."""
+    for r in muon:
         if isinstance(r, Part):
             what = "an expert stack" if isinstance(r.index, int) else "a split weight"
-            n = sum(isinstance(q, Part) and q.route is r.route for q in opt._muon)
+            n = sum(isinstance(q, Part) and q.route is r.route for q in muon)
             raise NotImplementedError(
                 f"dmuon: {r.route.name} {list(r.param.shape)} is {what}, "
                 f"orthogonalized as {n} matrices with a momentum each; "
@@ -324,7 +220,7 @@ def route(routes, module, experts=(), split=None, strict=True):
     construction; add_param_group passes False)."""
     experts = normalize(experts)
     auto = experts == "auto"
-    model_names, owners = _routing._names_by_id(module), _routing._owners(module)
+    model_names, owners = _routing.names_by_id(module), _routing.owners(module)
     changed = False
     chosen = {}
     if auto:

@@ -30,10 +30,10 @@ Every wait on dmuond is bounded by the optimizer's `timeout`. With
 torch.distributed (several ranks) a rollback would need every rank at
 once: it raises, naming what to do.
 
-_RecoveryMixin is a part of DMuon (dmuon.optim); it uses DMuon's
-attributes: _muon, _group_of, _session, _region, _daemon, _finalizer,
-_handed, _pending, _world, _pg, _rank, _open_args, _opened, address,
-job_id, _attach, _cuda_device, _reset_step.
+Recovery holds what a rollback needs (this step's backwards, whether
+step() is between its first change and its commit, the error that made
+the optimizer unusable) and does it on the hand-off it is given
+(dmuon/_handoff.py), which owns it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import weakref
 
 import torch
 
-from . import _errors, _groups, _session
+from . import _errors
 
 _engine = torch.autograd.Variable._execution_engine
 
@@ -90,209 +90,107 @@ def deferred_sigint():
             raise KeyboardInterrupt
 
 
-class _RecoveryMixin:
-    """Roll back an uncommitted step, complete a committed one (see the
-    module docstring)."""
+class Recovery:
+    """Rolls back an uncommitted step (see the module docstring). resume:
+    the session's resume mode, for the reopen after a rollback."""
 
-    def _init_recovery(self):
-        self._backwards = {}  # graph task id -> _Backward, this step's
-        self._stepping = False  # step() between its first change and commit
-        self._staged = None  # (Muon index, new value) of an apply in progress
-        self._lost = None  # a rollback that could not reopen the session
-        self._pending_step = None  # the session's step when it committed
+    def __init__(self, resume="auto"):
+        self.resume = resume
+        self.backwards = {}  # graph task id -> _Backward, this step's
+        self.stepping = False  # step() between its first change and commit
+        self.lost = None  # a rollback that could not reopen the session
 
-    def _track_backward(self):
+    def track_backward(self):
         """Called by each hand-off: remembers the backward it came from."""
         task = torch._C._current_graph_task_id()
-        if task >= 0 and task not in self._backwards:
-            self._backwards[task] = _Backward(task)
+        if task >= 0 and task not in self.backwards:
+            self.backwards[task] = _Backward(task)
 
-    def _interrupted(self, backward_only=False):
+    def committed(self):
+        self.stepping, self.backwards = False, {}
+
+    def interrupted(self, backward_only=False):
         """Why the step in progress must be rolled back, or None."""
-        if self._stepping and not backward_only:
+        if self.stepping and not backward_only:
             return "step() was interrupted before it committed"
-        if any(b.aborted() for b in self._backwards.values()):
+        if any(b.aborted() for b in self.backwards.values()):
             return "a backward that handed gradients to dmuond did not finish"
         return None
 
-    def _recover(self, backward_only=False):
-        """Rolls back an interrupted, uncommitted step (cheap when there is
-        none). A committed step's remaining updates are synchronize()'s.
-        backward_only: only a backward that died (a hand-off: step() may be
-        the caller)."""
-        if self._lost is not None:
-            raise self._lost
-        if self._pending:
+    def recover(self, h, backward_only=False):
+        """Rolls back hand-off h's interrupted, uncommitted step (cheap when
+        there is none). A committed step's remaining updates are
+        h.synchronize()'s. backward_only: only a backward that died (a
+        hand-off: step() may be the caller)."""
+        if self.lost is not None:
+            raise self.lost
+        if h.pending:
             return
-        why = self._interrupted(backward_only)
+        why = self.interrupted(backward_only)
         if why is not None:
-            self._void_step(why)
+            self.void_step(h, why)
 
-    def _void_step(self, why, cause=None):
+    def void_step(self, h, why, cause=None):
         """Voids dmuond's step in progress (see the module docstring) and
-        resets this step's bookkeeping. cause: the dmuon error that ended the
+        resets hand-off h's step. cause: the dmuon error that ended the
         step, if one did."""
-        self._stepping = True  # until it is rolled back: the next call retries
-        if self._session is None or not any(self._handed):
-            self._backwards, self._stepping = {}, False
-            self._reset_step()
+        self.stepping = True  # until it is rolled back: the next call retries
+        link = h.link
+        if link.session is None or not any(h.handed):
+            self.backwards, self.stepping = {}, False
+            h.reset_step()
             return
         if cause is not None:
             # A private dmuond that died took the momentum with it: nothing to
             # roll back or reopen (a reopen would wait out the whole timeout
             # for a daemon that is gone); say so now, and on every later call.
-            err = _errors.explain(self._daemon, cause)
+            err = _errors.explain(link.daemon, cause)
             if err is not cause:
-                self._lost = err
+                self.lost = err
                 raise err from cause
-        step = self._session.step
-        if self._world > 1:
+        step = link.session.step
+        if h.world > 1:
             raise RuntimeError(
                 f"DMuon: step {step} was interrupted ({why}) after some gradients went "
                 "to dmuond; with several ranks it cannot be rolled back by one rank: "
                 "create a new DMuon on every rank and load_state_dict() the last "
                 "checkpoint")
-        if self._can_rewind() and all(self._handed):
+        if h.can_rewind() and all(h.handed):
             # Every gradient is with dmuond, which may have completed the step
             # already: it is finished here and undone (Rewind: momentum back
             # to before it). With some missing, dmuond cannot have completed
             # it, and closing the session mid-step rolls it back (below).
-            self._backwards = {}
-            self._rewind_step()
-            self._stepping = False
-            self.stats["voided_steps"] = self.stats.get("voided_steps", 0) + 1
+            self.backwards = {}
+            h.rewind()
+            self.stepping = False
+            h.stats["voided_steps"] = h.stats.get("voided_steps", 0) + 1
             return
-        timeout, transport = self._open_args
-        opened = self._opened
-        self._finalizer.detach()
-        old, self._session, self._grad, self._upd = self._session, None, None, None
         # Closing mid-step: dmuond rolls the job back to its last completed
         # step and keeps it for a reopen (docs/design.md, "State and snapshots").
-        _session.release([old], self._region)
-        del old
+        link.release()
         try:
-            with _errors.explained(self._daemon):
-                (session, self._region, self._staging, _, self.address, _,
-                 self.pool_owner) = _session.open_session(
-                    self._pg, self._rank, self._world, self.address, self.job_id,
-                    timeout, transport, (), _groups.table(self._muon, self._group_of),
-                    opened, self._cuda_device(transport),
-                    # The job as rolled back (step - 1 completed): anything
-                    # else (dropped meanwhile, replaced) is an error here,
-                    # never a silent start from zero (resume="auto": as the
-                    # DMuon was opened, for a dmuond older than 1.1).
-                    resume=("auto" if getattr(self, "_resume", "auto") == "auto"
-                            else "continue" if step > 1 else "fresh"))
+            with _errors.explained(link.daemon):
+                # The job as rolled back (step - 1 completed): anything else
+                # (dropped meanwhile, replaced) is an error here, never a
+                # silent start from zero (resume="auto": as the DMuon was
+                # opened, for a dmuond older than 1.1).
+                link.open(link.address, link.job_id, (), h.table,
+                          resume=("auto" if self.resume == "auto"
+                                  else "continue" if step > 1 else "fresh"))
         except Exception as e:
-            self._lost = RuntimeError(
+            self.lost = RuntimeError(
                 f"DMuon: step {step} was interrupted ({why}); rolling it back closed "
-                f"the dmuond session and reopening job '{self.job_id}' at "
-                f"{self.address} failed: {e}. Create a new DMuon and load_state_dict() "
+                f"the dmuond session and reopening job '{link.job_id}' at "
+                f"{link.address} failed: {e}. Create a new DMuon and load_state_dict() "
                 "the last checkpoint")
-            raise self._lost from e
-        self._attach(session)
-        self._opened = opened  # what the job was opened with, not the groups now
-        self._momentum_cache = None
-        self._backwards, self._stepping = {}, False
-        self._reset_step()
-        self.stats["voided_steps"] = self.stats.get("voided_steps", 0) + 1
-        if session.step != step:
+            raise self.lost from e
+        self.backwards, self.stepping = {}, False
+        h.reset_step()
+        h.stats["voided_steps"] = h.stats.get("voided_steps", 0) + 1
+        if link.session.step != step:
             raise RuntimeError(
-                f"DMuon: step {step} was interrupted ({why}) and dmuond at {self.address} "
-                f"could not roll it back (the job reopened at step {session.step}: its "
-                "executors keep momentum in device memory, or the job was dropped); "
+                f"DMuon: step {step} was interrupted ({why}) and dmuond at {link.address} "
+                f"could not roll it back (the job reopened at step {link.session.step}: "
+                "its executors keep momentum in device memory, or the job was dropped); "
                 "the Muon momentum is not what it was: load_state_dict() your last "
                 "checkpoint")
-
-    def _momentum_to_send(self, i):
-        """This step's momentum (beta) for Muon matrix i, sent with its
-        hand-off (GradientsReady.momentum, protocol minor 2), or None: its
-        group's 'momentum' is the one the dmuond session was opened with and
-        no scheduler cycles it. OneCycleLR/CyclicLR with cycle_momentum=True
-        set each group's 'momentum' every step (and mark the groups with
-        'base_momentum'/'max_momentum'), as torch.optim.Muon reads it."""
-        g = self._group_of[i]
-        group = self.param_groups[g]
-        beta = float(group["momentum"])
-        if not 0.0 <= beta < 1.0:  # NaN too
-            raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
-                             f"{group['momentum']!r}; it must be in [0, 1)")
-        cache = getattr(self, "_opened_by_group", None)
-        if cache is None or cache[0] is not self._opened:
-            cache = (self._opened, dict(zip(sorted(set(self._group_of)),
-                                            (o["momentum"] for o in self._opened))))
-            self._opened_by_group = cache
-        if (beta == cache[1].get(g) and "max_momentum" not in group
-                and "base_momentum" not in group):
-            return None
-        return beta
-
-    def _momentum_moved(self):
-        """step(): the Muon indices handed off with another momentum than
-        their group's now (a scheduler, or the user, changed it after the
-        hand-off, during or after backward). With a rewind they are redone
-        (exact); otherwise it raises naming the group."""
-        moved = []
-        for i, beta in enumerate(getattr(self, "_sent_beta", ())):
-            if beta is None or not self._handed[i] or self._absent[i]:
-                continue
-            g = self._group_of[i]
-            if float(self.param_groups[g]["momentum"]) != beta:
-                moved.append(i)
-        if moved and not self._can_rewind():
-            g = self._group_of[moved[0]]
-            raise RuntimeError(
-                f"DMuon: param_groups[{g}]['momentum'] changed from "
-                f"{self._sent_beta[moved[0]]!r} to "
-                f"{self.param_groups[g]['momentum']!r} after the gradient of "
-                f"{self._muon[moved[0]].name} was handed to dmuond for step "
-                f"{self._session.step}; with "
-                "GPU transports dmuond "
-                "cannot redo a step: change the momentum (scheduler.step()) after "
-                "optimizer.step() and before the next backward, or pass "
-                "overlap=False so that gradients leave at step()")
-        return moved
-
-    def _adamw_beta1(self):
-        """OneCycleLR/CyclicLR with cycle_momentum=True write 'momentum' into
-        every group (DMuon's defaults have no 'betas') and mark it with
-        'base_momentum'/'max_momentum': an AdamW group's is its beta1, as a
-        torch.optim.AdamW's scheduler sets betas[0]. (An AdamW group added
-        later gets the defaults' 'momentum' unmarked: not its beta1.)"""
-        for group in self.param_groups:
-            if (not group.get("use_muon", True) and "momentum" in group
-                    and ("max_momentum" in group or "base_momentum" in group)):
-                group["betas"] = (group["momentum"], *tuple(group["betas"])[1:])
-
-    def _stage_apply(self, i, p, value):
-        """Writes `value` into parameter p (Muon index i) so that an interrupt
-        leaves it either untouched or done: a retry copies the same value."""
-        self._staged = (i, value)
-        p.copy_(value)
-        self._applied[i] = True
-        self._staged = None
-
-    def _restage(self, i, p):
-        """An apply of i interrupted after it was staged: done again from
-        its value. True if there was one."""
-        if self._staged is None or self._staged[0] != i:
-            return False
-        with torch.no_grad():
-            self._stage_apply(i, p, self._staged[1])
-        return True
-
-    def _before_forward(self, *args):
-        """Root module's forward pre-hook: a step interrupted before it
-        committed is rolled back, one that committed is completed (its
-        updates must be in before this forward uses the parameters)."""
-        self._recover()
-        if self._pending and not self._overlap_forward:
-            self.synchronize()
-        self._check_shapes()
-
-    def _settle(self):
-        """zero_grad(): rolls back an interrupted step that had not committed
-        (it still reads .grad) and completes one that had."""
-        self._recover()
-        if self._pending and not self._overlap_forward:
-            self.synchronize()

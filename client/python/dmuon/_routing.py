@@ -34,17 +34,22 @@ or names (exact, or a prefix ending at a dot: "lm_head" covers
 Layers (layer_key, layer_ids): each Muon matrix also gets the layer of the
 daemon's table, which the planner spreads over devices so that the matrices
 the next forward needs together come back in parallel (see layer_key).
+
+This module is the bottom of DMuon's routing: Route (one parameter's
+route), Part (a dmuond table entry that is a slice of a routed parameter)
+and their helpers live here; _dtensor (DTensor layouts) and _parts
+(experts=, split=) refine routes after resolve() and import this module,
+never each other.
 """
 
 import collections
 import dataclasses
 import math
+import sys
 from typing import Optional, Tuple
 
 import torch
 from torch import nn
-
-from . import _dtensor
 
 
 @dataclasses.dataclass
@@ -70,7 +75,102 @@ class Route:
         return tuple(self.param.shape)
 
 
-def _names_by_id(module):
+class Part:
+    """A dmuond table entry that is a slice (index along dim 0) of a routed
+    parameter (_parts: experts=, split=): the route's attributes, with its
+    own name and matrix. Its hand-off, sharding and layer are its own (each
+    table entry goes through DMuon's hand-off states by itself) and are also
+    written to the route, which the routing table shows."""
+
+    def __init__(self, route, label, index, matrix):
+        self.route, self.label, self.index = route, label, index
+        self.name = f"{route.name}[{label}]"
+        self.matrix = matrix
+        self._handoff, self._sharding = route.handoff, route.sharding
+        self._layer = route.layer
+
+    def __getattr__(self, key):  # param, shape0, row_range, frozen, group, ...
+        if key.startswith("__") or key == "route":
+            raise AttributeError(key)
+        return getattr(self.route, key)
+
+    @property
+    def handoff(self):
+        return self._handoff
+
+    @handoff.setter
+    def handoff(self, value):
+        self._handoff = self.route.handoff = value
+
+    @property
+    def sharding(self):
+        return self._sharding
+
+    @sharding.setter
+    def sharding(self, value):
+        self._sharding = self.route.sharding = value
+
+    @property
+    def layer(self):
+        return self._layer
+
+    @layer.setter
+    def layer(self, value):
+        self._layer = self.route.layer = value
+
+    def view(self, t):
+        return t[self.index]
+
+    def flat_range(self):
+        """(first element, elements) of the part in the parameter's
+        row-major flattening (its rows of a DDP bucket's gradient)."""
+        row = math.prod(self.route.param.shape[1:])
+        if isinstance(self.index, int):
+            return self.index * row, row
+        return self.index.start * row, (self.index.stop - self.index.start) * row
+
+    @property
+    def shape(self):
+        return tuple(self.view(self.route.param.detach()).shape)
+
+
+def grad(r):
+    """The gradient table entry r hands over: .grad, or its part's view."""
+    g = r.param.grad
+    if g is None or not isinstance(r, Part):
+        return g
+    return r.view(g)
+
+
+def param(r):
+    """What table entry r's update is applied to: the parameter, or its
+    part's view (of the detached parameter: same storage and version)."""
+    return r.view(r.param.detach()) if isinstance(r, Part) else r.param
+
+
+def param_name(r):
+    return r.route.name if isinstance(r, Part) else r.name
+
+
+def indices(muon):
+    """{id(parameter): [its table entries' indices]}."""
+    out = collections.defaultdict(list)
+    for i, r in enumerate(muon):
+        out[id(r.param)].append(i)
+    return out
+
+
+def is_dtensor(t) -> bool:
+    """Whether t is a torch.distributed.tensor.DTensor (_dtensor lays such
+    Muon matrices out)."""
+    # A DTensor exists only once torch.distributed.tensor was imported: no
+    # import here (it costs time, and torch may be built without it).
+    mod = sys.modules.get("torch.distributed.tensor")
+    cls = getattr(mod, "DTensor", None)
+    return cls is not None and isinstance(t, cls)
+
+
+def names_by_id(module):
     names = {}
     if module is not None:
         for name, p in module.named_parameters(remove_duplicate=False):
@@ -113,7 +213,7 @@ def _is_hf_conv1d(m):
     return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers")
 
 
-def _owners(module):
+def owners(module):
     """{id(param): [(module, attribute name)]} over every module that
     registers the parameter itself (tied parameters have several)."""
     owners = collections.defaultdict(list)
@@ -196,8 +296,9 @@ def _matrix(p):
 
 def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
     """Routes every parameter of `groups` (torch-style dicts); returns Routes.
-    `named`: {id(param): name} for parameters given as (name, param) pairs."""
-    names = _names_by_id(module)
+    `named`: {id(param): name} for parameters given as (name, param) pairs.
+    A Muon DTensor's layout is _dtensor.route_all's, run next."""
+    names = names_by_id(module)
     names.update(named or {})
     adamw_ids = _ids_of(adamw, names, "adamw")
     muon_ids = _ids_of(muon, names, "muon")
@@ -205,7 +306,7 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
     if both:
         clash = [names.get(i, "?") for i in both]
         raise ValueError(f"DMuon: parameters in both adamw= and muon=: {clash}")
-    owners = _owners(module)
+    owners_of = owners(module)
     shard_of = {}
     for key, layout in (shards or {}).items():
         pid = id(key) if isinstance(key, torch.Tensor) else None
@@ -241,7 +342,7 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
             elif flag is False:
                 route, kind, why = "adamw", "group use_muon=False", "group use_muon=False"
             elif module is not None:
-                route, kind, why = _by_module(p, owners.get(id(p), []))
+                route, kind, why = _by_module(p, owners_of.get(id(p), []))
             elif p.dim() < 2:
                 route, kind = "adamw", f"{p.dim()}-D"
                 why = f"{p.dim()}-D (no model=: routed by shape, embeddings not detectable)"
@@ -256,8 +357,11 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
             if not p.requires_grad:
                 r.frozen = True
                 r.reason += "; frozen at construction"
-            if r.route == "muon" and _dtensor.is_dtensor(p):
-                _dtensor.route(r, p, in_shards=id(p) in shard_of)  # FSDP2 / TP
+            if r.route == "muon" and is_dtensor(p):
+                # FSDP2 / TP: laid out by _dtensor.route_all, after resolve()
+                if id(p) in shard_of:
+                    raise ValueError(f"DMuon: shards= names {name}, a DTensor: its layout "
+                                     "is taken from its placements; leave it out of shards=")
             elif id(p) in shard_of:
                 if r.route != "muon":
                     raise ValueError(f"DMuon: shards= names {name}, which is not Muon's")

@@ -8,6 +8,9 @@ import os
 import socket
 import sys
 import warnings
+import weakref
+
+import torch
 
 from . import _ddp, _gpu, _native
 from ._daemon import LocalDaemon
@@ -264,3 +267,88 @@ def close(holder, daemon, region=None):
     daemon = release(holder, region, daemon)
     if daemon is not None:
         daemon.stop()
+
+
+def cuda_device(muon, transport):
+    """The one CUDA device of the Muon table entries `muon` (a GPU transport
+    moves them without host staging), else None."""
+    devices = {r.param.device for r in muon}
+    if transport in ("cuda_ipc", "nccl") and len(devices) > 1:
+        raise ValueError(f"DMuon: transport='{transport}' needs every Muon "
+                         f"parameter on one CUDA device; they are on "
+                         f"{sorted(str(d) for d in devices)}")
+    device = next(iter(devices))
+    if device.type == "cuda" or transport in ("cuda_ipc", "nccl"):
+        return device  # a CPU device with a GPU transport: open_session says so
+    return None
+
+
+class Link:
+    """A DMuon's dmuond session and what comes with it: the session's
+    gradient and update buffers (grad, upd: one tensor per table entry), the
+    GPU region (cuda_ipc, nccl) or None, the note on host staging, the
+    private daemon of server="auto", the address, job id and pool owner;
+    and the finalizer that closes them when the Link (its optimizer) goes.
+    open() again after release() reopens (a rollback, a grown table)."""
+
+    def __init__(self, pg, rank, world, timeout, transport):
+        self.pg, self.rank, self.world = pg, rank, world
+        self.timeout, self.asked = timeout, transport  # asked: transport=
+        self.session = self.region = self.staging = self.daemon = None
+        self.address = self.job_id = self.pool_owner = None
+        self.grad = self.upd = None
+        self._finalizer = None
+
+    def open(self, server, job_id, flags, table, resume="auto"):
+        """Opens a session of MuonTable `table` (its table and specs) at
+        `server` (the address, a pool's, or "auto")."""
+        (session, self.region, self.staging, daemon, self.address, self.job_id,
+         self.pool_owner) = open_session(
+            self.pg, self.rank, self.world, server, job_id, self.timeout, self.asked,
+            flags, list(table.table), list(table.specs),
+            cuda_device(table.muon, self.asked), resume=resume)
+        if self.daemon is None:
+            self.daemon = daemon
+        self.session = session
+        if self.region is not None:  # GPU memory of this process
+            self.grad, self.upd = list(self.region.grad), list(self.region.upd)
+        else:
+            n = len(table.muon)
+            self.grad = [torch.from_numpy(session.gradient(i)) for i in range(n)]
+            self.upd = [torch.from_numpy(session.update(i, writable=True))
+                        for i in range(n)]
+        # The finalizer owns the session through a list: close() empties it so
+        # the channel is gone before the private daemon is told to stop; the
+        # GPU region is freed only after the daemon released it (release():
+        # closed with region_released, or the private daemon exited).
+        self._finalizer = weakref.finalize(self, close, [session], self.daemon,
+                                           self.region)
+
+    def release(self):
+        """Closes the session, keeping the daemon (a reopen follows)."""
+        self._finalizer.detach()
+        old, self.session, self.grad, self.upd = self.session, None, None, None
+        release([old], self.region)
+
+    def close(self):
+        """Closes the session and stops a private daemon."""
+        self.session, self.grad, self.upd, self.region = None, None, None, None
+        if self._finalizer is not None:
+            self._finalizer()
+
+    @property
+    def transport(self):
+        """How the Muon tensors travel ("cuda_ipc" | "nccl" | "shm" |
+        "inline", with the reason when CUDA tensors are staged through host
+        memory); None without a session."""
+        if self.session is None:
+            return None
+        t = self.session.transport
+        return f"{t} ({self.staging})" if self.staging else t
+
+    def where(self):
+        """The daemon, for the routing summary ("" without a session)."""
+        if self.session is None:
+            return ""
+        who = "private dmuond" if self.daemon is not None else "dmuond"
+        return f"{who} at {self.address} ({self.transport})"

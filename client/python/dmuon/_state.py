@@ -1,7 +1,7 @@
 """DMuon's state and checkpoints: opt.state[p] of a Muon parameter (its
 "momentum_buffer" and "step" read from dmuond when asked for), state_dict()'s
-layout, what load_state_dict() checks before it changes anything, the Muon
-hyperparameters dmuond fixes, and "between steps only" (_at_boundary).
+layout, and what load_state_dict() checks before it changes anything (the
+hyperparameters dmuond fixes among them: MuonTable.changed).
 
 state_dict() is torch.optim.Muon + torch.optim.AdamW's layout, whoever asks
 (torch.save, torch.distributed.checkpoint: dmuon/_dcp.py):
@@ -31,10 +31,9 @@ starts from zero, the step count is the largest Muon "step", else AdamW's);
 and format 1, the layout before 2: "dmuon": {"format": 1,
 "completed_steps", "momentum": {table name: fp32 matrix}}.
 
-_StateMixin is a part of DMuon (dmuon.optim), split out by concern; it uses
-DMuon's attributes: _muon (the Muon routes), _session, _group_of, _opened
-(the group specs the session was opened with), _handed, _momentum_cache,
-param_groups, state, synchronize().
+StateView is that layer for one DMuon: it reads the hand-off
+(dmuon/_handoff.py: the session, the MuonTable, the param_groups) and
+keeps the momentum read from dmuond for the step it was read in.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from collections.abc import ItemsView, KeysView, Mapping, ValuesView
 
 import torch
 
-from . import _dtensor, _groups, _parts
+from . import _dtensor, _groups, _parts, _routing
 
 FORMAT = 2  # state_dict()["dmuon"]["format"]; load_state_dict() reads 1 and 2
 # What opt.state[p] of a Muon parameter lists and reads from dmuond.
@@ -62,11 +61,11 @@ class _MuonState(dict):
 
     def __init__(self, owner, index, items=()):
         super().__init__(items)
-        self._owner, self._index = owner, index
+        self._owner, self._index = owner, index  # owner: a weakref to the StateView
 
     def _lazy(self):
         owner = self._owner()
-        if owner is None or getattr(owner, "_session", None) is None:
+        if owner is None or owner.session is None:
             return ()
         return tuple(k for k in _LAZY if not dict.__contains__(self, k))
 
@@ -77,7 +76,7 @@ class _MuonState(dict):
     def __missing__(self, key):
         if key not in self._lazy():
             raise KeyError(key)
-        return self._owner()._lazy_state(self._index, key)
+        return self._owner().lazy(self._index, key)
 
     def get(self, key, default=None):
         try:
@@ -141,33 +140,60 @@ def _is_row_sharded(r):
     return bool(r.row_range) and getattr(r, "dtensor", None) is None
 
 
-class _StateMixin:
-    """DMuon's Muon state, checkpoint checks and fixed hyperparameters (see
-    the module docstring)."""
+class StateView:
+    """The Muon half of a DMuon's state (see the module docstring):
+    opt.state[p] of its Muon parameters, state_dict()'s Muon entries and
+    load_state_dict()'s checks."""
 
-    def _install_state(self):
+    def __init__(self, handoff):
+        self._handoff = handoff
+        # (session, its step, {table name: momentum}, completed steps): read
+        # once per step, for opt.state[p].
+        self.cache = None
+
+    @property
+    def session(self):
+        return self._handoff.link.session
+
+    @property
+    def _table(self):
+        return self._handoff.table
+
+    def forget(self):
+        """Drops the momentum read from dmuond (load_state_dict() set another)."""
+        self.cache = None
+
+    def install(self, state):
+        """opt.state[p] of every Muon parameter as a _MuonState (`state`: the
+        optimizer's, which torch's load_state_dict() replaces)."""
         ref = weakref.ref(self)
-        for i, r in enumerate(self._muon):
-            st = self.state.get(r.param, {})
+        for i, r in enumerate(self._table.muon):
+            st = state.get(r.param, {})
             if not isinstance(st, _MuonState) or st._index != i:
                 kept = st.stored() if isinstance(st, _MuonState) else dict(st)
-                self.state[r.param] = _MuonState(
+                state[r.param] = _MuonState(
                     ref, i, {k: v for k, v in kept.items() if k not in _LAZY})
 
-    def _fetch_state(self):
+    def _fetch(self):
         """({table name: momentum array}, completed steps) from dmuond, once
         per step (for opt.state[p])."""
-        if self._momentum_cache is None:
-            self._at_boundary("state[p]['momentum_buffer'] (a read from dmuond)")
-            st = self._session.get_state()
-            self._momentum_cache = (dict(zip(st["names"], st["momentum"])),
-                                    int(st["completed_steps"]))
-        return self._momentum_cache
+        session = self.session
+        cache = self.cache
+        if cache is None or cache[0] is not session or cache[1] != session.step:
+            self._handoff.at_boundary("state[p]['momentum_buffer'] (a read from dmuond)")
+            session = self.session  # a rollback may have reopened it
+            st = session.get_state()
+            # Valid while the session and its step are: a step, a reopen or
+            # a rollback's reopen make it stale; load_state_dict() drops it.
+            cache = self.cache = (session, session.step,
+                                 dict(zip(st["names"], st["momentum"])),
+                                 int(st["completed_steps"]))
+        return cache[2], cache[3]
 
-    def _lazy_state(self, i, key):
+    def lazy(self, i, key):
         """opt.state[p][key] of Muon table entry i's parameter ("step" or
         "momentum_buffer"), read from dmuond."""
-        momentum, done = self._fetch_state()
+        momentum, done = self._fetch()
         if key == "step":
             return _step_tensor(done)
         return self._momentum_of(i, momentum)
@@ -178,10 +204,13 @@ class _StateMixin:
         laid out as it; assembled from its parts' (_parts); this rank's rows
         of a shards= matrix. momentum: {table name: array} (GetState's);
         copy=False: the result may share the array's memory."""
-        r = self._muon[i]
-        if isinstance(r, _parts.Part):  # the full shape, from every part's momentum
-            return _parts.momentum_buffer(self, i, momentum, dtype)
-        m = torch.from_numpy(momentum[self._session.names[i]])
+        r = self._table.muon[i]
+        if isinstance(r, _routing.Part):  # the full shape, from every part's momentum
+            full = _parts.momentum_buffer(self._table, self.session.names, i, momentum)
+            if r.dtensor is not None:
+                return _dtensor.as_param(r, full, dtype=dtype)
+            return full.to(device=r.param.device, dtype=dtype or r.param.dtype)
+        m = torch.from_numpy(momentum[self.session.names[i]])
         if r.dtensor is not None:  # from the whole matrix, laid out as p (_dtensor)
             return _dtensor.as_param(r, m, dtype=dtype)
         if r.row_range:
@@ -189,35 +218,31 @@ class _StateMixin:
         return m.reshape(r.param.shape).to(device=r.param.device,
                                            dtype=dtype or r.param.dtype, copy=copy)
 
-    def _by_param(self):
-        """[(parameter, [its table indices])] in table order."""
-        return [(self._muon[idx[0]].param, idx)
-                for idx in _parts.indices(self._muon).values()]
-
-    def _init_adamw_state(self):
+    def init_adamw_state(self, state):
         """AdamW's initial state for every AdamW parameter that requires grad
-        and has none (see the module docstring)."""
-        for group in self.param_groups:
+        and has none (see the module docstring), in `state` (the
+        optimizer's)."""
+        for group in self._handoff.groups:
             if group["use_muon"]:
                 continue
             for p in group["params"]:
-                if p.requires_grad and not self.state.get(p):
-                    self.state[p] = _adamw_initial(p, group)
+                if p.requires_grad and not state.get(p):
+                    state[p] = _adamw_initial(p, group)
 
-    def _add_muon_state(self, sd):
+    def add_muon_state(self, sd):
         """Adds dmuond's Muon state to sd (local_state_dict()'s) in torch's
         layout, and the "dmuon" entry (the module docstring)."""
-        st = self._session.get_state()
+        st = self.session.get_state()
         momentum = dict(zip(st["names"], st["momentum"]))
         done = int(st["completed_steps"])
-        key = {id(p): k for g, saved in zip(self.param_groups, sd["param_groups"])
+        key = {id(p): k for g, saved in zip(self._handoff.groups, sd["param_groups"])
                for p, k in zip(g["params"], saved["params"])}
         whole = {}
-        for p, idx in self._by_param():
-            k, r = key[id(p)], self._muon[idx[0]]
+        for p, idx in self._table.by_param:
+            k, r = key[id(p)], self._table.muon[idx[0]]
             entry = {n: v for n, v in sd["state"].get(k, {}).items() if n not in _LAZY}
             if _is_row_sharded(r):
-                whole[r.name] = torch.from_numpy(momentum[self._session.names[idx[0]]])
+                whole[r.name] = torch.from_numpy(momentum[self.session.names[idx[0]]])
             else:
                 entry["momentum_buffer"] = self._momentum_of(  # a fresh GetState's
                     idx[0], momentum, torch.float32, copy=False)
@@ -228,31 +253,25 @@ class _StateMixin:
             sd["dmuon"]["row_sharded_momentum"] = whole
         return sd
 
-    def _muon_keys(self, saved_groups):
+    def muon_keys(self, saved_groups):
         """The state_dict keys of the Muon parameters (the groups' lengths
         were checked)."""
-        return {k for mine, theirs in zip(self.param_groups, saved_groups)
+        return {k for mine, theirs in zip(self._handoff.groups, saved_groups)
                 if mine["use_muon"] for k in theirs.get("params", ())}
 
-    def _at_boundary(self, what):
-        self.synchronize()
-        if self._session is not None and any(self._handed):
-            raise RuntimeError(f"DMuon.{what}() in the middle of a step (gradients are "
-                               "already with dmuond): call it after step()")
-
-    def _check_loadable(self, state_dict):
+    def check_loadable(self, state_dict):
         """Everything load_state_dict() checks, before it changes anything."""
         saved = state_dict.get("param_groups")
         if not isinstance(saved, list) or "state" not in state_dict:
             raise ValueError("DMuon.load_state_dict: not an optimizer state_dict (it "
                              "needs 'state' and 'param_groups')")
-        if len(saved) != len(self.param_groups):
+        if len(saved) != len(self._handoff.groups):
             raise ValueError(
                 f"DMuon.load_state_dict: the checkpoint has {len(saved)} parameter "
-                f"groups, this optimizer {len(self.param_groups)} (each user group is a "
+                f"groups, this optimizer {len(self._handoff.groups)} (each user group is a "
                 "Muon and an AdamW group): create the DMuon with the same params/groups, "
                 "model, adamw= and muon= as the one that saved it")
-        for g, (mine, theirs) in enumerate(zip(self.param_groups, saved)):
+        for g, (mine, theirs) in enumerate(zip(self._handoff.groups, saved)):
             if len(mine["params"]) != len(theirs.get("params", ())):
                 raise ValueError(
                     f"DMuon.load_state_dict: param_groups[{g}] has "
@@ -266,31 +285,28 @@ class _StateMixin:
                     f"{kind[bool(theirs['use_muon'])]} group in the checkpoint and "
                     f"{kind[mine['use_muon']]} group here: the routing differs (check "
                     "adamw=, muon= and the groups' use_muon)")
-        if self._session is None:
+        if self.session is None:
             return None
         merged = [{**mine, **{k: v for k, v in theirs.items() if k != "params"}}
-                  for mine, theirs in zip(self.param_groups, saved)]
+                  for mine, theirs in zip(self._handoff.groups, saved)]
         try:
-            now = _groups.specs(merged, self._group_of)
+            now = _groups.specs(merged, self._table.group_of)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"DMuon.load_state_dict: the checkpoint's Muon groups "
                              f"cannot be read ({e!r})") from e
-        for g, then, spec in zip(sorted(set(self._group_of)), self._opened, now):
-            if not 0.0 <= spec["momentum"] < 1.0:  # NaN too
+        changed = self._table.changed(now)
+        if changed is not None:
+            g, name, _, _ = changed
+            if name is None:
                 raise ValueError(f"DMuon.load_state_dict: the checkpoint's param_groups"
                                  f"[{g}]['momentum'] is {merged[g]['momentum']!r}; it "
                                  "must be in [0, 1)")
-            for key in then:
-                if key == "momentum":
-                    continue  # sent per step (a scheduler that cycles it)
-                if spec[key] != then[key]:
-                    name = "ns_coefficients" if key in ("schedule", "coefficients") else key
-                    raise ValueError(
-                        f"DMuon.load_state_dict: the checkpoint's param_groups[{g}]"
-                        f"['{name}'] is {merged[g][name]!r}; this optimizer's dmuond "
-                        f"session was opened with {self.param_groups[g][name]!r}, and "
-                        f"dmuond fixes it at creation: create the DMuon with "
-                        f"{name}={merged[g][name]!r}, then load_state_dict()")
+            raise ValueError(
+                f"DMuon.load_state_dict: the checkpoint's param_groups[{g}]"
+                f"['{name}'] is {merged[g][name]!r}; this optimizer's dmuond "
+                f"session was opened with {self._handoff.groups[g][name]!r}, and "
+                f"dmuond fixes it at creation: create the DMuon with "
+                f"{name}={merged[g][name]!r}, then load_state_dict()")
         return self._loadable_momentum(state_dict, saved)
 
     def _loadable_momentum(self, state_dict, saved):
@@ -309,16 +325,16 @@ class _StateMixin:
         if not isinstance(state, Mapping):
             raise ValueError(f"DMuon.load_state_dict: state_dict['state'] is a "
                              f"{type(state).__name__}, not a dict")
-        key = {id(p): k for mine, theirs in zip(self.param_groups, saved)
+        key = {id(p): k for mine, theirs in zip(self._handoff.groups, saved)
                if mine["use_muon"] for p, k in zip(mine["params"], theirs["params"])}
-        entries = self._by_param()
+        entries = self._table.by_param
         found = {}
         for p, idx in entries:
             k = key[id(p)]
             st = state.get(k)
             if st is not None and not isinstance(st, Mapping):
                 raise ValueError(f"DMuon.load_state_dict: state[{k!r}] (parameter "
-                                 f"{_parts.param_name(self._muon[idx[0]])!r}) is a "
+                                 f"{_routing.param_name(self._table.muon[idx[0]])!r}) is a "
                                  f"{type(st).__name__}, not a dict")
             mb = (st or {}).get("momentum_buffer")
             if isinstance(mb, Mapping) and not mb:
@@ -332,10 +348,10 @@ class _StateMixin:
         if not isinstance(whole, Mapping):
             raise ValueError("DMuon.load_state_dict: state_dict['dmuon']"
                              "['row_sharded_momentum'] is not a dict")
-        names, momentum, steps = self._session.names, {}, []
+        names, momentum, steps = self.session.names, {}, []
         for p, idx in entries:
-            r = self._muon[idx[0]]
-            name = _parts.param_name(r)
+            r = self._table.muon[idx[0]]
+            name = _routing.param_name(r)
             k, st, mb = found[id(p)]
             if st is not None and "step" in st and not isinstance(st["step"], Mapping):
                 steps.append(st["step"])
@@ -359,19 +375,19 @@ class _StateMixin:
                         "or its routing differs (check adamw= and muon=, experts= and "
                         "split=)")
                 for i in idx:  # torch's layout: never stepped, zero
-                    momentum[names[i]] = torch.zeros(self._muon[i].matrix)
+                    momentum[names[i]] = torch.zeros(self._table.muon[i].matrix)
                 continue
             full = self._checked_buffer(p, r, k, mb)
             for i in idx:
-                q = self._muon[i]
-                part = q.view(full) if isinstance(q, _parts.Part) else full
+                q = self._table.muon[i]
+                part = q.view(full) if isinstance(q, _routing.Part) else full
                 momentum[names[i]] = part.reshape(q.matrix)
         try:
             if not torch_layout:
                 done = int(dm.get("completed_steps"))
             else:
                 if not steps:  # torch.optim.Muon's: AdamW's step count
-                    muon_keys = self._muon_keys(saved)
+                    muon_keys = self.muon_keys(saved)
                     steps = [v["step"] for k, v in state.items() if k not in muon_keys
                              and isinstance(v, Mapping) and "step" in v]
                 done = int(max([float(s) for s in steps] or [0]))
@@ -389,7 +405,7 @@ class _StateMixin:
 
     def _checked_buffer(self, p, r, k, mb):
         """A loaded momentum_buffer as a CPU fp32 tensor in p's shape."""
-        name = _parts.param_name(r)
+        name = _routing.param_name(r)
         if _dtensor.is_dtensor(mb):
             mb = mb.full_tensor()  # a collective: every rank loads, in table order
         if not isinstance(mb, torch.Tensor):
@@ -397,7 +413,7 @@ class _StateMixin:
                              f"of {name!r} is a {type(mb).__name__}, not a tensor")
         shape = tuple(mb.shape)
         if shape != tuple(p.shape) and not (len(shape) == 2 and shape == tuple(r.matrix)
-                                            and not isinstance(r, _parts.Part)):
+                                            and not isinstance(r, _routing.Part)):
             raise ValueError(f"DMuon.load_state_dict: momentum_buffer of {name!r} is "
                              f"{list(shape)}; the parameter is {list(p.shape)}")
         return mb.detach().to("cpu", torch.float32).reshape(p.shape)
@@ -417,8 +433,8 @@ class _StateMixin:
         if not isinstance(dm.get("momentum"), Mapping):
             raise ValueError("DMuon.load_state_dict: the 'dmuon' entry (format 1) has "
                              "no 'momentum' dict")
-        names, momentum = self._session.names, []
-        for r, name in zip(self._muon, names):
+        names, momentum = self.session.names, []
+        for r, name in zip(self._table.muon, names):
             m = dm["momentum"].get(name)
             if m is None:
                 raise ValueError(
@@ -429,26 +445,3 @@ class _StateMixin:
             momentum.append(m.detach().to("cpu", torch.float32).contiguous().numpy())
         return {"completed_steps": int(dm["completed_steps"]), "names": names,
                 "momentum": momentum}
-
-    def _check_hyperparameters(self):
-        """What the daemon was given must not have changed (lr and weight_decay
-        are applied here and may change, and momentum goes to dmuond with each
-        step's hand-offs: _momentum_to_send; equal values in another spelling,
-        e.g. a list for a tuple or "original" for None, are fine)."""
-        now = _groups.specs(self.param_groups, self._group_of)
-        for g, then, spec in zip(sorted(set(self._group_of)), self._opened, now):
-            if not 0.0 <= spec["momentum"] < 1.0:  # NaN too
-                raise ValueError(f"DMuon: param_groups[{g}]['momentum'] is "
-                                 f"{self.param_groups[g]['momentum']!r}; it must be "
-                                 "in [0, 1)")
-            for key in then:
-                if key == "momentum":
-                    continue  # per step (GradientsReady.momentum)
-                if spec[key] != then[key]:
-                    name = "ns_coefficients" if key in ("schedule", "coefficients") else key
-                    raise ValueError(
-                        f"DMuon: param_groups[{g}]['{name}'] changed from "
-                        f"{then[key]!r} to {spec[key]!r}; dmuond fixes every Muon "
-                        "hyperparameter but lr, weight_decay and momentum when the "
-                        "optimizer is created: create a new DMuon and load_state_dict() "
-                        "into it")

@@ -1,23 +1,17 @@
 """DMuon's wiring: where each Muon matrix's gradient is handed over (a
-backward hook, DDP's comm hook, or step()), the hooks that do it, and the
-dmuond session they feed, attached at construction and reopened with a
-larger table by add_param_group().
-
-_WiringMixin is a part of DMuon (dmuon.optim), split out by concern; it uses
-DMuon's attributes: _muon, _index, _group_of, _module, _ddp, _pg, _rank,
-_world, _overlap, _overlap_forward, _reduce_in_daemon, _open_args, _server,
-_session, _daemon, _region, _staging, _finalizer, _handles, address, job_id,
-pool_owner, param_groups.
+backward hook, DDP's comm hook, or step(): plan()), and the hooks that do
+it (Hooks), each holding a weak reference to the hand-off
+(dmuon/_handoff.py), never to DMuon: an optimizer dropped without close()
+leaves hooks that do nothing.
 """
 
 from __future__ import annotations
 
 import weakref
 
-import numpy as np
 import torch
 
-from . import _ddp, _groups, _parts, _routing, _session
+from . import _ddp, _routing
 
 try:
     from torch.nn.parallel import DistributedDataParallel as _DDP
@@ -52,130 +46,59 @@ def _applied_in_forward_of(module):
     return out
 
 
-class _WiringMixin:
-    """DMuon's hand-off plan, hooks and session (see the module docstring)."""
-
-    def _reopen(self, new_muon, new_group_of):
-        """A session with the table grown by new_muon; momentum carried over."""
-        old = self._session.get_state() if self._session is not None else None
-        muon, group_of = self._muon + new_muon, self._group_of + new_group_of
-        for r, layer in zip(muon, _routing.layer_ids([r.name for r in muon])):
-            r.layer = layer
-        if self._session is not None:
-            self._finalizer.detach()
-            _session.release([self._session], self._region)
-            self._session = None
-        self._muon, self._group_of = muon, group_of
-        self._index = {id(r.param): i for i, r in enumerate(muon)}
-        kept = [r.handoff for r in muon[:len(muon) - len(new_muon)]]
-        self._plan_sharding(self._reduce_in_daemon, self._overlap, self._module)
-        for r, handoff in zip(muon, kept):  # their hooks are in place
-            r.handoff = handoff
-        timeout, transport = self._open_args
-        server = self.address if self.address is not None else self._server
-        (session, self._region, self._staging, daemon, address, self.job_id,
-         self.pool_owner) = _session.open_session(
-            self._pg, self._rank, self._world, server, None, timeout, transport, (),
-            _groups.table(muon, group_of), _groups.specs(self.param_groups, group_of),
-            self._cuda_device(transport))
-        if self._daemon is None:
-            self._daemon = daemon
-        self.address = address
-        self._attach(session)
-        if old is not None:
-            carried = dict(zip(old["names"], old["momentum"]))
-            momentum = [carried.get(r.name, np.zeros(r.matrix, np.float32)) for r in muon]
-            session.set_state({"completed_steps": int(old["completed_steps"]),
-                               "names": session.names, "momentum": momentum})
-        n_old = len(muon) - len(new_muon)
-        self._trained += [False] * len(new_muon)
-        ref = weakref.ref(self)
-        for i in range(n_old, len(muon)):
-            if muon[i].handoff == "hook":
-                self._hook_grad(i)
-        if self._overlap_forward:
-            new = _parts.indices(new_muon)  # every table entry (part) of a parameter
-            for m, params in _applied_in_forward_of(self._module):
-                ids = [n_old + k for p in params for k in new.get(id(p), ())]
-                if ids:
-                    self._handles.append(m.register_forward_pre_hook(
-                        _hook(ref, "_apply_pending", tuple(ids))))
-        if n_old == 0 and self._module is not None:
-            self._handles.append(self._module.register_forward_pre_hook(
-                _hook(ref, "_before_forward")))
-        self._momentum_cache = None
-        self._install_state()
-        self._reset_step()
-
-    def _plan_sharding(self, reduce_in_daemon, overlap, module):
-        ignored = set(getattr(self._ddp, "parameters_to_ignore", ()) or ())
-        # DDP(find_unused_parameters=True) hands its comm hook zeros for a
-        # parameter no rank used, then leaves its .grad None, which
-        # torch.optim.Muon skips: its matrices leave at step(), DDP-reduced,
-        # when .grad says which ones trained.
-        unused = bool(getattr(self._ddp, "find_unused_parameters", False))
-        mark = []
-        for r in self._muon:
-            in_ddp = self._ddp is not None and _parts.param_name(r) not in ignored
-            if (r.sharding != "rows" and reduce_in_daemon and self._world > 1
-                    and getattr(r, "dtensor", None) is None  # a DTensor's is reduced
-                    and not (in_ddp and unused)):
-                r.sharding = "unreduced"
-            if in_ddp:
-                r.handoff = "ddp" if overlap and not unused else "step"
-            elif not overlap or (self._world > 1 and r.sharding == "replicated"):
-                r.handoff = "step"  # the user reduces after backward, if at all
-            else:
-                # A DTensor's hook leaves a gradient that needs a collective
-                # (Partial) to step() (_dtensor.needs_collective).
-                r.handoff = "hook"
-            if r.sharding != "replicated" and self._ddp is None and module is not None:
-                mark.append(_parts.param_name(r))
-        if mark and self._world > 1:
-            # A DDP built on this module later leaves these out of its all-reduce.
-            old = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []) or [])
-            _DDP._set_params_and_buffers_to_ignore_for_model(
-                module, sorted(set(old) | set(mark)))
-
-    def _cuda_device(self, transport):
-        """The one CUDA device of the Muon parameters (a GPU transport moves
-        them without host staging), else None."""
-        devices = {r.param.device for r in self._muon}
-        if transport in ("cuda_ipc", "nccl") and len(devices) > 1:
-            raise ValueError(f"DMuon: transport='{transport}' needs every Muon "
-                             f"parameter on one CUDA device; they are on "
-                             f"{sorted(str(d) for d in devices)}")
-        device = next(iter(devices))
-        if device.type == "cuda" or transport in ("cuda_ipc", "nccl"):
-            return device  # a CPU device with a GPU transport: open_session says so
-        return None
-
-    def _attach(self, session):
-        self._session = session
-        n = len(self._muon)
-        if self._region is not None:  # GPU memory of this process
-            self._grad, self._upd = list(self._region.grad), list(self._region.upd)
+def plan(entries, ddp, world, reduce_in_daemon, overlap, module):
+    """Sets each table entry's sharding (unreduced: reduce_in_daemon) and
+    hand-off: "ddp" (DDP's comm hook), "hook" (a backward hook) or "step"
+    (at step()). Parameters DMuon hands over itself are left out of a DDP
+    built on `module` later (several ranks)."""
+    ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
+    # DDP(find_unused_parameters=True) hands its comm hook zeros for a
+    # parameter no rank used, then leaves its .grad None, which
+    # torch.optim.Muon skips: its matrices leave at step(), DDP-reduced,
+    # when .grad says which ones trained.
+    unused = bool(getattr(ddp, "find_unused_parameters", False))
+    mark = []
+    for r in entries:
+        in_ddp = ddp is not None and _routing.param_name(r) not in ignored
+        if (r.sharding != "rows" and reduce_in_daemon and world > 1
+                and getattr(r, "dtensor", None) is None  # a DTensor's is reduced
+                and not (in_ddp and unused)):
+            r.sharding = "unreduced"
+        if in_ddp:
+            r.handoff = "ddp" if overlap and not unused else "step"
+        elif not overlap or (world > 1 and r.sharding == "replicated"):
+            r.handoff = "step"  # the user reduces after backward, if at all
         else:
-            self._grad = [torch.from_numpy(session.gradient(i)) for i in range(n)]
-            self._upd = [torch.from_numpy(session.update(i, writable=True))
-                         for i in range(n)]
-        self._opened = _groups.specs(self.param_groups, self._group_of)
-        # The finalizer owns the session through a list: close() empties it so
-        # the channel is gone before the private daemon is told to stop; the
-        # GPU region is freed only after the daemon released it
-        # (_session.release: closed with region_released, or the private
-        # daemon exited).
-        self._finalizer = weakref.finalize(self, _session.close, [session], self._daemon,
-                                           self._region)
+            # A DTensor's hook leaves a gradient that needs a collective
+            # (Partial) to step() (_dtensor.needs_collective).
+            r.handoff = "hook"
+        if r.sharding != "replicated" and ddp is None and module is not None:
+            mark.append(_routing.param_name(r))
+    if mark and world > 1:
+        # A DDP built on this module later leaves these out of its all-reduce.
+        old = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []) or [])
+        _DDP._set_params_and_buffers_to_ignore_for_model(
+            module, sorted(set(old) | set(mark)))
 
-    def _install_hooks(self, module, overlap):
-        ref = weakref.ref(self)
-        for i, r in enumerate(self._muon):
-            if r.handoff == "hook":  # after .grad holds the whole gradient
-                self._hook_grad(i)
-        if self._ddp is not None:
+
+class Hooks:
+    """The hooks of one hand-off (dmuon/_handoff.py), which they reach by a
+    weak reference: each Muon gradient's post-accumulate-grad hook, DDP's
+    comm hook, the model's forward pre-hook (a step interrupted before it
+    committed is rolled back, one that committed completed), and with
+    overlap_forward each module's pre-hook that applies its updates and the
+    model's forward hook that applies the rest."""
+
+    def __init__(self, handoff):
+        self._ref = weakref.ref(handoff)
+        self.handles = []
+
+    def install(self, table, module, ddp, pg, world, overlap_forward):
+        """The hooks of a new optimizer's table."""
+        self._grads(table, 0)
+        if ddp is not None:
             try:
-                self._ddp.register_comm_hook(None, _ddp.comm_hook(ref, self._pg, self._world))
+                ddp.register_comm_hook(None, _ddp.comm_hook(self._ref, pg, world))
             except RuntimeError as e:
                 raise RuntimeError(
                     f"DMuon: could not register its DDP comm hook ({e}); build the "
@@ -185,25 +108,47 @@ class _WiringMixin:
         if module is not None:
             # Before autograd meets a parameter whose shape changed: a clear
             # error instead of one from inside backward.
-            self._handles.append(module.register_forward_pre_hook(
-                _hook(ref, "_before_forward")))
-        if self._overlap_forward:
-            index = _parts.indices(self._muon)  # every table entry (part) of a parameter
-            for m, params in _applied_in_forward_of(module):
-                ids = [i for p in params for i in index.get(id(p), ())]
-                if ids:
-                    self._handles.append(m.register_forward_pre_hook(
-                        _hook(ref, "_apply_pending", tuple(ids))))
-            self._handles.append(module.register_forward_hook(_hook(ref, "synchronize")))
+            self._on(module.register_forward_pre_hook, "before_forward")
+        if overlap_forward:
+            self._appliers(table, 0, module)
+            self._on(module.register_forward_hook, "synchronize")
 
-    def _hook_grad(self, i):
-        """Hands parameter i over as soon as backward has accumulated its
-        gradient; a frozen one is handed over in step() until it is unfrozen
-        (step() then hooks it)."""
-        r = self._muon[i]
+    def extend(self, table, n_old, module, overlap_forward):
+        """The hooks of the entries a grown table added after its first n_old."""
+        self._grads(table, n_old)
+        if overlap_forward:
+            self._appliers(table, n_old, module)
+        if n_old == 0 and module is not None:
+            self._on(module.register_forward_pre_hook, "before_forward")
+
+    def grad(self, i, r):
+        """Hands table entry i (r) over as soon as backward has accumulated
+        its gradient; a frozen one is handed over in step() until it is
+        unfrozen (step() then hooks it)."""
         if not r.param.requires_grad:
             r.handoff = "step (frozen)"
             return
-        self._handles.append(r.param.register_post_accumulate_grad_hook(
-            _hook(weakref.ref(self), "_on_grad", i)))
+        self._on(r.param.register_post_accumulate_grad_hook, "on_grad", i)
         r.handoff = "hook"
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _on(self, register, fn_name, *bound):
+        self.handles.append(register(_hook(self._ref, fn_name, *bound)))
+
+    def _grads(self, table, start):
+        for i in range(start, len(table.muon)):
+            if table.muon[i].handoff == "hook":  # after .grad holds the whole gradient
+                self.grad(i, table.muon[i])
+
+    def _appliers(self, table, start, module):
+        """overlap_forward: each module's pre-hook applies the updates of the
+        parameters its forward uses (entries from `start` on)."""
+        index = _routing.indices(table.muon[start:])  # every entry (part) of a parameter
+        for m, params in _applied_in_forward_of(module):
+            ids = [start + k for p in params for k in index.get(id(p), ())]
+            if ids:
+                self._on(m.register_forward_pre_hook, "apply_pending", tuple(ids))

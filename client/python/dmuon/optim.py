@@ -1,7 +1,9 @@
 """dmuon.optim.DMuon: torch.optim.Muon's semantics, computed by dmuond.
 
+    from dmuon import RoutingOptions
     from dmuon.optim import DMuon
-    opt = DMuon(model, lr=0.02, weight_decay=0.01, adamw=[model.lm_head])
+    opt = DMuon(model, lr=0.02, weight_decay=0.01,
+                routing_options=RoutingOptions(adamw=[model.lm_head]))
 
 Every matrix (2-D weight, or conv weight flattened to out x in*k*k) is handed
 to dmuond, which owns its momentum and returns lr_scale(A, B) * NS(U) with
@@ -13,15 +15,15 @@ which is torch.optim.Muon's `param.mul_(1 - lr * wd); param.add_(O,
 alpha=-lr * lr_scale)` with lr_scale folded into the update (the same
 numbers up to one fp32 rounding of the product). Every other parameter is
 updated here by torch.optim.AdamW (adamw_options=AdamWOptions(lr, betas,
-eps, weight_decay), or flat: adamw_lr, adamw_betas, adamw_eps, adamw_wd).
-See client/python/README.md for routing, overlap, accumulation, state_dict,
-DDP and errors.
+eps, weight_decay)). See client/python/README.md for routing, overlap,
+accumulation, state_dict, DDP and errors.
 
-DMuon's machinery is split by concern into private modules, each a mixin
-of DMuon: _wiring (the hand-off plan, hooks, opening the session),
-_handoff (each step's gradients out and updates in), _state (momentum
-buffers and checkpoint checks); _errors explains a dead private daemon and
-_options holds the option groups.
+DMuon is the torch.optim.Optimizer surface; its machinery lives in objects
+it owns (docs/design.md, "The Python client"): the MuonTable (_table), the
+Handoff of each step's gradients and updates (_handoff, with its session
+Link, Hooks and Recovery) and the StateView of the Muon state (_state);
+_options holds the option groups and _errors explains a dead private
+daemon.
 
 (This module was dmuon.torch, a name that shadowed `torch` inside the
 package; dmuon.torch still imports as an alias of it.)
@@ -30,25 +32,26 @@ package; dmuon.torch still imports as an alias of it.)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import ParamsT
 
-from . import Session, _ddp, _dtensor, _errors, _groups, _native, _options, _routing, _session
-from . import _dcp, _parts
+from . import Session, _convert, _ddp, _dtensor, _errors, _groups, _native, _options
+from . import _parts, _routing, _session, _table, _wiring
 from ._groups import CLASSIC
-from ._handoff import _HandoffMixin
-from ._recovery import _RecoveryMixin, deferred_sigint
-from ._options import AdamWOptions, DaemonOptions
-from ._state import _MuonState, _StateMixin
-from ._wiring import _DDP, _WiringMixin
+from ._handoff import Handoff
+from ._options import AdamWOptions, DaemonOptions, OverlapOptions, RoutingOptions
+from ._recovery import Recovery, deferred_sigint
+from ._state import StateView, _MuonState
+from ._table import MuonTable
+from ._wiring import _DDP
 
 try:
     from torch.distributed import ProcessGroup
@@ -59,10 +62,6 @@ except ImportError:  # torch built without distributed
 # ns_coefficients: one (a, b, c) triple for every step, a list of per-step
 # triples, or a named schedule ("classic", "polar_express", "you").
 NSCoefficients = tuple[float, float, float] | Sequence[Sequence[float]] | str
-# adamw= / muon= entries: parameters, modules (all their parameters) or names.
-ParamSelector = Iterable[Tensor | nn.Module | str]
-# shards=: {parameter or its name: (row_begin, row_end, total_rows)}.
-Shards = Mapping[Tensor | str, tuple[int, int, int]]
 
 
 def _compiled_autograd() -> bool:
@@ -75,14 +74,57 @@ def _compiled_autograd() -> bool:
                 or getattr(ca, "compiled_autograd_enabled", False))
 
 
-class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
-            torch.optim.Optimizer):
+def _check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn):
+    """torch.optim.Muon's checks, with its exception types and messages
+    (momentum in [0, 1): dmuond's)."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not lr >= 0.0:
+        raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum should be in [0, 1) but is: {momentum}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
+    if not isinstance(use_addmm, bool):
+        raise ValueError(f"use_addmm should be a bool but is: {use_addmm!r}")
+    if adjust_lr_fn not in _groups.ADJUST_LR_FNS:
+        raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
+
+
+def _with_model(params, routing: RoutingOptions, overlap: OverlapOptions):
+    """(params, routing with its model and its selectors as lists, the DDP
+    wrapper or None, the model to route by and hook, or None), checked."""
+    model = routing.model
+    if isinstance(params, nn.Module):
+        if model is not None and model is not params:
+            raise ValueError("DMuon: params is a model and model= names another one")
+        model, params = params, list(params.parameters())
+    routing = dataclasses.replace(
+        routing, model=model, adamw=list(routing.adamw), muon=list(routing.muon),
+        experts=_parts.normalize(routing.experts), split=dict(routing.split or {}))
+    ddp = model if isinstance(model, _DDP) else None
+    module = ddp.module if ddp is not None else model
+    if overlap.forward and module is None:
+        raise ValueError("DMuon: overlap_forward=True needs the model (pass it as "
+                         "params or model=) to hook its modules' forward")
+    if overlap.backward and _compiled_autograd():
+        raise ValueError(
+            "DMuon: compiled autograd is on (torch._dynamo.config.compiled_autograd"
+            "=True): it traces backward's hooks into a graph, and DMuon's overlap "
+            "hooks hand each gradient to dmuond (I/O) as backward makes it. Pass "
+            "overlap=False (gradients are handed over in step(); compiled "
+            "autograd then works), or turn compiled autograd off")
+    return params, routing, ddp, module
+
+
+class DMuon(torch.optim.Optimizer):
     """Muon through dmuond (matrices) plus a local AdamW (everything else).
 
     params: a model (nn.Module, DDP included: best, names and embeddings are
     known), an iterable of parameters, of (name, parameter) pairs, or of
     parameter-group dicts (which may override any hyperparameter below,
-    adamw_* included, and may say "use_muon": True/False).
+    adamw_* included, and may say "use_muon": True/False), checked as
+    torch.optim.Optimizer checks them.
     The positional parameters are torch.optim.Muon's, in its order and with
     its defaults: lr (a float or a 1-element tensor), weight_decay, momentum,
     nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn (None/"original",
@@ -90,30 +132,35 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
     keyword-only and DMuon's own: use_addmm (accepted so calls written for
     torch versions whose Muon has it work unchanged; it picks how torch forms
     the same products, and dmuond's kernels make that choice themselves),
-    method ("direct", "gram", "auto"), and the options below.
-    adamw_options: an AdamWOptions(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+    method ("direct", "gram", "auto"), the option groups below (dmuon/
+    _options.py has each field), process_group (the ranks of one job;
+    default: torch.distributed's world) and verbose (print every
+    parameter's route).
+    adamw_options: AdamWOptions(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
     weight_decay=0.01), the AdamW half's hyperparameters (torch.optim.AdamW's
-    names and defaults); or, flat, adamw_lr, adamw_betas, adamw_eps, adamw_wd.
-    daemon_options: a DaemonOptions(server="auto", transport="auto",
-    timeout=60.0, job_id=None, flags=(), resume="fresh"); or, flat, server,
-    transport, timeout, job_id, daemon_flags, resume. A flat keyword left at
-    None takes the group's default; one given with its group's options is a
-    TypeError.
-    resume: "fresh" (default; False too) starts the job at step 1 and raises,
-    naming the job and its step, if job_id names a job dmuond holds momentum
-    of; True (or "continue") continues that momentum (an error if there is
-    none); "replace" discards it and starts at step 1; "auto" continues if
+    names and defaults).
+    daemon_options: DaemonOptions(server="auto", transport="auto",
+    timeout=60.0, job_id=None, flags=(), resume="fresh"): which dmuond and
+    how to reach it. server: "auto" (a private dmuond for this process, or
+    for the process group, stopped with the optimizer), "host:port" of a
+    running dmuond, or a list of addresses (a pool: each matrix goes to one
+    of its daemons, by a plan rank 0 makes; see pool_owner). resume:
+    "fresh" (default; False too) starts the job at step 1 and raises if
+    job_id names a job dmuond holds momentum of; True (or "continue")
+    continues that momentum; "replace" discards it; "auto" continues if
     there is any. load_state_dict() replaces the momentum whatever the mode.
-    server: "auto" (a private dmuond for this process, or for the process
-    group, stopped with the optimizer), "host:port" of a running dmuond, or a
-    list of addresses (a pool: each matrix goes to one of its daemons, by a
-    plan over their devices that rank 0 makes and sends to every rank; see
-    pool_owner).
-    experts: 3-D expert stacks [E, out, in] (parameters, modules or names;
-    "auto": 3-D parameters named or owned by an "expert" module), each
-    orthogonalized as E matrices out x in with a momentum each. split:
-    {parameter or name: n | [rows, ...] | {label: rows}}, a fused 2-D weight
-    (QKV) orthogonalized as parts along dim 0 (dmuon/_parts.py).
+    routing_options: RoutingOptions(model=None, adamw=(), muon=(),
+    experts=(), split=None, shards=None): the model to route by, parameters
+    sent to AdamW or Muon whatever the rules say, MoE expert stacks and
+    fused weights orthogonalized as parts (dmuon/_parts.py), row shards.
+    overlap_options: OverlapOptions(backward=True, forward=False,
+    reduce_in_daemon=False): gradients handed over during backward, updates
+    applied by the next forward, DDP's Muon gradients averaged by dmuond.
+    The flat keywords of each group (adamw_lr, ..., server, ..., model,
+    adamw, muon, experts, split, shards, overlap, overlap_forward,
+    reduce_in_daemon) still work for one release, each with a
+    DeprecationWarning naming its new spelling; one left at None takes the
+    group's default; one given with its group's options is a TypeError.
     """
 
     def __init__(
@@ -131,157 +178,66 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         use_addmm: bool = False,
         method: str = "direct",
         adamw_options: AdamWOptions | None = None,
-        adamw_lr: float | None = None,
-        adamw_betas: tuple[float, float] | None = None,
-        adamw_eps: float | None = None,
-        adamw_wd: float | None = None,
         daemon_options: DaemonOptions | None = None,
-        server: str | Sequence[str] | None = None,
-        transport: str | None = None,
-        timeout: float | None = None,
-        job_id: str | None = None,
-        daemon_flags: Sequence[str] | None = None,
-        resume: bool | str | None = None,
-        model: nn.Module | None = None,
-        adamw: ParamSelector = (),
-        muon: ParamSelector = (),
-        shards: Shards | None = None,
-        experts: ParamSelector | str = (),
-        split: Mapping[Tensor | str, Any] | None = None,
-        overlap: bool = True,
-        overlap_forward: bool = False,
-        reduce_in_daemon: bool = False,
+        routing_options: RoutingOptions | None = None,
+        overlap_options: OverlapOptions | None = None,
         process_group: ProcessGroup | None = None,
         verbose: bool = False,
+        **flat: Any,
     ) -> None:
-        aw = _options.resolve(AdamWOptions, "adamw_options", adamw_options,
-                              dict(adamw_lr=adamw_lr, adamw_betas=adamw_betas,
-                                   adamw_eps=adamw_eps, adamw_wd=adamw_wd),
-                              _options.ADAMW_KEYWORDS)
-        dd = _options.resolve(DaemonOptions, "daemon_options", daemon_options,
-                              dict(server=server, transport=transport, timeout=timeout,
-                                   job_id=job_id, daemon_flags=daemon_flags,
-                                   resume=resume),
-                              _options.DAEMON_KEYWORDS)
+        aw, dd, ro, oo = _options.grouped(
+            dict(adamw_options=adamw_options, daemon_options=daemon_options,
+                 routing_options=routing_options, overlap_options=overlap_options), flat)
         resume = _options.resume_mode(dd.resume)
-        adamw_lr, adamw_betas, adamw_eps, adamw_wd = (aw.lr, aw.betas, aw.eps,
-                                                      aw.weight_decay)
-        server, transport, timeout, job_id, daemon_flags = (
-            dd.server, dd.transport, dd.timeout, dd.job_id, dd.flags)
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        if not lr >= 0.0:
-            raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum should be in [0, 1) but is: {momentum}")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
-        if not isinstance(use_addmm, bool):
-            raise ValueError(f"use_addmm should be a bool but is: {use_addmm!r}")
-        if adjust_lr_fn not in _groups.ADJUST_LR_FNS:
-            raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
-        if isinstance(params, nn.Module):
-            if model is not None and model is not params:
-                raise ValueError("DMuon: params is a model and model= names another one")
-            model, params = params, list(params.parameters())
-        self._ddp = model if isinstance(model, _DDP) else None
-        module = self._ddp.module if self._ddp is not None else model
-        if overlap_forward and module is None:
-            raise ValueError("DMuon: overlap_forward=True needs the model (pass it as "
-                             "params or model=) to hook its modules' forward")
-        if overlap and _compiled_autograd():
-            raise ValueError(
-                "DMuon: compiled autograd is on (torch._dynamo.config.compiled_autograd"
-                "=True): it traces backward's hooks into a graph, and DMuon's overlap "
-                "hooks hand each gradient to dmuond (I/O) as backward makes it. Pass "
-                "overlap=False (gradients are handed over in step(); compiled "
-                "autograd then works), or turn compiled autograd off")
-        adamw, muon = list(adamw), list(muon)  # kept for add_param_group
+        _check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn)
+        params, ro, self._ddp, module = _with_model(params, ro, oo)
         groups, named = _groups.user_groups(params)
-        routes = _routing.resolve(groups, module, adamw, muon, shards, named)
-        self._part_selectors = (_parts.normalize(experts), dict(split or {}))
-        _parts.route(routes, module, *self._part_selectors)  # experts=, split=: _parts
-        self._module, self._selectors, self._user_groups = module, (adamw, muon), len(groups)
-        self._reduce_in_daemon, self._overlap = reduce_in_daemon, overlap
-        self._open_args, self._server = (timeout, transport), server
-        self._resume = resume  # the session's reopen after a rollback: _recovery
-        self._pg, self._rank, self._world = _ddp.world(process_group)
-        _dtensor.check(routes, self._pg, self._world, overlap_forward)  # FSDP2 / TP
-        # Copies of a sub-mesh matrix: their gradients are compared once, at
-        # the first step() (_dtensor.copies_differ).
-        self._compare_copies = any(getattr(getattr(r, "dtensor", None), "copies", False)
-                                   for r in routes)
-        self._overlap_forward = bool(overlap_forward)
-        self._accumulating = False
-        # Loop shape (_handoff._plan_next_handoff): the backwards that gave
-        # Muon gradients since the last step, and whether this step's
-        # gradients are handed off at step() instead of during backward.
-        self._grad_tasks, self._defer_handoff = set(), False
-        self._wait = 0.0
-        self._error = None
-        self._init_recovery()
-        self._finalizer = None
-        self._handles = []
-        # wait: blocked on dmuond; handoff: copying gradients out and declaring
-        # them (in backward's hooks, or in step()).
-        self.stats = {"steps": 0, "wait_seconds": 0.0, "last_wait_seconds": 0.0,
-                      "last_step_seconds": 0.0, "handoff_seconds": 0.0,
-                      # steps dmuond computed again: gradients edited after
-                      # their hand-off (redone) or a step() not taken (rewound)
-                      "redone_steps": 0, "rewound_steps": 0}
-        shared = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
-                      nesterov=nesterov, ns_coefficients=ns_coefficients, eps=eps,
-                      ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, method=method,
-                      adamw_lr=adamw_lr, adamw_betas=adamw_betas,
-                      adamw_eps=adamw_eps, adamw_wd=adamw_wd)
-        torch_groups, group_of = _groups.split(groups, routes, shared)
-        self._shared = shared
-        self._constructing = True
+        self._routing, self._overlap, self._server = ro, oo, dd.server
+        self._module, self._user_groups, self._named = module, len(groups), bool(named)
+        routes = _table.route(groups, named, module, ro, ro.shards)
+        link = _session.Link(*_ddp.world(process_group), dd.timeout, dd.transport)
+        _dtensor.check(routes, link.pg, link.world, oo.forward)  # FSDP2 / TP
+        self._shared = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
+                            nesterov=nesterov, ns_coefficients=ns_coefficients, eps=eps,
+                            ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, method=method,
+                            adamw_lr=aw.lr, adamw_betas=aw.betas, adamw_eps=aw.eps,
+                            adamw_wd=aw.weight_decay)
+        torch_groups, group_of = _groups.split(groups, routes, self._shared)
+        self._constructing, self._closed = True, False
         super().__init__(torch_groups, dict(lr=lr, weight_decay=weight_decay))
-        # So that OneCycleLR/CyclicLR with cycle_momentum=True can be made (not
-        # torch's "optimizer must support momentum"; set after the groups:
-        # AdamW's have no momentum). They then write 'momentum' into every
-        # group each step: a Muon group's goes to dmuond with its hand-offs
-        # (_momentum_to_send), an AdamW group's is its beta1 (_adamw_beta1).
+        # OneCycleLR/CyclicLR(cycle_momentum=True) need it (set after the
+        # groups: AdamW's have none); each group's is then its own, sent to
+        # dmuond (Muon) or its beta1 (AdamW: _groups.adamw_beta1).
         self.defaults["momentum"] = momentum
-        self._constructing = False
-        self._routes = routes
-        # dmuond's table: a parameter with parts (_parts) is one entry per part
-        self._muon, group_of = _parts.expand([r for r in routes if r.route == "muon"],
-                                             group_of)
-        self._group_of = group_of  # Muon index -> index in self.param_groups
-        self._index = {id(r.param): i for i, r in enumerate(self._muon)}
-        self._adamw = None
+        self._constructing, self._adamw = False, None
         self._relink_adamw()
-        self._plan_sharding(reduce_in_daemon, overlap, module)
-        self._session, self._daemon, self.address, self.job_id = None, None, None, None
-        # A pool: the daemon (index into server) of each Muon parameter, the
-        # same on every rank (rank 0's plan); None for a single daemon.
-        self.pool_owner = None
-        self._grad = self._upd = self._region = self._staging = None
-        self._handoff_lock = threading.Lock()
-        if self._muon:
-            (session, self._region, self._staging, self._daemon, self.address,
-             self.job_id, self.pool_owner) = _session.open_session(
-                self._pg, self._rank, self._world, server, job_id, timeout, transport,
-                daemon_flags, _groups.table(self._muon, group_of),
-                _groups.specs(self.param_groups, group_of), self._cuda_device(transport),
-                resume=resume)
-            self._attach(session)
-            self._install_hooks(module, overlap)
-        n = len(self._muon)
-        # Whether each Muon matrix's momentum may be non-zero (it had a gradient,
-        # or a checkpoint was loaded): _dcp's test of a fresh optimizer.
-        self._trained = [False] * n
-        self._momentum_cache = None  # {name: tensor} for opt.state[p]
-        self._install_state()
-        self._reset_step()
-        if self._rank == 0:
-            if verbose:
-                print(self.routing_table, flush=True)
-            else:
-                print(_routing.format_summary(self._routes, self.param_groups,
-                                              self._where()), file=sys.stderr, flush=True)
+        self._handoff = self._new_handoff(routes, group_of, link, resume)
+        self.stats = self._handoff.stats
+        if self._table.muon:
+            self._handoff.open(dd.server, dd.job_id, dd.flags, module, resume)
+        self._muon_state = StateView(self._handoff)  # opt.state's Muon half, checks
+        self._muon_state.install(self.state)
+        if link.rank == 0:
+            print(self.routing_table if verbose else _routing.format_summary(
+                routes, self.param_groups, link.where()),
+                file=sys.stdout if verbose else sys.stderr, flush=True)
+
+    def _new_handoff(self, routes, group_of, link, resume):
+        """The hand-off of a new optimizer: dmuond's table (a parameter with
+        parts, dmuon/_parts.py, is one entry per part) with its hand-off
+        plan (_wiring.plan)."""
+        entries, group_of = _parts.expand([r for r in routes if r.route == "muon"],
+                                          group_of)
+        oo = self._overlap
+        _wiring.plan(entries, self._ddp, link.world, oo.reduce_in_daemon, oo.backward,
+                     self._module)
+        table = MuonTable(routes, entries, group_of, _groups.specs(self.param_groups, group_of))
+        return Handoff(table, self.param_groups, link, Recovery(resume), ddp=self._ddp,
+                       overlap=oo.backward, overlap_forward=oo.forward)
+
+    @property
+    def _table(self) -> MuonTable:
+        return self._handoff.table
 
     # ----------------------------------------------------------- construction
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -295,13 +251,15 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         if getattr(self, "_constructing", False):
             super().add_param_group(param_group)
             return
-        self._at_boundary("add_param_group")
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        self._handoff.at_boundary("add_param_group")
         groups, named = _groups.user_groups([param_group])
+        _groups.check_names(bool(named), self._named)
         known = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in known for p in groups[0]["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
-        routes = _routing.resolve(groups, self._module, *self._selectors, None, named)
-        _parts.route(routes, self._module, *self._part_selectors, strict=False)
+        routes = _table.route(groups, named, self._module, self._routing, strict=False)
         torch_groups, group_of = _groups.split(groups, routes, self._shared)
         for r in routes:
             r.group = self._user_groups
@@ -309,21 +267,35 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
                 r.name = f"params[{self._user_groups}][" + r.name[len("params[0]["):]
         new_muon, group_of = _parts.expand([r for r in routes if r.route == "muon"],
                                            group_of)
-        if new_muon and self._world > 1:
+        world = self._handoff.world
+        if new_muon and world > 1:
             raise NotImplementedError(
                 "DMuon.add_param_group: new Muon matrices reopen the dmuond session, "
                 "which needs every rank at once; with torch.distributed, create the "
                 "DMuon with every group (or add only AdamW parameters: use_muon=False)")
         if new_muon:  # one rank (above): DTensor refusals, no collective
-            _dtensor.check(routes, self._pg, self._world, self._overlap_forward)
+            _dtensor.check(routes, self._handoff.pg, world, self._handoff.overlap_forward)
         base = len(self.param_groups)
         for g in torch_groups:
             super().add_param_group(g)
         self._user_groups += 1
-        self._routes.extend(routes)
         self._relink_adamw()
+        table = self._table.grown(routes, new_muon, [base + g for g in group_of],
+                                  self.param_groups, self._replan)
         if new_muon:
-            self._reopen(new_muon, [base + g for g in group_of])
+            self._handoff.grow(table, self._server, self._module)
+            self._muon_state.install(self.state)
+        else:
+            self._handoff.table = table
+
+    def _replan(self, entries):
+        """The hand-off plan of a grown table (MuonTable.grown): the entries
+        it had keep their hand-off (their hooks are in place)."""
+        kept = [r.handoff for r in self._table.muon]
+        _wiring.plan(entries, self._ddp, self._handoff.world,
+                     self._overlap.reduce_in_daemon, self._overlap.backward, self._module)
+        for r, handoff in zip(entries, kept):
+            r.handoff = handoff
 
     def _relink_adamw(self):
         groups = [g for g in self.param_groups if not g["use_muon"]]
@@ -341,27 +313,19 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
     def synchronize(self) -> None:
         """Applies every outstanding update of the last step (overlap_forward;
         or of a step() that an interrupt cut short after it committed)."""
-        if not self._pending:
-            self._recover()  # a step interrupted before it committed: rolled back
-            return
-        with _errors.explained(self._daemon):
-            for i in range(len(self._muon)):
-                self._apply(i)
-            if self._session.step == self._pending_step:  # not if it ran, then an interrupt
-                self._session.finish_step()
-        self._reset_step()
+        self._handoff.synchronize()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad, after settling a step an interrupt cut short
         (rolled back before its commit, completed after: client/python/
         README.md, "Interrupts and exceptions")."""
         try:
-            self._settle()
+            self._handoff.settle()
         except _native.load().Error:
             # The private dmuond died: nothing can complete the step, its
             # error was raised where it happened, and state_dict() repeats it
             # with what to do. zero_grad itself does not fail, as torch's.
-            daemon = getattr(self, "_daemon", None)
+            daemon = self._handoff.link.daemon
             if daemon is None or daemon.alive():
                 raise
         super().zero_grad(set_to_none)
@@ -370,11 +334,12 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate into .grad without handing anything
         to dmuond: wrap every micro-batch but the last."""
-        old, self._accumulating = self._accumulating, True
+        h = self._handoff
+        old, h.accumulating = h.accumulating, True
         try:
             yield
         finally:
-            self._accumulating = old
+            h.accumulating = old
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -382,86 +347,35 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        t0, self._wait = time.perf_counter(), 0.0
-        if getattr(self, "_closed", False):
+        h = self._handoff
+        t0, h.wait = time.perf_counter(), 0.0
+        if self._closed:
             raise RuntimeError("DMuon: step() after close()")
-        with _errors.explained(self._daemon):
-            self._step()
+        with _errors.explained(h.link.daemon):
+            self._step(h)
         self.stats["steps"] += 1
-        self.stats["last_wait_seconds"] = self._wait
-        self.stats["wait_seconds"] += self._wait
+        self.stats["last_wait_seconds"] = h.wait
+        self.stats["wait_seconds"] += h.wait
         self.stats["last_step_seconds"] = time.perf_counter() - t0
         return loss
 
-    def _step(self):
-        if (self._compare_copies and self._session is not None
-                and not _dcp.is_init_step(self)):
-            # First, on every rank (a collective), even one about to raise
-            # its own error below.
-            self._compare_copies = False
-            differ = _dtensor.copies_differ(self._muon, self._pg, self._world)
-            if differ:
-                # A model error, on every rank alike: no step is taken, now or
-                # later (_recover raises it again).
-                self._lost = RuntimeError(
-                    f"{differ}. No step was taken; fix the model or the routing "
-                    "and create the optimizer again")
-                raise self._lost
-        if self._error is not None:
-            err, self._error = self._error, None
-            # The step fails before it commits: rolled back (_recovery), so
-            # the next backward and step() start clean.
-            self._void_step(f"a gradient hand-off failed: {type(err).__name__}",
-                            cause=err if isinstance(err, _native.load().Error) else None)
-            raise err
-        if self._session is not None and _dcp.is_init_step(self):
+    def _step(self, h):
+        if not h.at_step():
             # torch.distributed.checkpoint's _init_optim_state (zero gradients,
             # lr 0): AdamW's state only, no dmuond step (dmuon/_dcp.py)
             if self._adamw is not None:
                 self._adamw.step()
-            self._momentum_cache = None
+            self._muon_state.forget()
             return
-        if self._session is not None:
-            self.synchronize()  # a step() right after a step(), without backward
-            try:
-                self._check_hyperparameters()
-            except ValueError:
-                self._void_step("a hyperparameter dmuond fixes was changed")
-                raise
-            self._stepping = True  # until it commits: an interrupt rolls it back
-            for i, r in enumerate(self._muon):
-                if r.handoff == "step (frozen)" and r.param.requires_grad:
-                    self._hook_grad(i)  # unfrozen: hooked from the next backward
-                g = self.param_groups[self._group_of[i]]
-                self._step_lr[i] = (float(g["lr"]), float(g["weight_decay"]))
-                if not self._handed[i]:
-                    self._handoff(i, _parts.grad(r))
-            # Gradients edited after their hand-off (clipping, unscaling,
-            # masking) are taken as they are now: exact, at the cost of
-            # computing the step again (client/python/README.md).
-            edited = self._edited_after_handoff()
-            # So is a momentum changed after its gradients' hand-off (a
-            # scheduler stepped between backward and step()): redone with it.
-            moved = self._momentum_moved()
-            # Several ranks: all redo, or none (one tiny all-reduce).
-            if self._agree_on_redo(edited or moved):
-                self._redo_step(sorted(set(edited) | set(moved)))
-            else:
-                self._redo_streak = 0
         # AdamW's step and the commit run whole: a Ctrl-C in them is raised
         # after the commit (the step is then completed, not undone).
-        self._adamw_beta1()  # a cycled 'momentum' is AdamW's beta1
+        _groups.adamw_beta1(self.param_groups)  # a cycled 'momentum' is AdamW's beta1
         with deferred_sigint():
             if self._adamw is not None:
                 self._adamw.step()  # runs while dmuond computes
-            if self._session is not None:
-                self._pending, self._pending_step = True, self._session.step
-                self._plan_next_handoff()
-                self._stepping, self._backwards = False, {}
-        if self._session is not None:
-            if not self._overlap_forward:
-                self.synchronize()
-        self._momentum_cache = None
+            h.commit()
+        h.after_commit()
+        self._muon_state.forget()
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -472,14 +386,14 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         (dmuon/_state.py). Raises dmuon.Error naming the daemon if the
         momentum cannot be fetched; local_state_dict() is the rest without it."""
         try:
-            self._at_boundary("state_dict")
-            self._init_adamw_state()  # a complete destination for dcp.load
+            self._handoff.at_boundary("state_dict")
+            self._muon_state.init_adamw_state(self.state)  # a destination for dcp.load
             sd = self.local_state_dict()
-            if self._session is not None:
-                self._add_muon_state(sd)
+            if self.session is not None:
+                self._muon_state.add_muon_state(sd)
             return sd
         except _native.load().Error as e:
-            err = _errors.explain(self._daemon, e)
+            err = _errors.explain(self._handoff.link.daemon, e)
             raise type(err)(
                 f"DMuon.state_dict(): the Muon momentum is held by dmuond at "
                 f"{self.address} and could not be fetched: {err}\nTo save what this "
@@ -504,37 +418,37 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         state and the groups here and the Muon momentum into dmuond. Takes
         state_dict()'s layout, the same without "dmuon" (DCP's,
         torch.optim.Muon's), and format 1 (dmuon/_state.py)."""
-        self._at_boundary("load_state_dict")
-        daemon_state = self._check_loadable(state_dict)
-        if self._session is not None and daemon_state is None:
+        h = self._handoff
+        h.at_boundary("load_state_dict")
+        daemon_state = self._muon_state.check_loadable(state_dict)
+        if self.session is not None and daemon_state is None:
             warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
                           "Muon momentum starts from zero", RuntimeWarning)
         if daemon_state is not None:
-            if self._world > 1:
+            if h.world > 1:
                 # dmuond refuses SetState while a GetState of the job is
                 # streaming: another rank may still be in the state_dict()
                 # before this load (each rank sets the same whole state).
-                _ddp.barrier(self._pg)
-            self._session.set_state(daemon_state)  # first: it can still fail
-            self._trained = [bool(m.any()) for m in daemon_state["momentum"]]
-            self._momentum_cache = None
-        muon_keys = self._muon_keys(state_dict["param_groups"])
+                _ddp.barrier(h.pg)
+            self.session.set_state(daemon_state)  # first: it can still fail
+            h.trained = [bool(m.any()) for m in daemon_state["momentum"]]
+            self._muon_state.forget()
+        muon_keys = self._muon_state.muon_keys(state_dict["param_groups"])
         state = {k: ({n: x for n, x in v.items() if n not in ("momentum_buffer", "step")}
                      if k in muon_keys and isinstance(v, Mapping) else v)
                  for k, v in state_dict["state"].items()}
         super().load_state_dict({**{k: v for k, v in state_dict.items() if k != "dmuon"},
                                  "state": state})
+        h.groups = self.param_groups  # torch's load_state_dict made new groups
         self._relink_adamw()
-        self._install_state()
-        if self._session is not None:
-            _ddp.barrier(self._pg)
+        self._muon_state.install(self.state)
+        if self.session is not None:
+            _ddp.barrier(h.pg)
 
     def to_torch_state_dicts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(torch.optim.Muon's state_dict, torch.optim.AdamW's) of this
         optimizer, for torch optimizers over dmuon.torch_param_groups(self)
         (dmuon/_convert.py; dmuon.to_torch(opt) makes them)."""
-        from . import _convert
-
         return _convert.to_torch_state_dicts(self)
 
     def load_torch_state_dicts(self, muon_state_dict: dict[str, Any] | None,
@@ -545,51 +459,52 @@ class DMuon(_WiringMixin, _HandoffMixin, _StateMixin, _RecoveryMixin,
         into dmuond), checked whole before anything changes. muon_params /
         adamw_params: the parameters those optimizers held, in their order
         (default: this DMuon's, as dmuon.torch_param_groups(self) lists them)."""
-        from . import _convert
-
         _convert.load_torch_state_dicts(self, muon_state_dict, adamw_state_dict,
                                         muon_params=muon_params,
                                         adamw_params=adamw_params)
 
     # ------------------------------------------------------------ reporting
-    def _where(self):
-        if self._session is None:
-            return ""
-        who = "private dmuond" if self._daemon is not None else "dmuond"
-        return f"{who} at {self.address} ({self.transport})"
-
     @property
     def routing(self) -> list[dict[str, Any]]:
         """Where every parameter went: a list of dicts (name, shape, route, ...;
         layer: a Muon matrix's layer in the daemon's table, else None)."""
         return [dict(name=r.name, shape=r.shape, route=r.route, reason=r.reason,
                      matrix=r.matrix, sharding=r.sharding if r.route == "muon" else None,
-                     handoff=r.handoff or None, layer=r.layer) for r in self._routes]
+                     handoff=r.handoff or None, layer=r.layer) for r in self._table.routes]
 
     @property
     def routing_table(self) -> str:
-        table = _routing.format_table(self._routes)
-        return f"{table}\ntransport to dmuond: {self.transport}" if self._session else table
+        table = _routing.format_table(self._table.routes)
+        return f"{table}\ntransport to dmuond: {self.transport}" if self.session else table
 
     @property
     def session(self) -> Session | None:
-        return self._session
+        return self._handoff.link.session
 
     @property
     def transport(self) -> str | None:
         """How the Muon tensors travel: "cuda_ipc" | "nccl" | "shm" | "inline",
         with the reason when CUDA tensors are staged through host memory."""
-        if self._session is None:
-            return None
-        t = self._session.transport
-        return f"{t} ({self._staging})" if self._staging else t
+        return self._handoff.link.transport
+
+    @property
+    def address(self) -> str | list[str] | None:
+        """dmuond's address (a pool's: its addresses), None without Muon
+        parameters."""
+        return self._handoff.link.address
+
+    @property
+    def job_id(self) -> str | None:
+        """The job's name on dmuond (the ranks agree on rank 0's)."""
+        return self._handoff.link.job_id
+
+    @property
+    def pool_owner(self) -> list[int] | None:
+        """A pool: the daemon (index into server) of each Muon table entry,
+        the same on every rank (rank 0's plan); None for a single daemon."""
+        return self._handoff.link.pool_owner
 
     def close(self) -> None:
         """Closes the dmuond session and stops a private dmuond."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
         self._closed = True
-        self._session, self._grad, self._upd, self._region = None, None, None, None
-        if self._finalizer is not None:
-            self._finalizer()
+        self._handoff.close()

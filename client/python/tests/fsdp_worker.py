@@ -352,14 +352,14 @@ def train(args, rank, world):
               if r["route"] == "muon"}
     reasons = {r["name"]: r["reason"] for r in opt.routing if r["route"] == "muon"}
     hooked = []  # Muon indices handed over by a backward hook
-    on_grad = opt._on_grad
+    on_grad = opt._handoff.on_grad
 
     def counted(i):
         on_grad(i)
-        if opt._handed[i]:  # handed off by the hook (not left to step())
+        if opt._handoff.handed[i]:  # handed off by the hook (not left to step())
             hooked.append(i)
 
-    opt._on_grad = counted
+    opt._handoff.on_grad = counted
     steps, grads, placements = [], None, None
     counter.on = True
     for s in range(STEPS):

@@ -255,7 +255,7 @@ def test_dmuon_over_cuda_ipc_matches_the_reference(monkeypatch):
         assert opt.transport == "cuda_ipc"
         assert "transport to dmuond: cuda_ipc" in opt.routing_table
         (region,) = ShmRegion.made
-        n = len(opt._muon)
+        n = len(opt._table.muon)
         ref_l = train(ref_model, ref, 6, lm_batch)
         dm_l = train(dm_model, opt, 6, lm_batch)
         # Every Muon gradient was handed over once per step, each right before

@@ -140,25 +140,25 @@ def test_interrupted_after_commit_is_completed(monkeypatch, daemon, exc, overlap
     ref, dm = pair(MLP, seed=5)
     (muon, adamw), opt = _optimizers(monkeypatch, ref, dm, daemon.address,
                                      overlap_forward=overlap_forward)
-    real = opt._apply
+    real = opt._handoff.apply
     calls = {"n": 0, "at": None}
 
     def apply(i):
         calls["n"] += 1
         if calls["at"] is not None and calls["n"] == calls["at"]:
             # mid-way through the stage: the parameter written, not marked
-            monkeypatch.setattr(opt, "_stage_apply", stage_then_raise)
+            monkeypatch.setattr(opt._handoff, "stage", stage_then_raise)
         real(i)
 
-    real_stage = opt._stage_apply
+    real_stage = opt._handoff.stage
 
     def stage_then_raise(i, p, value):
-        monkeypatch.setattr(opt, "_stage_apply", real_stage)
-        opt._staged = (i, value)
+        monkeypatch.setattr(opt._handoff, "stage", real_stage)
+        opt._handoff.staged = (i, value)
         p.copy_(value)
         raise exc()
 
-    monkeypatch.setattr(opt, "_apply", apply)
+    monkeypatch.setattr(opt._handoff, "apply", apply)
     for step in range(4):
         loss_of(ref, mlp_batch(step)).backward()
         muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
@@ -195,7 +195,7 @@ def test_stored_handoff_error_rolls_back_and_the_loop_goes_on(monkeypatch, daemo
         muon.zero_grad(), adamw.zero_grad()
         loss_of(dm, mlp_batch(step)).backward()
         if step == 1:
-            opt._error = RuntimeError("injected hand-off failure")
+            opt._handoff.error = RuntimeError("injected hand-off failure")
             with pytest.raises(RuntimeError, match="injected"):
                 opt.step()
         else:
@@ -215,7 +215,7 @@ torch.set_num_threads(1)
 torch.manual_seed(0)
 model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
 opt = DMuon(model, lr=0.02)
-d = opt._daemon
+d = opt._handoff.link.daemon
 print(d.pid, flush=True)
 interrupted, step = 0, 0
 while interrupted < 3 or step < 5:

@@ -72,7 +72,7 @@ def _train(monkeypatch, daemon, schedule, freeze=(), region=None):
     muon = fp32_muon(monkeypatch)(mats, **MUON)
     adamw = torch.optim.AdamW(others, **ADAMW)
     opt = DMuon(dm, **MUON, **DM_ADAMW, server=daemon.address)
-    opt._region = region  # None: the shm session's own
+    opt._handoff.link.region = region  # None: the shm session's own
     assert {r["name"] for r in opt.routing if r["route"] == "muon"} == {
         "fc1.weight", "branch.weight", "fc2.weight", "out.weight"}
     before = {}
@@ -92,13 +92,13 @@ def _train(monkeypatch, daemon, schedule, freeze=(), region=None):
             for n in ("branch.weight", "branch.bias", "branch_ln.weight"):
                 assert torch.equal(dm.get_parameter(n).detach(), before[n]), (step, n)
         if region is not None:  # nothing sent or received for an absent one
-            branch = opt._index[id(dm.branch.weight)]
-            n = len(opt._muon)
+            branch = opt._table.index[id(dm.branch.weight)]
+            n = len(opt._table.muon)
             want = [i for i in range(n) if use_branch or i != branch]
             assert sorted(region.sent) == want, (step, region.sent)
             assert sorted(region.received) == want, (step, region.received)
             region.sent, region.received = [], []
-    opt._region = None
+    opt._handoff.link.region = None
     opt.close()
     return opt
 

@@ -25,7 +25,7 @@ sys.path.insert(0, %r)
 from dmuon.optim import DMuon
 model = torch.nn.Linear(8, 8, bias=False)
 opt = DMuon(model, lr=0.02)
-d = opt._daemon
+d = opt._handoff.link.daemon
 print(d.pid, os.getpgid(d.pid), os.getsid(d.pid), d.workdir, flush=True)
 try:
     for step in range(100000):
@@ -93,7 +93,7 @@ def test_dead_private_daemon_is_named_with_its_signal_log_and_remedy():
     loss_of(model, mlp_batch(0)).backward()
     opt.step()
     opt.zero_grad()
-    d = opt._daemon
+    d = opt._handoff.link.daemon
     os.kill(d.pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(dmuon.UnavailableError) as e:

@@ -18,7 +18,7 @@ def test_single_address_uses_that_daemon(monkeypatch, daemon):
     monkeypatch.setenv("DMUON_SERVER", daemon.address)
     model = MLP()
     opt = DMuon(model, lr=0.02)
-    assert opt.address == daemon.address and opt._daemon is None  # no private one
+    assert opt.address == daemon.address and opt._handoff.link.daemon is None  # no private one
     train(model, opt, 2, mlp_batch)
     assert opt.state_dict()["dmuon"]["completed_steps"] == 2
     opt.close()

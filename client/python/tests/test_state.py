@@ -31,7 +31,7 @@ def test_round_trip_onto_new_optimizer_and_new_daemon_is_bit_exact():
     # Interrupted after 6 steps: checkpoint through torch.save, everything
     # (optimizer, private daemon) thrown away, then resumed on a new daemon.
     opt = DMuon(resumed_model, adamw=[resumed_model.head], **HYPER)
-    first_daemon = opt._daemon.address
+    first_daemon = opt._handoff.link.daemon.address
     train(resumed_model, opt, 6, lm_batch)
     buf = io.BytesIO()
     torch.save({"model": resumed_model.state_dict(), "opt": opt.state_dict()}, buf)
@@ -42,7 +42,7 @@ def test_round_trip_onto_new_optimizer_and_new_daemon_is_bit_exact():
     fresh = TinyLM()
     fresh.load_state_dict(ckpt["model"])
     opt = DMuon(fresh, adamw=[fresh.head], **HYPER)
-    assert opt._daemon.address != first_daemon
+    assert opt._handoff.link.daemon.address != first_daemon
     opt.load_state_dict(ckpt["opt"])
     assert opt.session.step == 7
     train(fresh, opt, 6, lm_batch, start=6)
@@ -88,10 +88,10 @@ def test_opt_state_lists_momentum_buffer_and_step_without_fetching(daemon):
     st = opt.state[w]
     assert list(st) == ["momentum_buffer", "step"] and len(st) == 2 and st
     assert "step" in st and "momentum_buffer" in st.keys() and "exp_avg" not in st
-    assert opt._momentum_cache is None  # nothing read yet
-    assert "read from dmuond" in repr(st) and opt._momentum_cache is None
+    assert opt._muon_state.cache is None  # nothing read yet
+    assert "read from dmuond" in repr(st) and opt._muon_state.cache is None
     assert opt.local_state_dict()["state"].keys() == {2, 3}  # AdamW's (biases)
-    assert opt._momentum_cache is None
+    assert opt._muon_state.cache is None
     m = st["momentum_buffer"]
     assert m.shape == w.shape and m.abs().sum() > 0
     assert float(st["step"]) == 1.0
@@ -225,7 +225,7 @@ def test_client_session_api(daemon):
 
 def test_private_daemon_stops_with_the_optimizer():
     opt = DMuon(torch.nn.Linear(4, 4))
-    daemon = opt._daemon
+    daemon = opt._handoff.link.daemon
     assert daemon.alive()
     del opt
     gc.collect()
@@ -235,7 +235,7 @@ def test_private_daemon_stops_with_the_optimizer():
 def test_private_daemon_stops_at_exit_without_close():
     here = os.path.dirname(os.path.abspath(__file__))
     code = ("import sys; sys.path.insert(0, %r); import torch; from dmuon.optim import "
-            "DMuon; opt = DMuon(torch.nn.Linear(4, 4)); print(opt._daemon.pid)"
+            "DMuon; opt = DMuon(torch.nn.Linear(4, 4)); print(opt._handoff.link.daemon.pid)"
             % os.path.dirname(here))
     pid = int(subprocess.check_output([sys.executable, "-c", code], timeout=60))
     deadline = time.monotonic() + 5
@@ -251,7 +251,7 @@ def test_private_daemon_stops_at_exit_without_close():
 def test_adamw_only_model_needs_no_daemon():
     model = torch.nn.LayerNorm(8)
     opt = DMuon(model, adamw_lr=0.1)
-    assert opt.session is None and opt._daemon is None
+    assert opt.session is None and opt._handoff.link.daemon is None
     model(torch.randn(2, 8)).sum().backward()
     before = model.bias.detach().clone()
     opt.step()

@@ -138,8 +138,8 @@ def test_state_dict_with_a_dead_daemon_names_local_state_dict(monkeypatch):
     model = MLP()
     opt = DMuon(model, **MUON)  # a private dmuond
     _dm_step(model, opt, 0)
-    opt._daemon.process.kill()
-    opt._daemon.process.wait()
+    opt._handoff.link.daemon.process.kill()
+    opt._handoff.link.daemon.process.wait()
     with pytest.raises(dmuon.Error, match="local_state_dict"):
         opt.state_dict()
     with pytest.raises(dmuon.Error):

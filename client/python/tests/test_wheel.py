@@ -339,7 +339,7 @@ hyper = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
 mats, others = muon_split(ref_model)
 ref = ReferenceMuon(mats, others, adamw_lr=3e-3, **hyper)
 opt = DMuon(dm_model, adamw_lr=3e-3, **hyper)  # server="auto": a private dmuond
-assert opt._daemon.binary == os.path.join(pkg, "bin", "dmuond"), opt._daemon.binary
+assert opt._handoff.link.daemon.binary == os.path.join(pkg, "bin", "dmuond"), opt._handoff.link.daemon.binary
 ref_losses = train(ref_model, ref, 3, mlp_batch)
 dm_losses = train(dm_model, opt, 3, mlp_batch)
 opt.close()
