@@ -277,8 +277,10 @@ class NcclRegion(_GpuRegion):
         info = session.nccl()
         if len(info["unique_id"]) != 128:
             raise RuntimeError("DMuon: dmuond returned no NCCL unique id")
-        uid = _NcclUniqueId()
-        ctypes.memmove(uid.internal, info["unique_id"], 128)
+        # A copy into the struct's own memory: reading uid.internal gives a
+        # bytes copy (a c_char array field), and writing through it would
+        # write over that object instead of the id.
+        uid = _NcclUniqueId.from_buffer_copy(bytes(info["unique_id"]))
         with torch.cuda.device(self.device):
             # Blocks until every rank and dmuond (which joins when the job's
             # first session opens) have joined.

@@ -7,6 +7,7 @@ needed): the calls are the shipped code's, only their targets are fake."""
 
 import contextlib
 import ctypes
+import random
 
 import pytest
 import torch
@@ -46,9 +47,13 @@ class _Stream:
     cuda_stream = 0
 
 
+# A fresh id each run (no NUL byte, which a c_char view would cut at).
+UNIQUE_ID = bytes(random.randrange(1, 256) for _ in range(128))
+
+
 class _Session:
     def nccl(self):
-        return {"unique_id": b"\x01" * 128, "nranks": DAEMON_RANK + 1,
+        return {"unique_id": UNIQUE_ID, "nranks": DAEMON_RANK + 1,
                 "daemon_rank": DAEMON_RANK}
 
 
@@ -90,6 +95,8 @@ def test_the_warm_up_is_the_first_group_right_after_joining(region):
                              "ncclRecv", "ncclGroupEnd"]
     init = calls[0][1]
     assert init[1].value == DAEMON_RANK + 1 and init[3].value == 1
+    # The session's id itself, in the struct's own memory.
+    assert bytes(init[2]) == UNIQUE_ID
     send, recv = _transfer(calls[2]), _transfer(calls[3])
     assert send[2:] == (1, DAEMON_RANK) and recv[2:] == (1, DAEMON_RANK)
     assert send[1] != recv[1], "the two fp32s are distinct memory"
