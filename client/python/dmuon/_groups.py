@@ -45,7 +45,7 @@ def user_groups(params):
             "optimizer parameters need to be organized in ordered collections, but the "
             "ordering of tensors in sets will change between runs. Please use a list "
             "instead. This will be an error in a future release.",
-            FutureWarning, stacklevel=3)
+            FutureWarning, stacklevel=4)  # DMuon()'s caller (through its flat-keyword shim)
     params = list(params)
     if not params:
         raise ValueError("optimizer got an empty parameter list")

@@ -28,8 +28,9 @@ imports it without torch).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ GROUPS = ((AdamWOptions, "adamw_options", ADAMW_KEYWORDS),
           (DaemonOptions, "daemon_options", DAEMON_KEYWORDS),
           (RoutingOptions, "routing_options", ROUTING_KEYWORDS),
           (OverlapOptions, "overlap_options", OVERLAP_KEYWORDS))
+FLAT_KEYWORDS = {k for _, _, fields in GROUPS for k in fields}
 
 # DaemonOptions.resume: each accepted value -> Client.open_session's resume.
 RESUME_MODES = {False: "fresh", "fresh": "fresh", True: "continue",
@@ -160,25 +162,34 @@ def resume_mode(value: Any) -> str:
         "\"replace\" (discard its momentum) or \"auto\" (continue if any)")
 
 
-def grouped(options: dict[str, Any], flat: dict[str, Any]) -> list[Any]:
-    """The four options groups of a DMuon() call, in GROUPS' order: each as
-    given (options: {keyword: value or None}), or made of its flat keywords
-    in `flat` (the call's other keywords). Each flat keyword warns
-    (DeprecationWarning) naming its new spelling; one that is no flat
-    keyword is the TypeError Python gives."""
-    known = {k for _, _, fields in GROUPS for k in fields}
-    unknown = sorted(set(flat) - known)
-    if unknown:
-        raise TypeError(f"DMuon.__init__() got an unexpected keyword argument "
-                        f"'{unknown[0]}'")
-    for cls, keyword, fields in GROUPS:
-        for k in fields:
-            if k in flat:
+def accepts_flat_keywords(init: Callable[..., None]) -> Callable[..., None]:
+    """DMuon.__init__ that also takes the deprecated flat keywords (as
+    pandas' deprecate_kwarg does): each one given warns (DeprecationWarning)
+    naming its new spelling, and its group's options are made of them. The
+    signature (inspect, help()) stays the one to use; any other keyword is
+    the TypeError Python gives."""
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        flat = {k: kwargs.pop(k) for k in list(kwargs) if k in FLAT_KEYWORDS}
+        for cls, keyword, fields in GROUPS:
+            given = {k: v for k, v in flat.items() if k in fields}
+            for k in given:
                 warnings.warn(
                     f"DMuon({k}=...) is deprecated: pass {keyword}={cls.__name__}("
                     f"{fields[k]}=...) (the flat keyword goes in the next release)",
-                    DeprecationWarning, stacklevel=3)
-    return [resolve(cls, keyword, options.get(keyword), flat, fields)
+                    DeprecationWarning, stacklevel=2)
+            if given:
+                kwargs[keyword] = resolve(cls, keyword, kwargs.get(keyword), given, fields)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+def grouped(options: dict[str, Any]) -> list[Any]:
+    """The four options groups of a DMuon() call, in GROUPS' order, from
+    options ({keyword: value or None}): each as given, or its defaults."""
+    return [resolve(cls, keyword, options.get(keyword), {}, fields)
             for cls, keyword, fields in GROUPS]
 
 

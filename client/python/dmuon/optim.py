@@ -163,6 +163,7 @@ class DMuon(torch.optim.Optimizer):
     group's default; one given with its group's options is a TypeError.
     """
 
+    @_options.accepts_flat_keywords
     def __init__(
         self,
         params: ParamsT | nn.Module,
@@ -183,11 +184,10 @@ class DMuon(torch.optim.Optimizer):
         overlap_options: OverlapOptions | None = None,
         process_group: ProcessGroup | None = None,
         verbose: bool = False,
-        **flat: Any,
     ) -> None:
         aw, dd, ro, oo = _options.grouped(
             dict(adamw_options=adamw_options, daemon_options=daemon_options,
-                 routing_options=routing_options, overlap_options=overlap_options), flat)
+                 routing_options=routing_options, overlap_options=overlap_options))
         resume = _options.resume_mode(dd.resume)
         _check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn)
         params, ro, self._ddp, module = _with_model(params, ro, oo)
