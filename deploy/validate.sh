@@ -216,11 +216,14 @@ else
 fi
 
 # The limits in values.yaml are the daemon's defaults (daemon/config.cc's
-# ABSL_FLAGs), so that the chart changes nothing unless a value is set.
-if "$PY" - "$CHART/values.yaml" "$ROOT/daemon/config.cc" >"$WORK/limits.log" 2>&1 <<'PYEOF'
+# ABSL_FLAGs, whose defaults are server/limits.h's constants), so that the chart changes nothing unless a value is set.
+if "$PY" - "$CHART/values.yaml" "$ROOT/daemon/config.cc" "$ROOT/server/limits.h" \
+  >"$WORK/limits.log" 2>&1 <<'PYEOF'
 import re, sys, yaml
 values = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))["daemon"]
 src = re.sub(r"\s+", " ", open(sys.argv[2], encoding="utf-8").read())
+limits = dict(re.findall(r"constexpr \w+ (k\w+) = ([^;]+);",
+                         open(sys.argv[3], encoding="utf-8").read()))
 keys = {"maxWorldSize": "max_world_size", "maxJobParameters": "max_job_parameters",
         "maxJobElements": "max_job_elements", "maxStateBytes": "max_state_bytes",
         "maxNsSteps": "max_ns_steps", "maxJobIdBytes": "max_job_id_bytes",
@@ -233,7 +236,10 @@ for key, flag in keys.items():
     if not m:
         bad.append(f"--{flag.replace('_', '-')}: no ABSL_FLAG in daemon/config.cc")
         continue
-    expr = re.sub(r"int64_t\{(\d+)\}", r"\1", m.group(1).strip())
+    expr = m.group(1).strip()
+    # A flag's default may be a server/limits.h constant (written once).
+    expr = limits.get(expr.split("::")[-1], expr)
+    expr = re.sub(r"int64_t\{(\d+)\}", r"\1", expr)
     default = eval(expr, {"__builtins__": {}})  # literals and shifts only
     if values.get(key) != default:
         bad.append(f"daemon.{key} is {values.get(key)!r}, the daemon's default is {default}")
