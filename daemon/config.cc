@@ -4,9 +4,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/gpu_logic.h"
@@ -197,7 +199,39 @@ bool DaemonConfig::loopback() const {
          h.rfind("127.", 0) == 0 || listen.rfind("unix:", 0) == 0;
 }
 
+namespace {
+
+// --listen is unix:PATH, HOST:PORT or [IPv6]:PORT, PORT a number in
+// [0, 65535] (0: a free port): without one gRPC would pick 443 unasked.
+absl::Status ValidateListen(const std::string& listen) {
+  if (listen.rfind("unix:", 0) == 0) {
+    if (listen.size() > 5) return absl::OkStatus();
+    return Invalid("--listen=unix: needs a path (unix:/path/to/socket)");
+  }
+  size_t colon = std::string::npos;
+  if (!listen.empty() && listen[0] == '[') {
+    const size_t close = listen.find("]:");
+    if (close != std::string::npos) colon = close + 1;
+  } else if (std::count(listen.begin(), listen.end(), ':') == 1) {
+    colon = listen.find(':');
+  }
+  const std::string port =
+      colon == std::string::npos ? "" : listen.substr(colon + 1);
+  int n = -1;
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(port, &n) || n > 65535) {
+    return Invalid("--listen=" + listen +
+                   " is not HOST:PORT, [IPv6]:PORT (PORT in [0, 65535], 0: a "
+                   "free one) or unix:PATH");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateConfig(const DaemonConfig& c) {
+  if (absl::Status st = ValidateListen(c.listen); !st.ok()) return st;
   if (c.log_format != "text" && c.log_format != "json")
     return Invalid("--log-format must be 'text' or 'json', got '" +
                    c.log_format + "'");
@@ -230,6 +264,16 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.momentum_dtype != "fp32" && c.momentum_dtype != "bf16")
     return Invalid("--momentum-dtype must be 'fp32' or 'bf16'");
   if (c.cpu_executors < 1) return Invalid("--cpu-executors must be >= 1");
+  if (c.cpu_threads < 0)
+    return Invalid("--cpu-threads must be >= 0 (0: every core)");
+  if (c.max_batch < 1) return Invalid("--max-batch must be >= 1");
+  if (c.metrics_port < 0 || c.metrics_port > 65535)
+    return Invalid("--metrics-port must be in [0, 65535] (0: off), got " +
+                   std::to_string(c.metrics_port));
+  if (c.exit_timeout_secs < 0)
+    return Invalid("--exit-timeout-secs must be >= 0");
+  if (c.summary_every_secs < 0)
+    return Invalid("--summary-every-secs must be >= 0 (0: never)");
   if (c.tls_cert_file.empty() != c.tls_key_file.empty())
     return Invalid("--tls-cert-file and --tls-key-file go together");
   if (!c.tls_client_ca_file.empty() && c.tls_cert_file.empty())

@@ -26,7 +26,8 @@ struct DaemonConfig {
   int cpu_threads = 0;
   int cpu_executors = 1;  // --cpu-executors, >= 1
   int max_batch = 16;     // --max-batch
-  // --metrics-port: Prometheus /metrics on the --listen host; <= 0: off.
+  // --metrics-port: Prometheus /metrics on the --listen host, in [0, 65535];
+  // 0: off.
   int metrics_port = 0;
   std::string state_dir;       // --state-dir; empty: no snapshots
   std::string autotune_cache;  // --autotune-cache; empty: the cost model
@@ -58,7 +59,7 @@ struct DaemonConfig {
   std::string nan_policy = "skip";                      // 'skip' | 'fail'
   std::string log_level = "info";   // trace|debug|info|warn|error|off
   std::string log_format = "text";  // text|json
-  int summary_every_secs = 60;      // --summary-every-secs; <= 0: never
+  int summary_every_secs = 60;      // --summary-every-secs, >= 0; 0: never
   std::string port_file;            // --port-file; empty: none
   // Security (docs/security.md). --tls-cert-file and --tls-key-file: PEM
   // server certificate and key (both or neither): TLS on --listen.

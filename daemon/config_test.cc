@@ -132,6 +132,24 @@ TEST(DaemonConfig, EachBadValueIsRefusedNamingItsFlag) {
        [](DaemonConfig& c) { c.attach_timeout_seconds = 0; }},
       {"--max-step-queue-bytes",
        [](DaemonConfig& c) { c.max_step_queue_bytes = 0; }},
+      {"--cpu-threads", [](DaemonConfig& c) { c.cpu_threads = -1; }},
+      {"--max-batch", [](DaemonConfig& c) { c.max_batch = 0; }},
+      {"--metrics-port", [](DaemonConfig& c) { c.metrics_port = 70000; }},
+      {"--metrics-port", [](DaemonConfig& c) { c.metrics_port = -1; }},
+      {"--exit-timeout-secs",
+       [](DaemonConfig& c) { c.exit_timeout_secs = -1; }},
+      {"--summary-every-secs",
+       [](DaemonConfig& c) { c.summary_every_secs = -5; }},
+      // No port: gRPC would serve on 443 unasked.
+      {"--listen=127.0.0.1", [](DaemonConfig& c) { c.listen = "127.0.0.1"; }},
+      {"--listen=localhost:", [](DaemonConfig& c) { c.listen = "localhost:"; }},
+      {"--listen=127.0.0.1:65536",
+       [](DaemonConfig& c) { c.listen = "127.0.0.1:65536"; }},
+      {"--listen=127.0.0.1:+80",
+       [](DaemonConfig& c) { c.listen = "127.0.0.1:+80"; }},
+      {"--listen=::1", [](DaemonConfig& c) { c.listen = "::1"; }},
+      {"--listen=[::1]", [](DaemonConfig& c) { c.listen = "[::1]"; }},
+      {"--listen=unix:", [](DaemonConfig& c) { c.listen = "unix:"; }},
       {"--tls-cert-file", [](DaemonConfig& c) { c.tls_cert_file = "c"; }},
       {"--tls-cert-file", [](DaemonConfig& c) { c.tls_key_file = "k"; }},
       {"--tls-client-ca-file",
@@ -195,7 +213,17 @@ TEST(DaemonConfig, BoundaryValuesAreAccepted) {
   c.nan_policy = "fail";
   c.devices = "cuda:0,1";
   c.momentum_dtype = "bf16";
+  c.metrics_port = 65535;
+  c.max_batch = 1;
+  c.exit_timeout_secs = 0;
+  c.summary_every_secs = 0;
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  for (const char* listen :
+       {"127.0.0.1:0", "localhost:65535", "[::1]:50051", "unix:/tmp/d.sock"}) {
+    c.listen = listen;
+    EXPECT_TRUE(ValidateConfig(c).ok()) << listen << ": " << ValidateConfig(c);
+  }
+  c.listen = "127.0.0.1:50051";
   c.max_message_bytes = (int64_t{1} << 31) - 1;
   c.log_level = "off";
   c.devices = "auto";
