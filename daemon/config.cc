@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/types.h"
 #include "server/gpu_logic.h"
 
 // dmuond's flags (`dmuond --help` lists the ones defined in this file). The
@@ -246,7 +247,11 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.max_job_elements < 1) return Invalid("--max-job-elements must be >= 1");
   if (c.max_state_bytes < 0)
     return Invalid("--max-state-bytes must be >= 0 (0: the default)");
-  if (c.max_ns_steps < 1) return Invalid("--max-ns-steps must be >= 1");
+  if (c.max_ns_steps < 1 || c.max_ns_steps > kernels::kMaxNsSteps) {
+    return Invalid(absl::StrCat("--max-ns-steps must be in [1, ",
+                                kernels::kMaxNsSteps,
+                                "] (the kernels' bound)"));
+  }
   if (c.max_job_id_bytes < 1) return Invalid("--max-job-id-bytes must be >= 1");
   if (c.max_idle_jobs < 0) return Invalid("--max-idle-jobs must be >= 0");
   if (c.attach_timeout_seconds < 1)

@@ -126,6 +126,7 @@ TEST(DaemonConfig, EachBadValueIsRefusedNamingItsFlag) {
       {"--max-job-elements", [](DaemonConfig& c) { c.max_job_elements = 0; }},
       {"--max-state-bytes", [](DaemonConfig& c) { c.max_state_bytes = -1; }},
       {"--max-ns-steps", [](DaemonConfig& c) { c.max_ns_steps = 0; }},
+      {"--max-ns-steps", [](DaemonConfig& c) { c.max_ns_steps = 10001; }},
       {"--max-job-id-bytes", [](DaemonConfig& c) { c.max_job_id_bytes = 0; }},
       {"--max-idle-jobs", [](DaemonConfig& c) { c.max_idle_jobs = -1; }},
       {"--attach-timeout-seconds",

@@ -259,6 +259,17 @@ TEST_F(NsCpuTest, InvalidOptions) {
   EXPECT_FALSE(CustomSchedule({}).ok());
   EXPECT_FALSE(ScheduleByName("quintic", 5).ok());
   EXPECT_FALSE(ScheduleByName("classic", 0).ok());
+  // One bound for every schedule, named or custom.
+  EXPECT_EQ(ScheduleByName("classic", kMaxNsSteps)->steps.size(),
+            static_cast<size_t>(kMaxNsSteps));
+  EXPECT_FALSE(ScheduleByName("you", kMaxNsSteps + 1).ok());
+  EXPECT_TRUE(ScheduleByName("polar_express", 200).ok());
+  EXPECT_TRUE(CustomSchedule(std::vector<StepCoefficients>(
+                                 kMaxNsSteps, {3.4445, -4.7750, 2.0315}))
+                  .ok());
+  EXPECT_FALSE(CustomSchedule(std::vector<StepCoefficients>(
+                                  kMaxNsSteps + 1, {3.4445, -4.7750, 2.0315}))
+                   .ok());
   EXPECT_FALSE(ParseMethod("fast").ok());
 }
 

@@ -108,9 +108,9 @@ absl::StatusOr<Schedule> CustomSchedule(std::vector<StepCoefficients> steps,
 }
 
 absl::StatusOr<Schedule> ScheduleByName(std::string_view name, int steps) {
-  if (steps <= 0 || steps >= 100) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ns_steps must be in [1, 99], got ", steps));
+  if (steps < 1 || steps > kMaxNsSteps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ns_steps must be in [1, ", kMaxNsSteps, "], got ", steps));
   }
   if (name == "classic") return ClassicSchedule(steps);
   if (name == "polar_express") return PolarExpressSchedule(steps);
@@ -123,6 +123,11 @@ absl::StatusOr<Schedule> ScheduleByName(std::string_view name, int steps) {
 absl::Status ValidateOptions(const NsOptions& o) {
   if (o.schedule.steps.empty()) {
     return absl::InvalidArgumentError("schedule has no steps");
+  }
+  if (o.schedule.steps.size() > static_cast<size_t>(kMaxNsSteps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule has ", o.schedule.steps.size(),
+                     " steps; at most ", kMaxNsSteps, " are taken"));
   }
   for (size_t k = 0; k < o.schedule.steps.size(); ++k) {
     if (!Finite(o.schedule.steps[k])) {

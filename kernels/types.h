@@ -71,10 +71,14 @@ Schedule PolarExpressSchedule(int steps = 5, double safety = 1.01);
 // The "You" 5-step set (as used by microsoft/dion); more than 5 steps repeat
 // the last set, fewer use the first ones.
 Schedule YouSchedule(int steps = 5);
-// Any per-step list; every coefficient must be finite and the list non-empty.
+// The longest schedule the kernels take, named or custom: one rule for
+// every schedule (a daemon's --max-ns-steps may only lower it).
+inline constexpr int kMaxNsSteps = 10000;
+// Any per-step list; every coefficient must be finite and the list non-empty,
+// of at most kMaxNsSteps steps.
 absl::StatusOr<Schedule> CustomSchedule(std::vector<StepCoefficients> steps,
                                         double norm_safety = 1.0);
-// "classic", "polar_express" or "you", with `steps` steps.
+// "classic", "polar_express" or "you", with `steps` in [1, kMaxNsSteps].
 absl::StatusOr<Schedule> ScheduleByName(std::string_view name, int steps);
 
 struct NsOptions {

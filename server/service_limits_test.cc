@@ -173,6 +173,42 @@ TEST(Limits, ScheduleLength) {
   OtherJobSteps(*svc, "other");
 }
 
+// One rule for every schedule, named or custom: --max-ns-steps, up to the
+// kernels' bound (named schedules once had their own limit of 99).
+TEST(Limits, NamedAndCustomSchedulesShareTheLimit) {
+  for (int limit : {kDefaultMaxNsSteps, 300}) {
+    ServiceOptions o;
+    o.max_ns_steps = limit;
+    auto svc = NewService(o);
+    for (const char* schedule : {"classic", "polar_express", "you", "custom"}) {
+      for (int steps : {limit / 2, limit, limit + 1}) {
+        const std::string id = absl::StrCat("j", limit, schedule, steps);
+        auto req = Request(id, 0, 1, v1::TRANSPORT_INLINE, kOne);
+        auto* g = req.mutable_groups(0);
+        g->set_schedule(schedule);
+        if (std::string(schedule) == "custom") {
+          for (int i = 0; i < steps; ++i) {
+            auto* c = g->add_coefficients();
+            c->set_a(1.5);
+            c->set_b(-0.5);
+            c->set_c(0.0);
+          }
+        } else {
+          g->set_ns_steps(steps);
+        }
+        auto s = svc->OpenSession(req);
+        if (steps <= limit) {
+          EXPECT_TRUE(s.ok()) << schedule << " " << steps << ": " << s.status();
+        } else {
+          EXPECT_TRUE(Refused(s.status(), absl::StatusCode::kResourceExhausted,
+                              "--max-ns-steps"))
+              << schedule << " " << steps << ": " << s.status();
+        }
+      }
+    }
+  }
+}
+
 TEST(Limits, DefaultScheduleLength) {
   auto svc = NewService();
   auto req = Request("j", 0, 1, v1::TRANSPORT_INLINE, kOne);
