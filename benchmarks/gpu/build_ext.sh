@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds _dmuon.so for the python3 at hand from what stage_ext.sh staged
 # (run on the GPU machine, whose CPython differs from Debian's): compiles the
-# four pybind11 sources against that Python's headers and its pybind11, and
+# pybind11 sources against that Python's headers and its pybind11, and
 # links them with the staged archive and libraries as Bazel did (the same
 # flags: PyInit__dmuon the one export, OpenBLAS static). Exit 3: this Python
 # has no headers or no pybind11 (the caller skips what needs the extension).

@@ -28,6 +28,10 @@ void RegisterKernels(pybind11::module_& m);
 // Client and Session: the C++ client library.
 void RegisterClient(pybind11::module_& m);
 
+// ReleaseGate and NcclOrder: the GPU transports' rules (client/cuda/),
+// which dmuon/_gpu.py drives with torch's CUDA and NCCL.
+void RegisterGpu(pybind11::module_& m);
+
 }  // namespace dmuon::python
 
 #endif  // DMUON_CLIENT_PYTHON_BINDINGS_H_

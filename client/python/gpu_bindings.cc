@@ -68,8 +68,8 @@ RegionLayout LayoutFromDict(const py::dict& d) {
     if (s.contains("bytes") && s["bytes"].cast<uint64_t>() != slot.bytes) {
       Throw(absl::InvalidArgumentError(
           absl::StrCat("layout slot ", l.slots.size(), ": bytes ",
-                       s["bytes"].cast<uint64_t>(), " is not rows x cols x 4 = ",
-                       slot.bytes)));
+                       s["bytes"].cast<uint64_t>(),
+                       " is not rows x cols x 4 = ", slot.bytes)));
     }
     l.slots.push_back(slot);
   }

@@ -1,5 +1,5 @@
 // The _dmuon Python extension: orthogonalize() over the kernels library and
-// Client/Session over the C++ client. The dmuon package (dmuon/) wraps it.
+// Client/Session over the C++ client, and the GPU transports' rules. The dmuon package (dmuon/) wraps it.
 
 #include <pybind11/pybind11.h>
 
@@ -12,4 +12,5 @@ PYBIND11_MODULE(_dmuon, m) {
   dmuon::python::RegisterErrors(m);
   dmuon::python::RegisterKernels(m);
   dmuon::python::RegisterClient(m);
+  dmuon::python::RegisterGpu(m);
 }

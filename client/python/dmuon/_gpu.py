@@ -34,6 +34,12 @@ closed), or once the private daemon that mapped it has exited. Otherwise it
 is kept (Region.keep; the driver frees it when the process exits) rather
 than freed under the daemon's mapping.
 
+The rules are the C++ client's, bound from client/cuda/ (one implementation
+for C++ and Python trainers, tested there): when exported memory may be
+freed is a _dmuon.ReleaseGate (release_gate.h), which groups an nccl rank
+posts and in what order is a _dmuon.NcclOrder (nccl_order.h) that calls
+back into NcclRegion._group for the NCCL calls.
+
 CUDA and NCCL are reached through ctypes on the libraries torch itself
 loaded (libcudart, libnccl), so the extension links neither. Nothing here
 runs without a GPU; the logic around it (what is exported, when events are
@@ -46,11 +52,11 @@ import os
 
 import torch
 
+from . import _native
+
 def is_local(address):
     """True when `address` (host:port or unix:path) is this host, by the C++
     client's rule (the one that picks shm): Client::IsLocalAddress."""
-    from . import _native
-
     return _native.load().is_local_address(address)
 
 
@@ -168,6 +174,16 @@ class Region:
     kind = None
     mapped_by_daemon = False
     grad = upd = ()
+    _gate = None
+
+    @property
+    def gate(self):
+        """When memory the daemon maps may be freed: _dmuon.ReleaseGate, the
+        C++ client's own rule (client/cuda/release_gate.h), which _session
+        tells of the export, the open and the close."""
+        if self._gate is None:
+            self._gate = _native.load().ReleaseGate()
+        return self._gate
 
     def export(self):
         return None
@@ -194,9 +210,14 @@ class _GpuRegion(Region):
 
     def __init__(self, layout, device):
         self.device = torch.device(device)
+        self.layout = layout
         self.bytes = layout["total_bytes"]
         self.buf = _DeviceBuffer(self.bytes, self.device)
         self.grad, self.upd = _views(self.buf.tensor, layout)
+
+    def base(self):
+        """The region's address."""
+        return self.buf.tensor.data_ptr()
 
     def close(self):
         self.grad = self.upd = ()
@@ -261,16 +282,21 @@ class _NcclUniqueId(ctypes.Structure):
 
 
 _NCCL_FLOAT32 = 7  # ncclFloat32
+_NCCL_CALL = {True: "ncclSend", False: "ncclRecv"}
 
 
 class NcclRegion(_GpuRegion):
+    """Which groups are posted, in what order, is the C++ client's rule
+    (_dmuon.NcclOrder: client/cuda/nccl_order.h, tested there against the
+    daemon's side); this class makes its NCCL calls."""
+
     kind = "nccl"
 
     def __init__(self, layout, device):
         super().__init__(layout, device)
         self.nccl = _Lib("libnccl", "libnccl.so.2", "NCCL")
         self.comm = ctypes.c_void_p()
-        self.peer = None
+        self.order = None
         self.warm_up = None  # the warm-up's send and receive fp32s
 
     def join(self, session, rank):
@@ -286,28 +312,27 @@ class NcclRegion(_GpuRegion):
             # first session opens) have joined.
             self.nccl.check("ncclCommInitRank", ctypes.byref(self.comm),
                             ctypes.c_int(info["nranks"]), uid, ctypes.c_int(rank))
-            self.peer = info["daemon_rank"]
+            self.order = _native.load().NcclOrder(self._group, info["daemon_rank"],
+                                                  self.layout)
             # The communicator's first group, before any step's (dmuond posts
             # its side as soon as the communicator is initialized). Returns
             # once both directions are connected.
             self.warm_up = torch.zeros(2, dtype=torch.float32, device=self.device)
-            self._group([("ncclSend", self.warm_up[0:1]),
-                         ("ncclRecv", self.warm_up[1:2])])
+            self.order.warm_up(self.warm_up.data_ptr(), self._stream())
 
-    def _group(self, ops):
-        """One ncclGroupStart/End group of (ncclSend | ncclRecv, tensor) ops
-        with dmuond, in order, on torch's current stream; tensors of no
-        elements are left out (dmuond posts nothing for them either)."""
-        stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+    def _stream(self):
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def _group(self, transfers, stream):
+        """NcclOrder's communicator: one ncclGroupStart/End group of
+        (send, peer, address, count fp32) transfers on `stream`."""
         self.nccl.check("ncclGroupStart")
         first = None
-        for fn, t in ops:
-            if t.numel() == 0:
-                continue
+        for send, peer, address, count in transfers:
             try:
-                self.nccl.check(fn, ctypes.c_void_p(t.data_ptr()),
-                                ctypes.c_size_t(t.numel()), ctypes.c_int(_NCCL_FLOAT32),
-                                ctypes.c_int(self.peer), self.comm, stream)
+                self.nccl.check(_NCCL_CALL[send], ctypes.c_void_p(address),
+                                ctypes.c_size_t(count), ctypes.c_int(_NCCL_FLOAT32),
+                                ctypes.c_int(peer), self.comm, ctypes.c_void_p(stream))
             except RuntimeError as e:
                 first = first or e
         self.nccl.check("ncclGroupEnd")
@@ -315,16 +340,16 @@ class NcclRegion(_GpuRegion):
             raise first
 
     def handed(self, ids):
-        self._group([("ncclSend", self.grad[i]) for i in ids])
+        self.order.send_gradients(self.base(), list(ids), self._stream())
 
     def receive(self, ids):
-        self._group([("ncclRecv", self.upd[i]) for i in ids])
+        self.order.receive_updates(self.base(), list(ids), self._stream())
 
     def close(self):
         if self.comm:
             self.nccl.lib.ncclCommAbort(self.comm)
             self.comm = ctypes.c_void_p()
-        self.warm_up = None
+        self.order = self.warm_up = None
         super().close()
 
 

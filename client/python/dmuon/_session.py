@@ -122,9 +122,14 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
     region = _gpu.new_region(kind, layout, device)
     session = None
     try:
+        exported = region.export()
+        if region.mapped_by_daemon:
+            region.gate.exported()
         session = client.open_session(job_id, table, groups, rank=rank,
                                       world_size=world, transport=kind,
-                                      cuda_ipc=region.export(), resume=resume)
+                                      cuda_ipc=exported, resume=resume)
+        if region.mapped_by_daemon:
+            region.gate.opened()
         region.join(session, rank)
         return session, region, None
     except _ext.Error as e:
@@ -220,44 +225,38 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
     return session, region, note, daemon, address, job_id, owner
 
 
-# OpenSession failures after which the daemon may have opened the session
-# (and mapped a cuda_ipc region) without answering.
-_UNANSWERED = ("DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN")
-
-
 def release(holder, region, daemon=None, open_error=None):
     """Ends a session in order: closes the session `holder` holds (a list it
     empties), then frees its GPU region. Memory the daemon maps (cuda_ipc) is
-    freed only once the daemon confirmed it released the region
-    (Session.region_released: no computation uses it, the IPC mapping is
-    closed), or once `daemon` (the private one, which mapped it) has exited;
-    otherwise it is kept (Region.keep). open_error: OpenSession failed with it
-    (no session): the daemon answered, so it maps nothing, unless it did not
-    answer (_UNANSWERED). Returns `daemon` if it is still running."""
-    released, why = True, None
+    freed when its ReleaseGate (the C++ client's rule) allows it: the daemon
+    confirmed it released the region (Session.region_released: no
+    computation uses it, the IPC mapping is closed), or never mapped it (an
+    OpenSession the daemon answered with an error: `open_error`); or once
+    `daemon` (the private one, which mapped it) has exited. Otherwise it is
+    kept (Region.keep). Returns `daemon` if it is still running."""
+    gate = region.gate if region is not None and region.mapped_by_daemon else None
+    detail = ""
     while holder:
         session = holder.pop()
         try:
             session.close()
             released = session.region_released
-            why = None if released else (
-                "dmuond did not confirm that it released the region (a step "
-                "computation still used it when its wait ran out)")
         except Exception as e:  # noqa: BLE001 - the daemon may be gone already
-            released, why = False, f"closing the session failed ({e})"
+            released, detail = False, f"closing the session failed ({e}); "
+        if gate is not None:
+            gate.closed(released)
         del session
-    if open_error is not None and getattr(open_error, "code", None) in _UNANSWERED:
-        released, why = False, (f"OpenSession ended without dmuond's answer "
-                                f"({open_error}): it may have mapped the region")
+    if open_error is not None and gate is not None:
+        gate.open_failed(getattr(open_error, "code", None))
     if region is None:
         return daemon
-    if not released and region.mapped_by_daemon and daemon is not None:
+    if gate is not None and not gate.may_free and daemon is not None:
         daemon.stop()  # its mapping ends with it
-        daemon, released = None, True
-    if released or not region.mapped_by_daemon:
-        region.close()
-    else:
-        region.keep(why)
+        daemon = None
+    elif gate is not None and not gate.may_free:
+        region.keep(detail + gate.why_not)
+        return daemon
+    region.close()
     return daemon
 
 
