@@ -35,7 +35,8 @@ ABSL_FLAG(int, metrics_port, 0,
           "Prometheus /metrics port on the --listen host (0 disables)");
 ABSL_FLAG(
     std::string, state_dir, "",
-    "directory for state snapshots; a restarted daemon resumes jobs from it");
+    "directory for state snapshots; a restarted daemon resumes jobs from it "
+    "(made if missing, mode 0700; locked: one daemon per directory)");
 ABSL_FLAG(
     std::string, autotune_cache, "",
     "file caching measured method choices: parameters with method 'auto' get "

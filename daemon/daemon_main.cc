@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -40,6 +41,7 @@
 #include "daemon/logging.h"
 #include "daemon/metrics_http.h"
 #include "daemon/prometheus_metrics.h"
+#include "daemon/state_dir.h"
 #include "daemon/tls_files.h"
 #include "server/gpu_logic.h"
 #include "server/service.h"
@@ -447,6 +449,13 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   if (!config_or.ok()) return Fail(config_or.status());
   const DaemonConfig& config = *config_or;
   SetUpLogging(config.json_log(), config.log_level);
+  // Held for the daemon's life, taken before any snapshot is read.
+  std::optional<StateDirLock> state_lock;
+  if (!config.state_dir.empty()) {
+    auto lock = StateDirLock::Acquire(config.state_dir);
+    if (!lock.ok()) return Fail(lock.status());
+    state_lock.emplace(*std::move(lock));
+  }
 
   ServiceOptions opts = ServiceOptionsOf(config);
   int threads = 0;

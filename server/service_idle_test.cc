@@ -440,7 +440,7 @@ TEST(Service, SnapshotWriteFailuresAreCountedReportedAndReturned) {
   RecordingMetrics metrics;
   auto svc = NewService(o, 2, &metrics);
   // The temporary file's name is taken by a directory: every write fails.
-  const std::string tmp = SnapshotStore(dir, nullptr).PathOf("w") + ".tmp";
+  const std::string tmp = SnapshotStore(dir, nullptr).TempPathOf("w");
   ASSERT_TRUE(std::filesystem::create_directory(tmp));
   Rank r;
   ASSERT_TRUE(r.Open(*svc, Request("w", 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());

@@ -163,6 +163,13 @@ std::string SnapshotStore::PathOf(const std::string& job_id) const {
   return absl::StrCat(dir_, "/job-", absl::BytesToHexString(job_id), ".dmst");
 }
 
+std::string SnapshotStore::TempPathOf(const std::string& job_id) const {
+  // Unique per writer: never another process's half-written file (the
+  // directory is one daemon's, daemon/state_dir.h; this keeps it so even
+  // for a tool writing beside it).
+  return absl::StrCat(PathOf(job_id), ".tmp-", ::getpid());
+}
+
 absl::Status SnapshotStore::Write(const std::string& job_id,
                                   uint64_t job_serial, int64_t completed_steps,
                                   const std::string& bytes) {
@@ -205,7 +212,7 @@ absl::Status SnapshotStore::WriteLocked(const std::string& job_id,
     newest_.erase(it);  // removed by the operator
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string tmp = absl::StrCat(path, ".tmp");
+  const std::string tmp = TempPathOf(job_id);
   // Nothing half-written stays behind: the temporary file goes on failure.
   auto fail = [&tmp](const std::string& what, int err) {
     ::unlink(tmp.c_str());

@@ -63,6 +63,10 @@ class SnapshotStore {
   const std::string& dir() const { return dir_; }
   // <dir>/job-<hex(job id)>.dmst
   std::string PathOf(const std::string& job_id) const;
+  // Where this process writes PathOf(job_id) before renaming it in place:
+  // PathOf(job_id) + ".tmp-<pid>", unique per writing process (Scan reads
+  // only .dmst names).
+  std::string TempPathOf(const std::string& job_id) const;
 
   // Atomically writes `bytes` (EncodeSnapshot) as the snapshot of job
   // `job_serial` taken after `completed_steps`. Writes are serialized, and

@@ -53,7 +53,7 @@ TEST(SnapshotStore, WritesAndReadsBack) {
   ASSERT_EQ(f->momentum.size(), 1u);
   EXPECT_EQ(f->momentum[0], std::vector<float>(6, 0.5f));
   // No temporary file is left behind.
-  EXPECT_NE(access((store.PathOf("job a") + ".tmp").c_str(), F_OK), 0);
+  EXPECT_NE(access(store.TempPathOf("job a").c_str(), F_OK), 0);
 }
 
 TEST(SnapshotStore, AnOlderSnapshotOfTheSameJobNeverReplacesANewerOne) {
@@ -162,7 +162,7 @@ TEST(SnapshotStore, AFailedWriteLeavesNoTemporaryFileAndIsReported) {
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;
   EXPECT_NE(st.message().find("writing"), std::string::npos) << st;
   struct stat sb;
-  EXPECT_NE(::stat((store.PathOf("j") + ".tmp").c_str(), &sb), 0)
+  EXPECT_NE(::stat(store.TempPathOf("j").c_str(), &sb), 0)
       << "temporary file left behind";
   // The old snapshot is intact.
   EXPECT_EQ(

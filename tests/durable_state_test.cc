@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -153,11 +154,13 @@ TEST(DurableState, SigtermMidStepSnapshotsTheLastCompleteStep) {
 
 TEST(DurableState, AFinalSnapshotThatFailsExitsNonZero) {
   const std::string dir = TempDir("final-fails");
-  // The job's temporary file name is taken by a directory: its writes fail.
-  ASSERT_TRUE(std::filesystem::create_directory(
-      dir + "/job-6e6f70652d6469736b.dmst.tmp"));  // hex("nope-disk")
   Daemon d({"--state-dir=" + dir, "--exit-timeout-secs=5"});
   ASSERT_NE(d.port(), 0) << d.log();
+  // The job's temporary file name (unique per daemon: its pid) is taken by a
+  // directory: its writes fail.
+  ASSERT_TRUE(std::filesystem::create_directory(
+      dir + "/job-6e6f70652d6469736b.dmst.tmp-" +  // hex("nope-disk")
+      std::to_string(d.process().pid())));
   {
     auto t = Open(d, "nope-disk");
     ASSERT_TRUE(t);
@@ -173,6 +176,45 @@ TEST(DurableState, AFinalSnapshotThatFailsExitsNonZero) {
       << d.log();
   EXPECT_NE(d.log().find("snapshot: UNAVAILABLE"), std::string::npos)
       << d.log();
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// One --state-dir belongs to one daemon (issue 27, defect 4): a second
+// dmuond on it is refused at start, naming the first, and touches nothing;
+// a missing directory is made.
+TEST(DurableState, ASecondDaemonOnTheSameStateDirIsRefused) {
+  const std::string dir = TempDir("shared") + "/made/by/dmuond";
+  Daemon first({"--state-dir=" + dir, "--snapshot-every=1"});
+  ASSERT_NE(first.port(), 0) << first.log();
+  auto t = Open(first, "mine");
+  ASSERT_TRUE(t);
+  const uint64_t seed = Seed();
+  Step(*t, seed);
+  Step(*t, seed);
+  const std::string snapshot = dir + "/job-6d696e65.dmst";  // hex("mine")
+  const std::string before = FileBytes(snapshot);
+  ASSERT_FALSE(before.empty()) << first.log();
+  const std::string log = TempDir("shared-log") + "/second.log";
+  Process second(
+      {Runfile("daemon/dmuond"), "--listen=127.0.0.1:0", "--state-dir=" + dir,
+       "--snapshot-every=1", "--summary-every-secs=0"},
+      log);
+  EXPECT_EQ(second.Wait(30), 2);
+  const std::string said = FileBytes(log);
+  EXPECT_NE(
+      said.find("--state-dir=" + dir + ": in use by another dmuond (pid " +
+                std::to_string(first.process().pid()) + ","),
+      std::string::npos)
+      << said;
+  EXPECT_EQ(FileBytes(snapshot), before);
+  Step(*t, seed);  // the first goes on
+  EXPECT_NE(FileBytes(snapshot), before);
 }
 
 TEST(DurableState, StatusTextListsSnapshotErrors) {
