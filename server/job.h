@@ -24,6 +24,7 @@
 #include "planner/planner.h"
 #include "proto/dmuon.pb.h"
 #include "server/deadline_thread.h"
+#include "server/limits.h"
 #include "server/step_sink.h"
 #include "server/table.h"
 #include "transport/transport.h"
@@ -34,10 +35,6 @@ namespace dmuon::server {
 inline bool IsDeviceTransport(v1::Transport t) {
   return t == v1::TRANSPORT_CUDA_IPC || t == v1::TRANSPORT_NCCL;
 }
-
-// The most completed steps a job may be set to (SetState, a snapshot):
-// steps then count up by one each, so step numbers (int64) never overflow.
-inline constexpr int64_t kMaxCompletedSteps = int64_t{1} << 62;
 
 // Set once a session's region is gone: destroyed with the Session, i.e. when
 // nothing holds the session any more — neither the service's tables nor a

@@ -33,6 +33,11 @@ inline constexpr int kDefaultAttachTimeoutSeconds = 60;
 // its client.
 inline constexpr int64_t kDefaultMaxStepQueueBytes = int64_t{64} << 20;
 
+// Not a flag: the most completed steps a job may be set to (SetState, a
+// snapshot file): steps then count up by one each, so step numbers (int64)
+// never overflow.
+inline constexpr int64_t kMaxCompletedSteps = int64_t{1} << 62;
+
 }  // namespace dmuon::server
 
 #endif  // DMUON_SERVER_LIMITS_H_

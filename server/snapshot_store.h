@@ -125,6 +125,10 @@ class SnapshotStore {
 
   // Reads and checks one snapshot file: NOT_FOUND when it does not exist,
   // DATA_LOSS naming what is wrong with it otherwise.
+  // Only a regular file is read (opened without following a link or
+  // blocking on a FIFO), and only when its size is the one its header
+  // declares; a completed_steps outside [0, kMaxCompletedSteps] is DATA_LOSS
+  // too (so Scan moves such a file aside and lists it).
   static absl::StatusOr<SnapshotFile> Read(const std::string& path);
 
   // Every snapshot file of the directory, each checked (read whole):
@@ -140,6 +144,10 @@ class SnapshotStore {
                            int64_t completed_steps, const std::string& bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(const absl::Status& st) ABSL_LOCKS_EXCLUDED(errors_mu_);
+  // Read's checks of a file's bytes (`bad(why)` makes its DATA_LOSS).
+  static absl::StatusOr<SnapshotFile> Parse(
+      const std::string& data,
+      const std::function<absl::Status(const std::string&)>& bad);
 
   const std::string dir_;
   const std::function<void(double)> written_;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace dmuon::server {
 namespace {
 
@@ -253,6 +255,67 @@ TEST(SnapshotStore, ScanListsGoodFilesAndReportsTheFirstBadOne) {
 
   SnapshotStore missing(store.dir() + "/nope", nullptr);
   EXPECT_TRUE(absl::IsFailedPrecondition(missing.Scan().status()));
+}
+
+// Odd entries named like snapshots (issue 27, defect 8): a FIFO would block
+// the start forever, a link to /dev/zero or a huge sparse file would be read
+// whole. Each is refused without reading its contents, moved aside and
+// listed; the good file is still found. (On the old code this test hangs
+// on the FIFO until its timeout.)
+TEST(SnapshotStore, ScanRefusesOddEntriesWithoutReadingThem) {
+  SnapshotStore store(TempDir(), nullptr);
+  ASSERT_TRUE(store.Write("a", 1, 1, Encode("a", 1, 1.0f)).ok());
+  ASSERT_EQ(::mkfifo((store.dir() + "/job-f1f0.dmst").c_str(), 0600), 0);
+  ASSERT_EQ(::symlink("/dev/zero", (store.dir() + "/job-2e20.dmst").c_str()),
+            0);
+  {  // a valid header and momentum, then 1 TiB of holes
+    const std::string bytes = Encode("b", 1, 1.0f);
+    const std::string path = store.PathOf("b");
+    std::ofstream(path, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    ASSERT_EQ(::truncate(path.c_str(), off_t{1} << 40), 0);
+  }
+  auto scan = store.Scan();
+  ASSERT_TRUE(scan.ok()) << scan.status();
+  ASSERT_EQ(scan->first.size(), 1u);
+  EXPECT_EQ(scan->first[0].first, "a");
+  const std::vector<std::string> errors = store.errors();
+  auto listed = [&](const std::string& what) {
+    for (const std::string& e : errors)
+      if (e.find(what) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(listed("job-f1f0.dmst: not a regular file"));
+  EXPECT_TRUE(listed("job-2e20.dmst: a symbolic link"));
+  EXPECT_TRUE(listed("bytes, is more than the"));
+  for (const char* name : {"/job-f1f0.dmst", "/job-2e20.dmst"}) {
+    struct stat sb;
+    EXPECT_NE(::lstat((store.dir() + name).c_str(), &sb), 0) << name;
+  }
+}
+
+// A valid file (its CRC matches) whose step is out of range (issue 27,
+// defect 11) is moved aside and listed at start, not left to fail every
+// open of its id.
+TEST(SnapshotStore, ScanMovesAsideAStepOutOfRange) {
+  SnapshotStore store(TempDir(), nullptr);
+  for (int64_t steps : {(int64_t{1} << 62) + 1, int64_t{-3}}) {
+    const std::vector<float> m(6, 1.0f);
+    const std::string bytes = EncodeSnapshot(Header("j", steps), {&m});
+    std::ofstream(store.PathOf("j"), std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    auto scan = store.Scan();
+    ASSERT_TRUE(scan.ok()) << scan.status();
+    EXPECT_TRUE(scan->first.empty());
+    EXPECT_NE(scan->second.message().find(
+                  absl::StrCat("completed_steps ", steps, " is outside")),
+              std::string::npos)
+        << scan->second;
+    EXPECT_NE(scan->second.message().find("moved aside to"), std::string::npos)
+        << scan->second;
+    struct stat sb;
+    EXPECT_NE(::stat(store.PathOf("j").c_str(), &sb), 0);
+  }
 }
 
 TEST(PendingSnapshots, ReadOnceThenTaken) {
