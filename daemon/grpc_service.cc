@@ -461,6 +461,14 @@ grpc::Status GrpcOptimizer::Status(grpc::ServerContext* ctx,
     if (!visible(j.job_id())) j.set_job_id("(redacted)");
   for (auto& s : *resp->mutable_sessions())
     if (!visible(s.job_id())) s.set_job_id("(redacted)");
+  // A snapshot error names its job (its file name is the id in hex).
+  resp->clear_snapshot_errors();
+  for (auto& e : service_->SnapshotErrors()) {
+    resp->add_snapshot_errors(
+        visible(e.job_id) ? std::move(e.message)
+                          : "(redacted: a snapshot error of a job you may not "
+                            "see)");
+  }
   return grpc::Status::OK;
 }
 

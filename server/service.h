@@ -265,6 +265,9 @@ class OptimizerService {
   // Job id -> owner (principal.h) of every job, for the adapter to hide
   // other principals' job ids in Status.
   std::map<std::string, std::string> JobOwners() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Status's snapshot_errors with the job each concerns, for the adapter
+  // to hide other principals' (empty without --state-dir).
+  std::vector<SnapshotStore::Error> SnapshotErrors() const;
   bool draining() const ABSL_LOCKS_EXCLUDED(mu_);
   int open_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
   // True while any job is in the middle of a step.

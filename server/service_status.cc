@@ -52,12 +52,18 @@ std::vector<ExecutorStats> OptimizerService::ExecutorStatsWithLoad() const {
   return stats;
 }
 
+std::vector<SnapshotStore::Error> OptimizerService::SnapshotErrors() const {
+  if (!snapshots_.enabled()) return {};
+  return snapshots_.errors();
+}
+
 v1::StatusResponse OptimizerService::Status() const {
   v1::StatusResponse r;
   r.set_version(options_.version);
   // Before mu_: the store's lock may be held for a whole write.
   if (snapshots_.enabled())
-    for (auto& e : snapshots_.errors()) r.add_snapshot_errors(std::move(e));
+    for (auto& e : snapshots_.errors())
+      r.add_snapshot_errors(std::move(e.message));
   r.set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
           .count());

@@ -134,13 +134,27 @@ SnapshotStore::SnapshotStore(std::string dir,
       written_(std::move(written)),
       failed_(std::move(failed)) {}
 
-void SnapshotStore::Record(const absl::Status& st) {
+void SnapshotStore::Record(const std::string& job_id, const absl::Status& st) {
   absl::MutexLock lock(&errors_mu_);
   if (errors_.size() == kMaxErrors) errors_.erase(errors_.begin());
-  errors_.push_back(std::string(st.message()));
+  errors_.push_back({job_id, std::string(st.message())});
 }
 
-std::vector<std::string> SnapshotStore::errors() const {
+std::string SnapshotStore::JobOfPath(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string name =
+      path.substr(slash == std::string::npos ? 0 : slash + 1);
+  const size_t end = name.find(".dmst");
+  if (name.rfind("job-", 0) != 0 || end == std::string::npos) return "";
+  const std::string hex = name.substr(4, end - 4);
+  if (hex.size() % 2 != 0 ||
+      hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return "";
+  }
+  return absl::HexStringToBytes(hex);
+}
+
+std::vector<SnapshotStore::Error> SnapshotStore::errors() const {
   absl::MutexLock lock(&errors_mu_);
   return errors_;
 }
@@ -170,7 +184,7 @@ absl::StatusOr<std::string> SnapshotStore::MoveAside(const std::string& path,
         it = PathOf(it->first) == path ? newest_.erase(it) : std::next(it);
       }
     }
-    Record(report);
+    Record(JobOfPath(path), report);
   }
   if (failed_) failed_(kSnapshotCorrupt, report);
   return out;
@@ -235,7 +249,7 @@ absl::StatusOr<std::string> SnapshotStore::Restore(
         newest_[job_id] = newer;
       }
     }
-    if (!st.ok()) Record(st);
+    if (!st.ok()) Record(job_id, st);
   }
   if (!st.ok()) {
     if (failed_) failed_(kSnapshotWriteFailed, st);
@@ -262,7 +276,7 @@ absl::Status SnapshotStore::Write(const std::string& job_id,
   {
     absl::MutexLock lock(&mu_);
     st = WriteLocked(job_id, job_serial, completed_steps, bytes);
-    if (!st.ok()) Record(st);
+    if (!st.ok()) Record(job_id, st);
   }
   if (!st.ok() && failed_) {
     failed_(

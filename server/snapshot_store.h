@@ -119,9 +119,18 @@ class SnapshotStore {
       const std::function<absl::StatusOr<std::string>()>& bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The last failures (at most kMaxErrors, oldest first), for Status.
+  // The last failures (at most kMaxErrors, oldest first), for Status, each
+  // with the job it concerns ("" when a file's name names none), so that
+  // whoever may not see a job's id does not see its errors either.
+  struct Error {
+    std::string job_id;
+    std::string message;
+  };
   static constexpr size_t kMaxErrors = 32;
-  std::vector<std::string> errors() const ABSL_LOCKS_EXCLUDED(errors_mu_);
+  std::vector<Error> errors() const ABSL_LOCKS_EXCLUDED(errors_mu_);
+  // The job whose file `path` is by its name (<dir>/job-<hex>.dmst, with
+  // any suffix MoveAside adds): "" when the name holds no job id.
+  static std::string JobOfPath(const std::string& path);
 
   // Reads and checks one snapshot file: NOT_FOUND when it does not exist,
   // DATA_LOSS naming what is wrong with it otherwise.
@@ -143,7 +152,8 @@ class SnapshotStore {
   absl::Status WriteLocked(const std::string& job_id, uint64_t job_serial,
                            int64_t completed_steps, const std::string& bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Record(const absl::Status& st) ABSL_LOCKS_EXCLUDED(errors_mu_);
+  void Record(const std::string& job_id, const absl::Status& st)
+      ABSL_LOCKS_EXCLUDED(errors_mu_);
   // Read's checks of a file's bytes (`bad(why)` makes its DATA_LOSS).
   static absl::StatusOr<SnapshotFile> Parse(
       const std::string& data,
@@ -166,7 +176,7 @@ class SnapshotStore {
   // A leaf (taken inside mu_ too): Status reads it without waiting for a
   // write in progress.
   mutable absl::Mutex errors_mu_;
-  std::vector<std::string> errors_ ABSL_GUARDED_BY(errors_mu_);
+  std::vector<Error> errors_ ABSL_GUARDED_BY(errors_mu_);
 };
 
 // Snapshots that the next job of their id resumes from: first a file to

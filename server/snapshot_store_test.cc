@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -132,7 +133,8 @@ TEST(SnapshotStore, AnotherRunOfTheJobNeverReplacesANewerSnapshot) {
       50);
   ASSERT_EQ(failed.size(), 1u);
   EXPECT_EQ(failed[0].first, "stale");
-  EXPECT_EQ(store.errors().size(), 1u);
+  ASSERT_EQ(store.errors().size(), 1u);
+  EXPECT_EQ(store.errors()[0].job_id, "j");  // whose error it is
   // Past it, it writes; and files found at start count the same.
   ASSERT_TRUE(store.Write("j", 2, 51, Encode("j", 51, 2.0f)).ok());
   SnapshotStore restarted(store.dir(), nullptr);
@@ -172,6 +174,7 @@ TEST(SnapshotStore, AFailedWriteLeavesNoTemporaryFileAndIsReported) {
       1);
   EXPECT_EQ(kinds, std::vector<std::string>{"write"});
   ASSERT_EQ(store.errors().size(), 1u);
+  EXPECT_EQ(store.errors()[0].job_id, "j");
 }
 
 TEST(SnapshotStore, MoveAsideKeepsTheBytesUnderANewName) {
@@ -279,12 +282,17 @@ TEST(SnapshotStore, ScanRefusesOddEntriesWithoutReadingThem) {
   ASSERT_TRUE(scan.ok()) << scan.status();
   ASSERT_EQ(scan->first.size(), 1u);
   EXPECT_EQ(scan->first[0].first, "a");
-  const std::vector<std::string> errors = store.errors();
+  const std::vector<SnapshotStore::Error> errors = store.errors();
   auto listed = [&](const std::string& what) {
-    for (const std::string& e : errors)
-      if (e.find(what) != std::string::npos) return true;
+    for (const SnapshotStore::Error& e : errors)
+      if (e.message.find(what) != std::string::npos) return true;
     return false;
   };
+  // Each names its job by the file's name (hex), for Status's redaction.
+  std::vector<std::string> jobs;
+  for (const SnapshotStore::Error& e : errors) jobs.push_back(e.job_id);
+  std::sort(jobs.begin(), jobs.end());
+  EXPECT_EQ(jobs, (std::vector<std::string>{". ", "b", "\xf1\xf0"}));
   EXPECT_TRUE(listed("job-f1f0.dmst: not a regular file"));
   EXPECT_TRUE(listed("job-2e20.dmst: a symbolic link"));
   EXPECT_TRUE(listed("bytes, is more than the"));
@@ -315,6 +323,19 @@ TEST(SnapshotStore, ScanMovesAsideAStepOutOfRange) {
         << scan->second;
     struct stat sb;
     EXPECT_NE(::stat(store.PathOf("j").c_str(), &sb), 0);
+  }
+}
+
+TEST(SnapshotStore, JobOfPathReadsTheFileName) {
+  SnapshotStore store(TempDir(), nullptr);
+  for (const std::string& id :
+       std::vector<std::string>{"a", "job one", std::string("\0\xff", 2)}) {
+    EXPECT_EQ(SnapshotStore::JobOfPath(store.PathOf(id)), id);
+    EXPECT_EQ(SnapshotStore::JobOfPath(store.PathOf(id) + ".corrupt-x"), id);
+  }
+  for (const char* path : {"/d/job-6.dmst", "/d/job-zz.dmst", "/d/x.dmst",
+                           "/d/job-61", "job-.dmst"}) {
+    EXPECT_EQ(SnapshotStore::JobOfPath(path), "") << path;
   }
 }
 

@@ -364,6 +364,33 @@ TEST(Auth, OwnershipSurvivesARestartFromTheStateDir) {
   EXPECT_TRUE(st.ok()) << st.error_message() << d.log();
 }
 
+// Status.snapshot_errors name their job (the file name is its id in hex):
+// redacted as the job list is (issue 27, defect 9).
+TEST(Auth, OtherPrincipalsSnapshotErrorsAreRedacted) {
+  const std::string tokens = TokenFile(kTokens);
+  const std::string state = TempDir("state-errors");
+  const std::string hex = "7365637265742d6a6f62";  // hex("secret-job")
+  Write(state + "/job-" + hex + ".dmst", "not a snapshot");
+  Daemon d({"--auth-token-file=" + tokens, "--state-dir=" + state});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+  auto errors = [&](const std::string& token) {
+    v1::StatusResponse r;
+    EXPECT_TRUE(CallStatus(stub.get(), token, &r).ok());
+    std::string all;
+    for (const auto& e : r.snapshot_errors()) all += e + ";";
+    return all;
+  };
+  for (const char* token : {"bob-token", "reader-token", "alice-token"}) {
+    EXPECT_EQ(errors(token),
+              "(redacted: a snapshot error of a job you may not see);")
+        << token;
+  }
+  EXPECT_NE(errors("operator-token").find("job-" + hex + ".dmst"),
+            std::string::npos)
+      << errors("operator-token");
+}
+
 TEST(Auth, SighupRereadsTheTokens) {
   const std::string file = TokenFile("operator operator-token\n");
   Daemon d({"--auth-token-file=" + file});
