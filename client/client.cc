@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/token.h"
 #include "client/session.h"
 #include "client/wire.h"
 #include "proto/dmuon.grpc.pb.h"
@@ -391,6 +392,12 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   if (options.token.empty())
     return grpc::CreateCustomChannel(address, creds, args);
+  // gRPC aborts the process on a header value it cannot send.
+  if (absl::Status st =
+          CheckToken(options.token, "the token (token, DMUON_TOKEN)");
+      !st.ok()) {
+    return st;
+  }
   std::vector<
       std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
       interceptors;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/token.h"
 
 namespace dmuon::server {
 namespace {
@@ -95,6 +96,13 @@ absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
                        "' is not reader, trainer or operator"));
     }
     const std::string token(f[1]);
+    // A token no client could send (gRPC refuses the header) is refused
+    // here, at load, rather than never matched.
+    if (absl::Status st =
+            CheckToken(token, absl::StrCat("line ", n, ": the token"));
+        !st.ok()) {
+      return st;
+    }
     const std::string digest = Sha256(token);
     e.name = f.size() == 3 ? std::string(f[2])
                            : "token-" + absl::BytesToHexString(

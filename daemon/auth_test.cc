@@ -53,6 +53,12 @@ TEST(ParseTokens, ErrorsNameTheLine) {
            {"reader\n", "line 1: expected"},
            {"reader a b c\n", "line 1: expected"},
            {"reader a\ntrainer a\n", "line 2: the same token twice"},
+           // What no client could send (gRPC refuses the header).
+           {"reader ok\ntrainer t\xc3\xa9\n",
+            "line 2: the token has byte 0xc3"},
+           {"reader a\x01"
+            "b\n",
+            "line 1: the token has byte 0x01"},
        }) {
     auto t = ParseTokens(text);
     ASSERT_FALSE(t.ok()) << text;

@@ -4,11 +4,16 @@
 //   status [--json] | health | sessions | drain | undrain
 // Exit status: 0 on success (health: SERVING), 1 otherwise, 2 on usage errors.
 
+#include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -17,7 +22,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/token.h"
 #include "daemon/flags.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
@@ -58,16 +65,31 @@ void SetDeadline(grpc::ClientContext* ctx) {
 }
 
 // A file's contents, whitespace trimmed at both ends; false if unreadable.
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  const size_t b = out->find_first_not_of(" \t\r\n");
-  const size_t e = out->find_last_not_of(" \t\r\n");
-  *out = b == std::string::npos ? "" : out->substr(b, e - b + 1);
-  return true;
+// The contents of the regular file `path`, at most `max` bytes, without
+// surrounding whitespace; an error naming `what` otherwise (a FIFO or a
+// device is refused without blocking on it).
+absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max,
+                                     const std::string& what) {
+  auto fail = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", why));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return fail(std::strerror(errno));
+  struct stat st;
+  std::string out;
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (regular && static_cast<uint64_t>(st.st_size) <= max) {
+    out.resize(static_cast<size_t>(st.st_size));
+    const ssize_t n = ::read(fd, out.data(), out.size());
+    out.resize(n < 0 ? 0 : static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (!regular) return fail("not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > max)
+    return fail(absl::StrCat("larger than ", max, " bytes"));
+  const size_t b = out.find_first_not_of(" \t\r\n");
+  const size_t e = out.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : out.substr(b, e - b + 1);
 }
 
 // The channel to --server: TLS with --tls-ca-file, else plaintext. Null
@@ -75,11 +97,16 @@ bool ReadFile(const std::string& path, std::string* out) {
 std::shared_ptr<grpc::Channel> Channel() {
   const std::string server = absl::GetFlag(FLAGS_server);
   const std::string token_file = absl::GetFlag(FLAGS_token_file);
-  if (!token_file.empty() &&
-      (!ReadFile(token_file, &Token()) || Token().empty())) {
-    std::fprintf(stderr, "dmuonctl: --token-file=%s: cannot read a token\n",
-                 token_file.c_str());
-    return nullptr;
+  if (!token_file.empty()) {
+    const std::string what = "--token-file=" + token_file;
+    auto token = ReadFile(token_file, dmuon::kMaxTokenBytes + 2, what);
+    absl::Status st = token.status();
+    if (st.ok()) st = dmuon::CheckToken(*token, what);
+    if (!st.ok()) {
+      std::fprintf(stderr, "dmuonctl: %s\n", std::string(st.message()).c_str());
+      return nullptr;
+    }
+    Token() = *std::move(token);
   }
   const std::string ca = absl::GetFlag(FLAGS_tls_ca_file);
   if (ca.empty()) {
@@ -98,12 +125,15 @@ std::shared_ptr<grpc::Channel> Channel() {
                                absl::GetFlag(FLAGS_tls_key_file)};
   for (int i = 0; i < 3; ++i) {
     if (paths[i].empty()) continue;
-    if (!ReadFile(paths[i], files[i].second)) {
-      std::fprintf(stderr, "dmuonctl: --%s=%s: cannot read it\n",
-                   files[i].first, paths[i].c_str());
+    // PEM files: bounded (a certificate chain is a few KiB).
+    auto pem = ReadFile(paths[i], 1 << 20,
+                        absl::StrCat("--", files[i].first, "=", paths[i]));
+    if (!pem.ok()) {
+      std::fprintf(stderr, "dmuonctl: %s\n",
+                   std::string(pem.status().message()).c_str());
       return nullptr;
     }
-    files[i].second->push_back('\n');
+    *files[i].second = *std::move(pem) + "\n";
   }
   grpc::ChannelArguments args;
   if (!absl::GetFlag(FLAGS_tls_server_name).empty())

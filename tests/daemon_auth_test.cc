@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -389,6 +390,36 @@ TEST(Auth, OtherPrincipalsSnapshotErrorsAreRedacted) {
   EXPECT_NE(errors("operator-token").find("job-" + hex + ".dmst"),
             std::string::npos)
       << errors("operator-token");
+}
+
+// A token gRPC cannot send made dmuonctl abort (SIGABRT); a FIFO as the
+// token file hung it. Both are errors naming the flag (issue 27, defect 6).
+TEST(Auth, DmuonctlRefusesATokenFileItCannotSend) {
+  Daemon d({"--auth-token-file=" + TokenFile(kTokens)});
+  ASSERT_NE(d.port(), 0) << d.log();
+  const std::string dir = TempDir("ctl-tokens");
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"accent", "reader-t\xc3\xa9ken\n"}, {"inner-newline", "reader\ntoken"}};
+  for (const auto& [name, text] : files) {
+    Write(dir + "/" + name, text);
+    int code = 0;
+    const std::string out =
+        Ctl(d.address(), {"--token-file=" + dir + "/" + name, "status"}, &code);
+    EXPECT_EQ(code, 2) << name << ": " << out;
+    EXPECT_NE(out.find("--token-file=" + dir + "/" + name + " has byte 0x"),
+              std::string::npos)
+        << out;
+  }
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  int code = 0;
+  const std::string out =
+      Ctl(d.address(), {"--token-file=" + dir + "/fifo", "status"}, &code);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("not a regular file"), std::string::npos) << out;
+  Write(dir + "/good", "reader-token\n");
+  const std::string good =
+      Ctl(d.address(), {"--token-file=" + dir + "/good", "status"}, &code);
+  EXPECT_EQ(code, 0) << good;
 }
 
 TEST(Auth, SighupRereadsTheTokens) {

@@ -73,6 +73,22 @@ def test_a_missing_or_weak_token_gets_the_daemons_answer(monkeypatch, token_daem
     s.close()
 
 
+def test_a_token_grpc_cannot_send_is_an_error_not_an_abort(monkeypatch, token_daemon):
+    """gRPC aborts the process (SIGABRT) on a header value it cannot send:
+    the client refuses such a token first, naming where it came from and
+    the byte, never the token."""
+    monkeypatch.delenv("DMUON_TOKEN_FILE", raising=False)
+    for token, byte in [("tok\u00e9n", "0xc3 at position 3"), ("a\nb", "0x0a at position 1"),
+                        ("two words", "0x20 at position 3")]:
+        with pytest.raises(ValueError, match=f"token.*has byte {byte}") as e:
+            dmuon.Client(token_daemon.address, token=token)
+        assert token not in str(e.value)
+        monkeypatch.setenv("DMUON_TOKEN", token)
+        with pytest.raises(ValueError, match="DMUON_TOKEN"):
+            dmuon.Client(token_daemon.address)
+        monkeypatch.delenv("DMUON_TOKEN")
+
+
 def _pki(d):
     """A CA, a server certificate for 127.0.0.1 and a client certificate,
     made with the openssl CLI."""
