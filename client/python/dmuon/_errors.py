@@ -45,11 +45,12 @@ def explain(daemon, e):
     tail = "\n".join("    " + line for line in d.log_tail(10).splitlines())
     err = _native.load().UnavailableError(
         f"DMuon: the private dmuond (pid {d.pid}, {d.binary}, at {d.address}, "
-        f"started by server='auto') {how}{hint}; the Muon momentum it held is "
+        f"started by DaemonOptions(server='auto')) {how}{hint}; the Muon momentum it "
+        f"held is "
         f"gone with it. The last lines of its log ({d.log_path}):\n{tail}\n"
         "Next: create a new DMuon (it starts a new private dmuond) and "
         "load_state_dict() your last checkpoint, or run dmuond yourself and pass "
-        f"server='host:port'. (The client's error: {e})")
+        f"daemon_options=DaemonOptions(server='host:port'). (The client's error: {e})")
     err.code, err.explained = "UNAVAILABLE", True
     return err
 

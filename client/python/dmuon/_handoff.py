@@ -168,8 +168,9 @@ class Handoff:
                 "second backward before step(): gradient accumulation, a second loss, "
                 "a backward whose step() was skipped, or zero_grad() then a new "
                 "backward). dmuond can redo a step only on host buffers (shm, "
-                f"inline), and {why}. Pass overlap=False (gradients then leave at "
-                "step(), and every loop shape is exact), or run every backward but "
+                f"inline), and {why}. Pass overlap_options=OverlapOptions(backward="
+                "False) (gradients then leave at step(), and every loop shape is "
+                "exact), or run every backward but "
                 "the last of a step inside `with optimizer.no_sync():` (DDP: "
                 "model.no_sync())")
         grad = _dtensor.local_grad(r, grad)  # a DTensor's: its local rows (_dtensor)
@@ -311,8 +312,9 @@ class Handoff:
                 f"DMuon: the gradient of {names}{more} changed after it was handed to "
                 f"dmuond for step {self.link.session.step} (e.g. clip_grad_norm_, "
                 "GradScaler.unscale_ or masking after backward()); with GPU "
-                "transports dmuond cannot redo a step: pass overlap=False so that "
-                "gradients leave at step(), after your edits")
+                "transports dmuond cannot redo a step: pass overlap_options="
+                "OverlapOptions(backward=False) so that gradients leave at step(), "
+                "after your edits")
         self.rewind()
         for j, r in enumerate(self.table.muon):
             self.hand_off(j, _routing.grad(r))
@@ -325,7 +327,8 @@ class Handoff:
                 f"row ({names}{more}; {n} so far), e.g. by gradient clipping that "
                 "clips or GradScaler's unscale_; each such step is computed twice by "
                 "dmuond (the second time not overlapped with backward). The numbers "
-                "are exact either way; overlap=False computes each step once",
+                "are exact either way; overlap_options=OverlapOptions(backward=False) "
+                "computes each step once",
                 RuntimeWarning, stacklevel=5)
 
     def plan_next_handoff(self):
@@ -468,8 +471,8 @@ class Handoff:
                 f"the gradient of {self.table.muon[moved[0]].name} was handed to dmuond "
                 f"for step {self.link.session.step}; with GPU transports dmuond "
                 "cannot redo a step: change the momentum (scheduler.step()) after "
-                "optimizer.step() and before the next backward, or pass "
-                "overlap=False so that gradients leave at step()")
+                "optimizer.step() and before the next backward, or pass overlap_options="
+                "OverlapOptions(backward=False) so that gradients leave at step()")
         return moved
 
     def check_hyperparameters(self):

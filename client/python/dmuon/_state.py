@@ -269,22 +269,23 @@ class StateView:
             raise ValueError(
                 f"DMuon.load_state_dict: the checkpoint has {len(saved)} parameter "
                 f"groups, this optimizer {len(self._handoff.groups)} (each user group is a "
-                "Muon and an AdamW group): create the DMuon with the same params/groups, "
-                "model, adamw= and muon= as the one that saved it")
+                "Muon and an AdamW group): create the DMuon with the same params/groups "
+                "and RoutingOptions (model, adamw, muon) as the one that saved it")
         for g, (mine, theirs) in enumerate(zip(self._handoff.groups, saved)):
             if len(mine["params"]) != len(theirs.get("params", ())):
                 raise ValueError(
                     f"DMuon.load_state_dict: param_groups[{g}] has "
                     f"{len(theirs.get('params', ()))} parameters in the checkpoint and "
-                    f"{len(mine['params'])} here: the routing differs (check adamw=, "
-                    "muon=, the groups, and which parameters exist)")
+                    f"{len(mine['params'])} here: the routing differs (check "
+                    "RoutingOptions adamw and muon, the groups, and which parameters "
+                    "exist)")
             if bool(theirs.get("use_muon", mine["use_muon"])) != mine["use_muon"]:
                 kind = {True: "a Muon", False: "an AdamW"}
                 raise ValueError(
                     f"DMuon.load_state_dict: param_groups[{g}] is "
                     f"{kind[bool(theirs['use_muon'])]} group in the checkpoint and "
                     f"{kind[mine['use_muon']]} group here: the routing differs (check "
-                    "adamw=, muon= and the groups' use_muon)")
+                    "RoutingOptions adamw and muon, and the groups' use_muon)")
         if self.session is None:
             return None
         merged = [{**mine, **{k: v for k, v in theirs.items() if k != "params"}}
@@ -360,8 +361,8 @@ class StateView:
                 if m is None:
                     raise ValueError(
                         f"DMuon.load_state_dict: no momentum for {name!r} (row-sharded "
-                        f"by shards=, rows {list(r.row_range)} here) in the checkpoint: "
-                        "its whole matrix is in DMuon's own state_dict()['dmuon']"
+                        f"by RoutingOptions(shards=), rows {list(r.row_range)} here) in "
+                        "the checkpoint: its whole matrix is in DMuon's own state_dict()['dmuon']"
                         "['row_sharded_momentum'], which torch's layout (DCP's) does "
                         "not have. Save and load opt.state_dict() whole, or use DTensor "
                         "parameters")
@@ -372,8 +373,8 @@ class StateView:
                     raise ValueError(
                         f"DMuon.load_state_dict: no momentum for {name!r} in the "
                         f"checkpoint (state[{k!r}] has no 'momentum_buffer'): the model "
-                        "or its routing differs (check adamw= and muon=, experts= and "
-                        "split=)")
+                        "or its routing differs (check RoutingOptions adamw, muon, experts "
+                        "and split)")
                 for i in idx:  # torch's layout: never stepped, zero
                     momentum[names[i]] = torch.zeros(self._table.muon[i].matrix)
                 continue
@@ -440,7 +441,7 @@ class StateView:
                 raise ValueError(
                     f"DMuon.load_state_dict: no momentum for {name!r} in the checkpoint "
                     f"(it has {sorted(dm['momentum'])}): the model or its routing differs "
-                    "(check adamw= and muon=, experts= and split=)")
+                    "(check RoutingOptions adamw, muon, experts and split)")
             m = self._checked_matrix(r, m, f"momentum of {name!r}")
             momentum.append(m.detach().to("cpu", torch.float32).contiguous().numpy())
         return {"completed_steps": int(dm["completed_steps"]), "names": names,

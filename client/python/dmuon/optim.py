@@ -97,7 +97,8 @@ def _with_model(params, routing: RoutingOptions, overlap: OverlapOptions):
     model = routing.model
     if isinstance(params, nn.Module):
         if model is not None and model is not params:
-            raise ValueError("DMuon: params is a model and model= names another one")
+            raise ValueError("DMuon: params is a model and RoutingOptions(model=) names "
+                             "another one")
         model, params = params, list(params.parameters())
     routing = dataclasses.replace(
         routing, model=model, adamw=list(routing.adamw), muon=list(routing.muon),
@@ -105,15 +106,16 @@ def _with_model(params, routing: RoutingOptions, overlap: OverlapOptions):
     ddp = model if isinstance(model, _DDP) else None
     module = ddp.module if ddp is not None else model
     if overlap.forward and module is None:
-        raise ValueError("DMuon: overlap_forward=True needs the model (pass it as "
-                         "params or model=) to hook its modules' forward")
+        raise ValueError("DMuon: OverlapOptions(forward=True) needs the model (pass it "
+                         "as params or as RoutingOptions(model=)) to hook its modules' "
+                         "forward")
     if overlap.backward and _compiled_autograd():
         raise ValueError(
             "DMuon: compiled autograd is on (torch._dynamo.config.compiled_autograd"
             "=True): it traces backward's hooks into a graph, and DMuon's overlap "
             "hooks hand each gradient to dmuond (I/O) as backward makes it. Pass "
-            "overlap=False (gradients are handed over in step(); compiled "
-            "autograd then works), or turn compiled autograd off")
+            "overlap_options=OverlapOptions(backward=False) (gradients are handed over "
+            "in step(); compiled autograd then works), or turn compiled autograd off")
     return params, routing, ddp, module
 
 
