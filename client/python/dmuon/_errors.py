@@ -81,3 +81,21 @@ def explained(daemon):
         if err is e:
             raise
         raise err from e
+
+
+@contextlib.contextmanager
+def fetching_momentum(link):
+    """DMuon.state_dict(): a dmuon error inside (the Muon momentum held by
+    the daemon of `link`, dmuon/_session.py, could not be fetched) raised
+    again as its type (explained: explain()), naming the daemon and
+    local_state_dict(), which saves the rest."""
+    try:
+        yield
+    except _native.load().Error as e:
+        err = explain(link.daemon, e)
+        raise type(err)(
+            f"DMuon.state_dict(): the Muon momentum is held by dmuond at "
+            f"{link.address} and could not be fetched: {err}\nTo save what this "
+            "process holds (AdamW's state and the parameter groups; Muon momentum "
+            "restarts from zero when it is loaded), use opt.local_state_dict()."
+        ) from e

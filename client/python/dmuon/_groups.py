@@ -13,6 +13,23 @@ ADAMW_KEYS = ("adamw_lr", "adamw_betas", "adamw_eps", "adamw_wd")
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
 
 
+def check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn):
+    """torch.optim.Muon's checks, with its exception types and messages
+    (momentum in [0, 1): dmuond's)."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not lr >= 0.0:
+        raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum should be in [0, 1) but is: {momentum}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
+    if not isinstance(use_addmm, bool):
+        raise ValueError(f"use_addmm should be a bool but is: {use_addmm!r}")
+    if adjust_lr_fn not in ADJUST_LR_FNS:
+        raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
+
+
 def schedule(coefficients, steps):
     """torch's ns_coefficients -> the daemon's (schedule, coefficients)."""
     if isinstance(coefficients, str):
@@ -45,7 +62,7 @@ def user_groups(params):
             "optimizer parameters need to be organized in ordered collections, but the "
             "ordering of tensors in sets will change between runs. Please use a list "
             "instead. This will be an error in a future release.",
-            FutureWarning, stacklevel=4)  # DMuon()'s caller (through its flat-keyword shim)
+            FutureWarning, stacklevel=5)  # DMuon()'s caller (shim, __init__, Layout.of)
     params = list(params)
     if not params:
         raise ValueError("optimizer got an empty parameter list")

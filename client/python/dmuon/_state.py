@@ -38,6 +38,7 @@ keeps the momentum read from dmuond for the step it was read in.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import ItemsView, KeysView, Mapping, ValuesView
 
@@ -138,6 +139,16 @@ def _step_tensor(done):
 def _is_row_sharded(r):
     """shards=: a plain tensor of this rank's rows of the matrix."""
     return bool(r.row_range) and getattr(r, "dtensor", None) is None
+
+
+def local_state_dict(sd):
+    """DMuon.local_state_dict() of torch's state_dict `sd`: each Muon
+    parameter's state as stored here (nothing read from dmuond: a
+    _MuonState's stored()), empty states dropped."""
+    sd["state"] = {k: v.stored() if isinstance(v, _MuonState) else dict(v)
+                   for k, v in sd["state"].items()}
+    sd["state"] = {k: v for k, v in sd["state"].items() if v}
+    return sd
 
 
 class StateView:
@@ -258,6 +269,25 @@ class StateView:
         were checked)."""
         return {k for mine, theirs in zip(self._handoff.groups, saved_groups)
                 if mine["use_muon"] for k in theirs.get("params", ())}
+
+    def load(self, state_dict):
+        """load_state_dict()'s Muon half, everything checked first
+        (check_loadable): dmuond's momentum replaced by the state_dict's (a
+        RuntimeWarning when it has none: the Muon momentum starts from
+        zero). Returns the rest, for torch's load_state_dict: the Muon
+        parameters' state without "momentum_buffer" and "step", no "dmuon"."""
+        daemon_state = self.check_loadable(state_dict)
+        if self.session is not None and daemon_state is None:
+            warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
+                          "Muon momentum starts from zero", RuntimeWarning)
+        if daemon_state is not None:
+            self._handoff.load_momentum(daemon_state)  # first: it can still fail
+            self.forget()
+        muon_keys = self.muon_keys(state_dict["param_groups"])
+        state = {k: ({n: x for n, x in v.items() if n not in _LAZY}
+                     if k in muon_keys and isinstance(v, Mapping) else v)
+                 for k, v in state_dict["state"].items()}
+        return {**{k: v for k, v in state_dict.items() if k != "dmuon"}, "state": state}
 
     def check_loadable(self, state_dict):
         """Everything load_state_dict() checks, before it changes anything."""

@@ -303,7 +303,7 @@ def test_state_dict_round_trip(daemon):
     other = DMuon(copy.deepcopy(start), server=daemon.address, adamw=["head"],
                   experts=["moe"], **MUON, **DM_ADAMW)
     other.load_state_dict(sd)
-    whole = momentum_by_name(other._module, other, other.state_dict())["qkv.weight"]
+    whole = momentum_by_name(other._layout.module, other, other.state_dict())["qkv.weight"]
     assert torch.equal(whole, mb["qkv.weight"])
     other.close()
 
