@@ -122,23 +122,32 @@ def check_names(param_group_named, optimizer_named):
         raise ValueError(_names_mixed(param_group_named))
 
 
-def split(groups, routes, shared):
+def split(groups, routes, shared, named=None):
     """Each user group -> a Muon group and an AdamW group (empty ones dropped);
-    also the index of each Muon parameter's group."""
+    also the index of each Muon parameter's group. named: the user's
+    parameter names ({id(param): name}, user_groups'): each group then has
+    them as "param_names", right after "params", as torch.optim.Optimizer
+    keeps the names of (name, parameter) pairs."""
+    def params(rs):
+        out = {"params": [r.param for r in rs]}
+        if named:
+            out["param_names"] = [named[id(r.param)] for r in rs]
+        return out
+
     torch_groups, group_of = [], []
     for gi, g in enumerate(groups):
         h = {k: g.get(k, v) for k, v in shared.items()}
         mine = [r for r in routes if r.group == gi]
-        muon = [r.param for r in mine if r.route == "muon"]
-        rest = [r.param for r in mine if r.route != "muon"]
+        muon = [r for r in mine if r.route == "muon"]
+        rest = [r for r in mine if r.route != "muon"]
         if muon:
             group_of.extend([len(torch_groups)] * len(muon))
             torch_groups.append(dict(
-                params=muon, lr=h["lr"], weight_decay=h["weight_decay"],
+                **params(muon), lr=h["lr"], weight_decay=h["weight_decay"],
                 **{k: h[k] for k in MUON_KEYS}, use_muon=True))
         if rest:
             torch_groups.append(dict(
-                params=rest, lr=h["adamw_lr"], betas=h["adamw_betas"],
+                **params(rest), lr=h["adamw_lr"], betas=h["adamw_betas"],
                 eps=h["adamw_eps"], weight_decay=h["adamw_wd"], use_muon=False))
     return torch_groups, group_of
 

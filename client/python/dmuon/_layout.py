@@ -3,7 +3,7 @@ and dmuond's table, at construction and at each add_param_group.
 
     layout, groups, named = Layout.of(params, routing, overlap, hyper)
     routes = layout.route(groups, named)              # _table.route
-    torch_groups, group_of = layout.split(groups, routes)
+    torch_groups, group_of = layout.split(groups, named, routes)
     table = layout.table(routes, group_of, param_groups, world)
     new = layout.new_group(param_group, param_groups, pg, world)
     table = layout.add(table, new, base, param_groups, world)
@@ -103,10 +103,12 @@ class Layout:
         """The routes of the construction's groups (_table.route, strict)."""
         return _table.route(groups, named, self.module, self.routing, self.routing.shards)
 
-    def split(self, groups: list[dict[str, Any]], routes: list[Route]):
+    def split(self, groups: list[dict[str, Any]], named: dict[int, str],
+              routes: list[Route]):
         """(Muon and AdamW groups, each Muon route's group): _groups.split
-        with the construction's hyperparameters as every group's defaults."""
-        return _groups.split(groups, routes, self.hyper)
+        with the construction's hyperparameters as every group's defaults
+        and the user's names (torch's "param_names")."""
+        return _groups.split(groups, routes, self.hyper, named)
 
     def plan(self, entries: list[Entry], world: int) -> None:
         """Each entry's sharding and hand-off (_wiring.plan)."""
@@ -136,7 +138,7 @@ class Layout:
         if any(id(p) in known for p in groups[0]["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
         routes = _table.route(groups, named, self.module, self.routing, strict=False)
-        torch_groups, group_of = self.split(groups, routes)
+        torch_groups, group_of = self.split(groups, named, routes)
         for r in routes:
             r.group = self.user_groups
             if r.name.startswith("params[0]["):

@@ -67,7 +67,8 @@ class DMuon(torch.optim.Optimizer):
     """Muon through dmuond (matrices) plus a local AdamW (everything else).
 
     params: a model (nn.Module, DDP included: best, names and embeddings are
-    known), an iterable of parameters, of (name, parameter) pairs, or of
+    known), an iterable of parameters, of (name, parameter) pairs (each
+    group keeps their names as "param_names", as torch's), or of
     parameter-group dicts (which may override any hyperparameter below,
     adamw_* included, and may say "use_muon": True/False), checked as
     torch.optim.Optimizer checks them.
@@ -144,7 +145,7 @@ class DMuon(torch.optim.Optimizer):
         routes = layout.route(groups, named)
         link = _session.Link(*_ddp.world(process_group), dd.timeout, dd.transport)
         _dtensor.check(routes, link.pg, link.world, oo.forward)  # FSDP2 / TP
-        torch_groups, group_of = layout.split(groups, routes)
+        torch_groups, group_of = layout.split(groups, named, routes)
         self._layout, self._constructing, self._closed = layout, True, False
         super().__init__(torch_groups, dict(lr=lr, weight_decay=weight_decay))
         # OneCycleLR/CyclicLR(cycle_momentum=True) need it (set after the
