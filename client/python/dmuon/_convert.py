@@ -42,6 +42,13 @@ _NOT_ADAMW = ("params", "use_muon", "momentum", "base_momentum", "max_momentum")
 StateDict = dict[str, Any]
 
 
+def _names(group: dict[str, Any]) -> dict[str, Any]:
+    """A group's "param_names" (torch keeps those of (name, parameter)
+    pairs; DMuon's groups too), if it has them: torch.optim.Muon's groups
+    and state_dict take them as they are."""
+    return {"param_names": list(group["param_names"])} if "param_names" in group else {}
+
+
 def _check_convertible(opt: DMuon) -> None:
     _parts.check_convertible(opt._table.muon)  # experts= / split=: a momentum per part
     for r in opt._table.muon:
@@ -76,7 +83,7 @@ def torch_param_groups(opt: DMuon) -> tuple[list[dict[str, Any]], list[dict[str,
         if group["use_muon"]:
             h = {k: group[k] for k in MUON_KEYS}
             h["ns_coefficients"] = tuple(group["ns_coefficients"])
-            muon.append({**h, "params": list(group["params"])})
+            muon.append({**h, **_names(group), "params": list(group["params"])})
         else:
             adamw.append({**{k: v for k, v in group.items() if k not in _NOT_ADAMW},
                           "params": list(group["params"])})
@@ -106,7 +113,7 @@ def to_torch_state_dicts(opt: DMuon) -> tuple[StateDict, StateDict]:
                 mi += 1
             h = {k: saved[k] for k in MUON_KEYS}
             h["ns_coefficients"] = tuple(h["ns_coefficients"])
-            muon["param_groups"].append({**h, "params": ids})
+            muon["param_groups"].append({**h, **_names(saved), "params": ids})
         else:
             for k in saved["params"]:
                 if k in sd["state"]:

@@ -55,10 +55,11 @@ def find_dmuond() -> str:
     if on_path:
         return on_path
     raise FileNotFoundError(
-        "dmuon: server='auto' needs the dmuond binary and found none (looked at "
+        "dmuon: DaemonOptions(server='auto') needs the dmuond binary and found none "
+        "(looked at "
         + ", ".join(tried)
         + ", $PATH); set $DMUON_DMUOND, build it with `bazel build //daemon:dmuond`, "
-        "or pass server='host:port' of a running dmuond"
+        "or pass daemon_options=DaemonOptions(server='host:port') of a running dmuond"
     )
 
 

@@ -118,7 +118,8 @@ def _unsupported(name, p, why):
         f"{why}. DMuon takes Muon DTensors of any Shard/_StridedShard/Replicate "
         "placements on a mesh whose ranks are its process group (or on copies of a "
         "sub-mesh that partition it); route this one to "
-        "AdamW (adamw=[...]), which takes any DTensor, or fix the layout")
+        "AdamW (routing_options=RoutingOptions(adamw=[...])), which takes any "
+        "DTensor, or fix the layout")
 
 
 def _strided_cls():
@@ -283,10 +284,11 @@ def check(routes, pg, world, overlap_forward):
     dts = [r for r in routes if r.route == "muon" and getattr(r, "dtensor", None)]
     if dts and overlap_forward:
         raise ValueError(
-            f"DMuon: overlap_forward=True with DTensor parameters ({dts[0].name}, ...) "
-            "is not supported yet: FSDP2 all-gathers a module's parameters in its "
-            "own forward pre-hook, before DMuon's would apply their update. Pass "
-            "overlap_forward=False (updates are applied in step())")
+            f"DMuon: OverlapOptions(forward=True) with DTensor parameters "
+            f"({dts[0].name}, ...) is not supported yet: FSDP2 all-gathers a module's "
+            "parameters in its own forward pre-hook, before DMuon's would apply their "
+            "update. Pass overlap_options=OverlapOptions(forward=False) (updates are "
+            "applied in step())")
     import torch.distributed as dist
 
     want = list(range(world)) if pg is None else dist.get_process_group_ranks(pg)
@@ -409,8 +411,9 @@ def copies_differ(routes, pg, world) -> Optional[str]:
                     f"ranks {first[0]} and {rank} hold the same elements, with {_said(a)} "
                     f"and {_said(b)}; dmuond would use rank {first[0]}'s. Copies must hold "
                     "the same gradient (a tensor-parallel model's replicated layers: the "
-                    "same input on every tp rank); route it to AdamW (adamw=[...]), which "
-                    "steps each copy with its own gradient, if they should differ")
+                    "same input on every tp rank); route it to AdamW (routing_options="
+                    "RoutingOptions(adamw=[...])), which steps each copy with its own "
+                    "gradient, if they should differ")
     return None
 
 

@@ -45,11 +45,12 @@ def explain(daemon, e):
     tail = "\n".join("    " + line for line in d.log_tail(10).splitlines())
     err = _native.load().UnavailableError(
         f"DMuon: the private dmuond (pid {d.pid}, {d.binary}, at {d.address}, "
-        f"started by server='auto') {how}{hint}; the Muon momentum it held is "
+        f"started by DaemonOptions(server='auto')) {how}{hint}; the Muon momentum it "
+        f"held is "
         f"gone with it. The last lines of its log ({d.log_path}):\n{tail}\n"
         "Next: create a new DMuon (it starts a new private dmuond) and "
         "load_state_dict() your last checkpoint, or run dmuond yourself and pass "
-        f"server='host:port'. (The client's error: {e})")
+        f"daemon_options=DaemonOptions(server='host:port'). (The client's error: {e})")
     err.code, err.explained = "UNAVAILABLE", True
     return err
 
@@ -80,3 +81,21 @@ def explained(daemon):
         if err is e:
             raise
         raise err from e
+
+
+@contextlib.contextmanager
+def fetching_momentum(link):
+    """DMuon.state_dict(): a dmuon error inside (the Muon momentum held by
+    the daemon of `link`, dmuon/_session.py, could not be fetched) raised
+    again as its type (explained: explain()), naming the daemon and
+    local_state_dict(), which saves the rest."""
+    try:
+        yield
+    except _native.load().Error as e:
+        err = explain(link.daemon, e)
+        raise type(err)(
+            f"DMuon.state_dict(): the Muon momentum is held by dmuond at "
+            f"{link.address} and could not be fetched: {err}\nTo save what this "
+            "process holds (AdamW's state and the parameter groups; Muon momentum "
+            "restarts from zero when it is loaded), use opt.local_state_dict()."
+        ) from e

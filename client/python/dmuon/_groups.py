@@ -13,6 +13,23 @@ ADAMW_KEYS = ("adamw_lr", "adamw_betas", "adamw_eps", "adamw_wd")
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
 
 
+def check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn):
+    """torch.optim.Muon's checks, with its exception types and messages
+    (momentum in [0, 1): dmuond's)."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not lr >= 0.0:
+        raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum should be in [0, 1) but is: {momentum}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
+    if not isinstance(use_addmm, bool):
+        raise ValueError(f"use_addmm should be a bool but is: {use_addmm!r}")
+    if adjust_lr_fn not in ADJUST_LR_FNS:
+        raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
+
+
 def schedule(coefficients, steps):
     """torch's ns_coefficients -> the daemon's (schedule, coefficients)."""
     if isinstance(coefficients, str):
@@ -45,7 +62,7 @@ def user_groups(params):
             "optimizer parameters need to be organized in ordered collections, but the "
             "ordering of tensors in sets will change between runs. Please use a list "
             "instead. This will be an error in a future release.",
-            FutureWarning, stacklevel=4)  # DMuon()'s caller (through its flat-keyword shim)
+            FutureWarning, stacklevel=5)  # DMuon()'s caller (shim, __init__, Layout.of)
     params = list(params)
     if not params:
         raise ValueError("optimizer got an empty parameter list")
@@ -105,23 +122,32 @@ def check_names(param_group_named, optimizer_named):
         raise ValueError(_names_mixed(param_group_named))
 
 
-def split(groups, routes, shared):
+def split(groups, routes, shared, named=None):
     """Each user group -> a Muon group and an AdamW group (empty ones dropped);
-    also the index of each Muon parameter's group."""
+    also the index of each Muon parameter's group. named: the user's
+    parameter names ({id(param): name}, user_groups'): each group then has
+    them as "param_names", right after "params", as torch.optim.Optimizer
+    keeps the names of (name, parameter) pairs."""
+    def params(rs):
+        out = {"params": [r.param for r in rs]}
+        if named:
+            out["param_names"] = [named[id(r.param)] for r in rs]
+        return out
+
     torch_groups, group_of = [], []
     for gi, g in enumerate(groups):
         h = {k: g.get(k, v) for k, v in shared.items()}
         mine = [r for r in routes if r.group == gi]
-        muon = [r.param for r in mine if r.route == "muon"]
-        rest = [r.param for r in mine if r.route != "muon"]
+        muon = [r for r in mine if r.route == "muon"]
+        rest = [r for r in mine if r.route != "muon"]
         if muon:
             group_of.extend([len(torch_groups)] * len(muon))
             torch_groups.append(dict(
-                params=muon, lr=h["lr"], weight_decay=h["weight_decay"],
+                **params(muon), lr=h["lr"], weight_decay=h["weight_decay"],
                 **{k: h[k] for k in MUON_KEYS}, use_muon=True))
         if rest:
             torch_groups.append(dict(
-                params=rest, lr=h["adamw_lr"], betas=h["adamw_betas"],
+                **params(rest), lr=h["adamw_lr"], betas=h["adamw_betas"],
                 eps=h["adamw_eps"], weight_decay=h["adamw_wd"], use_muon=False))
     return torch_groups, group_of
 

@@ -12,16 +12,19 @@ hands every gradient off again (rewind, redo); a step interrupted before
 it commits is rolled back (dmuon/_recovery.py).
 
 Handoff owns the per-step lists (handed, applied, received, absent,
-step_lr, sent, sent_beta), the session link (dmuon/_session.py Link: the
-session, its buffers and region), the lock that orders GPU sends, its hooks
-(dmuon/_wiring.py Hooks, which reach it by a weak reference) and the
-recovery (dmuon/_recovery.py). It reads the MuonTable (dmuon/_table.py) and
-the optimizer's param_groups (`groups`: DMuon relinks them after
-load_state_dict), and never DMuon itself.
+step_lr, sent, sent_beta), the step stats, the session link
+(dmuon/_session.py Link: the session, its buffers and region; `server`,
+the daemon asked for, reopens it for a grown table), the lock that orders
+GPU sends, its hooks (dmuon/_wiring.py Hooks, which reach it by a weak
+reference; on `module`, the model) and the recovery (dmuon/_recovery.py).
+It reads the MuonTable (dmuon/_table.py) and the optimizer's param_groups
+(`groups`: DMuon relinks them after load_state_dict), runs the AdamW step
+step() is given inside its commit, and never holds DMuon itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -37,9 +40,13 @@ class Handoff:
     """One DMuon's hand-off of Muon gradients and updates (see the module
     docstring)."""
 
-    def __init__(self, table, groups, link, recovery, *, ddp, overlap, overlap_forward):
+    def __init__(self, table, groups, link, recovery, *, ddp, module, server, overlap,
+                 overlap_forward):
         self.table, self.groups, self.link, self.recovery = table, groups, link, recovery
         self.ddp, self.overlap, self.overlap_forward = ddp, overlap, bool(overlap_forward)
+        # The model its hooks go on (DDP's module), or None; the daemon asked
+        # for (DaemonOptions.server), where a grown table's first session opens.
+        self.module, self.server = module, server
         self.pg, self.rank, self.world = link.pg, link.rank, link.world
         # DMuon.stats. wait: blocked on dmuond; handoff: copying gradients out
         # and declaring them (in backward's hooks, or in step()); redone /
@@ -168,8 +175,9 @@ class Handoff:
                 "second backward before step(): gradient accumulation, a second loss, "
                 "a backward whose step() was skipped, or zero_grad() then a new "
                 "backward). dmuond can redo a step only on host buffers (shm, "
-                f"inline), and {why}. Pass overlap=False (gradients then leave at "
-                "step(), and every loop shape is exact), or run every backward but "
+                f"inline), and {why}. Pass overlap_options=OverlapOptions(backward="
+                "False) (gradients then leave at step(), and every loop shape is "
+                "exact), or run every backward but "
                 "the last of a step inside `with optimizer.no_sync():` (DDP: "
                 "model.no_sync())")
         grad = _dtensor.local_grad(r, grad)  # a DTensor's: its local rows (_dtensor)
@@ -311,8 +319,9 @@ class Handoff:
                 f"DMuon: the gradient of {names}{more} changed after it was handed to "
                 f"dmuond for step {self.link.session.step} (e.g. clip_grad_norm_, "
                 "GradScaler.unscale_ or masking after backward()); with GPU "
-                "transports dmuond cannot redo a step: pass overlap=False so that "
-                "gradients leave at step(), after your edits")
+                "transports dmuond cannot redo a step: pass overlap_options="
+                "OverlapOptions(backward=False) so that gradients leave at step(), "
+                "after your edits")
         self.rewind()
         for j, r in enumerate(self.table.muon):
             self.hand_off(j, _routing.grad(r))
@@ -325,7 +334,8 @@ class Handoff:
                 f"row ({names}{more}; {n} so far), e.g. by gradient clipping that "
                 "clips or GradScaler's unscale_; each such step is computed twice by "
                 "dmuond (the second time not overlapped with backward). The numbers "
-                "are exact either way; overlap=False computes each step once",
+                "are exact either way; overlap_options=OverlapOptions(backward=False) "
+                "computes each step once",
                 RuntimeWarning, stacklevel=5)
 
     def plan_next_handoff(self):
@@ -468,8 +478,8 @@ class Handoff:
                 f"the gradient of {self.table.muon[moved[0]].name} was handed to dmuond "
                 f"for step {self.link.session.step}; with GPU transports dmuond "
                 "cannot redo a step: change the momentum (scheduler.step()) after "
-                "optimizer.step() and before the next backward, or pass "
-                "overlap=False so that gradients leave at step()")
+                "optimizer.step() and before the next backward, or pass overlap_options="
+                "OverlapOptions(backward=False) so that gradients leave at step()")
         return moved
 
     def check_hyperparameters(self):
@@ -502,10 +512,38 @@ class Handoff:
 
     def settle(self):
         """zero_grad(): rolls back an interrupted step that had not committed
-        (it still reads .grad) and completes one that had."""
-        self.recovery.recover(self)
-        if self.pending and not self.overlap_forward:
-            self.synchronize()
+        (it still reads .grad) and completes one that had. A dead private
+        dmuond is not an error here, as torch's zero_grad does not fail:
+        nothing can complete the step, its error was raised where it
+        happened, and state_dict() repeats it with what to do."""
+        try:
+            self.recovery.recover(self)
+            if self.pending and not self.overlap_forward:
+                self.synchronize()
+        except _native.load().Error:
+            daemon = self.link.daemon
+            if daemon is None or daemon.alive():
+                raise
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside hand nothing to dmuond (DMuon.no_sync)."""
+        old, self.accumulating = self.accumulating, True
+        try:
+            yield
+        finally:
+            self.accumulating = old
+
+    @contextlib.contextmanager
+    def timed_step(self):
+        """One step()'s stats: its seconds, those blocked on dmuond (wait),
+        and the step count, once it returned."""
+        t0, self.wait = time.perf_counter(), 0.0
+        yield
+        self.stats["steps"] += 1
+        self.stats["last_wait_seconds"] = self.wait
+        self.stats["wait_seconds"] += self.wait
+        self.stats["last_step_seconds"] = time.perf_counter() - t0
 
     def at_boundary(self, what):
         """Between steps only: applies what is outstanding, and raises if
@@ -575,6 +613,22 @@ class Handoff:
             self.redo_streak = 0
         return True
 
+    def step(self, adamw_step):
+        """step(): the hand-off up to its commit (at_step), AdamW's step
+        (adamw_step(), run while dmuond computes) and the commit, whole (a
+        Ctrl-C in them is raised after the commit: the step is then
+        completed, not undone), then its updates applied (after_commit).
+        torch.distributed.checkpoint's init step (zero gradients, lr 0:
+        dmuon/_dcp.py) is AdamW's alone, no dmuond step."""
+        if not self.at_step():
+            adamw_step()
+            return
+        _groups.adamw_beta1(self.groups)  # a cycled 'momentum' is AdamW's beta1
+        with deferred_sigint():
+            adamw_step()
+            self.commit()
+        self.after_commit()
+
     def commit(self):
         """step()'s commit, after AdamW's step (SIGINT deferred by the
         caller): from here the step is completed, never rolled back."""
@@ -590,13 +644,24 @@ class Handoff:
             self.synchronize()
 
     # --------------------------------------------------------------- session
-    def open(self, server, job_id, flags, module, resume):
+    def open(self, job_id, flags, resume):
         """Opens the session of the table and installs the hooks."""
-        self.link.open(server, job_id, flags, self.table, resume=resume)
-        self.hooks.install(self.table, module, self.ddp, self.pg, self.world,
+        self.link.open(self.server, job_id, flags, self.table, resume=resume)
+        self.hooks.install(self.table, self.module, self.ddp, self.pg, self.world,
                            self.overlap_forward)
 
-    def grow(self, table, server, module):
+    def load_momentum(self, state):
+        """load_state_dict(): dmuond's momentum and step count replaced by
+        `state` (StateView.check_loadable's, checked)."""
+        if self.world > 1:
+            # dmuond refuses SetState while a GetState of the job is
+            # streaming: another rank may still be in the state_dict()
+            # before this load (each rank sets the same whole state).
+            _ddp.barrier(self.pg)
+        self.link.session.set_state(state)
+        self.trained = [bool(m.any()) for m in state["momentum"]]
+
+    def grow(self, table):
         """Reopens the session with a grown table (add_param_group): the
         momentum of the entries it had carried over, the new ones' hooks
         installed."""
@@ -605,7 +670,7 @@ class Handoff:
         if self.link.session is not None:
             self.link.release()
         self.table = table
-        self.link.open(self.link.address if self.link.address is not None else server,
+        self.link.open(self.link.address if self.link.address is not None else self.server,
                        None, (), table)
         if old is not None:
             carried = dict(zip(old["names"], old["momentum"]))
@@ -615,7 +680,7 @@ class Handoff:
                                          "names": self.link.session.names,
                                          "momentum": momentum})
         self.trained += [False] * (len(table.muon) - n_old)
-        self.hooks.extend(table, n_old, module, self.overlap_forward)
+        self.hooks.extend(table, n_old, self.module, self.overlap_forward)
         self.reset_step()
 
     def close(self):

@@ -157,9 +157,9 @@ def resume_mode(value: Any) -> str:
     if isinstance(value, (bool, str)) and value in RESUME_MODES:
         return RESUME_MODES[value]
     raise ValueError(
-        f"DMuon: resume={value!r} is not one of \"fresh\" (or False, the default: "
-        "start the job at step 1), True (or \"continue\": continue its momentum), "
-        "\"replace\" (discard its momentum) or \"auto\" (continue if any)")
+        f"DMuon: DaemonOptions(resume={value!r}) is not one of \"fresh\" (or False, the "
+        "default: start the job at step 1), True (or \"continue\": continue its "
+        "momentum), \"replace\" (discard its momentum) or \"auto\" (continue if any)")
 
 
 def accepts_flat_keywords(init: Callable[..., None]) -> Callable[..., None]:

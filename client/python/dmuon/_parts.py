@@ -1,7 +1,8 @@
 """Structured parameters: one routed parameter, several Muon matrices.
 
-    DMuon(model, experts=[moe.w1, "moe.w2"])          # MoE expert stacks
-    DMuon(model, split={"attn.qkv.weight": [512, 128, 128]})  # fused QKV
+    RoutingOptions(experts=[moe.w1, "moe.w2"])                  # MoE expert stacks
+    RoutingOptions(split={"attn.qkv.weight": [512, 128, 128]})  # fused QKV
+    DMuon(model, routing_options=RoutingOptions(...))
 
 Both are one mechanism: a routed parameter maps to a list of logical parts,
 each a slice along dim 0 of the parameter (and of its gradient) and each its
@@ -105,8 +106,8 @@ def check_convertible(muon):
                 "orthogonalizes it whole (a 3-D one not at all), so the state does "
                 "not convert. opt.state_dict() keeps it (the full-shape "
                 "momentum_buffer, split into its parts again by load_state_dict with "
-                "the same experts= and split=); in torch, give torch.optim.Muon "
-                "each part as a parameter of its own")
+                "the same RoutingOptions experts and split); in torch, give "
+                "torch.optim.Muon each part as a parameter of its own")
 
 
 # ----------------------------------------------------------------- routing
@@ -148,15 +149,17 @@ def _select(entries, routes, what, strict, model_names, owners):
             hit = [by_id[id(p)] for p in e.parameters() if id(p) in by_id]
             mine = [r for r in hit if _stack(r, owners)]
             if hit and not mine:
-                raise ValueError(f"DMuon: {what}=[{type(e).__name__}] has no 3-D "
-                                 "parameter (an expert stack is [experts, out, in])")
+                raise ValueError(f"DMuon: RoutingOptions({what}=[{type(e).__name__}]) has "
+                                 "no 3-D parameter (an expert stack is [experts, out, "
+                                 "in])")
             out.extend((r, False) for r in mine)
         elif isinstance(e, torch.Tensor):
             if id(e) in by_id:
                 out.append((by_id[id(e)], True))
             elif strict and id(e) not in model_names:
-                raise ValueError(f"DMuon: {what}= names a parameter {list(e.shape)} that "
-                                 "is not among the optimizer's parameters")
+                raise ValueError(f"DMuon: RoutingOptions({what}=) names a parameter "
+                                 f"{list(e.shape)} that is not among the optimizer's "
+                                 "parameters")
         elif isinstance(e, str):
             exact = [r for r in routes if r.name == e]
             if exact:
@@ -165,17 +168,17 @@ def _select(entries, routes, what, strict, model_names, owners):
             hit = [r for r in routes if r.name.startswith(e + ".")]
             mine = [r for r in hit if _stack(r, owners)]
             if hit and not mine:
-                raise ValueError(f"DMuon: {what}=[{e!r}] has no 3-D parameter (an "
-                                 "expert stack is [experts, out, in])")
+                raise ValueError(f"DMuon: RoutingOptions({what}=[{e!r}]) has no 3-D "
+                                 "parameter (an expert stack is [experts, out, in])")
             if not hit and strict and not any(n == e or n.startswith(e + ".")
                                               for n in known):
                 raise ValueError(
-                    f"DMuon: {what}=[{e!r}] names no parameter (known: "
+                    f"DMuon: RoutingOptions({what}=[{e!r}]) names no parameter (known: "
                     f"{', '.join(r.name for r in routes) or 'none'})")
             out.extend((r, False) for r in mine)
         else:
-            raise TypeError(f"DMuon: {what}= entries are parameters, modules or names, "
-                            f"got {type(e)}")
+            raise TypeError(f"DMuon: RoutingOptions({what}=) entries are parameters, "
+                            f"modules or names, got {type(e)}")
     return out
 
 
@@ -183,21 +186,21 @@ def _split_rows(name, shape, spec):
     """[(label, rows)] of a split= value, checked against the rows."""
     rows = shape[0]
     if isinstance(spec, bool) or not isinstance(spec, (int, Mapping, list, tuple)):
-        raise TypeError(f"DMuon: split= of {name}: give n (equal parts), a list of rows "
-                        f"or {{label: rows}}, got {spec!r}")
+        raise TypeError(f"DMuon: RoutingOptions(split=) of {name}: give n (equal parts), "
+                        f"a list of rows or {{label: rows}}, got {spec!r}")
     if isinstance(spec, int):
         if spec < 1 or rows % spec:
-            raise ValueError(f"DMuon: split= of {name}: its {rows} rows ({list(shape)}) "
-                             f"do not split into {spec} equal parts")
+            raise ValueError(f"DMuon: RoutingOptions(split=) of {name}: its {rows} rows "
+                             f"({list(shape)}) do not split into {spec} equal parts")
         return [(str(k), rows // spec) for k in range(spec)]
     items = ([(str(k), v) for k, v in spec.items()] if isinstance(spec, Mapping)
              else [(str(k), v) for k, v in enumerate(spec)])
     sizes = [v for _, v in items]
     if not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
                         for v in sizes) or sum(sizes) != rows:
-        raise ValueError(f"DMuon: split= of {name}: parts of {sizes} rows (sum "
-                         f"{sum(v for v in sizes if isinstance(v, int))}) do not add up to "
-                         f"its {rows} rows ({list(shape)})")
+        raise ValueError(f"DMuon: RoutingOptions(split=) of {name}: parts of {sizes} rows "
+                         f"(sum {sum(v for v in sizes if isinstance(v, int))}) do not add "
+                         f"up to its {rows} rows ({list(shape)})")
     return items
 
 
@@ -206,8 +209,9 @@ def _to_muon(r, kind):
         raise NotImplementedError(f"DMuon: {r.name} is a DTensor; parts ({kind}) of a "
                                   "DTensor are not supported yet")
     if r.sharding == "rows":
-        raise NotImplementedError(f"DMuon: {r.name} is row-sharded (shards=) and has "
-                                  f"parts ({kind}); shard it by parts instead")
+        raise NotImplementedError(f"DMuon: {r.name} is row-sharded (RoutingOptions("
+                                  f"shards=)) and has parts ({kind}); shard it by parts "
+                                  "instead")
     if r.route != "muon":
         r.route, r.kind = "muon", kind
     r.reason = r.kind + ("; frozen at construction" if r.frozen else "")
@@ -231,12 +235,14 @@ def route(routes, module, experts=(), split=None, strict=True):
         for r, _ in _select(list(experts), routes, "experts", strict, model_names, owners):
             if r.param.dim() != 3:
                 raise ValueError(
-                    f"DMuon: experts= names {r.name} {list(r.param.shape)}, which is "
-                    f"{r.param.dim()}-D; an expert stack is a 3-D [experts, out, in] "
-                    "parameter (experts that are separate parameters, e.g. one "
-                    "nn.Linear each, are separate Muon matrices already)")
+                    f"DMuon: RoutingOptions(experts=) names {r.name} "
+                    f"{list(r.param.shape)}, which is {r.param.dim()}-D; an expert stack "
+                    "is a 3-D [experts, out, in] parameter (experts that are separate "
+                    "parameters, e.g. one nn.Linear each, are separate Muon matrices "
+                    "already)")
             if r.kind == "adamw= (user)":
-                raise ValueError(f"DMuon: {r.name} is in both adamw= and experts=")
+                raise ValueError(f"DMuon: {r.name} is in both RoutingOptions adamw and "
+                                 "experts")
             chosen[id(r.param)] = (r, "experts= (user)")
     for r, kind in chosen.values():
         e, rows, cols = (int(d) for d in r.param.shape)
@@ -250,25 +256,29 @@ def route(routes, module, experts=(), split=None, strict=True):
         if isinstance(key, torch.Tensor):
             r = by_id.get(id(key))
             if r is None and strict and id(key) not in model_names:
-                raise ValueError(f"DMuon: split= names a parameter {list(key.shape)} that "
-                                 "is not among the optimizer's parameters")
+                raise ValueError(f"DMuon: RoutingOptions(split=) names a parameter "
+                                 f"{list(key.shape)} that is not among the optimizer's "
+                                 "parameters")
         elif isinstance(key, str):
             r = next((q for q in routes if q.name == key), None)
             if r is None and strict and key not in model_names.values():
-                raise ValueError(f"DMuon: split= names unknown parameter {key!r} (known: "
+                raise ValueError(f"DMuon: RoutingOptions(split=) names unknown parameter "
+                                 f"{key!r} (known: "
                                  f"{', '.join(q.name for q in routes) or 'none'})")
         else:
-            raise TypeError(f"DMuon: split= keys are parameters or names, got {type(key)}")
+            raise TypeError(f"DMuon: RoutingOptions(split=) keys are parameters or names, "
+                            f"got {type(key)}")
         if r is None:
             continue
         if r.param.dim() != 2:
-            raise ValueError(f"DMuon: split= names {r.name} {list(r.param.shape)}, which is "
-                             f"{r.param.dim()}-D; split= splits a 2-D weight along dim 0 "
-                             "(an expert stack is experts=)")
+            raise ValueError(f"DMuon: RoutingOptions(split=) names {r.name} "
+                             f"{list(r.param.shape)}, which is {r.param.dim()}-D; split "
+                             "splits a 2-D weight along dim 0 (an expert stack is "
+                             "RoutingOptions(experts=))")
         if id(r.param) in chosen:
-            raise ValueError(f"DMuon: {r.name} is in both experts= and split=")
+            raise ValueError(f"DMuon: {r.name} is in both RoutingOptions experts and split")
         if r.kind == "adamw= (user)":
-            raise ValueError(f"DMuon: {r.name} is in both adamw= and split=")
+            raise ValueError(f"DMuon: {r.name} is in both RoutingOptions adamw and split")
         items = _split_rows(r.name, tuple(r.param.shape), spec)
         _to_muon(r, "split= (user)")
         cols = int(r.param.shape[1])

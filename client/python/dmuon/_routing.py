@@ -178,6 +178,9 @@ def names_by_id(module):
     return names
 
 
+_NO_MODEL = "none; pass routing_options=RoutingOptions(model=...)"
+
+
 def _ids_of(entries, names, what):
     """Parameter ids an adamw=/muon= list designates."""
     ids = set()
@@ -193,8 +196,8 @@ def _ids_of(entries, names, what):
             hit = {i for n, i in by_name.items() if n == e or n.startswith(e + ".")}
             if not hit:
                 raise ValueError(
-                    f"DMuon: {what}=[{e!r}] names no parameter of the model "
-                    f"(known: {', '.join(sorted(by_name)) or 'none; pass model='})"
+                    f"DMuon: RoutingOptions({what}=[{e!r}]) names no parameter of the "
+                    f"model (known: {', '.join(sorted(by_name)) or _NO_MODEL})"
                 )
             ids.update(hit)
         else:
@@ -305,7 +308,8 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
     both = adamw_ids & muon_ids
     if both:
         clash = [names.get(i, "?") for i in both]
-        raise ValueError(f"DMuon: parameters in both adamw= and muon=: {clash}")
+        raise ValueError(f"DMuon: parameters in both RoutingOptions adamw and muon: "
+                         f"{clash}")
     owners_of = owners(module)
     shard_of = {}
     for key, layout in (shards or {}).items():
@@ -313,7 +317,8 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
         if pid is None:
             hit = [i for i, n in names.items() if n == key]
             if not hit:
-                raise ValueError(f"DMuon: shards= names unknown parameter {key!r}")
+                raise ValueError(f"DMuon: RoutingOptions(shards=) names unknown parameter "
+                                 f"{key!r}")
             pid = hit[0]
         shard_of[pid] = layout
     routes, seen = [], set()
@@ -360,11 +365,13 @@ def resolve(groups, module, adamw=(), muon=(), shards=None, named=None):
             if r.route == "muon" and is_dtensor(p):
                 # FSDP2 / TP: laid out by _dtensor.route_all, after resolve()
                 if id(p) in shard_of:
-                    raise ValueError(f"DMuon: shards= names {name}, a DTensor: its layout "
-                                     "is taken from its placements; leave it out of shards=")
+                    raise ValueError(f"DMuon: RoutingOptions(shards=) names {name}, a "
+                                     "DTensor: its layout is taken from its placements; "
+                                     "leave it out of shards")
             elif id(p) in shard_of:
                 if r.route != "muon":
-                    raise ValueError(f"DMuon: shards= names {name}, which is not Muon's")
+                    raise ValueError(f"DMuon: RoutingOptions(shards=) names {name}, which is "
+                                     "not Muon's")
                 begin, end, total = (int(x) for x in shard_of[id(p)])
                 if not (0 <= begin < end <= total) or end - begin != r.matrix[0]:
                     raise ValueError(

@@ -38,6 +38,7 @@ keeps the momentum read from dmuond for the step it was read in.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import ItemsView, KeysView, Mapping, ValuesView
 
@@ -138,6 +139,16 @@ def _step_tensor(done):
 def _is_row_sharded(r):
     """shards=: a plain tensor of this rank's rows of the matrix."""
     return bool(r.row_range) and getattr(r, "dtensor", None) is None
+
+
+def local_state_dict(sd):
+    """DMuon.local_state_dict() of torch's state_dict `sd`: each Muon
+    parameter's state as stored here (nothing read from dmuond: a
+    _MuonState's stored()), empty states dropped."""
+    sd["state"] = {k: v.stored() if isinstance(v, _MuonState) else dict(v)
+                   for k, v in sd["state"].items()}
+    sd["state"] = {k: v for k, v in sd["state"].items() if v}
+    return sd
 
 
 class StateView:
@@ -259,6 +270,25 @@ class StateView:
         return {k for mine, theirs in zip(self._handoff.groups, saved_groups)
                 if mine["use_muon"] for k in theirs.get("params", ())}
 
+    def load(self, state_dict):
+        """load_state_dict()'s Muon half, everything checked first
+        (check_loadable): dmuond's momentum replaced by the state_dict's (a
+        RuntimeWarning when it has none: the Muon momentum starts from
+        zero). Returns the rest, for torch's load_state_dict: the Muon
+        parameters' state without "momentum_buffer" and "step", no "dmuon"."""
+        daemon_state = self.check_loadable(state_dict)
+        if self.session is not None and daemon_state is None:
+            warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
+                          "Muon momentum starts from zero", RuntimeWarning)
+        if daemon_state is not None:
+            self._handoff.load_momentum(daemon_state)  # first: it can still fail
+            self.forget()
+        muon_keys = self.muon_keys(state_dict["param_groups"])
+        state = {k: ({n: x for n, x in v.items() if n not in _LAZY}
+                     if k in muon_keys and isinstance(v, Mapping) else v)
+                 for k, v in state_dict["state"].items()}
+        return {**{k: v for k, v in state_dict.items() if k != "dmuon"}, "state": state}
+
     def check_loadable(self, state_dict):
         """Everything load_state_dict() checks, before it changes anything."""
         saved = state_dict.get("param_groups")
@@ -269,22 +299,23 @@ class StateView:
             raise ValueError(
                 f"DMuon.load_state_dict: the checkpoint has {len(saved)} parameter "
                 f"groups, this optimizer {len(self._handoff.groups)} (each user group is a "
-                "Muon and an AdamW group): create the DMuon with the same params/groups, "
-                "model, adamw= and muon= as the one that saved it")
+                "Muon and an AdamW group): create the DMuon with the same params/groups "
+                "and RoutingOptions (model, adamw, muon) as the one that saved it")
         for g, (mine, theirs) in enumerate(zip(self._handoff.groups, saved)):
             if len(mine["params"]) != len(theirs.get("params", ())):
                 raise ValueError(
                     f"DMuon.load_state_dict: param_groups[{g}] has "
                     f"{len(theirs.get('params', ()))} parameters in the checkpoint and "
-                    f"{len(mine['params'])} here: the routing differs (check adamw=, "
-                    "muon=, the groups, and which parameters exist)")
+                    f"{len(mine['params'])} here: the routing differs (check "
+                    "RoutingOptions adamw and muon, the groups, and which parameters "
+                    "exist)")
             if bool(theirs.get("use_muon", mine["use_muon"])) != mine["use_muon"]:
                 kind = {True: "a Muon", False: "an AdamW"}
                 raise ValueError(
                     f"DMuon.load_state_dict: param_groups[{g}] is "
                     f"{kind[bool(theirs['use_muon'])]} group in the checkpoint and "
                     f"{kind[mine['use_muon']]} group here: the routing differs (check "
-                    "adamw=, muon= and the groups' use_muon)")
+                    "RoutingOptions adamw and muon, and the groups' use_muon)")
         if self.session is None:
             return None
         merged = [{**mine, **{k: v for k, v in theirs.items() if k != "params"}}
@@ -360,8 +391,8 @@ class StateView:
                 if m is None:
                     raise ValueError(
                         f"DMuon.load_state_dict: no momentum for {name!r} (row-sharded "
-                        f"by shards=, rows {list(r.row_range)} here) in the checkpoint: "
-                        "its whole matrix is in DMuon's own state_dict()['dmuon']"
+                        f"by RoutingOptions(shards=), rows {list(r.row_range)} here) in "
+                        "the checkpoint: its whole matrix is in DMuon's own state_dict()['dmuon']"
                         "['row_sharded_momentum'], which torch's layout (DCP's) does "
                         "not have. Save and load opt.state_dict() whole, or use DTensor "
                         "parameters")
@@ -372,8 +403,8 @@ class StateView:
                     raise ValueError(
                         f"DMuon.load_state_dict: no momentum for {name!r} in the "
                         f"checkpoint (state[{k!r}] has no 'momentum_buffer'): the model "
-                        "or its routing differs (check adamw= and muon=, experts= and "
-                        "split=)")
+                        "or its routing differs (check RoutingOptions adamw, muon, experts "
+                        "and split)")
                 for i in idx:  # torch's layout: never stepped, zero
                     momentum[names[i]] = torch.zeros(self._table.muon[i].matrix)
                 continue
@@ -440,7 +471,7 @@ class StateView:
                 raise ValueError(
                     f"DMuon.load_state_dict: no momentum for {name!r} in the checkpoint "
                     f"(it has {sorted(dm['momentum'])}): the model or its routing differs "
-                    "(check adamw= and muon=, experts= and split=)")
+                    "(check RoutingOptions adamw, muon, experts and split)")
             m = self._checked_matrix(r, m, f"momentum of {name!r}")
             momentum.append(m.detach().to("cpu", torch.float32).contiguous().numpy())
         return {"completed_steps": int(dm["completed_steps"]), "names": names,

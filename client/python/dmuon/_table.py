@@ -106,6 +106,14 @@ class MuonTable:
                     return g, name, then[key], spec[key]
         return None
 
+    def report(self) -> list[dict[str, Any]]:
+        """Every route as a dict (DMuon.routing): name, shape, route, reason,
+        matrix, sharding (a Muon route's, else None), handoff (or None) and
+        layer (a Muon matrix's in dmuond's table, else None)."""
+        return [dict(name=r.name, shape=r.shape, route=r.route, reason=r.reason,
+                     matrix=r.matrix, sharding=r.sharding if r.route == "muon" else None,
+                     handoff=r.handoff or None, layer=r.layer) for r in self.routes]
+
     @property
     def by_param(self) -> list[tuple[Any, tuple[int, ...]]]:
         """[(parameter, its entries)] in table order."""

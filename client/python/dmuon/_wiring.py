@@ -103,7 +103,8 @@ class Hooks:
                 raise RuntimeError(
                     f"DMuon: could not register its DDP comm hook ({e}); build the "
                     "optimizer before the first backward and without another comm "
-                    "hook, or pass the unwrapped model with reduce_in_daemon=True"
+                    "hook, or pass the unwrapped model with overlap_options="
+                    "OverlapOptions(reduce_in_daemon=True)"
                 ) from e
         if module is not None:
             # Before autograd meets a parameter whose shape changed: a clear

@@ -19,11 +19,12 @@ eps, weight_decay)). See client/python/README.md for routing, overlap,
 accumulation, state_dict, DDP and errors.
 
 DMuon is the torch.optim.Optimizer surface; its machinery lives in objects
-it owns (docs/design.md, "The Python client"): the MuonTable (_table), the
-Handoff of each step's gradients and updates (_handoff, with its session
-Link, Hooks and Recovery) and the StateView of the Muon state (_state);
-_options holds the option groups and _errors explains a dead private
-daemon.
+it owns (docs/design.md, "The Python client"): the Layout of its
+parameters into groups and dmuond's table (_layout), the MuonTable
+(_table), the Handoff of each step's gradients and updates (_handoff, with
+its session Link, Hooks and Recovery), the AdamWHalf that updates the rest
+(_adamw) and the StateView of the Muon state (_state); _options holds the
+option groups and _errors explains a dead private daemon.
 
 (This module was dmuon.torch, a name that shadowed `torch` inside the
 package; dmuon.torch still imports as an alias of it.)
@@ -32,26 +33,24 @@ package; dmuon.torch still imports as an alias of it.)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
-import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import ParamsT
 
-from . import Session, _convert, _ddp, _dtensor, _errors, _groups, _native, _options
-from . import _parts, _routing, _session, _table, _wiring
+from . import Session, _convert, _ddp, _dtensor, _errors, _groups, _options, _routing
+from . import _session, _state
+from ._adamw import AdamWHalf
 from ._groups import CLASSIC
 from ._handoff import Handoff
+from ._layout import Layout
 from ._options import AdamWOptions, DaemonOptions, OverlapOptions, RoutingOptions
-from ._recovery import Recovery, deferred_sigint
-from ._state import StateView, _MuonState
+from ._recovery import Recovery
+from ._state import StateView
 from ._table import MuonTable
-from ._wiring import _DDP
 
 try:
     from torch.distributed import ProcessGroup
@@ -64,64 +63,12 @@ except ImportError:  # torch built without distributed
 NSCoefficients = tuple[float, float, float] | Sequence[Sequence[float]] | str
 
 
-def _compiled_autograd() -> bool:
-    try:
-        import torch._dynamo.compiled_autograd as ca
-        import torch._dynamo.config as dynamo_config
-    except ImportError:
-        return False
-    return bool(getattr(dynamo_config, "compiled_autograd", False)
-                or getattr(ca, "compiled_autograd_enabled", False))
-
-
-def _check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn):
-    """torch.optim.Muon's checks, with its exception types and messages
-    (momentum in [0, 1): dmuond's)."""
-    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-        raise ValueError("Tensor lr must be 1-element")
-    if not lr >= 0.0:
-        raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum should be in [0, 1) but is: {momentum}")
-    if not weight_decay >= 0.0:
-        raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
-    if not isinstance(use_addmm, bool):
-        raise ValueError(f"use_addmm should be a bool but is: {use_addmm!r}")
-    if adjust_lr_fn not in _groups.ADJUST_LR_FNS:
-        raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
-
-
-def _with_model(params, routing: RoutingOptions, overlap: OverlapOptions):
-    """(params, routing with its model and its selectors as lists, the DDP
-    wrapper or None, the model to route by and hook, or None), checked."""
-    model = routing.model
-    if isinstance(params, nn.Module):
-        if model is not None and model is not params:
-            raise ValueError("DMuon: params is a model and model= names another one")
-        model, params = params, list(params.parameters())
-    routing = dataclasses.replace(
-        routing, model=model, adamw=list(routing.adamw), muon=list(routing.muon),
-        experts=_parts.normalize(routing.experts), split=dict(routing.split or {}))
-    ddp = model if isinstance(model, _DDP) else None
-    module = ddp.module if ddp is not None else model
-    if overlap.forward and module is None:
-        raise ValueError("DMuon: overlap_forward=True needs the model (pass it as "
-                         "params or model=) to hook its modules' forward")
-    if overlap.backward and _compiled_autograd():
-        raise ValueError(
-            "DMuon: compiled autograd is on (torch._dynamo.config.compiled_autograd"
-            "=True): it traces backward's hooks into a graph, and DMuon's overlap "
-            "hooks hand each gradient to dmuond (I/O) as backward makes it. Pass "
-            "overlap=False (gradients are handed over in step(); compiled "
-            "autograd then works), or turn compiled autograd off")
-    return params, routing, ddp, module
-
-
 class DMuon(torch.optim.Optimizer):
     """Muon through dmuond (matrices) plus a local AdamW (everything else).
 
     params: a model (nn.Module, DDP included: best, names and embeddings are
-    known), an iterable of parameters, of (name, parameter) pairs, or of
+    known), an iterable of parameters, of (name, parameter) pairs (each
+    group keeps their names as "param_names", as torch's), or of
     parameter-group dicts (which may override any hyperparameter below,
     adamw_* included, and may say "use_muon": True/False), checked as
     torch.optim.Optimizer checks them.
@@ -189,32 +136,31 @@ class DMuon(torch.optim.Optimizer):
             dict(adamw_options=adamw_options, daemon_options=daemon_options,
                  routing_options=routing_options, overlap_options=overlap_options))
         resume = _options.resume_mode(dd.resume)
-        _check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn)
-        params, ro, self._ddp, module = _with_model(params, ro, oo)
-        groups, named = _groups.user_groups(params)
-        self._routing, self._overlap, self._server = ro, oo, dd.server
-        self._module, self._user_groups, self._named = module, len(groups), bool(named)
-        routes = _table.route(groups, named, module, ro, ro.shards)
+        _groups.check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn)
+        hyper = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                     ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
+                     adjust_lr_fn=adjust_lr_fn, method=method, adamw_lr=aw.lr,
+                     adamw_betas=aw.betas, adamw_eps=aw.eps, adamw_wd=aw.weight_decay)
+        layout, groups, named = Layout.of(params, ro, oo, hyper)
+        routes = layout.route(groups, named)
         link = _session.Link(*_ddp.world(process_group), dd.timeout, dd.transport)
         _dtensor.check(routes, link.pg, link.world, oo.forward)  # FSDP2 / TP
-        self._shared = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
-                            nesterov=nesterov, ns_coefficients=ns_coefficients, eps=eps,
-                            ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, method=method,
-                            adamw_lr=aw.lr, adamw_betas=aw.betas, adamw_eps=aw.eps,
-                            adamw_wd=aw.weight_decay)
-        torch_groups, group_of = _groups.split(groups, routes, self._shared)
-        self._constructing, self._closed = True, False
+        torch_groups, group_of = layout.split(groups, named, routes)
+        self._layout, self._constructing, self._closed = layout, True, False
         super().__init__(torch_groups, dict(lr=lr, weight_decay=weight_decay))
         # OneCycleLR/CyclicLR(cycle_momentum=True) need it (set after the
         # groups: AdamW's have none); each group's is then its own, sent to
         # dmuond (Muon) or its beta1 (AdamW: _groups.adamw_beta1).
         self.defaults["momentum"] = momentum
-        self._constructing, self._adamw = False, None
-        self._relink_adamw()
-        self._handoff = self._new_handoff(routes, group_of, link, resume)
+        self._constructing = False
+        self._adamw = AdamWHalf(self.param_groups, self.state)
+        table = layout.table(routes, group_of, self.param_groups, link.world)
+        self._handoff = Handoff(table, self.param_groups, link, Recovery(resume),
+                                ddp=layout.ddp, module=layout.module, server=dd.server,
+                                overlap=oo.backward, overlap_forward=oo.forward)
         self.stats = self._handoff.stats
-        if self._table.muon:
-            self._handoff.open(dd.server, dd.job_id, dd.flags, module, resume)
+        if table.muon:
+            self._handoff.open(dd.job_id, dd.flags, resume)
         self._muon_state = StateView(self._handoff)  # opt.state's Muon half, checks
         self._muon_state.install(self.state)
         if link.rank == 0:
@@ -222,27 +168,15 @@ class DMuon(torch.optim.Optimizer):
                 routes, self.param_groups, link.where()),
                 file=sys.stdout if verbose else sys.stderr, flush=True)
 
-    def _new_handoff(self, routes, group_of, link, resume):
-        """The hand-off of a new optimizer: dmuond's table (a parameter with
-        parts, dmuon/_parts.py, is one entry per part) with its hand-off
-        plan (_wiring.plan)."""
-        entries, group_of = _parts.expand([r for r in routes if r.route == "muon"],
-                                          group_of)
-        oo = self._overlap
-        _wiring.plan(entries, self._ddp, link.world, oo.reduce_in_daemon, oo.backward,
-                     self._module)
-        table = MuonTable(routes, entries, group_of, _groups.specs(self.param_groups, group_of))
-        return Handoff(table, self.param_groups, link, Recovery(resume), ddp=self._ddp,
-                       overlap=oo.backward, overlap_forward=oo.forward)
-
     @property
     def _table(self) -> MuonTable:
         return self._handoff.table
 
     # ----------------------------------------------------------- construction
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Adds a user parameter group, routed as at construction (model,
-        adamw=, muon=; the construction's hyperparameters are its defaults).
+        """Adds a user parameter group, routed as at construction (the
+        model, RoutingOptions' adamw and muon; the construction's
+        hyperparameters are its defaults).
         New Muon matrices reopen the dmuond session with the larger table:
         the momentum of the others and the step count are carried over (a
         GetState and a SetState), the new ones start from zero, as in
@@ -253,61 +187,19 @@ class DMuon(torch.optim.Optimizer):
             return
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
-        self._handoff.at_boundary("add_param_group")
-        groups, named = _groups.user_groups([param_group])
-        _groups.check_names(bool(named), self._named)
-        known = {id(p) for g in self.param_groups for p in g["params"]}
-        if any(id(p) in known for p in groups[0]["params"]):
-            raise ValueError("some parameters appear in more than one parameter group")
-        routes = _table.route(groups, named, self._module, self._routing, strict=False)
-        torch_groups, group_of = _groups.split(groups, routes, self._shared)
-        for r in routes:
-            r.group = self._user_groups
-            if r.name.startswith("params[0]["):
-                r.name = f"params[{self._user_groups}][" + r.name[len("params[0]["):]
-        new_muon, group_of = _parts.expand([r for r in routes if r.route == "muon"],
-                                           group_of)
-        world = self._handoff.world
-        if new_muon and world > 1:
-            raise NotImplementedError(
-                "DMuon.add_param_group: new Muon matrices reopen the dmuond session, "
-                "which needs every rank at once; with torch.distributed, create the "
-                "DMuon with every group (or add only AdamW parameters: use_muon=False)")
-        if new_muon:  # one rank (above): DTensor refusals, no collective
-            _dtensor.check(routes, self._handoff.pg, world, self._handoff.overlap_forward)
+        h = self._handoff
+        h.at_boundary("add_param_group")
+        new = self._layout.new_group(param_group, self.param_groups, h.pg, h.world)
         base = len(self.param_groups)
-        for g in torch_groups:
+        for g in new.torch_groups:
             super().add_param_group(g)
-        self._user_groups += 1
-        self._relink_adamw()
-        table = self._table.grown(routes, new_muon, [base + g for g in group_of],
-                                  self.param_groups, self._replan)
-        if new_muon:
-            self._handoff.grow(table, self._server, self._module)
+        self._adamw.relink(self.param_groups, self.state)
+        table = self._layout.add(h.table, new, base, self.param_groups, h.world)
+        if new.muon:
+            h.grow(table)
             self._muon_state.install(self.state)
         else:
-            self._handoff.table = table
-
-    def _replan(self, entries):
-        """The hand-off plan of a grown table (MuonTable.grown): the entries
-        it had keep their hand-off (their hooks are in place)."""
-        kept = [r.handoff for r in self._table.muon]
-        _wiring.plan(entries, self._ddp, self._handoff.world,
-                     self._overlap.reduce_in_daemon, self._overlap.backward, self._module)
-        for r, handoff in zip(entries, kept):
-            r.handoff = handoff
-
-    def _relink_adamw(self):
-        groups = [g for g in self.param_groups if not g["use_muon"]]
-        if not groups:
-            return
-        if self._adamw is None:
-            self._adamw = torch.optim.AdamW(groups)
-        for g in groups:  # a loaded state_dict may lack newer torch's keys
-            for k, v in self._adamw.defaults.items():
-                g.setdefault(k, v)
-        self._adamw.param_groups = groups
-        self._adamw.state = self.state
+            h.table = table
 
     # ------------------------------------------------------------- per step
     def synchronize(self) -> None:
@@ -319,27 +211,13 @@ class DMuon(torch.optim.Optimizer):
         """torch's zero_grad, after settling a step an interrupt cut short
         (rolled back before its commit, completed after: client/python/
         README.md, "Interrupts and exceptions")."""
-        try:
-            self._handoff.settle()
-        except _native.load().Error:
-            # The private dmuond died: nothing can complete the step, its
-            # error was raised where it happened, and state_dict() repeats it
-            # with what to do. zero_grad itself does not fail, as torch's.
-            daemon = self._handoff.link.daemon
-            if daemon is None or daemon.alive():
-                raise
+        self._handoff.settle()
         super().zero_grad(set_to_none)
 
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """Backward passes inside accumulate into .grad without handing anything
         to dmuond: wrap every micro-batch but the last."""
-        h = self._handoff
-        old, h.accumulating = h.accumulating, True
-        try:
-            yield
-        finally:
-            h.accumulating = old
+        return self._handoff.no_sync()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -348,34 +226,13 @@ class DMuon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         h = self._handoff
-        t0, h.wait = time.perf_counter(), 0.0
-        if self._closed:
-            raise RuntimeError("DMuon: step() after close()")
-        with _errors.explained(h.link.daemon):
-            self._step(h)
-        self.stats["steps"] += 1
-        self.stats["last_wait_seconds"] = h.wait
-        self.stats["wait_seconds"] += h.wait
-        self.stats["last_step_seconds"] = time.perf_counter() - t0
+        with h.timed_step():
+            if self._closed:
+                raise RuntimeError("DMuon: step() after close()")
+            with _errors.explained(h.link.daemon):
+                h.step(self._adamw.step)  # AdamW's runs while dmuond computes
+                self._muon_state.forget()
         return loss
-
-    def _step(self, h):
-        if not h.at_step():
-            # torch.distributed.checkpoint's _init_optim_state (zero gradients,
-            # lr 0): AdamW's state only, no dmuond step (dmuon/_dcp.py)
-            if self._adamw is not None:
-                self._adamw.step()
-            self._muon_state.forget()
-            return
-        # AdamW's step and the commit run whole: a Ctrl-C in them is raised
-        # after the commit (the step is then completed, not undone).
-        _groups.adamw_beta1(self.param_groups)  # a cycled 'momentum' is AdamW's beta1
-        with deferred_sigint():
-            if self._adamw is not None:
-                self._adamw.step()  # runs while dmuond computes
-            h.commit()
-        h.after_commit()
-        self._muon_state.forget()
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -385,32 +242,20 @@ class DMuon(torch.optim.Optimizer):
         state, every group, and "dmuon": {"format": 2, "completed_steps"}
         (dmuon/_state.py). Raises dmuon.Error naming the daemon if the
         momentum cannot be fetched; local_state_dict() is the rest without it."""
-        try:
+        with _errors.fetching_momentum(self._handoff.link):
             self._handoff.at_boundary("state_dict")
             self._muon_state.init_adamw_state(self.state)  # a destination for dcp.load
             sd = self.local_state_dict()
             if self.session is not None:
                 self._muon_state.add_muon_state(sd)
-            return sd
-        except _native.load().Error as e:
-            err = _errors.explain(self._handoff.link.daemon, e)
-            raise type(err)(
-                f"DMuon.state_dict(): the Muon momentum is held by dmuond at "
-                f"{self.address} and could not be fetched: {err}\nTo save what this "
-                "process holds (AdamW's state and the parameter groups; Muon momentum "
-                "restarts from zero when it is loaded), use opt.local_state_dict()."
-            ) from e
+        return sd
 
     def local_state_dict(self) -> dict[str, Any]:
         """The state this process holds: AdamW's state and every parameter
         group, without dmuond's Muon momentum and step (state_dict() has
         them). For when dmuond is gone; load_state_dict() of it warns that
         the Muon momentum starts from zero."""
-        sd = super().state_dict()
-        sd["state"] = {k: v.stored() if isinstance(v, _MuonState) else dict(v)
-                       for k, v in sd["state"].items()}
-        sd["state"] = {k: v for k, v in sd["state"].items() if v}
-        return sd
+        return _state.local_state_dict(super().state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Checks everything first (param_groups and the daemon are untouched
@@ -420,27 +265,9 @@ class DMuon(torch.optim.Optimizer):
         torch.optim.Muon's), and format 1 (dmuon/_state.py)."""
         h = self._handoff
         h.at_boundary("load_state_dict")
-        daemon_state = self._muon_state.check_loadable(state_dict)
-        if self.session is not None and daemon_state is None:
-            warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
-                          "Muon momentum starts from zero", RuntimeWarning)
-        if daemon_state is not None:
-            if h.world > 1:
-                # dmuond refuses SetState while a GetState of the job is
-                # streaming: another rank may still be in the state_dict()
-                # before this load (each rank sets the same whole state).
-                _ddp.barrier(h.pg)
-            self.session.set_state(daemon_state)  # first: it can still fail
-            h.trained = [bool(m.any()) for m in daemon_state["momentum"]]
-            self._muon_state.forget()
-        muon_keys = self._muon_state.muon_keys(state_dict["param_groups"])
-        state = {k: ({n: x for n, x in v.items() if n not in ("momentum_buffer", "step")}
-                     if k in muon_keys and isinstance(v, Mapping) else v)
-                 for k, v in state_dict["state"].items()}
-        super().load_state_dict({**{k: v for k, v in state_dict.items() if k != "dmuon"},
-                                 "state": state})
+        super().load_state_dict(self._muon_state.load(state_dict))
         h.groups = self.param_groups  # torch's load_state_dict made new groups
-        self._relink_adamw()
+        self._adamw.relink(self.param_groups, self.state)
         self._muon_state.install(self.state)
         if self.session is not None:
             _ddp.barrier(h.pg)
@@ -468,9 +295,7 @@ class DMuon(torch.optim.Optimizer):
     def routing(self) -> list[dict[str, Any]]:
         """Where every parameter went: a list of dicts (name, shape, route, ...;
         layer: a Muon matrix's layer in the daemon's table, else None)."""
-        return [dict(name=r.name, shape=r.shape, route=r.route, reason=r.reason,
-                     matrix=r.matrix, sharding=r.sharding if r.route == "muon" else None,
-                     handoff=r.handoff or None, layer=r.layer) for r in self._table.routes]
+        return self._table.report()
 
     @property
     def routing_table(self) -> str:

@@ -129,12 +129,14 @@ def make_optimizer(kind, model, server="auto", daemon_flags=(), overlap=True):
     if kind == "muon":
         return InProcessMuon(mats, others, adamw=ADAMW, **MUON)
     if kind == "dmuon":
+        from dmuon import AdamWOptions, DaemonOptions, OverlapOptions, RoutingOptions
         from dmuon.optim import DMuon
 
-        return DMuon(model, server=server, adamw=[model.head], adamw_lr=ADAMW["lr"],
-                     adamw_betas=ADAMW["betas"], adamw_eps=ADAMW["eps"],
-                     adamw_wd=ADAMW["weight_decay"], daemon_flags=daemon_flags,
-                     overlap=overlap, **MUON)
+        return DMuon(model, **MUON,
+                     adamw_options=AdamWOptions(**ADAMW),
+                     daemon_options=DaemonOptions(server, flags=daemon_flags),
+                     routing_options=RoutingOptions(adamw=[model.head]),
+                     overlap_options=OverlapOptions(backward=overlap))
     raise ValueError(f"unknown optimizer {kind!r}")
 
 

@@ -25,8 +25,6 @@ from torch import nn
 
 MUON = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
 ADAMW = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
-DM_ADAMW = dict(adamw_lr=ADAMW["lr"], adamw_betas=ADAMW["betas"], adamw_eps=ADAMW["eps"],
-                adamw_wd=ADAMW["weight_decay"])
 
 
 def tiny_llama(seed=0):
@@ -102,8 +100,11 @@ class MuonAdamW(torch.optim.Optimizer):
 
 
 def dmuon_for(model, server="auto"):
+    from dmuon import AdamWOptions, DaemonOptions, RoutingOptions
     from dmuon.optim import DMuon
-    return DMuon(model, **MUON, **DM_ADAMW, adamw=[model.lm_head], server=server)
+    return DMuon(model, **MUON, adamw_options=AdamWOptions(**ADAMW),
+                 daemon_options=DaemonOptions(server),
+                 routing_options=RoutingOptions(adamw=[model.lm_head]))
 
 
 def train(model, optimizer, steps=10, max_grad_norm=1.0, on_step=None):

@@ -9,6 +9,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
+from dmuon import RoutingOptions
 from dmuon.optim import DMuon
 
 dist.init_process_group("gloo")
@@ -36,7 +37,8 @@ if shard_mesh is not None:
         fully_shard(layer, mesh=shard_mesh)
     fully_shard(model, mesh=shard_mesh)
 # After fully_shard / parallelize_module: DMuon sees the DTensor parameters.
-opt = DMuon(model, lr=0.02, weight_decay=0.01, adamw=[model[4]], verbose=True)
+opt = DMuon(model, lr=0.02, weight_decay=0.01,
+            routing_options=RoutingOptions(adamw=[model[4]]), verbose=True)
 torch.manual_seed(1 + data)  # one batch per data shard, fitted over the steps
 x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
 for step in range(10):

@@ -18,6 +18,15 @@ from torch import nn
 
 CLASSIC = (3.4445, -4.7750, 2.0315)
 
+# The examples are the spelling users copy: run with this warnings filter
+# (pytest's filterwarnings, or PYTHONWARNINGS for a subprocess), a
+# DeprecationWarning of dmuon's fails them: a deprecated flat DMuon keyword
+# ("DMuon(adamw_lr=...) is deprecated: ..."), dmuon.torch ("dmuon.torch is
+# deprecated; ..."). It matches the message (its start, case-insensitively):
+# the flat-keyword warning is attributed to DMuon's caller (stacklevel=2),
+# so a filter on the module ("...:dmuon") would not see it.
+DMUON_DEPRECATIONS_FAIL = "error:dmuon:DeprecationWarning"
+
 
 def newton_schulz(u, coefficients=CLASSIC, steps=5, eps=1e-7):
     a, b, c = coefficients

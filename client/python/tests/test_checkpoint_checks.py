@@ -59,7 +59,8 @@ def test_refused_loads_change_nothing_and_name_the_argument(daemon):
     fc2 = state_key(saver, ok, saver_model.fc2.weight)
     del bad["state"][fc2]["momentum_buffer"]
     _, opt2 = _trained(daemon, nesterov=False)  # momentum 0.95: it goes per step
-    _refused(opt2, bad, r"no momentum for 'fc2.weight'.*check adamw= and muon=")
+    _refused(opt2, bad,
+             r"no momentum for 'fc2.weight'.*check RoutingOptions adamw, muon, experts")
     bad = copy.deepcopy(ok)
     bad["state"][fc2]["momentum_buffer"] = torch.zeros(3, 3)
     _refused(opt2, bad, r"momentum_buffer of 'fc2.weight' is \[3, 3\]; the parameter is "
@@ -69,7 +70,8 @@ def test_refused_loads_change_nothing_and_name_the_argument(daemon):
     _refused(opt2, bad, r"completed step count 'two'")
     bad = copy.deepcopy(ok)
     bad["param_groups"] = bad["param_groups"][:1]
-    _refused(opt2, bad, r"1 parameter groups, this optimizer 2.*adamw= and muon=")
+    _refused(opt2, bad,
+             r"1 parameter groups, this optimizer 2.*RoutingOptions \(model, adamw, muon\)")
     bad = copy.deepcopy(ok)
     bad["param_groups"][0]["use_muon"] = False
     _refused(opt2, bad, r"param_groups\[0\] is an AdamW group in the checkpoint")

@@ -167,7 +167,7 @@ FLAT = {
     "overlap_forward": (True, {"server": "DAEMON", "model": "MODEL"},
                         lambda opt, m: opt._handoff.overlap_forward),
     "reduce_in_daemon": (True, {"server": "DAEMON"},
-                         lambda opt, m: opt._overlap.reduce_in_daemon),
+                         lambda opt, m: opt._layout.overlap.reduce_in_daemon),
 }
 NEW = {"adamw_lr": ("adamw_options", "AdamWOptions", "lr"),
        "adamw_betas": ("adamw_options", "AdamWOptions", "betas"),

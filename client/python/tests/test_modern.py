@@ -175,7 +175,8 @@ def test_compiled_autograd_refused_with_overlap_works_without(monkeypatch, daemo
     (hand-off in step()) trains equal to torch's."""
     torch._dynamo.reset()
     with torch._dynamo.config.patch(compiled_autograd=True):
-        with pytest.raises(ValueError, match="compiled autograd.*overlap=False"):
+        with pytest.raises(ValueError, match=r"compiled autograd.*overlap_options="
+                                             r"OverlapOptions\(backward=False\)"):
             DMuon(Stage(), server=daemon.address)
         opt = _train(monkeypatch, daemon, Stage, steps=3, overlap=False,
                      call=lambda m: torch.compile(m, backend="eager"))

@@ -5,8 +5,9 @@ torch.distributed.run --nproc-per-node=4`, gloo on CPU) in each of its four
 modes, with the daemon it picks itself (server="auto": a private dmuond that
 rank 0 starts for the 4 ranks): exit code 0, rank 0's routing table shows
 each matrix's sharding as SHARDING_BLOCKS handed off from a hook, and the
-loss on its fixed batch goes down. One launch per mode (about 10 s of it is
-4 processes importing torch on 2 cores)."""
+loss on its fixed batch goes down; a DeprecationWarning of dmuon's (a
+deprecated spelling in the example) fails it. One launch per mode (about
+10 s of it is 4 processes importing torch on 2 cores)."""
 
 import os
 import re
@@ -15,6 +16,7 @@ import sys
 
 import pytest
 
+from helpers import DMUON_DEPRECATIONS_FAIL
 from ranks import free_port
 
 pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 needs torch.distributed")
@@ -61,6 +63,10 @@ def test_parallel_demo_runs(mode):
     # faulthandler: a rank that aborts shows where its Python threads were.
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     env.pop("DMUON_SERVER", None)  # the demo's own daemon: server="auto"
+    # No deprecated dmuon spelling in the example (helpers.py): a rank that
+    # warns one fails.
+    env["PYTHONWARNINGS"] = ",".join(
+        w for w in (env.get("PYTHONWARNINGS"), DMUON_DEPRECATIONS_FAIL) if w)
     env["PYTHONPATH"] = os.pathsep.join(
         [PYTHON_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",

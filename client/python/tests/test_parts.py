@@ -256,16 +256,18 @@ def test_bad_split_and_bad_experts_are_refused(daemon):
         make_dmuon(model, daemon, split={"qkv.weight": [16, 16]})
     with pytest.raises(ValueError, match=r"qkv\.weight.*40 rows.*3 equal parts"):
         make_dmuon(model, daemon, split={model.qkv.weight: 3})
-    with pytest.raises(ValueError, match=r"experts= names router\.weight \[6, 16\].*2-D"):
+    with pytest.raises(ValueError, match=r"RoutingOptions\(experts=\) names router\.weight "
+                                         r"\[6, 16\].*2-D"):
         make_dmuon(model, daemon, experts=["router.weight"])
-    with pytest.raises(ValueError, match=r"experts= names .*4-D"):
+    with pytest.raises(ValueError, match=r"RoutingOptions\(experts=\) names .*4-D"):
         DMuon([("w", nn.Parameter(torch.randn(2, 3, 4, 5)))], server=daemon.address,
               experts=["w"])
-    with pytest.raises(ValueError, match=r"split= names moe\.w1 .*3-D"):
+    with pytest.raises(ValueError, match=r"RoutingOptions\(split=\) names moe\.w1 .*3-D"):
         make_dmuon(model, daemon, experts=[], split={"moe.w1": 2})
-    with pytest.raises(ValueError, match=r"both adamw= and experts="):
+    with pytest.raises(ValueError, match=r"both RoutingOptions adamw and experts"):
         DMuon(model, server=daemon.address, adamw=[model.moe.w1], experts=[model.moe.w1])
-    with pytest.raises(ValueError, match=r"split= names unknown parameter 'nope'"):
+    with pytest.raises(ValueError,
+                       match=r"RoutingOptions\(split=\) names unknown parameter 'nope'"):
         make_dmuon(model, daemon, split={"nope": 2})
 
 
@@ -301,7 +303,7 @@ def test_state_dict_round_trip(daemon):
     other = DMuon(copy.deepcopy(start), server=daemon.address, adamw=["head"],
                   experts=["moe"], **MUON, **DM_ADAMW)
     other.load_state_dict(sd)
-    whole = momentum_by_name(other._module, other, other.state_dict())["qkv.weight"]
+    whole = momentum_by_name(other._layout.module, other, other.state_dict())["qkv.weight"]
     assert torch.equal(whole, mb["qkv.weight"])
     other.close()
 

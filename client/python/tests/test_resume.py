@@ -100,7 +100,7 @@ def test_continue_without_momentum_is_not_found(daemon):
 
 
 def test_a_bad_resume_value_names_the_choices():
-    with pytest.raises(ValueError, match=r"resume=1 is not one of .*True"):
+    with pytest.raises(ValueError, match=r"DaemonOptions\(resume=1\) is not one of .*True"):
         DMuon(_model(), resume=1)
     with pytest.raises(TypeError, match="both resume= and daemon_options="):
         DMuon(_model(), resume=True, daemon_options=DaemonOptions())

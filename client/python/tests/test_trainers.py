@@ -2,7 +2,8 @@
 overlap on: transformers.Trainer (max_grad_norm=1.0) on a tiny random Llama,
 and Lightning (gradient_clip_val) — each against the same run with
 torch.optim.Muon (fp32 Newton-Schulz) + AdamW, 1e-5 per parameter every step
-for 10 steps (examples/hf_trainer.py, examples/lightning_trainer.py)."""
+for 10 steps (examples/hf_trainer.py, examples/lightning_trainer.py), which
+use no deprecated dmuon spelling (a DeprecationWarning of dmuon's fails them)."""
 
 import copy
 import os
@@ -10,10 +11,13 @@ import sys
 
 import pytest
 
-from helpers import rel_err
+from helpers import DMUON_DEPRECATIONS_FAIL, rel_err
 from torch_ref import TOL, fp32_muon
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
+
+# The examples must not use a deprecated dmuon spelling (helpers.py).
+pytestmark = pytest.mark.filterwarnings(DMUON_DEPRECATIONS_FAIL)
 
 STEPS = 10
 
