@@ -66,7 +66,7 @@ def choose(transport, device, address):
     choice otherwise. Raises ValueError for a GPU transport with CPU tensors."""
     if transport in ("cuda_ipc", "nccl"):
         if device.type != "cuda":
-            raise ValueError(f"DMuon: transport='{transport}' needs the Muon "
+            raise ValueError(f"DMuon: DaemonOptions(transport='{transport}') needs the Muon "
                              f"parameters on a CUDA device; they are on {device}")
         return transport
     if transport == "auto" and device.type == "cuda":

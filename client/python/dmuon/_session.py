@@ -85,7 +85,7 @@ def warn_cuda_staged(device, note, address):
            f"reachable ({note}; dmuond at {address}): every step copies them "
            "through host memory and runs Newton-Schulz on CPU cores, far slower "
            f"than on the GPU. Run dmuond_cuda and set ${ENV}=host:port (or pass "
-           "server=) to use it")
+           "daemon_options=DaemonOptions(server='host:port')) to use it")
     print("\n" + "!" * 78 + "\n" + msg + "\n" + "!" * 78, file=sys.stderr, flush=True)
     warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
@@ -170,9 +170,10 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
             hosts = _ddp.gather(socket.gethostname(), pg, world)
             if len(set(hosts)) > 1:
                 raise ValueError(
-                    "DMuon: server='auto' starts one dmuond on rank 0's host, but "
-                    f"the ranks run on {sorted(set(hosts))}; start dmuond yourself "
-                    "and pass server='host:port'")
+                    "DMuon: DaemonOptions(server='auto') starts one dmuond on rank "
+                    f"0's host, but the ranks run on {sorted(set(hosts))}; start "
+                    "dmuond yourself and pass "
+                    "daemon_options=DaemonOptions(server='host:port')")
         if rank == 0:
             try:
                 daemon = LocalDaemon(flags=private_flags(daemon_flags, world),
@@ -273,7 +274,7 @@ def cuda_device(muon, transport):
     moves them without host staging), else None."""
     devices = {r.param.device for r in muon}
     if transport in ("cuda_ipc", "nccl") and len(devices) > 1:
-        raise ValueError(f"DMuon: transport='{transport}' needs every Muon "
+        raise ValueError(f"DMuon: DaemonOptions(transport='{transport}') needs every Muon "
                          f"parameter on one CUDA device; they are on "
                          f"{sorted(str(d) for d in devices)}")
     device = next(iter(devices))

@@ -302,7 +302,7 @@ def test_gpu_transport_with_cpu_tensors_is_refused(daemon):
     from dmuon.optim import DMuon
     from helpers import TinyLM
 
-    with pytest.raises(ValueError, match="transport='nccl' needs the Muon parameters "
+    with pytest.raises(ValueError, match=r"DaemonOptions\(transport='nccl'\) needs the Muon parameters "
                                          "on a CUDA device"):
         DMuon(TinyLM(), server=daemon.address, transport="nccl")
 
