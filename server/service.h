@@ -344,11 +344,26 @@ class OptimizerService {
 
   // Before a job is created: when `job_id` has a snapshot in state_dir not
   // read yet (pending_), reads it, without mu_ held while reading;
-  // concurrent ranks of the job wait for one read. An unreadable file is an
+  // concurrent ranks of the job wait for one read. Its header is read
+  // first: a file owned by another principal than `who` is
+  // PERMISSION_DENIED with its momentum unread. An unreadable file is an
   // error (the job does not silently restart from zero); a file that is
   // gone is forgotten. (state.cc)
-  absl::Status LoadPendingSnapshot(const std::string& job_id)
+  absl::Status LoadPendingSnapshot(const std::string& job_id,
+                                   const Principal& who)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // What no open may exceed, checked before a snapshot is read and again
+  // when the session is made: draining, --max-sessions, and for a new job
+  // --max-state-bytes. (service_open.cc)
+  absl::Status CheckCapacityLocked(const v1::OpenSessionRequest& req,
+                                   const Table& table) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OpenSession once the request is checked and its table built: the
+  // snapshot, the job, the session. (service_open.cc)
+  absl::StatusOr<v1::OpenSessionResponse> OpenChecked(
+      const v1::OpenSessionRequest& req, const Principal& who,
+      const Table& table, std::vector<ShardMap> shards,
+      transport::Layout layout) ABSL_LOCKS_EXCLUDED(mu_);
   void CloseLocked(std::shared_ptr<Session> s, const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Past max_idle_jobs jobs without an open rank, makes the oldest idle

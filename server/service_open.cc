@@ -209,29 +209,26 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
     views.push_back({m.local_rows(), m.local_cols(), 4});
   auto layout = transport::ComputeLayout(views);
   if (!layout.ok()) return layout.status();
-
-  // A job dropped idle, or snapshotted before a restart, resumes from its
-  // snapshot: read now, before mu_ is taken for good.
-  // resume=replace discards the snapshot anyway: one that cannot be used
-  // (moved aside, or left in place for Replace to move) does not stop it.
-  if (auto st = LoadPendingSnapshot(req.job_id());
-      !st.ok() &&
-      !(ResumeOf(req) == v1::RESUME_REPLACE && absl::IsDataLoss(st))) {
-    return st;
-  }
-  // A new job's methods and costs are measured (--autotune-cache: on a cache
-  // miss, real kernel runs) before mu_ is taken, so other sessions' calls
-  // and Status are not held up; a rank that finds the job made meanwhile
-  // throws this away.
-  std::optional<Tuned> tuned;
+  // Everything cheap first: an open refused anyway reads no snapshot.
   {
     absl::MutexLock lock(&mu_);
-    if (jobs_.count(req.job_id()) == 0)
-      tuned.emplace(*table, std::vector<double>{});
+    if (auto st = CheckCapacityLocked(req, *table); !st.ok()) return st;
+    pending_.BeginOpen(req.job_id());
   }
-  if (tuned) tuned->second = TuneTable(tuned->first);
-
+  auto resp =
+      OpenChecked(req, who, *table, std::move(shards), *std::move(layout));
+  // A snapshot read for opens that all failed is not kept: its memory is
+  // held only for a job that exists (the next open reads it again).
   absl::MutexLock lock(&mu_);
+  if (pending_.EndOpen(req.job_id()) && !resp.ok() &&
+      jobs_.count(req.job_id()) == 0) {
+    pending_.Unload(req.job_id());
+  }
+  return resp;
+}
+
+absl::Status OptimizerService::CheckCapacityLocked(
+    const v1::OpenSessionRequest& req, const Table& table) const {
   if (draining_) {
     return absl::UnavailableError(
         "dmuond is draining: it accepts no new sessions (connect to another)");
@@ -244,7 +241,7 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
   if (options_.max_state_bytes > 0 && jobs_.count(req.job_id()) == 0) {
     uint64_t held = 0;
     for (const auto& [id, j] : jobs_) held += MomentumBytes(j->table());
-    const uint64_t want = MomentumBytes(*table);
+    const uint64_t want = MomentumBytes(table);
     if (held + want > options_.max_state_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "a new job of ", want,
@@ -255,23 +252,52 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
           held, " held by ", jobs_.size(), " jobs, idle ones included)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenChecked(
+    const v1::OpenSessionRequest& req, const Principal& who, const Table& table,
+    std::vector<ShardMap> shards, transport::Layout layout) {
+  // A job dropped idle, or snapshotted before a restart, resumes from its
+  // snapshot: read now, before mu_ is taken for good.
+  // resume=replace discards the snapshot anyway: one that cannot be used
+  // (moved aside, or left in place for Replace to move) does not stop it.
+  if (auto st = LoadPendingSnapshot(req.job_id(), who);
+      !st.ok() &&
+      !(ResumeOf(req) == v1::RESUME_REPLACE && absl::IsDataLoss(st))) {
+    return st;
+  }
+  // A new job's methods and costs are measured (--autotune-cache: on a cache
+  // miss, real kernel runs) before mu_ is taken, so other sessions' calls
+  // and Status are not held up; a rank that finds the job made meanwhile
+  // throws this away.
+  std::optional<Tuned> tuned;
+  {
+    absl::MutexLock lock(&mu_);
+    if (jobs_.count(req.job_id()) == 0)
+      tuned.emplace(table, std::vector<double>{});
+  }
+  if (tuned) tuned->second = TuneTable(tuned->first);
+
+  absl::MutexLock lock(&mu_);
+  if (auto st = CheckCapacityLocked(req, table); !st.ok()) return st;
   bool created = false;
-  auto found = FindOrCreateJobLocked(req, *table, tuned, who, &created);
+  auto found = FindOrCreateJobLocked(req, table, tuned, who, &created);
   if (!found.ok()) return found.status();
   const std::shared_ptr<Job> job = *std::move(found);
   absl::MutexLock jl(&job->mu());
   if (!created) {
-    if (auto st = CheckJoin(*job, req, *table); !st.ok()) return st;
+    if (auto st = CheckJoin(*job, req, table); !st.ok()) return st;
   }
   if (job->open_ranks() + 1 == job->world_size()) {
     if (auto st = CheckShardCover(*job, req.rank(), shards); !st.ok())
       return st;
   }
   v1::OpenSessionResponse resp;
-  auto region = OpenRegion(*job, created, req, *layout, &resp);
+  auto region = OpenRegion(*job, created, req, layout, &resp);
   if (!region.ok()) return region.status();
   auto s = std::make_shared<Session>(RandomToken(), job, req.rank(),
-                                     req.transport(), *std::move(layout),
+                                     req.transport(), std::move(layout),
                                      std::move(shards), *std::move(region));
   job->OpenRank(s);
   if (created) jobs_[job->id()] = job;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -277,6 +278,96 @@ TEST(Resume, OwnershipIsCheckedFirst) {
   auto open = svc->OpenSession(Req("mine", v1::RESUME_CONTINUE), alice);
   ASSERT_TRUE(open.ok()) << open.status();
   EXPECT_EQ(open->next_step(), 2);
+}
+
+// A job of `owner` stepped `steps` times and snapshotted in `dir`.
+void Snapshotted(const std::string& dir, const std::string& job,
+                 const Principal& owner, int steps) {
+  ServiceOptions o;
+  o.state_dir = dir;
+  auto svc = NewService(o);
+  std::mt19937_64 rng(std::random_device{}());
+  auto open = svc->OpenSession(Req(job, v1::RESUME_FRESH), owner);
+  ASSERT_TRUE(open.ok()) << open.status();
+  Rank r;
+  r.open = *open;
+  auto shm = transport::OpenShmRegion(r.open.shm_name(),
+                                      r.open.layout().total_bytes());
+  ASSERT_TRUE(shm.ok());
+  r.shm = *std::move(shm);
+  ASSERT_TRUE(svc->Attach(r.open.session_id(), r.sink).ok());
+  RunSteps(*svc, {&r}, 1, steps, StepsOfGradients(kTable, steps, rng));
+  ASSERT_TRUE(svc->CloseSession(r.open.session_id()).ok());
+  ASSERT_TRUE(svc->SnapshotAll().ok());
+}
+
+// Issue 27, defect 1: a refused open read the job's snapshot first (and
+// kept it), so a trainer that owns nothing could grow the daemon's memory by
+// every snapshot it named. Here the file's momentum is damaged: an open
+// that read it would fail with DATA_LOSS and move the file aside; refused
+// opens leave it where it is.
+TEST(Resume, AnOpenRefusedOnCheapChecksReadsNoSnapshot) {
+  ServiceOptions o;
+  o.state_dir = TempDir("refused-reads");
+  o.max_sessions = 1;
+  const Principal alice{"alice"}, bob{"bob"};
+  Snapshotted(o.state_dir, "mine", alice, 2);
+  const std::string path = SnapshotStore(o.state_dir, nullptr).PathOf("mine");
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  {  // damaged after the start's check
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-8, std::ios::end);  // momentum, before the CRC
+    f.put('\x7f');
+  }
+  for (v1::Resume m :
+       {v1::RESUME_FRESH, v1::RESUME_CONTINUE, v1::RESUME_UNSPECIFIED}) {
+    const absl::Status st = svc->OpenSession(Req("mine", m), bob).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  }
+  Rank other;  // the one session --max-sessions allows
+  ASSERT_TRUE(other.Open(*svc, Req("other", v1::RESUME_FRESH)).ok());
+  ExpectHas(svc->OpenSession(Req("mine", v1::RESUME_CONTINUE), alice).status(),
+            absl::StatusCode::kResourceExhausted, {"--max-sessions"});
+  ASSERT_TRUE(svc->Drain() >= 0);
+  ExpectHas(svc->OpenSession(Req("mine", v1::RESUME_CONTINUE), alice).status(),
+            absl::StatusCode::kUnavailable, {"draining"});
+  EXPECT_TRUE(std::filesystem::exists(path)) << "read and moved aside";
+  EXPECT_EQ(svc->Status().snapshot_errors_size(), 0);
+  // Only an open that passes them reads it (and finds the damage).
+  svc->Undrain();
+  ASSERT_TRUE(svc->CloseSession(other.open.session_id()).ok());
+  ExpectHas(svc->OpenSession(Req("mine", v1::RESUME_CONTINUE), alice).status(),
+            absl::StatusCode::kDataLoss, {"moved aside"});
+}
+
+// A snapshot read for an open refused afterwards (here: a table that does
+// not match it) is not kept in memory: the next open reads the file again,
+// so a file removed meanwhile is gone for it.
+TEST(Resume, ASnapshotReadForARefusedOpenIsNotKept) {
+  ServiceOptions o;
+  o.state_dir = TempDir("refused-keeps");
+  Snapshotted(o.state_dir, "k", Principal{}, 3);
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  auto other_table = Request("k", 0, 1, v1::TRANSPORT_SHM,
+                             {{"a", 24, 40, v1::SHARDING_REPLICATED}});
+  other_table.set_protocol_minor(ProtocolMinor());
+  ExpectHas(svc->OpenSession(other_table).status(),
+            absl::StatusCode::kInvalidArgument, {"snapshot"});
+  // Still readable: the same open with the job's own table resumes.
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Req("k", v1::RESUME_CONTINUE)).ok());
+  EXPECT_EQ(r.open.next_step(), 4);
+  ASSERT_TRUE(svc->CloseSession(r.open.session_id()).ok());
+
+  auto again = NewService(o);
+  ASSERT_TRUE(again->LoadSnapshots().ok());
+  ExpectHas(again->OpenSession(other_table).status(),
+            absl::StatusCode::kInvalidArgument, {"snapshot"});
+  std::filesystem::remove(SnapshotStore(o.state_dir, nullptr).PathOf("k"));
+  ExpectHas(again->OpenSession(Req("k", v1::RESUME_CONTINUE)).status(),
+            absl::StatusCode::kNotFound, {"nor a snapshot"});
 }
 
 TEST(Resume, ANewerClientMinorIsRefusedNamingBothVersions) {

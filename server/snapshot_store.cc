@@ -42,7 +42,8 @@ constexpr uint64_t kSmallFile = uint64_t{64} << 20;
 // header length, header, the momentum of its parameters' shapes, the CRC.
 // Reads at most the preamble and the header; every product and sum is
 // checked for overflow.
-absl::Status CheckDeclaredSize(int fd, uint64_t size) {
+absl::Status CheckDeclaredSize(int fd, uint64_t size,
+                               v1::StateHeader* header = nullptr) {
   char head[16];
   if (size < 20 || !ReadAt(fd, 0, head, 16) ||
       std::memcmp(head, kMagic, 8) != 0) {
@@ -77,7 +78,23 @@ absl::Status CheckDeclaredSize(int fd, uint64_t size) {
                                             " bytes, is more than the ", total,
                                             " its header declares"));
   }
+  if (header != nullptr) *header = std::move(h);
   return absl::OkStatus();
+}
+
+// `path` opened for reading as a regular file, without following a link
+// or blocking on a FIFO; -1 with `*error` set otherwise.
+int OpenRegular(const std::string& path, absl::Status* error) {
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    *error = errno == ENOENT ? absl::NotFoundError("gone")
+             : errno == ELOOP
+                 ? absl::DataLossError("a symbolic link, not a snapshot file")
+                 : absl::DataLossError(
+                       absl::StrCat("cannot open it: ", strerror(errno)));
+  }
+  return fd;
 }
 
 // The bytes of a regular file, read whole only when its size is the one its
@@ -354,15 +371,12 @@ absl::StatusOr<SnapshotFile> SnapshotStore::Read(const std::string& path) {
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat("snapshot ", path, ": ", why));
   };
-  // O_NONBLOCK: a FIFO named like a snapshot cannot block the start;
-  // O_NOFOLLOW: a link (to /dev/zero, say) is not followed.
-  const int fd =
-      ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  absl::Status error;
+  const int fd = OpenRegular(path, &error);
   if (fd < 0) {
-    if (errno == ENOENT)
+    if (absl::IsNotFound(error))
       return absl::NotFoundError(absl::StrCat("snapshot ", path, ": gone"));
-    if (errno == ELOOP) return bad("a symbolic link, not a snapshot file");
-    return bad(absl::StrCat("cannot open it: ", strerror(errno)));
+    return bad(std::string(error.message()));
   }
   auto data = ReadDeclared(fd);
   ::close(fd);
@@ -370,6 +384,25 @@ absl::StatusOr<SnapshotFile> SnapshotStore::Read(const std::string& path) {
   if (data->size() < 8 + 8 + 4 || data->compare(0, 8, kMagic, 8) != 0)
     return bad("not a dmuon snapshot");
   return Parse(*data, bad);
+}
+
+absl::StatusOr<v1::StateHeader> SnapshotStore::ReadHeader(
+    const std::string& path) {
+  absl::Status error;
+  const int fd = OpenRegular(path, &error);
+  if (fd >= 0) {
+    struct stat st;
+    v1::StateHeader h;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      error = absl::DataLossError("not a regular file");
+    } else {
+      error = CheckDeclaredSize(fd, static_cast<uint64_t>(st.st_size), &h);
+    }
+    ::close(fd);
+    if (error.ok()) return h;
+  }
+  return absl::Status(error.code(),
+                      absl::StrCat("snapshot ", path, ": ", error.message()));
 }
 
 absl::StatusOr<SnapshotFile> SnapshotStore::Parse(
@@ -508,6 +541,7 @@ absl::Status PendingSnapshots::FinishRead(const std::string& job_id,
   }
   files_.erase(job_id);
   read_[job_id] = std::move(*file);
+  read_from_[job_id] = path;
   return absl::OkStatus();
 }
 
@@ -520,6 +554,22 @@ void PendingSnapshots::Forget(const std::string& job_id,
 void PendingSnapshots::Drop(const std::string& job_id) {
   files_.erase(job_id);
   read_.erase(job_id);
+  read_from_.erase(job_id);
+}
+
+bool PendingSnapshots::EndOpen(const std::string& job_id) {
+  auto it = opening_.find(job_id);
+  if (it == opening_.end() || --it->second > 0) return false;
+  opening_.erase(it);
+  return true;
+}
+
+void PendingSnapshots::Unload(const std::string& job_id) {
+  auto from = read_from_.find(job_id);
+  if (from == read_from_.end()) return;
+  files_[job_id] = from->second;
+  read_from_.erase(from);
+  read_.erase(job_id);
 }
 
 const SnapshotFile* PendingSnapshots::Find(const std::string& job_id) const {
@@ -531,6 +581,7 @@ SnapshotFile PendingSnapshots::Take(const std::string& job_id) {
   auto it = read_.find(job_id);
   SnapshotFile out = std::move(it->second);
   read_.erase(it);
+  read_from_.erase(job_id);
   return out;
 }
 

@@ -139,6 +139,10 @@ class SnapshotStore {
   // declares; a completed_steps outside [0, kMaxCompletedSteps] is DATA_LOSS
   // too (so Scan moves such a file aside and lists it).
   static absl::StatusOr<SnapshotFile> Read(const std::string& path);
+  // The header of the snapshot file at `path` alone (preamble and header
+  // read, the file's size checked against it; its momentum and CRC are
+  // not read): what an open may check before the whole file is read.
+  static absl::StatusOr<v1::StateHeader> ReadHeader(const std::string& path);
 
   // Every snapshot file of the directory, each checked (read whole):
   // (job id, path) of the good ones, and DATA_LOSS for the first bad one
@@ -209,15 +213,29 @@ class PendingSnapshots {
   // (the job is replaced: SnapshotStore::Replace). Not while it is being
   // read (reading()).
   void Drop(const std::string& job_id);
+  // Ends a StartRead whose file was not read (the open was refused on its
+  // header alone): the file stays pending.
+  void AbortRead(const std::string& job_id) { reading_.erase(job_id); }
   // The snapshot read for `job_id`, or null.
   const SnapshotFile* Find(const std::string& job_id) const;
   // Removes and returns the snapshot read for `job_id` (Find not null).
   SnapshotFile Take(const std::string& job_id);
 
+  // Opens of `job_id` in flight: a snapshot read for one of them is kept
+  // only while one is, and for the job it makes. EndOpen returns whether
+  // it ended the last one; then, unless the job was made, Unload.
+  void BeginOpen(const std::string& job_id) { ++opening_[job_id]; }
+  bool EndOpen(const std::string& job_id);
+  // Forgets the contents read for `job_id` but not its file, which the
+  // next open reads again: memory is held only for an open that succeeds.
+  void Unload(const std::string& job_id);
+
  private:
-  std::map<std::string, std::string> files_;  // job id -> path, not read
-  std::set<std::string> reading_;             // job ids being read
-  std::map<std::string, SnapshotFile> read_;  // job id -> contents
+  std::map<std::string, std::string> files_;      // job id -> path, not read
+  std::set<std::string> reading_;                 // job ids being read
+  std::map<std::string, SnapshotFile> read_;      // job id -> contents
+  std::map<std::string, std::string> read_from_;  // job id -> its path
+  std::map<std::string, int> opening_;            // job id -> opens in flight
 };
 
 }  // namespace dmuon::server

@@ -357,6 +357,47 @@ TEST(PendingSnapshots, ReadOnceThenTaken) {
   EXPECT_EQ(pending.Find("j"), nullptr);
 }
 
+TEST(PendingSnapshots, UnloadedAfterTheLastOpenTheFileIsReadAgain) {
+  SnapshotStore store(TempDir(), nullptr);
+  ASSERT_TRUE(store.Write("j", 1, 4, Encode("j", 4, 2.0f)).ok());
+  PendingSnapshots pending;
+  pending.AddFile("j", store.PathOf("j"));
+  pending.BeginOpen("j");
+  pending.BeginOpen("j");
+  auto path = pending.StartRead("j");
+  ASSERT_TRUE(path);
+  ASSERT_TRUE(pending.FinishRead("j", *path, SnapshotStore::Read(*path)).ok());
+  EXPECT_FALSE(pending.EndOpen("j"));  // another open still needs it
+  ASSERT_NE(pending.Find("j"), nullptr);
+  EXPECT_TRUE(pending.EndOpen("j"));
+  pending.Unload("j");
+  EXPECT_EQ(pending.Find("j"), nullptr);
+  EXPECT_EQ(pending.StartRead("j"), store.PathOf("j"));  // to read again
+  pending.AbortRead("j");
+  EXPECT_FALSE(pending.reading("j"));
+}
+
+TEST(SnapshotStore, ReadHeaderReadsNoMomentum) {
+  SnapshotStore store(TempDir(), nullptr);
+  v1::StateHeader h = Header("j", 9);
+  h.set_owner("alice");
+  const std::vector<float> m(6, 1.0f);
+  std::string bytes = EncodeSnapshot(h, {&m});
+  bytes[bytes.size() - 8] ^= 0x40;  // damaged momentum: Read would refuse it
+  std::ofstream(store.PathOf("j"), std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  auto head = SnapshotStore::ReadHeader(store.PathOf("j"));
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->owner(), "alice");
+  EXPECT_EQ(head->completed_steps(), 9);
+  EXPECT_FALSE(SnapshotStore::Read(store.PathOf("j")).ok());
+  ASSERT_EQ(::mkfifo((store.dir() + "/job-00.dmst").c_str(), 0600), 0);
+  EXPECT_TRUE(absl::IsDataLoss(
+      SnapshotStore::ReadHeader(store.dir() + "/job-00.dmst").status()));
+  EXPECT_TRUE(absl::IsNotFound(
+      SnapshotStore::ReadHeader(store.dir() + "/job-01.dmst").status()));
+}
+
 TEST(PendingSnapshots, AGoneFileIsForgottenABadOneIsAnError) {
   const std::string dir = TempDir();
   PendingSnapshots pending;

@@ -380,7 +380,8 @@ absl::Status OptimizerService::LoadSnapshots() {
   return scan->second;
 }
 
-absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id) {
+absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id,
+                                                   const Principal& who) {
   std::optional<std::string> path;
   {
     absl::MutexLock lock(&mu_);
@@ -392,6 +393,16 @@ absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id) {
     if (jobs_.count(job_id)) return absl::OkStatus();
     path = pending_.StartRead(job_id);
     if (!path) return absl::OkStatus();
+  }
+  // The owner first, from the header alone: another principal's open never
+  // makes the daemon read a job's momentum. (A header that cannot be read
+  // is left to Read, which reports the file and moves it aside.)
+  if (auto head = SnapshotStore::ReadHeader(*path); head.ok()) {
+    if (auto st = CheckJobOwner(who, head->owner(), job_id); !st.ok()) {
+      absl::MutexLock lock(&mu_);
+      pending_.AbortRead(job_id);
+      return st;
+    }
   }
   auto file = SnapshotStore::Read(*path);
   absl::Status bad = file.status();
