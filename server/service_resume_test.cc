@@ -239,6 +239,23 @@ TEST(Resume, ASnapshotNotLoadedYetHoldsMomentumAndReplaceMovesItAside) {
   EXPECT_EQ(r.open.next_step(), 1);
 }
 
+// Opens a fresh `job` as `who` (one rank), runs steps 1..grads.size() and
+// closes it.
+void StepAs(OptimizerService& svc, const std::string& job, const Principal& who,
+            const Grads& grads) {
+  auto open = svc.OpenSession(Req(job, v1::RESUME_FRESH), who);
+  ASSERT_TRUE(open.ok()) << open.status();
+  Rank r;
+  r.open = *open;
+  auto shm = transport::OpenShmRegion(r.open.shm_name(),
+                                      r.open.layout().total_bytes());
+  ASSERT_TRUE(shm.ok());
+  r.shm = *std::move(shm);
+  ASSERT_TRUE(svc.Attach(r.open.session_id(), r.sink).ok());
+  RunSteps(svc, {&r}, 1, static_cast<int>(grads.size()), grads);
+  ASSERT_TRUE(svc.CloseSession(r.open.session_id()).ok());
+}
+
 TEST(Resume, OwnershipIsCheckedFirst) {
   ServiceOptions o;
   o.state_dir = TempDir("resume-owner");
@@ -247,17 +264,7 @@ TEST(Resume, OwnershipIsCheckedFirst) {
   const Principal alice{"alice"}, bob{"bob"};
   {
     auto svc = NewService(o);
-    auto open = svc->OpenSession(Req("mine", v1::RESUME_FRESH), alice);
-    ASSERT_TRUE(open.ok()) << open.status();
-    Rank r;
-    r.open = *open;
-    auto shm = transport::OpenShmRegion(r.open.shm_name(),
-                                        r.open.layout().total_bytes());
-    ASSERT_TRUE(shm.ok());
-    r.shm = *std::move(shm);
-    ASSERT_TRUE(svc->Attach(r.open.session_id(), r.sink).ok());
-    RunSteps(*svc, {&r}, 1, 1, grads);
-    ASSERT_TRUE(svc->CloseSession(r.open.session_id()).ok());
+    StepAs(*svc, "mine", alice, grads);
     // In memory: another principal learns nothing, whatever the mode.
     for (v1::Resume m : {v1::RESUME_FRESH, v1::RESUME_CONTINUE,
                          v1::RESUME_REPLACE, v1::RESUME_UNSPECIFIED}) {
@@ -287,17 +294,7 @@ void Snapshotted(const std::string& dir, const std::string& job,
   o.state_dir = dir;
   auto svc = NewService(o);
   std::mt19937_64 rng(std::random_device{}());
-  auto open = svc->OpenSession(Req(job, v1::RESUME_FRESH), owner);
-  ASSERT_TRUE(open.ok()) << open.status();
-  Rank r;
-  r.open = *open;
-  auto shm = transport::OpenShmRegion(r.open.shm_name(),
-                                      r.open.layout().total_bytes());
-  ASSERT_TRUE(shm.ok());
-  r.shm = *std::move(shm);
-  ASSERT_TRUE(svc->Attach(r.open.session_id(), r.sink).ok());
-  RunSteps(*svc, {&r}, 1, steps, StepsOfGradients(kTable, steps, rng));
-  ASSERT_TRUE(svc->CloseSession(r.open.session_id()).ok());
+  StepAs(*svc, job, owner, StepsOfGradients(kTable, steps, rng));
   ASSERT_TRUE(svc->SnapshotAll().ok());
 }
 
