@@ -1,5 +1,6 @@
 // The _dmuon Python extension: orthogonalize() over the kernels library and
-// Client/Session over the C++ client, and the GPU transports' rules. The dmuon package (dmuon/) wraps it.
+// Client/Session over the C++ client, and the GPU transports' rules. The dmuon
+// package (dmuon/) wraps it.
 
 #include <pybind11/pybind11.h>
 
