@@ -2,6 +2,8 @@
 
 #include "daemon/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -196,9 +198,21 @@ std::string DaemonConfig::ListenHost() const {
 }
 
 bool DaemonConfig::loopback() const {
-  const std::string h = ListenHost();
-  return h == "localhost" || h == "[::1]" || h == "::1" ||
-         h.rfind("127.", 0) == 0 || listen.rfind("unix:", 0) == 0;
+  if (listen.rfind("unix:", 0) == 0) return true;
+  std::string h = ListenHost();
+  if (h == "localhost") return true;  // the one name taken as loopback
+  // Decided on the address that will be bound, parsed as a number (never
+  // on how the text starts: "127.evil.example" is a name, resolved by DNS
+  // to anything, so not loopback).
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']')
+    h = h.substr(1, h.size() - 2);
+  in_addr v4;
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1)
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  if (::inet_pton(AF_INET6, h.c_str(), &v6) != 1) return false;
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
 }
 
 namespace {

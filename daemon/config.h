@@ -97,7 +97,9 @@ struct DaemonConfig {
   bool authenticated() const {
     return !auth_token_file.empty() || !tls_client_ca_file.empty();
   }
-  // --listen's host is a loopback address (127.0.0.0/8, ::1, localhost).
+  // --listen's host is a loopback address: a unix socket, "localhost", or
+  // an address that parses as 127.0.0.0/8, ::1 or ::ffff:127.0.0.0/104 (any
+  // other name is not: DNS may resolve it to anything).
   bool loopback() const;
   // A non-loopback --listen without TLS and authentication: needs
   // --insecure (ValidateConfig), and dmuond warns.

@@ -239,6 +239,16 @@ TEST(DaemonConfig, NonLoopbackListenNeedsTlsAndAuthOrInsecure) {
     EXPECT_TRUE(c.loopback()) << l;
     EXPECT_TRUE(ValidateConfig(c).ok()) << l;
   }
+  // Decided on the address, not on how the text starts.
+  for (const char* l :
+       {"127.attacker.example:1", "127.0.0.1.nip.io:1", "localhost.example:1",
+        "[::ffff:10.0.0.1]:1", "[::]:1", "0.0.0.0:1", "example.com:1"}) {
+    c.listen = l;
+    EXPECT_FALSE(c.loopback()) << l;
+    EXPECT_FALSE(ValidateConfig(c).ok()) << l;
+  }
+  c.listen = "[::ffff:127.0.0.1]:1";
+  EXPECT_TRUE(c.loopback());
   c.listen = "0.0.0.0:50051";
   EXPECT_FALSE(ValidateConfig(c).ok());
   const std::string msg(ValidateConfig(c).message());
