@@ -154,7 +154,12 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
     job->CloseRank(*s);
     const std::string left = absl::StrCat(
         "rank ", s->rank(), " of job '", job->id(), "' left mid-step",
-        why.ok() ? "" : absl::StrCat(" (", why.message(), ")"));
+        why.ok() ? " (its Step stream ended before the step completed)"
+                 : absl::StrCat(" (", why.message(), ")"));
+    // What the leaving rank's own stream ends with: OK only when no step
+    // of its was cut short (a half-close right after its last
+    // gradients_ready must not read as a step taken).
+    absl::Status own = absl::OkStatus();
     if (job->mid_step() && !job->broken() && job->RollBack()) {
       // The step is void for every rank (its updates are not all out):
       // the job goes back to its last completed step and is kept like an
@@ -162,10 +167,12 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
       // that hold the state put back their step-start copies (the job
       // breaks, and is dropped below, when they cannot).
       const absl::Status restored = RestoreStepStarts(*scheduler_, *job);
-      job->AbortStreams(absl::AbortedError(
+      own = absl::AbortedError(
           restored.ok()
               ? absl::StrCat(
-                    left, "; the job is back at its last completed step ",
+                    left, ": step ", job->completed_steps() + 1,
+                    " was not taken; the job is back at its last completed "
+                    "step ",
                     job->completed_steps(),
                     " and kept for --job-retention-seconds",
                     options_.state_dir.empty() ? "" : " (then snapshotted)",
@@ -173,16 +180,18 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
                     job->completed_steps() + 1)
               : absl::StrCat(left, "; ", restored.message(),
                              "; reopen every rank and restore state from a "
-                             "checkpoint")));
+                             "checkpoint"));
+      job->AbortStreams(own);
       for (const auto& r : job->ranks())
         if (r) others.push_back(r);
       for (const auto& r : others) job->CloseRank(*r);
     } else if (job->mid_step() && job->Break()) {
       // Executors that hold state advanced it in place: no way back.
-      job->AbortStreams(absl::AbortedError(absl::StrCat(
-          left, "; reopen every rank and restore state from a checkpoint")));
+      own = absl::AbortedError(absl::StrCat(
+          left, "; reopen every rank and restore state from a checkpoint"));
+      job->AbortStreams(own);
     }
-    if (const auto& sink = s->state(*job).sink) sink->Abort(absl::OkStatus());
+    if (const auto& sink = s->state(*job).sink) sink->Abort(own);
     if (job->open_ranks() == 0 && job->broken()) {
       jobs_.erase(job->id());
       scheduler_->DropJob(job->serial());

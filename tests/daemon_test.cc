@@ -239,6 +239,62 @@ TEST(Daemon, BadRequestsOverGrpcAndTheDaemonKeepsServing) {
   EXPECT_EQ(d.process().Wait(0), -1) << "dmuond exited";
 }
 
+// Issue 27, defect 7: a Step stream half-closed right after its last
+// gradients_ready voided the step and ended with OK. Rank 1 of the job
+// never declares, so rank 0's step cannot complete before its half-close:
+// the stream must end with an error saying the step was not taken.
+TEST(Daemon, AHalfCloseMidStepEndsWithAnErrorNotOk) {
+  Daemon d;
+  auto ch =
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Optimizer::NewStub(ch);
+  v1::OpenSessionRequest req;
+  req.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  req.set_job_id("half");
+  req.set_world_size(2);
+  req.set_transport(v1::TRANSPORT_INLINE);
+  auto* p = req.add_parameters();
+  p->set_name("w");
+  p->add_shape(8);
+  p->add_shape(8);
+  v1::OpenSessionResponse r0, r1;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->OpenSession(&ctx, req, &r0).ok());
+  }
+  req.set_rank(1);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->OpenSession(&ctx, req, &r1).ok());
+  }
+  grpc::ClientContext ctx;
+  auto stream = stub->Step(&ctx);
+  v1::StepRequest m;
+  m.mutable_attach()->set_session_id(r0.session_id());
+  ASSERT_TRUE(stream->Write(m));
+  m.Clear();
+  auto* g = m.mutable_gradient();
+  g->set_step(1);
+  g->set_param_id(0);
+  g->set_data(std::string(8 * 8 * 4, '\0'));
+  ASSERT_TRUE(stream->Write(m));
+  m.Clear();
+  m.mutable_gradients_ready()->set_step(1);
+  m.mutable_gradients_ready()->add_param_ids(0);
+  ASSERT_TRUE(stream->Write(m));
+  stream->WritesDone();
+  v1::StepResponse resp;
+  bool completed = false;
+  while (stream->Read(&resp)) completed |= resp.has_step_complete();
+  const grpc::Status st = stream->Finish();
+  EXPECT_FALSE(completed);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED) << st.error_message();
+  EXPECT_NE(st.error_message().find("step 1 was not taken"), std::string::npos)
+      << st.error_message();
+  int code;
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
+}
+
 TEST(Daemon, ReflectionListsAndDescribesTheService) {
   // What grpcurl does: list services, then fetch the file defining one.
   Daemon d;
