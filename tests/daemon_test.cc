@@ -168,6 +168,20 @@ TEST(Daemon, ClientKilledMidStepIsReclaimedOthersContinue) {
   EXPECT_EQ(ShmSegments(), before) << "segments left behind";
 }
 
+// Rank 0 of `job` (`world` ranks, inline) with one 8x8 matrix "w".
+v1::OpenSessionRequest OneMatrixRequest(const std::string& job, int world) {
+  v1::OpenSessionRequest req;
+  req.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  req.set_job_id(job);
+  req.set_world_size(world);
+  req.set_transport(v1::TRANSPORT_INLINE);
+  auto* p = req.add_parameters();
+  p->set_name("w");
+  p->add_shape(8);
+  p->add_shape(8);
+  return req;
+}
+
 TEST(Daemon, BadRequestsOverGrpcAndTheDaemonKeepsServing) {
   Daemon d({"--max-sessions=2", "--max-message-bytes=65536"});
   auto ch =
@@ -178,15 +192,7 @@ TEST(Daemon, BadRequestsOverGrpcAndTheDaemonKeepsServing) {
     grpc::ClientContext ctx;
     return stub->OpenSession(&ctx, r, resp);
   };
-  v1::OpenSessionRequest req;
-  req.set_protocol_version(v1::PROTOCOL_VERSION_1);
-  req.set_job_id("bad");
-  req.set_world_size(1);
-  req.set_transport(v1::TRANSPORT_INLINE);
-  auto* p = req.add_parameters();
-  p->set_name("w");
-  p->add_shape(8);
-  p->add_shape(8);
+  v1::OpenSessionRequest req = OneMatrixRequest("bad", 1);
   v1::OpenSessionResponse resp;
   auto v = req;
   v.set_protocol_version(static_cast<v1::ProtocolVersion>(9));
@@ -248,15 +254,7 @@ TEST(Daemon, AHalfCloseMidStepEndsWithAnErrorNotOk) {
   auto ch =
       grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
   auto stub = v1::Optimizer::NewStub(ch);
-  v1::OpenSessionRequest req;
-  req.set_protocol_version(v1::PROTOCOL_VERSION_1);
-  req.set_job_id("half");
-  req.set_world_size(2);
-  req.set_transport(v1::TRANSPORT_INLINE);
-  auto* p = req.add_parameters();
-  p->set_name("w");
-  p->add_shape(8);
-  p->add_shape(8);
+  v1::OpenSessionRequest req = OneMatrixRequest("half", 2);
   v1::OpenSessionResponse r0, r1;
   {
     grpc::ClientContext ctx;
