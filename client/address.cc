@@ -4,9 +4,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <set>
 #include <string>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 
 namespace dmuon {
@@ -41,6 +44,38 @@ std::set<std::string> Addresses(const std::string& host) {
 }
 
 }  // namespace
+
+absl::Status Client::CheckAddress(const std::string& address) {
+  for (const char* scheme :
+       {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:"}) {
+    if (address.rfind(scheme, 0) == 0 && address.size() > strlen(scheme))
+      return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  const std::string host =
+      colon == std::string::npos ? address : address.substr(0, colon);
+  const std::string port =
+      colon == std::string::npos ? "" : address.substr(colon + 1);
+  const bool v6 = host.size() > 2 && host.front() == '[' && host.back() == ']';
+  int n = 0;
+  const bool port_ok =
+      !port.empty() && port.size() <= 5 &&
+      port.find_first_not_of("0123456789") == std::string::npos &&
+      absl::SimpleAtoi(port, &n) && n >= 1 && n <= 65535;
+  if (port_ok && !host.empty() &&
+      (v6 || host.find_first_of(":/[]@ ") == std::string::npos)) {
+    return absl::OkStatus();
+  }
+  const std::string why =
+      address.find("://") != std::string::npos
+          ? "a URL; give host:port without a scheme"
+      : port.empty() || colon == std::string::npos
+          ? "no port (dmuond listens on its --listen, 127.0.0.1:50051 by "
+            "default)"
+          : "not host:port, [v6]:port (port in [1, 65535]) or unix:path";
+  return absl::InvalidArgumentError(
+      absl::StrCat("dmuond address '", address, "' is ", why));
+}
 
 bool Client::IsLocalAddress(const std::string& address) {
   if (address.rfind("unix:", 0) == 0) return true;

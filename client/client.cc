@@ -410,14 +410,16 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const std::string& address, ClientOptions options) {
+  if (absl::Status st = CheckAddress(address); !st.ok()) return st;
   auto channel = NewChannel(address, options);
   if (!channel.ok()) return channel.status();
   std::shared_ptr<grpc::Channel> ch = *std::move(channel);
-  if (!ch->WaitForConnected(std::chrono::system_clock::now() +
-                            options.deadline)) {
+  const std::chrono::milliseconds wait = options.connect_deadline.count() > 0
+                                             ? options.connect_deadline
+                                             : options.deadline;
+  if (!ch->WaitForConnected(std::chrono::system_clock::now() + wait)) {
     return absl::UnavailableError(absl::StrCat(
-        "dmuond at ", address, " is not reachable (waited ",
-        options.deadline.count(),
+        "dmuond at ", address, " is not reachable (waited ", wait.count(),
         " ms); is it running? start it with `dmuond --listen=", address, "`"));
   }
   return std::unique_ptr<Client>(

@@ -190,8 +190,12 @@ struct NcclInfo {
 
 struct ClientOptions {
   std::chrono::milliseconds deadline{10000};  // per call, and for waits
-  int retries = 3;                            // UNAVAILABLE on idempotent calls
-  std::chrono::milliseconds backoff{100};     // doubled per retry
+  // How long Connect waits for a daemon that does not answer yet (refused,
+  // unreachable); 0: `deadline`. Short for a daemon that should be up
+  // already, long for one that may still be starting.
+  std::chrono::milliseconds connect_deadline{0};
+  int retries = 3;                         // UNAVAILABLE on idempotent calls
+  std::chrono::milliseconds backoff{100};  // doubled per retry
   uint64_t max_message_bytes = 64ull << 20;
   // TLS or other credentials; null: TLS from the tls_* files below when
   // tls_ca_file is set, else insecure (loopback, trusted networks).
@@ -328,7 +332,9 @@ class Session {
 
 class Client {
  public:
-  // Fails with UNAVAILABLE naming `address` if no daemon answers in time.
+  // Fails with INVALID_ARGUMENT when `address` is not a daemon address
+  // (CheckAddress), UNAVAILABLE naming it if no daemon answers within
+  // options.connect_deadline (else options.deadline).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, ClientOptions options = {});
   // Several daemons as one pool (e.g. one per node). Each matrix goes to one
@@ -365,6 +371,11 @@ class Client {
   // name, or a name resolving to one of the addresses this host's name
   // resolves to. kAuto picks shm for such a daemon; DMuon picks cuda_ipc.
   static bool IsLocalAddress(const std::string& address);
+  // OK when `address` is "host:port", "[v6]:port" (port in [1, 65535]),
+  // "unix:path", or a gRPC target with an explicit resolver ("dns:",
+  // "ipv4:", "ipv6:", "unix-abstract:"); INVALID_ARGUMENT naming it
+  // otherwise (no port: gRPC would try 443; a URL's scheme).
+  static absl::Status CheckAddress(const std::string& address);
   // The region layout the daemon will use for `spec` (transport.h
   // ComputeLayout over this rank's view of each parameter: its rows for
   // kRows), so a caller can allocate and export GPU memory before

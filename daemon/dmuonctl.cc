@@ -2,6 +2,9 @@
 //   dmuonctl [--server=HOST:PORT] [--timeout-secs=N] [--token-file=F]
 //   [--tls-ca-file=F [--tls-cert-file=F --tls-key-file=F]]
 //   status [--json] | health | sessions | drain | undrain
+// A flag left out comes from the environment the Python client reads:
+// $DMUON_SERVER, $DMUON_TOKEN or $DMUON_TOKEN_FILE, $DMUON_TLS_CA_FILE,
+// $DMUON_TLS_CERT_FILE, $DMUON_TLS_KEY_FILE, $DMUON_TLS_SERVER_NAME.
 // Exit status: 0 on success (health: SERVING), 1 otherwise, 2 on usage errors.
 
 #include <fcntl.h>
@@ -13,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -29,7 +33,8 @@
 #include "proto/dmuon.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dmuond address");
+ABSL_FLAG(std::string, server, "",
+          "dmuond address (default: $DMUON_SERVER, else 127.0.0.1:50051)");
 ABSL_FLAG(int, timeout_secs, 5, "deadline of each call");
 ABSL_FLAG(bool, json, false, "status/sessions: print JSON instead of a table");
 ABSL_FLAG(
@@ -37,16 +42,20 @@ ABSL_FLAG(
     "health: the service to check (\"\" = serving state, NOT_SERVING while "
     "draining; \"dmuon.liveness\" = the process answers)");
 ABSL_FLAG(std::string, token_file, "",
-          "file holding the token to send (dmuond --auth-token-file); "
-          "health needs none");
+          "file holding the token to send (dmuond --auth-token-file; default: "
+          "$DMUON_TOKEN_FILE, or the token in $DMUON_TOKEN); health needs "
+          "none");
 ABSL_FLAG(std::string, tls_ca_file, "",
-          "PEM CA of dmuond's certificate: connect with TLS");
+          "PEM CA of dmuond's certificate: connect with TLS (default: "
+          "$DMUON_TLS_CA_FILE)");
 ABSL_FLAG(std::string, tls_cert_file, "",
-          "PEM client certificate for mTLS (with --tls-key-file)");
-ABSL_FLAG(std::string, tls_key_file, "", "PEM key of --tls-cert-file");
+          "PEM client certificate for mTLS (with --tls-key-file; default: "
+          "$DMUON_TLS_CERT_FILE)");
+ABSL_FLAG(std::string, tls_key_file, "",
+          "PEM key of --tls-cert-file (default: $DMUON_TLS_KEY_FILE)");
 ABSL_FLAG(std::string, tls_server_name, "",
-          "name to check dmuond's certificate against (default: the "
-          "--server host)");
+          "name to check dmuond's certificate against (default: "
+          "$DMUON_TLS_SERVER_NAME, else the --server host)");
 
 namespace {
 
@@ -55,6 +64,27 @@ using dmuon::v1::Optimizer;
 std::string& Token() {
   static std::string token;
   return token;
+}
+
+// The daemon to talk to (Channel sets it).
+std::string& Server() {
+  static std::string server = "127.0.0.1:50051";
+  return server;
+}
+
+// `flag`'s value when given, else $`env` ("" when unset); `*from` says
+// which, for messages ("--name=value" or "$ENV=value").
+std::string Setting(const absl::Flag<std::string>& flag, const char* name,
+                    const char* env, std::string* from = nullptr) {
+  std::string v = absl::GetFlag(flag);
+  if (!v.empty()) {
+    if (from) *from = absl::StrCat("--", name, "=", v);
+    return v;
+  }
+  const char* e = std::getenv(env);
+  v = e ? e : "";
+  if (from) *from = absl::StrCat("$", env, "=", v);
+  return v;
 }
 
 // The call's deadline and, with --token-file, its token.
@@ -92,59 +122,88 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max,
   return b == std::string::npos ? "" : out.substr(b, e - b + 1);
 }
 
-// The channel to --server: TLS with --tls-ca-file, else plaintext. Null
-// (after a message) when a file cannot be read.
+// The token to send: --token-file, else $DMUON_TOKEN_FILE, else
+// $DMUON_TOKEN (not both variables, as the Python client says); "" for
+// none. Checked by base/token.h's rule.
+absl::StatusOr<std::string> TokenSetting() {
+  std::string from;
+  const std::string file =
+      Setting(FLAGS_token_file, "token-file", "DMUON_TOKEN_FILE", &from);
+  const char* env = std::getenv("DMUON_TOKEN");
+  if (file.empty()) {
+    if (env == nullptr || *env == '\0') return std::string();
+    if (absl::Status st = dmuon::CheckToken(env, "$DMUON_TOKEN"); !st.ok())
+      return st;
+    return std::string(env);
+  }
+  if (absl::GetFlag(FLAGS_token_file).empty() && env != nullptr && *env)
+    return absl::InvalidArgumentError(
+        "set $DMUON_TOKEN or $DMUON_TOKEN_FILE, not both");
+  auto token = ReadFile(file, dmuon::kMaxTokenBytes + 2, from);
+  if (!token.ok()) return token.status();
+  if (absl::Status st = dmuon::CheckToken(*token, from); !st.ok()) return st;
+  return token;
+}
+
+// The channel to the daemon (--server, else $DMUON_SERVER): TLS with a CA
+// file, else plaintext. Null (after a message) when a setting is unusable.
 std::shared_ptr<grpc::Channel> Channel() {
-  const std::string server = absl::GetFlag(FLAGS_server);
-  const std::string token_file = absl::GetFlag(FLAGS_token_file);
-  if (!token_file.empty()) {
-    const std::string what = "--token-file=" + token_file;
-    auto token = ReadFile(token_file, dmuon::kMaxTokenBytes + 2, what);
-    absl::Status st = token.status();
-    if (st.ok()) st = dmuon::CheckToken(*token, what);
-    if (!st.ok()) {
-      std::fprintf(stderr, "dmuonctl: %s\n", std::string(st.message()).c_str());
-      return nullptr;
-    }
-    Token() = *std::move(token);
+  std::string from;
+  const std::string server =
+      Setting(FLAGS_server, "server", "DMUON_SERVER", &from);
+  if (!server.empty()) Server() = server;
+  if (Server().find(',') != std::string::npos) {
+    std::fprintf(stderr,
+                 "dmuonctl: %s lists a pool; dmuonctl talks to one daemon: "
+                 "pass --server=HOST:PORT of one of them\n",
+                 from.c_str());
+    return nullptr;
   }
-  const std::string ca = absl::GetFlag(FLAGS_tls_ca_file);
-  if (ca.empty()) {
-    if (!absl::GetFlag(FLAGS_tls_cert_file).empty()) {
-      std::fprintf(stderr, "dmuonctl: --tls-cert-file needs --tls-ca-file\n");
-      return nullptr;
-    }
-    return grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
+  auto token = TokenSetting();
+  if (!token.ok()) {
+    std::fprintf(stderr, "dmuonctl: %s\n",
+                 std::string(token.status().message()).c_str());
+    return nullptr;
   }
+  Token() = *std::move(token);
+  const std::string names[] = {"tls-ca-file", "tls-cert-file", "tls-key-file"};
+  const absl::Flag<std::string>* flags[] = {
+      &FLAGS_tls_ca_file, &FLAGS_tls_cert_file, &FLAGS_tls_key_file};
+  const char* envs[] = {"DMUON_TLS_CA_FILE", "DMUON_TLS_CERT_FILE",
+                        "DMUON_TLS_KEY_FILE"};
   grpc::SslCredentialsOptions ssl;
-  const std::pair<const char*, std::string*> files[] = {
-      {"tls-ca-file", &ssl.pem_root_certs},
-      {"tls-cert-file", &ssl.pem_cert_chain},
-      {"tls-key-file", &ssl.pem_private_key}};
-  const std::string paths[] = {ca, absl::GetFlag(FLAGS_tls_cert_file),
-                               absl::GetFlag(FLAGS_tls_key_file)};
+  std::string* pems[] = {&ssl.pem_root_certs, &ssl.pem_cert_chain,
+                         &ssl.pem_private_key};
   for (int i = 0; i < 3; ++i) {
-    if (paths[i].empty()) continue;
+    const std::string path =
+        Setting(*flags[i], names[i].c_str(), envs[i], &from);
+    if (path.empty()) continue;
     // PEM files: bounded (a certificate chain is a few KiB).
-    auto pem = ReadFile(paths[i], 1 << 20,
-                        absl::StrCat("--", files[i].first, "=", paths[i]));
+    auto pem = ReadFile(path, 1 << 20, from);
     if (!pem.ok()) {
       std::fprintf(stderr, "dmuonctl: %s\n",
                    std::string(pem.status().message()).c_str());
       return nullptr;
     }
-    *files[i].second = *std::move(pem) + "\n";
+    *pems[i] = *std::move(pem) + "\n";
+  }
+  if (ssl.pem_root_certs.empty()) {
+    if (!ssl.pem_cert_chain.empty()) {
+      std::fprintf(stderr, "dmuonctl: --tls-cert-file needs --tls-ca-file\n");
+      return nullptr;
+    }
+    return grpc::CreateChannel(Server(), grpc::InsecureChannelCredentials());
   }
   grpc::ChannelArguments args;
-  if (!absl::GetFlag(FLAGS_tls_server_name).empty())
-    args.SetSslTargetNameOverride(absl::GetFlag(FLAGS_tls_server_name));
-  return grpc::CreateCustomChannel(server, grpc::SslCredentials(ssl), args);
+  const std::string name = Setting(FLAGS_tls_server_name, "tls-server-name",
+                                   "DMUON_TLS_SERVER_NAME");
+  if (!name.empty()) args.SetSslTargetNameOverride(name);
+  return grpc::CreateCustomChannel(Server(), grpc::SslCredentials(ssl), args);
 }
 
 int Failed(const char* what, const grpc::Status& st) {
-  std::fprintf(stderr, "dmuonctl: %s %s: %s (%d)\n", what,
-               absl::GetFlag(FLAGS_server).c_str(), st.error_message().c_str(),
-               static_cast<int>(st.error_code()));
+  std::fprintf(stderr, "dmuonctl: %s %s: %s (%d)\n", what, Server().c_str(),
+               st.error_message().c_str(), static_cast<int>(st.error_code()));
   return 1;
 }
 

@@ -422,6 +422,48 @@ TEST(Auth, DmuonctlRefusesATokenFileItCannotSend) {
   EXPECT_EQ(code, 0) << good;
 }
 
+// dmuonctl honours the environment the Python client reads (issue 29, item
+// 8): $DMUON_SERVER, $DMUON_TOKEN, $DMUON_TOKEN_FILE (flags win).
+TEST(Auth, DmuonctlReadsTheClientsEnvironment) {
+  Daemon d({"--auth-token-file=" + TokenFile(kTokens)});
+  ASSERT_NE(d.port(), 0) << d.log();
+  const std::string dir = TempDir("ctl-env");
+  auto ctl = [&](const std::vector<std::string>& args, int* code) {
+    std::vector<std::string> argv = {Runfile("daemon/dmuonctl")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Process p(argv, dir + "/out");
+    *code = p.Wait(30);
+    return Read(dir + "/out");
+  };
+  ::setenv("DMUON_SERVER", d.address().c_str(), 1);
+  ::setenv("DMUON_TOKEN", "reader-token", 1);
+  int code = 0;
+  std::string out = ctl({"status"}, &code);
+  EXPECT_EQ(code, 0) << out;
+  ::setenv("DMUON_TOKEN", "wrong-token", 1);
+  out = ctl({"status"}, &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find(d.address()), std::string::npos) << out;
+  Write(dir + "/token", "reader-token\n");
+  ::setenv("DMUON_TOKEN_FILE", (dir + "/token").c_str(), 1);
+  out = ctl({"status"}, &code);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("not both"), std::string::npos) << out;
+  ::unsetenv("DMUON_TOKEN");
+  out = ctl({"status"}, &code);
+  EXPECT_EQ(code, 0) << out;
+  // A flag wins over the variable.
+  out = ctl({"--server=127.0.0.1:1", "--timeout-secs=1", "status"}, &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("127.0.0.1:1"), std::string::npos) << out;
+  ::setenv("DMUON_SERVER", (d.address() + ",127.0.0.1:1").c_str(), 1);
+  out = ctl({"status"}, &code);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("lists a pool"), std::string::npos) << out;
+  ::unsetenv("DMUON_SERVER");
+  ::unsetenv("DMUON_TOKEN_FILE");
+}
+
 TEST(Auth, SighupRereadsTheTokens) {
   const std::string file = TokenFile("operator operator-token\n");
   Daemon d({"--auth-token-file=" + file});

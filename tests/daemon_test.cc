@@ -332,6 +332,35 @@ TEST(Daemon, ClientErrorsNameTheAddress) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(c.status().message().find("127.0.0.1:1"), std::string::npos)
       << c.status();
+  // Not an address: refused at once, naming it (gRPC would try port 443).
+  for (const auto& [address, why] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"127.0.0.1", "no port"},
+           {"localhost:", "no port"},
+           {"http://127.0.0.1:50051", "a URL"},
+           {"127.0.0.1:70000", "port in [1, 65535]"},
+           {"127.0.0.1:0", "port in [1, 65535]"},
+       }) {
+    auto bad = Client::Connect(address, o);
+    ASSERT_FALSE(bad.ok()) << address;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("'" + address + "'"),
+              std::string::npos)
+        << bad.status();
+    EXPECT_NE(bad.status().message().find(why), std::string::npos)
+        << bad.status();
+  }
+  for (const char* good :
+       {"[::1]:5", "unix:/tmp/s", "dns:///localhost:5", "ipv4:127.0.0.1:5"}) {
+    EXPECT_TRUE(Client::CheckAddress(good).ok()) << good;
+  }
+  // A short connect deadline fails in its time, not the call deadline's.
+  o.deadline = std::chrono::seconds(60);
+  o.connect_deadline = std::chrono::milliseconds(300);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(Client::Connect("127.0.0.1:1", o).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
 }
 
 TEST(Daemon, SigtermSnapshotsAndARestartResumes) {

@@ -367,10 +367,13 @@ std::shared_ptr<Client> Connect(const py::object& address, double deadline,
                                 int retries, double backoff, uint64_t max_bytes,
                                 const py::object& token, const py::object& ca,
                                 const py::object& cert, const py::object& key,
-                                const py::object& server_name) {
+                                const py::object& server_name,
+                                const py::object& connect_deadline) {
   ClientOptions o;
   SetCredentials(o, token, ca, cert, key, server_name);
   o.deadline = Millis(deadline);
+  if (!connect_deadline.is_none())
+    o.connect_deadline = Millis(connect_deadline.cast<double>());
   o.retries = retries;
   o.backoff = Millis(backoff);
   o.max_message_bytes = max_bytes;
@@ -418,7 +421,8 @@ std::unique_ptr<PySession> OpenSession(
   return std::make_unique<PySession>(std::move(*s), std::move(spec.params));
 }
 
-// region_layout, is_local_address, plan_pool: the client's static helpers.
+// region_layout, check_address, is_local_address, plan_pool: the client's
+// static helpers.
 void RegisterLayoutAndPlan(py::module_& m) {
   m.def(
       "region_layout",
@@ -445,6 +449,16 @@ void RegisterLayoutAndPlan(py::module_& m) {
       "update_offset, bytes)]), fp32, all gradients then all updates, "
       "64-byte aligned. Size and export a GPU region with it before "
       "open_session(transport='cuda_ipc').");
+  m.def(
+      "check_address",
+      [](const std::string& address) {
+        if (absl::Status st = Client::CheckAddress(address); !st.ok())
+          Throw(st);
+      },
+      py::arg("address"),
+      "Raises InvalidArgumentError (a ValueError) naming `address` when it "
+      "is not host:port, [v6]:port, unix:path or a gRPC target with its "
+      "resolver (Client::CheckAddress).");
   m.def("is_local_address", &Client::IsLocalAddress, py::arg("address"),
         "Whether `address` is this host (Client::IsLocalAddress: a unix "
         "socket, loopback, this host's name or one of its addresses).");
@@ -474,8 +488,11 @@ void RegisterClientClass(py::module_& m) {
       m, "Client",
       "A connection to dmuond. Client(address, deadline=10.0, retries=3, "
       "backoff=0.1, max_message_bytes=64 MiB, token=None, tls_ca_file=None, "
-      "tls_cert_file=None, tls_key_file=None, tls_server_name=None); "
-      "deadlines in seconds. A list of addresses is a pool: each matrix goes "
+      "tls_cert_file=None, tls_key_file=None, tls_server_name=None, "
+      "connect_deadline=None); deadlines in seconds (connect_deadline: the "
+      "wait for a daemon that does not answer yet; None: deadline). An "
+      "address that is not host:port, [v6]:port or unix:path is a "
+      "ValueError naming it. A list of addresses is a pool: each matrix goes "
       "to one daemon of it. Credentials left None come from the environment "
       "(DMUON_TOKEN, DMUON_TOKEN_FILE, DMUON_TLS_CA_FILE, "
       "DMUON_TLS_CERT_FILE, DMUON_TLS_KEY_FILE; dmuon/_auth.py).")
@@ -485,7 +502,8 @@ void RegisterClientClass(py::module_& m) {
            py::arg("token") = py::none(), py::arg("tls_ca_file") = py::none(),
            py::arg("tls_cert_file") = py::none(),
            py::arg("tls_key_file") = py::none(),
-           py::arg("tls_server_name") = py::none())
+           py::arg("tls_server_name") = py::none(),
+           py::arg("connect_deadline") = py::none())
       .def_property_readonly("address", &Client::address)
       .def(
           "device_counts",

@@ -63,7 +63,11 @@ class DaemonOptions:
     server: "auto" ($DMUON_SERVER, else a private dmuond for this process or
     process group), "host:port" of a running dmuond, or a list of addresses (a
     pool). transport: "auto", "shm" (same host) or "inline" (bytes in gRPC).
-    timeout: seconds, connecting and waiting for any one update. job_id: the
+    timeout: seconds, waiting for any one update. connect_timeout: seconds
+    to wait for a dmuond at `server` that does not answer yet (a refused or
+    unreachable address fails after it, naming the address and, from
+    $DMUON_SERVER, the variable); raise it when trainers may start before
+    their daemon. job_id: the
     daemon-side job name (None: a random one; the ranks agree on rank 0's).
     flags: extra dmuond flags for the private daemon of server="auto".
     resume: what the job's momentum on dmuond must be when this DMuon opens
@@ -80,6 +84,7 @@ class DaemonOptions:
     _: dataclasses.KW_ONLY
     transport: str = "auto"
     timeout: float = 60.0
+    connect_timeout: float = 10.0
     job_id: str | None = None
     flags: Sequence[str] = ()
     resume: bool | str = "fresh"

@@ -45,6 +45,13 @@ def server_from_env(value):
     if not parts:
         raise ValueError(f"DMuon: ${ENV}={value!r} is empty; unset it for a private "
                          "dmuond, or set it to host:port or a comma list of them")
+    for p in parts:
+        try:
+            _ext.check_address(p)
+        except ValueError as e:
+            raise ValueError(f"DMuon: ${ENV}={value!r}: {e}; set it to host:port "
+                             "(or a comma list of them), or unset it for a "
+                             "private dmuond") from None
     if len(parts) > 1:
         return parts
     address = parts[0]
@@ -149,8 +156,27 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
         raise
 
 
+def connect(address, timeout, connect_timeout, env):
+    """A Client of dmuond at `address`: calls wait `timeout` seconds, the
+    connection `connect_timeout`. `env`: $DMUON_SERVER's value when the
+    address came from it, named when no daemon answers there."""
+    try:
+        return _ext.Client(address, deadline=float(timeout),
+                           connect_deadline=float(connect_timeout))
+    except _ext.UnavailableError as e:
+        if not env:
+            raise
+        err = _ext.UnavailableError(
+            f"DMuon: no dmuond answers at ${ENV}={env!r} (waited "
+            f"{connect_timeout:g} s): start dmuond there (dmuond --listen=HOST:PORT), "
+            f"fix ${ENV}, or unset it for a private dmuond; if dmuond is still "
+            f"starting, raise DaemonOptions(connect_timeout=). ({e})")
+        err.code = "UNAVAILABLE"
+        raise err from None
+
+
 def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_flags,
-                 table, groups, device=None, resume="auto"):
+                 table, groups, device=None, resume="auto", connect_timeout=10.0):
     """Returns (session, GPU region or None, staging note or None, private
     daemon or None, address, job id, pool owner or None). device: the Muon
     parameters' CUDA device, or None (CPU tensors, or tensors on several
@@ -159,6 +185,7 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
     resume: Client.open_session's ("fresh", "continue", "replace", "auto"),
     the same on every rank."""
     env = os.environ.get(ENV, "") if server == "auto" else ""
+    wait = float(min(connect_timeout, timeout))  # for a daemon that should be up
     if env:
         # Rank 0 resolves it; the others get rank 0's answer (the broadcast
         # below), so every rank names the same daemons in the same order.
@@ -183,7 +210,7 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
                 err, address = e, None
     if pool and rank == 0:
         try:
-            client = _ext.Client(address, deadline=float(timeout))
+            client = connect(address, timeout, wait, env)
             owner = plan_pool(client, table, groups)
         except Exception as e:  # noqa: BLE001 - reported on every rank
             err = e
@@ -203,7 +230,8 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
     elif address is not None:
         try:
             if client is None:
-                client = _ext.Client(address, deadline=float(timeout))
+                client = connect(address, timeout,
+                                 float(timeout) if daemon is not None else wait, env)
             session, region, note = _open(client, address, job_id, table, groups, rank,
                                           world, transport, device, owner, resume)
         except Exception as e:  # noqa: BLE001 - reported on every rank
@@ -291,9 +319,10 @@ class Link:
     and the finalizer that closes them when the Link (its optimizer) goes.
     open() again after release() reopens (a rollback, a grown table)."""
 
-    def __init__(self, pg, rank, world, timeout, transport):
+    def __init__(self, pg, rank, world, timeout, transport, connect_timeout=10.0):
         self.pg, self.rank, self.world = pg, rank, world
         self.timeout, self.asked = timeout, transport  # asked: transport=
+        self.connect_timeout = connect_timeout
         self.session = self.region = self.staging = self.daemon = None
         self.address = self.job_id = self.pool_owner = None
         self.grad = self.upd = None
@@ -306,7 +335,8 @@ class Link:
          self.pool_owner) = open_session(
             self.pg, self.rank, self.world, server, job_id, self.timeout, self.asked,
             flags, list(table.table), list(table.specs),
-            cuda_device(table.muon, self.asked), resume=resume)
+            cuda_device(table.muon, self.asked), resume=resume,
+            connect_timeout=self.connect_timeout)
         if self.daemon is None:
             self.daemon = daemon
         self.session = session

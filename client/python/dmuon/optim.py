@@ -87,7 +87,8 @@ class DMuon(torch.optim.Optimizer):
     weight_decay=0.01), the AdamW half's hyperparameters (torch.optim.AdamW's
     names and defaults).
     daemon_options: DaemonOptions(server="auto", transport="auto",
-    timeout=60.0, job_id=None, flags=(), resume="fresh"): which dmuond and
+    timeout=60.0, connect_timeout=10.0, job_id=None, flags=(), resume="fresh"):
+    which dmuond and
     how to reach it. server: "auto" (a private dmuond for this process, or
     for the process group, stopped with the optimizer), "host:port" of a
     running dmuond, or a list of addresses (a pool: each matrix goes to one
@@ -143,7 +144,8 @@ class DMuon(torch.optim.Optimizer):
                      adamw_betas=aw.betas, adamw_eps=aw.eps, adamw_wd=aw.weight_decay)
         layout, groups, named = Layout.of(params, ro, oo, hyper)
         routes = layout.route(groups, named)
-        link = _session.Link(*_ddp.world(process_group), dd.timeout, dd.transport)
+        link = _session.Link(*_ddp.world(process_group), dd.timeout, dd.transport,
+                             dd.connect_timeout)
         _dtensor.check(routes, link.pg, link.world, oo.forward)  # FSDP2 / TP
         torch_groups, group_of = layout.split(groups, named, routes)
         self._layout, self._constructing, self._closed = layout, True, False

@@ -85,3 +85,45 @@ def test_cuda_parameters_with_a_cpu_daemon_warn_once(monkeypatch, capsys):
     assert "DMUON_SERVER" in capsys.readouterr().err
     _session.warn_cuda_staged(torch.device("cuda", 0), "staged", "127.0.0.1:1")  # silent
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("value, why", [
+    ("127.0.0.1", "no port"),
+    ("localhost", "no port"),
+    ("http://127.0.0.1:50051", "a URL"),
+    ("127.0.0.1:50051,10.0.0.2", "no port"),
+])
+def test_an_address_without_a_port_is_refused_naming_the_variable(monkeypatch, value, why):
+    """Not an address: refused when read, naming $DMUON_SERVER (gRPC would
+    try port 443 for 60 s in silence)."""
+    with pytest.raises(ValueError, match=rf"\$DMUON_SERVER=.*{why}"):
+        _session.server_from_env(value)
+    monkeypatch.setenv("DMUON_SERVER", value)
+    with pytest.raises(ValueError, match=r"\$DMUON_SERVER"):
+        DMuon(MLP(), lr=0.02)
+
+
+def _refused_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: nothing listens there
+
+
+def test_a_refused_address_fails_in_seconds_naming_the_variable(monkeypatch):
+    """No dmuond at $DMUON_SERVER: UNAVAILABLE after connect_timeout (not the
+    60 s call timeout), naming the variable and what to do."""
+    import time
+
+    address = f"127.0.0.1:{_refused_port()}"
+    monkeypatch.setenv("DMUON_SERVER", address)
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError) as e:
+        DMuon(MLP(), lr=0.02, daemon_options=dmuon.DaemonOptions(connect_timeout=1.0))
+    assert time.monotonic() - t0 < 30
+    msg = str(e.value)
+    assert f"$DMUON_SERVER='{address}'" in msg and "waited 1 s" in msg, msg
+    assert "connect_timeout" in msg and "unset it" in msg, msg
+    # Passed explicitly: the same wait, the address named.
+    with pytest.raises(ConnectionError, match=address):
+        DMuon(MLP(), lr=0.02, daemon_options=dmuon.DaemonOptions(
+            server=address, connect_timeout=1.0))
