@@ -47,8 +47,10 @@ grpc::Status GrpcOptimizer::Done(const char* rpc,
 
 absl::StatusOr<Caller> GrpcOptimizer::Authorize(
     const grpc::ServerContextBase* ctx, const char* rpc, Role need) const {
-  if (auth_ == nullptr) return Caller{Role::kOperator, Principal{}};
-  return auth_->Check(*ctx, rpc, need);
+  absl::StatusOr<Caller> caller = Caller{Role::kOperator, Principal{}};
+  if (auth_ != nullptr) caller = auth_->Check(*ctx, rpc, need);
+  if (caller.ok()) caller->principal.peer = ctx->peer();
+  return caller;
 }
 
 namespace {

@@ -402,7 +402,7 @@ void Job::SetCompletedSteps(int64_t completed) {
 Session::Session(std::string id, std::shared_ptr<Job> job, int rank,
                  v1::Transport transport, transport::Layout layout,
                  std::vector<ShardMap> shards,
-                 std::unique_ptr<transport::Region> region)
+                 std::unique_ptr<transport::Region> region, std::string peer)
     : id_(std::move(id)),
       job_(job),
       job_raw_(job.get()),
@@ -410,6 +410,7 @@ Session::Session(std::string id, std::shared_ptr<Job> job, int rank,
       transport_(transport),
       layout_(std::move(layout)),
       shards_(std::move(shards)),
+      peer_(std::move(peer)),
       region_(std::move(region)) {}
 
 Session::~Session() {

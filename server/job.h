@@ -404,7 +404,7 @@ class Session {
   Session(std::string id, std::shared_ptr<Job> job, int rank,
           v1::Transport transport, transport::Layout layout,
           std::vector<ShardMap> shards,
-          std::unique_ptr<transport::Region> region);
+          std::unique_ptr<transport::Region> region, std::string peer = "");
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
   // The region first (cuda_ipc: its mapping closed), then the release.
@@ -418,6 +418,8 @@ class Session {
   // The elements of each parameter this rank holds, by parameter.
   const std::vector<ShardMap>& shards() const { return shards_; }
   std::chrono::steady_clock::time_point opened() const { return opened_; }
+  // Where its OpenSession came from (Principal::peer; "" when unknown).
+  const std::string& peer() const { return peer_; }
   // Null only after TakeRegion.
   transport::Region* region() const { return region_.get(); }
   // Takes the region away before the session ends (the service's
@@ -447,6 +449,7 @@ class Session {
   const v1::Transport transport_;
   const transport::Layout layout_;
   const std::vector<ShardMap> shards_;
+  const std::string peer_;
   const std::chrono::steady_clock::time_point opened_ =
       std::chrono::steady_clock::now();
   std::unique_ptr<transport::Region> region_;

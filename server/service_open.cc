@@ -138,9 +138,16 @@ absl::Status CheckJoin(const Job& job, const v1::OpenSessionRequest& req,
       !st.ok()) {
     return st;
   }
-  if (job.ranks()[req.rank()]) {
+  if (const auto& open = job.ranks()[req.rank()]) {
+    const auto age = std::chrono::duration_cast<std::chrono::seconds>(
+        std::chrono::steady_clock::now() - open->opened());
     return absl::AlreadyExistsError(absl::StrCat(
-        "rank ", req.rank(), " of job '", job.id(), "' is already open"));
+        "rank ", req.rank(), " of job '", job.id(), "' is already open",
+        open->peer().empty() ? "" : absl::StrCat(" by ", open->peer()),
+        ", for ", age.count(),
+        " s: another trainer (or an earlier run still alive) uses this job "
+        "id; give this one its own job_id, or stop that one (its session "
+        "closes when its process ends)"));
   }
   for (const auto& other : job.ranks()) {
     if (other && IsDeviceTransport(other->transport()) !=
@@ -296,9 +303,9 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenChecked(
   v1::OpenSessionResponse resp;
   auto region = OpenRegion(*job, created, req, layout, &resp);
   if (!region.ok()) return region.status();
-  auto s = std::make_shared<Session>(RandomToken(), job, req.rank(),
-                                     req.transport(), std::move(layout),
-                                     std::move(shards), *std::move(region));
+  auto s = std::make_shared<Session>(
+      RandomToken(), job, req.rank(), req.transport(), std::move(layout),
+      std::move(shards), *std::move(region), who.peer);
   job->OpenRank(s);
   if (created) jobs_[job->id()] = job;
   sessions_[s->id()] = s;

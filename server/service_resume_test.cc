@@ -367,6 +367,23 @@ TEST(Resume, ASnapshotReadForARefusedOpenIsNotKept) {
             absl::StatusCode::kNotFound, {"nor a snapshot"});
 }
 
+// Two trainers on one job id (issue 29, item 7): the second is told who
+// holds the rank and for how long, not only that it is open.
+TEST(Resume, ASecondOpenOfARankNamesTheFirstOnesPeer) {
+  auto svc = NewService();
+  Principal first;
+  first.peer = "ipv4:10.1.2.3:41234";
+  auto open = svc->OpenSession(Req("shared", v1::RESUME_FRESH), first);
+  ASSERT_TRUE(open.ok()) << open.status();
+  Principal second;
+  second.peer = "ipv4:10.9.9.9:5000";
+  ExpectHas(
+      svc->OpenSession(Req("shared", v1::RESUME_UNSPECIFIED), second).status(),
+      absl::StatusCode::kAlreadyExists,
+      {"rank 0 of job 'shared' is already open by ipv4:10.1.2.3:41234",
+       ", for 0 s", "job_id"});
+}
+
 TEST(Resume, ANewerClientMinorIsRefusedNamingBothVersions) {
   ServiceOptions o;
   o.version = "9.8.7";

@@ -381,4 +381,4 @@ class Link:
         if self.session is None:
             return ""
         who = "private dmuond" if self.daemon is not None else "dmuond"
-        return f"{who} at {self.address} ({self.transport})"
+        return f"{who} at {self.address} ({self.transport}), job '{self.job_id}'"

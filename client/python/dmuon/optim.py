@@ -302,7 +302,11 @@ class DMuon(torch.optim.Optimizer):
     @property
     def routing_table(self) -> str:
         table = _routing.format_table(self._table.routes)
-        return f"{table}\ntransport to dmuond: {self.transport}" if self.session else table
+        if not self.session:
+            return table
+        return (f"{table}\ntransport to dmuond: {self.transport}\n"
+                f"job on dmuond: '{self.job_id}' (opt.job_id; pass it as "
+                f"DaemonOptions(job_id=) to reopen this job's momentum)")
 
     @property
     def session(self) -> Session | None:

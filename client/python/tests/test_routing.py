@@ -33,6 +33,8 @@ def test_routing_table_for_embeddings_norms_biases_and_conv(daemon, capsys):
     printed = capsys.readouterr().out
     assert printed == opt.routing_table + "\n"
     assert "2 of 12 parameters" in printed and "conv.weight" in printed
+    # The job's (random) id, so that a trainer can reopen its momentum.
+    assert opt.job_id and f"job on dmuond: '{opt.job_id}'" in printed
     # The groups: Muon's carry torch.optim.Muon's keys, AdamW's its own.
     muon_g = [g for g in opt.param_groups if g["use_muon"]]
     adam_g = [g for g in opt.param_groups if not g["use_muon"]]
@@ -144,3 +146,13 @@ def test_client_tables_carry_layers_and_ranks_must_agree(daemon):
                        match=r"'blocks.0.q' layer 1 does not match rank 0's 0"):
         client.open_session("layers", other, rank=1, world_size=2)
     s0.close()
+
+
+def test_the_summary_names_the_job(daemon, capsys):
+    """The default one-line summary shows where the Muon half went and the
+    job's id (random by default: without it a trainer cannot reopen it)."""
+    model = ConvNet()
+    opt = DMuon(model, lr=0.02, daemon_options=dmuon.DaemonOptions(server=daemon.address))
+    err = capsys.readouterr().err
+    assert f"-> dmuond at {daemon.address}" in err and f"job '{opt.job_id}'" in err, err
+    opt.close()
