@@ -199,6 +199,14 @@ absl::Status StartService(const DaemonConfig& config,
         return absl::FailedPreconditionError(st.ToString());
       spdlog::warn("{}", st.ToString());
     }
+    int found = 0;
+    const v1::StatusResponse status = service->Status();
+    for (const auto& j : status.jobs()) found += j.on_disk();
+    spdlog::info(
+        "--state-dir={}: {} job snapshot(s) found; each job resumes from its "
+        "snapshot when a trainer reopens it (`dmuonctl status` lists them "
+        "as on disk)",
+        config.state_dir, found);
   }
   const int retention = config.job_retention_seconds;
   service->StartReaper([retention](const ReapResult& r) {

@@ -268,7 +268,9 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
                 "PARAMS", "STATE_MB", "STEPS", "DROP_IN_S");
     for (const auto& j : s.jobs()) {
       char drop[32] = "-";
-      if (j.ranks_open() == 0)
+      if (j.on_disk())
+        std::snprintf(drop, sizeof(drop), "on disk");  // resumes when opened
+      else if (j.ranks_open() == 0)
         std::snprintf(drop, sizeof(drop), "%.0f", j.drop_in_seconds());
       std::printf("%-24s %6d %6d %8d %12.1f %10lld %10s\n", j.job_id().c_str(),
                   j.world_size(), j.ranks_open(), j.parameters(),

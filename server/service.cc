@@ -201,8 +201,12 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
       // never from zero over it.
       if (snapshots_.enabled()) {
         const std::string path = snapshots_.PathOf(job->id());
-        if (::access(path.c_str(), F_OK) == 0)
-          pending_.AddFile(job->id(), path);
+        // Described by the file (the broken job's own state is not).
+        auto head = SnapshotStore::ReadHeader(path);
+        if (::access(path.c_str(), F_OK) == 0) {
+          pending_.AddFile(job->id(), path,
+                           head.ok() ? Summarize(*head) : SnapshotSummary{});
+        }
       }
     } else if (job->open_ranks() == 0) {
       // Kept for a restarted trainer to reopen, until the reaper drops it.
@@ -295,6 +299,8 @@ std::map<std::string, std::string> OptimizerService::JobOwners() const {
   absl::MutexLock lock(&mu_);
   std::map<std::string, std::string> owners;
   for (const auto& [id, job] : jobs_) owners[id] = job->owner();
+  for (const auto& [id, disk] : pending_.OnDisk())
+    owners.emplace(id, disk.owner);  // only a file: its header's owner
   return owners;
 }
 

@@ -101,7 +101,10 @@ ReapResult OptimizerService::ReapIdleJobs(
     if (options_.device_transports)
       options_.device_transports->DropJob(job->serial());
     // The host copies go with the job; the next of this id reads the file.
-    if (snapshotted) pending_.AddFile(job->id(), snapshots_.PathOf(job->id()));
+    if (snapshotted) {
+      pending_.AddFile(job->id(), snapshots_.PathOf(job->id()),
+                       Summarize(StateHeaderOf(*job)));
+    }
     out.dropped.emplace_back(job->id(), snapshotted);
     metrics_->SetJobs(static_cast<int>(jobs_.size()));
   }

@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -187,7 +188,9 @@ TEST(Resume, ASnapshotNotLoadedYetHoldsMomentumAndReplaceMovesItAside) {
               {"job 's'", "completed step 3",
                "snapshot under --state-dir " + o.state_dir, "resume=continue",
                "resume=replace"});
-    EXPECT_EQ(svc->Status().jobs_size(), 0);  // not made by the refusal
+    // Not made by the refusal: still only its file.
+    ASSERT_EQ(svc->Status().jobs_size(), 1);
+    EXPECT_TRUE(svc->Status().jobs(0).on_disk());
     ASSERT_TRUE(r.Open(*svc, Req("s", v1::RESUME_CONTINUE)).ok());
     EXPECT_EQ(r.open.next_step(), 4);
     EXPECT_EQ(RunSteps(*svc, {&r}, 4, 4, grads), Straight(4, grads));
@@ -365,6 +368,37 @@ TEST(Resume, ASnapshotReadForARefusedOpenIsNotKept) {
   std::filesystem::remove(SnapshotStore(o.state_dir, nullptr).PathOf("k"));
   ExpectHas(again->OpenSession(Req("k", v1::RESUME_CONTINUE)).status(),
             absl::StatusCode::kNotFound, {"nor a snapshot"});
+}
+
+// A job that is only a snapshot file is listed in Status (issue 29, item 7):
+// found at start, or dropped idle with --state-dir; opened, it is a job
+// again.
+TEST(Resume, JobsOnlyOnDiskAreListed) {
+  ServiceOptions o;
+  o.state_dir = TempDir("on-disk");
+  Snapshotted(o.state_dir, "kept", Principal{}, 3);
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  auto listed = [&](const std::string& id) -> std::optional<v1::JobStatus> {
+    const v1::StatusResponse status = svc->Status();
+    for (const auto& j : status.jobs())
+      if (j.job_id() == id) return j;
+    return std::nullopt;
+  };
+  auto disk = listed("kept");
+  ASSERT_TRUE(disk);
+  EXPECT_TRUE(disk->on_disk());
+  EXPECT_EQ(disk->completed_steps(), 3);
+  EXPECT_EQ(disk->parameters(), 2);
+  EXPECT_EQ(disk->state_bytes(), (24u * 40 + 40 * 24) * 4);
+  EXPECT_EQ(disk->ranks_open(), 0);
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Req("kept", v1::RESUME_CONTINUE)).ok());
+  auto open = listed("kept");
+  ASSERT_TRUE(open);
+  EXPECT_FALSE(open->on_disk());
+  EXPECT_EQ(open->ranks_open(), 1);
+  EXPECT_EQ(svc->Status().jobs_size(), 1);  // listed once
 }
 
 // Two trainers on one job id (issue 29, item 7): the second is told who

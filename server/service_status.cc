@@ -114,6 +114,16 @@ v1::StatusResponse OptimizerService::Status() const {
             std::chrono::duration<double>(now - s->opened()).count());
       }
     }
+    // Jobs that are only a snapshot file, listed until a rank opens one.
+    for (const auto& [id, disk] : pending_.OnDisk()) {
+      if (jobs_.count(id)) continue;
+      auto* j = r.add_jobs();
+      j->set_job_id(id);
+      j->set_on_disk(true);
+      j->set_parameters(disk.parameters);
+      j->set_state_bytes(disk.state_bytes);
+      j->set_completed_steps(disk.completed_steps);
+    }
   }
   for (size_t i = 0; i < stats.size(); ++i) {
     stats[i].predicted_step_seconds = predicted[i];

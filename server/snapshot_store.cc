@@ -504,9 +504,34 @@ SnapshotStore::Scan() {
   return std::make_pair(std::move(good), first);
 }
 
+SnapshotSummary Summarize(const v1::StateHeader& header) {
+  SnapshotSummary s;
+  s.completed_steps = header.completed_steps();
+  s.parameters = header.parameters_size();
+  for (const auto& p : header.parameters()) {
+    if (p.shape_size() == 2 && p.shape(0) > 0 && p.shape(1) > 0) {
+      s.state_bytes += static_cast<uint64_t>(p.shape(0)) *
+                       static_cast<uint64_t>(p.shape(1)) * sizeof(float);
+    }
+  }
+  s.owner = header.owner();
+  return s;
+}
+
 void PendingSnapshots::AddFile(const std::string& job_id,
-                               const std::string& path) {
+                               const std::string& path,
+                               SnapshotSummary summary) {
   files_[job_id] = path;
+  summaries_[job_id] = std::move(summary);
+}
+
+std::map<std::string, SnapshotSummary> PendingSnapshots::OnDisk() const {
+  std::map<std::string, SnapshotSummary> out;
+  for (const auto& [job_id, path] : files_) {
+    auto it = summaries_.find(job_id);
+    out[job_id] = it == summaries_.end() ? SnapshotSummary{} : it->second;
+  }
+  return out;
 }
 
 std::optional<std::string> PendingSnapshots::StartRead(

@@ -188,10 +188,23 @@ class SnapshotStore {
 // snapshot), then, once read, its contents until the job is made. Not
 // thread-safe: the service guards it with its own lock, under which it
 // also decides whether the job exists.
+// What Status lists of a job that is only a snapshot file.
+struct SnapshotSummary {
+  int64_t completed_steps = 0;
+  int parameters = 0;
+  uint64_t state_bytes = 0;  // its fp32 momentum
+  std::string owner;         // StateHeader.owner
+};
+SnapshotSummary Summarize(const v1::StateHeader& header);
+
 class PendingSnapshots {
  public:
-  // The next job `job_id` resumes from the file at `path`.
-  void AddFile(const std::string& job_id, const std::string& path);
+  // The next job `job_id` resumes from the file at `path`, described by
+  // `summary` until it is read.
+  void AddFile(const std::string& job_id, const std::string& path,
+               SnapshotSummary summary = {});
+  // The jobs that are only a file (added, not read): their summaries.
+  std::map<std::string, SnapshotSummary> OnDisk() const;
   // Whether the file of `job_id` is being read (StartRead without
   // FinishRead yet): a second reader waits for it.
   bool reading(const std::string& job_id) const {
@@ -231,11 +244,12 @@ class PendingSnapshots {
   void Unload(const std::string& job_id);
 
  private:
-  std::map<std::string, std::string> files_;      // job id -> path, not read
-  std::set<std::string> reading_;                 // job ids being read
-  std::map<std::string, SnapshotFile> read_;      // job id -> contents
-  std::map<std::string, std::string> read_from_;  // job id -> its path
-  std::map<std::string, int> opening_;            // job id -> opens in flight
+  std::map<std::string, std::string> files_;  // job id -> path, not read
+  std::map<std::string, SnapshotSummary> summaries_;  // of files_' jobs
+  std::set<std::string> reading_;                     // job ids being read
+  std::map<std::string, SnapshotFile> read_;          // job id -> contents
+  std::map<std::string, std::string> read_from_;      // job id -> its path
+  std::map<std::string, int> opening_;  // job id -> opens in flight
 };
 
 }  // namespace dmuon::server

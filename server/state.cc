@@ -375,8 +375,17 @@ absl::Status OptimizerService::LoadSnapshots() {
   // momentum is read again only when its job is reopened.
   auto scan = snapshots_.Scan();
   if (!scan.ok()) return scan.status();
+  // Their headers (read again, alone) describe them in Status until opened.
+  std::vector<SnapshotSummary> summaries;
+  for (const auto& [job_id, path] : scan->first) {
+    auto head = SnapshotStore::ReadHeader(path);
+    summaries.push_back(head.ok() ? Summarize(*head) : SnapshotSummary{});
+  }
   absl::MutexLock lock(&mu_);
-  for (const auto& [job_id, path] : scan->first) pending_.AddFile(job_id, path);
+  for (size_t i = 0; i < scan->first.size(); ++i) {
+    const auto& [job_id, path] = scan->first[i];
+    pending_.AddFile(job_id, path, summaries[i]);
+  }
   return scan->second;
 }
 

@@ -133,6 +133,15 @@ void InterruptAndResume(int sig, const std::vector<std::string>& flags,
   }
   Daemon d(all);
   ASSERT_NE(d.port(), 0) << d.log();
+  // The restart says what it found, and the job is listed before it is
+  // reopened (issue 29, item 7).
+  EXPECT_NE(d.log().find("1 job snapshot(s) found"), std::string::npos)
+      << d.log();
+  int code = 0;
+  const std::string status = Ctl(d.address(), {"status"}, &code);
+  EXPECT_EQ(code, 0) << status;
+  EXPECT_NE(status.find("durable"), std::string::npos) << status;
+  EXPECT_NE(status.find("on disk"), std::string::npos) << status;
   auto t = Open(d, "durable");
   ASSERT_TRUE(t);
   EXPECT_EQ(t->session->step(), 4) << d.log();
