@@ -1,6 +1,7 @@
-"""DMuon's errors when its private dmuond (server="auto") has died: the
-client's error becomes an UnavailableError that names the daemon, how it
-ended, the tail of its log and what to do next."""
+"""DMuon's errors when its dmuond is gone: a private one (server="auto")
+that died becomes an UnavailableError that names the daemon, how it ended,
+the tail of its log and what to do next; a lost connection to a shared one
+says what happened to the step and how to continue the job."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ import signal
 from . import _native
 
 
-def explain(daemon, e):
-    """e, or, when `daemon` (the private LocalDaemon, None for a daemon this
-    process did not start) has died, an UnavailableError that names it, how
-    it ended, its log's tail and what to do next."""
-    d = daemon
+def explain(link, e):
+    """e, explained for the session `link` (dmuon/_session.py Link): when its
+    private LocalDaemon has died, an UnavailableError that names it, how it
+    ended, its log's tail and what to do next; when the connection to a
+    daemon this process did not start was lost, one that says so, names the
+    job and how to continue it."""
+    d = getattr(link, "daemon", None)  # link None: no session to name
     if getattr(e, "explained", False):
         return e
     if (getattr(e, "code", "") == "UNIMPLEMENTED"
             and "does not take absent parameters" in str(e)):
         return _older_daemon_absent(e)
     if d is None:
-        return e
+        return _shared_lost(link, e)
     # Its sockets close just before it is reaped: a lost connection waits
     # longer (a loaded machine can take over a second), other errors briefly.
     lost = isinstance(e, (_native.load().UnavailableError,
@@ -55,6 +58,26 @@ def explain(daemon, e):
     return err
 
 
+def _shared_lost(link, e):
+    """e, or, when it says the connection to a shared dmuond was lost
+    (UNAVAILABLE), an UnavailableError saying what happened to the step and
+    how to go on."""
+    if link is None or not isinstance(e, _native.load().UnavailableError):
+        return e
+    err = _native.load().UnavailableError(
+        f"DMuon: the connection to dmuond at {link.address} (job "
+        f"'{link.job_id}') was lost mid-training: the daemon stopped, restarted "
+        "or became unreachable, and this step was not taken. Next: once dmuond "
+        "is back, create a new DMuon with DaemonOptions(server=..., "
+        f"job_id='{link.job_id}', resume='continue') and load_state_dict() your "
+        "last checkpoint (its AdamW state and step; with --state-dir dmuond "
+        "keeps the Muon momentum of its last snapshot); without --state-dir the "
+        "momentum is gone: load your checkpoint into a fresh job. (The "
+        f"client's error: {e})")
+    err.code, err.explained = "UNAVAILABLE", True
+    return err
+
+
 def _older_daemon_absent(e):
     """A dmuond older than this client refused a parameter without a gradient
     over nccl (it asked for zeros, which would decay the momentum where
@@ -71,13 +94,14 @@ def _older_daemon_absent(e):
 
 
 @contextlib.contextmanager
-def explained(daemon):
-    """dmuon errors raised inside, explained (explain(): a dead private
-    daemon is named, with how it ended, its log and the next step)."""
+def explained(link):
+    """dmuon errors raised inside, explained for the session `link`
+    (explain(): a dead private daemon is named, with how it ended, its log
+    and the next step; a lost shared one, with the job and how to go on)."""
     try:
         yield
     except _native.load().Error as e:
-        err = explain(daemon, e)
+        err = explain(link, e)
         if err is e:
             raise
         raise err from e
@@ -92,7 +116,7 @@ def fetching_momentum(link):
     try:
         yield
     except _native.load().Error as e:
-        err = explain(link.daemon, e)
+        err = explain(link, e)
         raise type(err)(
             f"DMuon.state_dict(): the Muon momentum is held by dmuond at "
             f"{link.address} and could not be fetched: {err}\nTo save what this "

@@ -297,7 +297,7 @@ class Handoff:
                 # from a hook); the step is undone anyway.
                 self.hand_off(j, None if _dtensor.needs_collective(r, g) else g)
         step_lr = self.step_lr
-        with _errors.explained(self.link.daemon):
+        with _errors.explained(self.link):
             self.link.session.finish_step()
             self.link.session.rewind()
         self.reset_step()
@@ -405,7 +405,7 @@ class Handoff:
 
     def apply_pending(self, ids):
         if self.pending:
-            with _errors.explained(self.link.daemon):
+            with _errors.explained(self.link):
                 for i in ids:
                     self.apply(i)
 
@@ -415,7 +415,7 @@ class Handoff:
         if not self.pending:
             self.recovery.recover(self)  # a step interrupted before it committed
             return
-        with _errors.explained(self.link.daemon):
+        with _errors.explained(self.link):
             for i in range(len(self.table.muon)):
                 self.apply(i)
             if self.link.session.step == self.pending_step:  # not if it ran, then an interrupt

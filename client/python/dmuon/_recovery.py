@@ -144,7 +144,7 @@ class Recovery:
             # A private dmuond that died took the momentum with it: nothing to
             # roll back or reopen (a reopen would wait out the whole timeout
             # for a daemon that is gone); say so now, and on every later call.
-            err = _errors.explain(link.daemon, cause)
+            err = _errors.explain(link, cause) if link.daemon is not None else cause
             if err is not cause:
                 self.lost = err
                 raise err from cause
@@ -169,7 +169,7 @@ class Recovery:
         # step and keeps it for a reopen (docs/design.md, "State and snapshots").
         link.release()
         try:
-            with _errors.explained(link.daemon):
+            with _errors.explained(link):
                 # The job as rolled back (step - 1 completed): anything else
                 # (dropped meanwhile, replaced) is an error here, never a
                 # silent start from zero (resume="auto": as the DMuon was

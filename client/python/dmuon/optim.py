@@ -231,7 +231,7 @@ class DMuon(torch.optim.Optimizer):
         with h.timed_step():
             if self._closed:
                 raise RuntimeError("DMuon: step() after close()")
-            with _errors.explained(h.link.daemon):
+            with _errors.explained(h.link):
                 h.step(self._adamw.step)  # AdamW's runs while dmuond computes
                 self._muon_state.forget()
         return loss

@@ -33,6 +33,11 @@ def test_daemon_killed_mid_training(fresh_daemon):
         opt.step()
     assert time.monotonic() - t0 < 5.0 + 1.0
     assert fresh_daemon.address in str(e.value)
+    # Not a bare "Socket closed": what happened, and how to continue the job.
+    msg = str(e.value)
+    assert isinstance(e.value, dmuon.UnavailableError), msg
+    assert "lost mid-training" in msg and "this step was not taken" in msg, msg
+    assert f"job_id='{opt.job_id}', resume='continue'" in msg, msg
     opt.close()
 
 
