@@ -161,6 +161,7 @@ class StateView:
         # (session, its step, {table name: momentum}, completed steps): read
         # once per step, for opt.state[p].
         self.cache = None
+        self._first_step = True  # check_resumed_adamw runs once
 
     @property
     def session(self):
@@ -173,6 +174,33 @@ class StateView:
     def forget(self):
         """Drops the momentum read from dmuond (load_state_dict() set another)."""
         self.cache = None
+
+    def daemon_steps(self):
+        """The steps dmuond's job has completed (its momentum's), 0 without a
+        session."""
+        return self.session.step - 1 if self.session is not None else 0
+
+    def check_resumed_adamw(self, state, param_groups):
+        """At the first step(): a DMuon that resumed a job dmuond holds momentum
+        of (resume="continue" after a restart) continues Muon's half only; if
+        AdamW's parameters have no state, the checkpoint's optimizer state was
+        not loaded and AdamW would restart from zero while Muon goes on: say
+        so, once, with the recipe."""
+        first, self._first_step = self._first_step, False
+        done = self.daemon_steps()
+        if not first or done == 0:
+            return
+        adamw = [p for g in param_groups if not g["use_muon"] for p in g["params"]
+                 if p.requires_grad]
+        if adamw and not any(state.get(p) for p in adamw):
+            warnings.warn(
+                f"DMuon: job '{self._handoff.link.job_id}' continues from dmuond's Muon "
+                f"momentum of step {done}, but AdamW's state was not loaded: its "
+                f"{len(adamw)} parameters restart from zero moments and step 0, "
+                "unlike the run this continues. dmuond keeps only the Muon half: "
+                "load your checkpoint's optimizer state (opt.load_state_dict) "
+                "before the first step (client/python/README.md, \"Resuming\")",
+                RuntimeWarning, stacklevel=4)
 
     def install(self, state):
         """opt.state[p] of every Muon parameter as a _MuonState (`state`: the
@@ -278,8 +306,7 @@ class StateView:
         parameters' state without "momentum_buffer" and "step", no "dmuon"."""
         daemon_state = self.check_loadable(state_dict)
         if self.session is not None and daemon_state is None:
-            warnings.warn("DMuon.load_state_dict: no dmuond momentum in this state_dict; "
-                          "Muon momentum starts from zero", RuntimeWarning)
+            self._warn_without_momentum(state_dict)
         if daemon_state is not None:
             self._handoff.load_momentum(daemon_state)  # first: it can still fail
             self.forget()
@@ -288,6 +315,28 @@ class StateView:
                      if k in muon_keys and isinstance(v, Mapping) else v)
                  for k, v in state_dict["state"].items()}
         return {**{k: v for k, v in state_dict.items() if k != "dmuon"}, "state": state}
+
+    def _warn_without_momentum(self, state_dict):
+        """load_state_dict of a state_dict without Muon momentum (saved by
+        local_state_dict, or by an optimizer without Muon): dmuond's momentum
+        is left as it is. That is the resume recipe when dmuond holds the
+        job's momentum of the checkpoint's step (resume="continue"); say so
+        only when it holds none (Muon starts from zero) or another step's."""
+        done = self.daemon_steps()
+        saved = {int(float(v["step"])) for v in state_dict["state"].values()
+                 if isinstance(v, Mapping) and "step" in v}
+        if done == 0:
+            warnings.warn("DMuon.load_state_dict: no dmuond momentum in this "
+                          "state_dict and none on dmuond: Muon momentum starts from "
+                          "zero", RuntimeWarning, stacklevel=4)
+        elif saved and saved != {done}:
+            warnings.warn(
+                f"DMuon.load_state_dict: no dmuond momentum in this state_dict; "
+                f"dmuond's, of step {done}, is kept, but the checkpoint's AdamW "
+                f"state is of step {sorted(saved)[-1]}: the two halves disagree "
+                "(load the checkpoint of step "
+                f"{done}, or one saved with state_dict(), which holds the momentum)",
+                RuntimeWarning, stacklevel=4)
 
     def check_loadable(self, state_dict):
         """Everything load_state_dict() checks, before it changes anything."""

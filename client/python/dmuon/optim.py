@@ -231,6 +231,7 @@ class DMuon(torch.optim.Optimizer):
         with h.timed_step():
             if self._closed:
                 raise RuntimeError("DMuon: step() after close()")
+            self._muon_state.check_resumed_adamw(self.state, self.param_groups)
             with _errors.explained(h.link):
                 h.step(self._adamw.step)  # AdamW's runs while dmuond computes
                 self._muon_state.forget()
@@ -255,8 +256,10 @@ class DMuon(torch.optim.Optimizer):
     def local_state_dict(self) -> dict[str, Any]:
         """The state this process holds: AdamW's state and every parameter
         group, without dmuond's Muon momentum and step (state_dict() has
-        them). For when dmuond is gone; load_state_dict() of it warns that
-        the Muon momentum starts from zero."""
+        them). For when dmuond is gone, or keeps the momentum itself
+        (--state-dir): load_state_dict() of it leaves dmuond's momentum as it
+        is, and warns when dmuond holds none (Muon starts from zero) or
+        another step's than the checkpoint's AdamW state."""
         return _state.local_state_dict(super().state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

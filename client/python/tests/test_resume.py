@@ -161,3 +161,71 @@ def test_a_restarted_daemon_continues_from_its_snapshot(tmp_path):
         _equal(want, again)
     finally:
         d.stop()
+
+
+def _biased():
+    torch.manual_seed(12)  # biases: AdamW's half, which dmuond does not keep
+    return nn.Sequential(nn.Linear(24, 48), nn.Tanh(), nn.Linear(48, 10))
+
+
+def test_the_resume_recipe_on_a_restarted_daemon(tmp_path):
+    """Issue 29, item 2. dmuond with --state-dir keeps the Muon half only:
+    the recipe is resume=True plus the checkpoint's optimizer state
+    (local_state_dict: AdamW's, without the momentum). Followed, the run
+    equals an uninterrupted one, with no warning (there was a false "Muon
+    momentum starts from zero")."""
+    import warnings
+
+    d = dmuon.LocalDaemon(flags=[f"--state-dir={tmp_path}"], stop_grace=5.0)
+    try:
+        want = _biased()
+        opt = DMuon(want, daemon_options=DaemonOptions(d.address, job_id="recipe-straight"),
+                    **HYPER)
+        train(want, opt, 4, mlp_batch)
+        opt.close()
+        model = _biased()
+        opt = DMuon(model, daemon_options=DaemonOptions(d.address, job_id="recipe"), **HYPER)
+        train(model, opt, 2, mlp_batch)
+        checkpoint = (copy.deepcopy(model.state_dict()), opt.local_state_dict())
+        opt.close()
+    finally:
+        d.stop()  # SIGTERM: the final snapshot
+    d = dmuon.LocalDaemon(flags=[f"--state-dir={tmp_path}"], stop_grace=5.0)
+    resumed = DaemonOptions(d.address, job_id="recipe", resume=True)
+    try:
+        again = _biased()
+        again.load_state_dict(checkpoint[0])
+        opt = DMuon(again, daemon_options=resumed, **HYPER)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            opt.load_state_dict(checkpoint[1])  # no false "starts from zero"
+            train(again, opt, 2, mlp_batch, start=2)
+        opt.close()
+        _equal(want, again)
+    finally:
+        d.stop()
+
+
+def test_resuming_without_the_optimizer_state_warns(daemon):
+    """Without the checkpoint's optimizer state the first step warns that
+    AdamW restarts from zero; with another step's, load_state_dict warns
+    that the two halves disagree."""
+    model = _biased()
+    opt = DMuon(model, daemon_options=DaemonOptions(daemon.address, job_id="no-adamw"),
+                **HYPER)
+    train(model, opt, 1, mlp_batch)
+    early = opt.local_state_dict()
+    train(model, opt, 1, mlp_batch, start=1)
+    opt.close()
+    again = copy.deepcopy(model)
+    opt = DMuon(again, daemon_options=DaemonOptions(
+        daemon.address, job_id="no-adamw", resume=True), **HYPER)
+    with pytest.warns(RuntimeWarning, match="AdamW's state was not loaded"):
+        train(again, opt, 1, mlp_batch, start=2)
+    opt.close()
+    # Another step's AdamW state than dmuond's momentum: the halves disagree.
+    opt = DMuon(copy.deepcopy(model), daemon_options=DaemonOptions(
+        daemon.address, job_id="no-adamw", resume=True), **HYPER)
+    with pytest.warns(RuntimeWarning, match="halves disagree"):
+        opt.load_state_dict(early)
+    opt.close()
