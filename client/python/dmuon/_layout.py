@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from torch import nn
 
-from . import _dtensor, _groups, _parts, _table, _wiring
+from . import _advice, _dtensor, _groups, _parts, _table, _wiring
 from ._options import OverlapOptions, RoutingOptions
 from ._routing import Route
 from ._table import Entry, MuonTable
@@ -100,8 +100,14 @@ class Layout:
         return cls(routing, overlap, hyper, bool(named), len(groups)), groups, named
 
     def route(self, groups: list[dict[str, Any]], named: dict[int, str]) -> list[Route]:
-        """The routes of the construction's groups (_table.route, strict)."""
-        return _table.route(groups, named, self.module, self.routing, self.routing.shards)
+        """The routes of the construction's groups (_table.route, strict), with
+        _advice's warnings about routes the user probably did not mean."""
+        routes = _table.route(groups, named, self.module, self.routing,
+                              self.routing.shards)
+        if self.module is None:
+            _advice.embeddings_and_heads(routes, named)
+        _advice.flattened_stacks(routes)
+        return routes
 
     def split(self, groups: list[dict[str, Any]], named: dict[int, str],
               routes: list[Route]):
