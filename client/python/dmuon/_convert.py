@@ -25,7 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
+from . import _native
+
+_native.require_torch("dmuon's torch conversions")
+import torch  # noqa: E402
 from torch import Tensor
 
 from . import _parts, _state

@@ -64,3 +64,19 @@ def load():
         + "); "
         + hint
     )
+
+
+def require_torch(what):
+    """Raises ModuleNotFoundError naming the extra that installs PyTorch when
+    it is missing (`what` needs it; the rest of dmuon works without it)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # torch blocked or half-installed
+        found = False
+    if not found:
+        raise ModuleNotFoundError(
+            f"{what} needs PyTorch (>= 2.9), which is not installed: pip install "
+            "'dmuon[torch]' (or PyTorch your way: pytorch.org). dmuon.orthogonalize, "
+            "dmuon.Client and dmuon.LocalDaemon work without it.", name="torch")

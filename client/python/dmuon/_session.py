@@ -91,7 +91,10 @@ def warn_cuda_staged(device, note, address):
     msg = (f"DMuon: the Muon parameters are on {device}, but no GPU dmuond is "
            f"reachable ({note}; dmuond at {address}): every step copies them "
            "through host memory and runs Newton-Schulz on CPU cores, far slower "
-           f"than on the GPU. Run dmuond_cuda and set ${ENV}=host:port (or pass "
+           "than on the GPU. Run a GPU dmuond, dmuond_cuda (built from source with "
+           "`bazel build --config=cuda //daemon:dmuond_cuda`, or the image of "
+           "deploy/docker/Dockerfile: the wheel ships the CPU dmuond only), and set "
+           f"${ENV}=host:port (or pass "
            "daemon_options=DaemonOptions(server='host:port')) to use it")
     print("\n" + "!" * 78 + "\n" + msg + "\n" + "!" * 78, file=sys.stderr, flush=True)
     warnings.warn(msg, RuntimeWarning, stacklevel=4)

@@ -37,9 +37,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor, nn
-from torch.optim.optimizer import ParamsT
+from . import _native
+
+_native.require_torch("dmuon.optim")
+import torch  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+from torch.optim.optimizer import ParamsT  # noqa: E402
 
 from . import Session, _convert, _ddp, _dtensor, _errors, _groups, _options, _routing
 from . import _session, _state

@@ -170,3 +170,19 @@ def test_the_package_has_no_mixin():
     assert mixins == []
     from dmuon.optim import DMuon
     assert [c.__name__ for c in DMuon.__mro__] == ["DMuon", "Optimizer", "object"]
+
+
+def test_without_torch_the_error_names_the_extra():
+    """Issue 29, item 11: without PyTorch, `import dmuon` works (orthogonalize,
+    Client) and `import dmuon.optim` names the extra that installs it, not a
+    bare "No module named 'torch'"."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import dmuon\n"
+            "try:\n"
+            "    import dmuon.optim\n"
+            "except ModuleNotFoundError as e:\n"
+            "    print('ERR', e.name, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(PACKAGE.parent), timeout=60, check=True).stdout
+    assert out.startswith("ERR torch dmuon.optim needs PyTorch"), out
+    assert "pip install 'dmuon[torch]'" in out, out

@@ -82,7 +82,10 @@ def test_cuda_parameters_with_a_cpu_daemon_warn_once(monkeypatch, capsys):
     monkeypatch.setattr(_session, "_warned_cuda", False)
     with pytest.warns(RuntimeWarning, match="no GPU dmuond is reachable"):
         _session.warn_cuda_staged(torch.device("cuda", 0), "staged", "127.0.0.1:1")
-    assert "DMUON_SERVER" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "DMUON_SERVER" in err
+    # The wheel has no dmuond_cuda: the banner says where one comes from.
+    assert "the wheel ships the CPU dmuond only" in err and "--config=cuda" in err
     _session.warn_cuda_staged(torch.device("cuda", 0), "staged", "127.0.0.1:1")  # silent
     assert capsys.readouterr().err == ""
 
