@@ -145,6 +145,14 @@ absl::StatusOr<std::string> TokenSetting() {
   return token;
 }
 
+// A Status lists every job and session: it may exceed gRPC's 4 MiB default
+// for a received message (the daemon sends up to its --max-message-bytes).
+grpc::ChannelArguments ChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 30);
+  return args;
+}
+
 // The channel to the daemon (--server, else $DMUON_SERVER): TLS with a CA
 // file, else plaintext. Null (after a message) when a setting is unusable.
 std::shared_ptr<grpc::Channel> Channel() {
@@ -192,18 +200,35 @@ std::shared_ptr<grpc::Channel> Channel() {
       std::fprintf(stderr, "dmuonctl: --tls-cert-file needs --tls-ca-file\n");
       return nullptr;
     }
-    return grpc::CreateChannel(Server(), grpc::InsecureChannelCredentials());
+    return grpc::CreateCustomChannel(
+        Server(), grpc::InsecureChannelCredentials(), ChannelArgs());
   }
-  grpc::ChannelArguments args;
+  grpc::ChannelArguments args = ChannelArgs();
   const std::string name = Setting(FLAGS_tls_server_name, "tls-server-name",
                                    "DMUON_TLS_SERVER_NAME");
   if (!name.empty()) args.SetSslTargetNameOverride(name);
   return grpc::CreateCustomChannel(Server(), grpc::SslCredentials(ssl), args);
 }
 
+// `s` with every byte a terminal could act on (control bytes, DEL,
+// anything outside ASCII) as \xNN: the daemon's strings (errors, paths,
+// device names) are printed as text, never as terminal escapes.
+std::string Safe(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
 int Failed(const char* what, const grpc::Status& st) {
-  std::fprintf(stderr, "dmuonctl: %s %s: %s (%d)\n", what, Server().c_str(),
-               st.error_message().c_str(), static_cast<int>(st.error_code()));
+  std::fprintf(stderr, "dmuonctl: %s %s: %s (%d)\n", what,
+               Safe(Server()).c_str(), Safe(st.error_message()).c_str(),
+               static_cast<int>(st.error_code()));
   return 1;
 }
 
@@ -227,7 +252,7 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
     return 0;
   }
   if (!sessions_only) {
-    std::printf("dmuond %s  uptime %.0fs  %s\n", s.version().c_str(),
+    std::printf("dmuond %s  uptime %.0fs  %s\n", Safe(s.version()).c_str(),
                 s.uptime_seconds(), s.serving() ? "SERVING" : "DRAINING");
     const auto& l = s.step_latency();
     std::printf(
@@ -248,12 +273,12 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
       }
       std::printf(
           "%-12s %12.2f %8d %12llu %16.1f %10.1f %13.3f %13.3f %9s %9s\n",
-          e.device().c_str(), e.busy_seconds(), e.queue_depth(),
+          Safe(e.device()).c_str(), e.busy_seconds(), e.queue_depth(),
           static_cast<unsigned long long>(e.matrices()), e.flops() / 1e9,
           e.memory_bytes() / 1e6, e.predicted_step_seconds() * 1e3,
           e.measured_step_seconds() * 1e3, ratio, e.healthy() ? "yes" : "NO");
       if (!e.last_error().empty())
-        std::printf("  %s\n", e.last_error().c_str());
+        std::printf("  %s\n", Safe(e.last_error()).c_str());
       if (e.graph_fallbacks() > 0) {
         std::printf(
             "  %llu kernel plan(s) run eagerly: their CUDA graph "
@@ -272,9 +297,9 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
         std::snprintf(drop, sizeof(drop), "on disk");  // resumes when opened
       else if (j.ranks_open() == 0)
         std::snprintf(drop, sizeof(drop), "%.0f", j.drop_in_seconds());
-      std::printf("%-24s %6d %6d %8d %12.1f %10lld %10s\n", j.job_id().c_str(),
-                  j.world_size(), j.ranks_open(), j.parameters(),
-                  j.state_bytes() / 1e6,
+      std::printf("%-24s %6d %6d %8d %12.1f %10lld %10s\n",
+                  Safe(j.job_id()).c_str(), j.world_size(), j.ranks_open(),
+                  j.parameters(), j.state_bytes() / 1e6,
                   static_cast<long long>(j.completed_steps()), drop);
       if (j.rewind_waiting_ranks_size() > 0) {
         std::string ranks;
@@ -289,7 +314,7 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
     if (!s.errors().empty()) {
       std::printf("\nERRORS");
       for (const auto& [code, n] : s.errors()) {
-        std::printf("  %s=%llu", code.c_str(),
+        std::printf("  %s=%llu", Safe(code).c_str(),
                     static_cast<unsigned long long>(n));
       }
       std::printf("\n");
@@ -300,7 +325,7 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
       std::printf("\nSNAPSHOT ERRORS (%d, oldest first)\n",
                   s.snapshot_errors_size());
       for (const auto& e : s.snapshot_errors())
-        std::printf("  %s\n", e.c_str());
+        std::printf("  %s\n", Safe(e).c_str());
     }
     std::printf("\n");
   }
@@ -308,7 +333,7 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
               "TRANSPORT", "STEP", "RECEIVED_MB", "SENT_MB", "OPEN_S");
   for (const auto& x : s.sessions()) {
     std::printf("%-24s %5d %-16s %8lld %12.1f %12.1f %10.0f\n",
-                x.job_id().c_str(), x.rank(),
+                Safe(x.job_id()).c_str(), x.rank(),
                 dmuon::v1::Transport_Name(x.transport()).c_str(),
                 static_cast<long long>(x.step()), x.bytes_received() / 1e6,
                 x.bytes_sent() / 1e6, x.open_seconds());

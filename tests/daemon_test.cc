@@ -387,7 +387,8 @@ TEST(Daemon, IdleJobIsDroppedAfterItsRetentionAndResumesFromItsSnapshot) {
   Daemon d({"--state-dir=" + dir, "--job-retention-seconds=1"});
   auto first = Rank(d, "idle", 0, 1, "shm", 3, seed);
   ASSERT_EQ(first->Wait(60), 0) << d.log();
-  // Listed with its drop time, then gone (about a second later).
+  // Listed with its drop time, then dropped from memory (about a second
+  // later) and listed from its snapshot file (on disk) until reopened.
   int code;
   std::string status;
   const auto until =
@@ -396,9 +397,10 @@ TEST(Daemon, IdleJobIsDroppedAfterItsRetentionAndResumesFromItsSnapshot) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     status = Ctl(d.address(), {"status", "--json"}, &code);
     ASSERT_EQ(code, 0) << status;
-  } while (status.find("\"jobId\": \"idle\"") != std::string::npos &&
+  } while (status.find("\"onDisk\": true") == std::string::npos &&
            std::chrono::steady_clock::now() < until);
-  EXPECT_EQ(status.find("\"jobId\": \"idle\""), std::string::npos) << status;
+  EXPECT_NE(status.find("\"jobId\": \"idle\""), std::string::npos) << status;
+  EXPECT_NE(status.find("\"onDisk\": true"), std::string::npos) << status;
   EXPECT_NE(d.log().find("job 'idle' dropped"), std::string::npos) << d.log();
   // The trainer comes back: steps 4..6 continue from the snapshot and are
   // compared with the uninterrupted reference.

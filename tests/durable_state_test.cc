@@ -227,7 +227,11 @@ TEST(DurableState, ASecondDaemonOnTheSameStateDirIsRefused) {
 }
 
 TEST(DurableState, StatusTextListsSnapshotErrors) {
-  const std::string dir = TempDir("status-errors");
+  // A terminal escape in the directory's name (issue 27: dmuonctl printed
+  // the daemon's strings raw): shown as \x1b, never sent to the terminal.
+  const std::string dir = TempDir("status-errors") + "/\x1b[31mred";
+  std::filesystem::create_directories(dir);
+  const std::string shown = dir.substr(0, dir.find('\x1b')) + "\\x1b[31mred";
   // A snapshot file that is not one: moved aside at start, and reported.
   {
     std::ofstream f(dir + "/job-626164.dmst");  // hex("bad")
@@ -240,9 +244,10 @@ TEST(DurableState, StatusTextListsSnapshotErrors) {
   EXPECT_EQ(code, 0) << text;
   EXPECT_NE(text.find("SNAPSHOT ERRORS (1, oldest first)"), std::string::npos)
       << text;
-  EXPECT_NE(text.find("moved aside to " + dir + "/job-626164.dmst.corrupt-"),
+  EXPECT_NE(text.find("moved aside to " + shown + "/job-626164.dmst.corrupt-"),
             std::string::npos)
       << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << "a raw escape printed";
 }
 
 }  // namespace
