@@ -284,6 +284,18 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(TlsFiles* tls) {
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(
     const DaemonConfig& config, TlsFiles* tls, GrpcOptimizer* service,
     int* port) {
+  // A port that is taken is refused here, with our message alone: gRPC's
+  // BuildAndStart would first log its own multi-line error for it.
+  if (config.listen.rfind("unix:", 0) != 0) {
+    int requested = 0;
+    const size_t colon = config.listen.rfind(':');
+    if (absl::SimpleAtoi(config.listen.substr(colon + 1), &requested) &&
+        requested > 0 && !ListenProbe(config.ListenHost(), requested).empty()) {
+      return absl::UnavailableError(
+          "--listen=" + config.listen + ": " +
+          CannotListen(config.ListenHost(), requested));
+    }
+  }
   const auto creds = ServerCredentials(tls);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

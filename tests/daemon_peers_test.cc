@@ -207,6 +207,8 @@ TEST(Peers, ASecondDaemonOnATakenPortFailsNamingTheAddress) {
                        first.address() + ": Address already in use"),
         std::string::npos)
         << log.str();
+    // Our one line, not gRPC's own multi-line error before it (issue 29).
+    EXPECT_EQ(log.str().find("chttp2_server"), std::string::npos) << log.str();
   }
   {  // the same metrics port
     const std::string metrics = "127.0.0.1:" + std::to_string(mport);
