@@ -3,7 +3,7 @@ AdamW, in-process Muon, and dmuon.optim.DMuon through a dmuond started for
 it — with a table, the DMuon-vs-Muon loss agreement, a loss plot and a JSON.
 
   /usr/bin/python3 client/python/examples/demo.py [--steps 300] [--device auto]
-      [--server auto|host:port] [--out benchmarks/results]
+      [--server auto|host:port] [--out out/demo]
 """
 
 import argparse
@@ -97,8 +97,11 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     ap.add_argument("--server", default="auto", help="auto or host:port of a dmuond")
+    # An untracked folder: a run does not rewrite the checked-in results
+    # (refresh those with --out benchmarks/results).
     ap.add_argument("--out", default=os.path.join(char_gpt.HERE, "..", "..", "..",
-                                                  "benchmarks", "results"))
+                                                  "out", "demo"),
+                    help="where demo.json and demo.png go (default: out/demo)")
     args = ap.parse_args()
     device = args.device
     if device == "auto":
