@@ -2,8 +2,10 @@
 AdamW, in-process Muon, and dmuon.optim.DMuon through a dmuond started for
 it — with a table, the DMuon-vs-Muon loss agreement, a loss plot and a JSON.
 
-  /usr/bin/python3 client/python/examples/demo.py [--steps 300] [--device auto]
-      [--server auto|host:port] [--out out/demo]
+  ./dmuon demo [--steps 300] [--device auto] [--server auto|host:port]
+      [--out out/demo]
+  (or .venv/bin/python client/python/examples/demo.py ...: the project's
+  Python, which has torch; Debian's /usr/bin/python3 has not)
 """
 
 import argparse
