@@ -5,11 +5,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/host_port.h"
 #include "client/client.h"
 
 namespace dmuon {
@@ -51,21 +52,15 @@ absl::Status Client::CheckAddress(const std::string& address) {
     if (address.rfind(scheme, 0) == 0 && address.size() > strlen(scheme))
       return absl::OkStatus();
   }
-  const size_t colon = address.rfind(':');
-  const std::string host =
-      colon == std::string::npos ? address : address.substr(0, colon);
-  const std::string port =
-      colon == std::string::npos ? "" : address.substr(colon + 1);
-  const bool v6 = host.size() > 2 && host.front() == '[' && host.back() == ']';
-  int n = 0;
-  const bool port_ok =
-      !port.empty() && port.size() <= 5 &&
-      port.find_first_not_of("0123456789") == std::string::npos &&
-      absl::SimpleAtoi(port, &n) && n >= 1 && n <= 65535;
-  if (port_ok && !host.empty() &&
-      (v6 || host.find_first_of(":/[]@ ") == std::string::npos)) {
+  const std::optional<HostPort> hp = ParseHostPort(address);
+  const bool v6 = hp && hp->host.size() > 2 && hp->host.front() == '[';
+  if (hp && hp->port >= 1 && !hp->host.empty() &&
+      (v6 || hp->host.find_first_of("/[]@ ") == std::string::npos)) {
     return absl::OkStatus();
   }
+  const size_t colon = address.rfind(':');
+  const std::string port =
+      colon == std::string::npos ? "" : address.substr(colon + 1);
   const std::string why =
       address.find("://") != std::string::npos
           ? "a URL; give host:port without a scheme"

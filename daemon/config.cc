@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/host_port.h"
 #include "kernels/types.h"
 #include "server/gpu_logic.h"
 
@@ -224,19 +225,7 @@ absl::Status ValidateListen(const std::string& listen) {
     if (listen.size() > 5) return absl::OkStatus();
     return Invalid("--listen=unix: needs a path (unix:/path/to/socket)");
   }
-  size_t colon = std::string::npos;
-  if (!listen.empty() && listen[0] == '[') {
-    const size_t close = listen.find("]:");
-    if (close != std::string::npos) colon = close + 1;
-  } else if (std::count(listen.begin(), listen.end(), ':') == 1) {
-    colon = listen.find(':');
-  }
-  const std::string port =
-      colon == std::string::npos ? "" : listen.substr(colon + 1);
-  int n = -1;
-  if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos ||
-      !absl::SimpleAtoi(port, &n) || n > 65535) {
+  if (!ParseHostPort(listen)) {
     return Invalid("--listen=" + listen +
                    " is not HOST:PORT, [IPv6]:PORT (PORT in [0, 65535], 0: a "
                    "free one) or unix:PATH");
