@@ -65,6 +65,7 @@ Reference::Reference(uint64_t seed, int world, std::vector<ParamSpec> table,
       groups_(std::move(groups)) {
   if (groups_.empty()) groups_.emplace_back();
   momentum_.resize(table_.size());
+  scale_.resize(table_.size());
 }
 
 std::vector<double> Reference::MomentumStep(int64_t step, size_t p) {
@@ -82,11 +83,14 @@ std::vector<double> Reference::MomentumStep(int64_t step, size_t p) {
     g.assign(g0.begin(), g0.end());
   }
   auto& m = momentum_[p];
+  auto& a = scale_[p];
   if (m.empty()) m.assign(g.size(), 0.0);
+  if (a.empty()) a.assign(g.size(), 0.0);
   const double mu = group.momentum;
   std::vector<double> u(g.size());
   for (size_t i = 0; i < g.size(); ++i) {
     m[i] = mu * m[i] + (1 - mu) * g[i];
+    a[i] = mu * a[i] + (1 - mu) * std::abs(g[i]);
     u[i] = group.nesterov ? (1 - mu) * g[i] + mu * m[i] : m[i];
   }
   return u;
@@ -114,15 +118,23 @@ std::vector<std::vector<double>> Reference::Step(int64_t step) {
   return out;
 }
 
-double RelativeError(const std::vector<float>& got,
-                     const std::vector<double>& want) {
-  if (got.size() != want.size()) return INFINITY;
+double ScaledError(const std::vector<float>& got,
+                   const std::vector<double>& want,
+                   const std::vector<double>& scale) {
+  if (got.size() != want.size() || scale.size() != want.size()) {
+    return INFINITY;
+  }
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
+    den += scale[i] * scale[i];
   }
   return std::isfinite(num) ? std::sqrt(num / den) : INFINITY;
+}
+
+double RelativeError(const std::vector<float>& got,
+                     const std::vector<double>& want) {
+  return ScaledError(got, want, want);
 }
 
 }  // namespace dmuon::testing

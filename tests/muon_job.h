@@ -56,6 +56,13 @@ class Reference {
   // (whole matrices; empty before step 1).
   int64_t completed() const { return completed_; }
   const std::vector<std::vector<double>>& momentum() const { return momentum_; }
+  // Each momentum element's scale: the same recurrence over the gradients'
+  // absolute values. The momentum is a sum whose terms can cancel (a 1x1
+  // parameter's momentum can be near zero by chance), so an fp32 state's
+  // rounding error is bounded relative to this, not to the momentum itself.
+  const std::vector<std::vector<double>>& momentum_scale() const {
+    return scale_;
+  }
 
  private:
   // The Nesterov input of parameter p at `step` (advances its momentum).
@@ -67,6 +74,7 @@ class Reference {
   std::vector<GroupSpec> groups_;
   int64_t completed_ = 0;
   std::vector<std::vector<double>> momentum_;
+  std::vector<std::vector<double>> scale_;  // momentum_scale()
 };
 
 // This rank's view (its rows for row-sharded) of a whole matrix.
@@ -79,6 +87,11 @@ std::vector<T> View(const std::vector<T>& whole, const ParamSpec& p) {
 
 double RelativeError(const std::vector<float>& got,
                      const std::vector<double>& want);
+// ||got - want|| / ||scale||: the error of a sum relative to the sum of its
+// terms' magnitudes (Reference::momentum_scale), which rounding bounds.
+double ScaledError(const std::vector<float>& got,
+                   const std::vector<double>& want,
+                   const std::vector<double>& scale);
 
 }  // namespace dmuon::testing
 
