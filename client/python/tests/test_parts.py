@@ -9,8 +9,6 @@ the rest."""
 
 import copy
 import os
-import socket
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -23,6 +21,7 @@ from torch import nn  # noqa: E402
 
 from dmuon.optim import DMuon  # noqa: E402
 from helpers import momentum_by_name, rel_err  # noqa: E402
+from ranks import launch, worker_args, worker_main  # noqa: E402
 from torch_ref import ADAMW, DM_ADAMW, MUON, TOL, fp32_muon  # noqa: E402
 
 E, D, H, T = 6, 16, 32, 5  # experts, model dim, expert hidden dim, tokens
@@ -375,57 +374,31 @@ def _ddp_dmuon(params, model, server, reduce_in_daemon):
                  reduce_in_daemon=reduce_in_daemon)
 
 
-def _ddp_rank(rank, world, init, server, out, mode):
-    """One rank: DDP over Block, DMuon over the DDP model (every part handed
-    off from DDP's comm hook: after the all-reduce, or unreduced at once)."""
-    import torch.distributed as dist
+def _ddp_rank(args):
+    """One rank (ranks.worker_main): DDP over Block, DMuon over the DDP model
+    (every part handed off from DDP's comm hook: after the all-reduce, or
+    unreduced at once)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    result = {"params": {}, "handoff": None, "error": None}
-    try:
-        torch.manual_seed(0)
-        model = Block()
-        ddp = DDP(model)
-        opt = _ddp_dmuon(ddp, model, server, mode == "reduce_in_daemon")
-        result["handoff"] = {r["name"]: r["handoff"] for r in opt.routing}
-        for s in range(DDP_STEPS):
-            ddp(batch(world * s + rank)).backward()
-            opt.step()
-            opt.zero_grad()
-        opt.close()
-        result["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        import traceback
-
-        traceback.print_exc()
-        result["error"] = f"{type(e).__name__}: {e}"
-    torch.save(result, out)
-    dist.destroy_process_group()
+    torch.manual_seed(0)
+    model = Block()
+    ddp = DDP(model)
+    opt = _ddp_dmuon(ddp, model, args.server, args.mode == "reduce_in_daemon")
+    handoff = {r["name"]: r["handoff"] for r in opt.routing}
+    for s in range(DDP_STEPS):
+        ddp(batch(args.world * s + args.rank)).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    return {"handoff": handoff,
+            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
 @pytest.mark.parametrize("mode", ["ddp", "reduce_in_daemon"])
 def test_ddp_hands_off_each_part(daemon, tmp_path, mode):
     """2 ranks under DDP == one process on both ranks' batches (the mean
     loss), every part handed off by DDP's comm hook."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        init = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    outs = [str(tmp_path / f"rank{r}.pt") for r in range(2)]
-    procs = [subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), str(r), "2", init, daemon.address,
-         outs[r], mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for r in range(2)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=180)[0].decode(errors="replace"))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a DDP rank hung")
+    results, _ = launch("test_parts.py", mode, 2, daemon.address, tmp_path, timeout=180)
     torch.manual_seed(0)
     model = Block()
     opt = _ddp_dmuon(model, model, daemon.address, False)
@@ -434,10 +407,7 @@ def test_ddp_hands_off_each_part(daemon, tmp_path, mode):
         opt.step()
         opt.zero_grad()
     opt.close()
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and os.path.exists(out), f"rank {rank}:\n{logs[rank]}"
-        got = torch.load(out)
-        assert got["error"] is None, f"rank {rank}: {got['error']}\n{logs[rank]}"
+    for rank, got in enumerate(results):
         assert got["handoff"]["moe.w1"] == "ddp" and got["handoff"]["qkv.weight"] == "ddp"
         for name, want in model.named_parameters():
             a, b = got["params"][name], want.detach()
@@ -448,5 +418,4 @@ def test_ddp_hands_off_each_part(daemon, tmp_path, mode):
 
 
 if __name__ == "__main__":
-    rank, world, init, server, out, mode = sys.argv[1:7]
-    _ddp_rank(int(rank), int(world), init, server, out, mode)
+    worker_main(worker_args().parse_args(), _ddp_rank)
