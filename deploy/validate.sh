@@ -142,7 +142,6 @@ fi
 flags_of() { sed -n 's/^# flags: //p' "$1" | head -1; }
 
 rendered=()
-flagcheck=()
 for f in "$CHART"/ci/*.yaml examples/values-*.yaml; do
   name=$(basename "$f" .yaml)
   [[ $f == examples/* ]] && name=example-$name
@@ -152,7 +151,6 @@ for f in "$CHART"/ci/*.yaml examples/values-*.yaml; do
     n=$(grep -c '^---$' "$OUT/$name.yaml" || true)
     ok "render $f ($n objects)"
     rendered+=("$OUT/$name.yaml")
-    grep -q '^# flag-check: skip' "$f" || flagcheck+=("$OUT/$name.yaml")
     ((VERBOSE)) && echo "      -> $OUT/$name.yaml"
   else
     bad "render $f:"
@@ -257,7 +255,7 @@ fi
 DMUOND=${DMUOND:-$ROOT/bazel-bin/daemon/dmuond}
 DMUONCTL=${DMUONCTL:-$ROOT/bazel-bin/daemon/dmuonctl}
 "$PY" "$VDIR/flags.py" --root "$ROOT" --dockerfile docker/Dockerfile \
-  --dmuond "$DMUOND" --dmuonctl "$DMUONCTL" "${flagcheck[@]}" >"$WORK/flags.log" 2>&1 || true
+  --dmuond "$DMUOND" --dmuonctl "$DMUONCTL" "${rendered[@]}" >"$WORK/flags.log" 2>&1 || true
 while IFS= read -r line; do
   case $line in
     "ok "*) ok "${line#ok }" ;;

@@ -3,7 +3,8 @@ users install it. One wheel is built into a temporary directory from the
 Bazel output (never dist/), then:
 
 test_wheel_file
-    its name (cp311, manylinux_2_XX for XX <= this glibc) and metadata.
+    its name (cp311, manylinux_2_XX for XX <= this glibc), metadata, and the
+    count of dmuon.libs/ that client/python/README.md gives.
 test_clean_venv_without_debian_libraries
     a venv made by /usr/bin/python3 -m venv, `pip install` of the wheel
     alone (numpy comes from PyPI as its dependency). Statically: every ELF
@@ -140,8 +141,14 @@ def test_wheel_file(wheel):
         assert f in names, f
     for f in ("dmuon/bin/dmuond", "dmuon/bin/dmuonctl"):
         assert modes[f] & 0o111, f
-    libs = [n for n in names if n.startswith("dmuon.libs/")]
+    libs = [n for n in names if n.startswith("dmuon.libs/") and not n.endswith("/")]
     assert any("libgrpc-" in n for n in libs) and any("libopenblas" in n for n in libs), libs
+    # client/python/README.md's table gives the count: keep it true.
+    readme = (ROOT / "client" / "python" / "README.md").read_text()
+    said = re.search(r"\| `dmuon\.libs/` \| (\d+) shared libraries", readme)
+    assert said and int(said.group(1)) == len(libs), (
+        f"client/python/README.md says {said and said.group(1)} libraries in dmuon.libs/, "
+        f"the wheel has {len(libs)}")
     py = sys.version_info
     assert f"Requires-Python: =={py.major}.{py.minor}.*\n" in meta
     assert "Requires-Dist: numpy\n" in meta
