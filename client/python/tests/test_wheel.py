@@ -4,7 +4,7 @@ Bazel output (never dist/), then:
 
 test_wheel_file
     its name (cp311, manylinux_2_XX for XX <= this glibc), metadata, and the
-    count of dmuon.libs/ that client/python/README.md gives.
+    file name and count of dmuon.libs/ that client/python/README.md gives.
 test_clean_venv_without_debian_libraries
     a venv made by /usr/bin/python3 -m venv, `pip install` of the wheel
     alone (numpy comes from PyPI as its dependency). Statically: every ELF
@@ -143,8 +143,11 @@ def test_wheel_file(wheel):
         assert modes[f] & 0o111, f
     libs = [n for n in names if n.startswith("dmuon.libs/") and not n.endswith("/")]
     assert any("libgrpc-" in n for n in libs) and any("libopenblas" in n for n in libs), libs
-    # client/python/README.md's table gives the count: keep it true.
+    # client/python/README.md names the wheel's file and counts its libraries:
+    # keep both true.
     readme = (ROOT / "client" / "python" / "README.md").read_text()
+    named = set(re.findall(r"dist/(dmuon-[^\s'\[]+\.whl)", readme))
+    assert named == {wheel.name}, (named, wheel.name)
     said = re.search(r"\| `dmuon\.libs/` \| (\d+) shared libraries", readme)
     assert said and int(said.group(1)) == len(libs), (
         f"client/python/README.md says {said and said.group(1)} libraries in dmuon.libs/, "
