@@ -299,6 +299,12 @@ class Session {
   // nccl: the daemon completes the step only once the caller has posted the
   // receives of every announced update (NextAnnounced).
   virtual absl::Status FinishStep() = 0;
+  // Empty, or why the step FinishStep() last completed is not durable: it
+  // was one that dmuond's --snapshot-every snapshots and its snapshot could
+  // not be written (StepComplete.not_durable; a full or unwritable
+  // --state-dir). Its updates are good, but a restarted dmuond would resume
+  // the job from an older step. A pool session: every daemon's reason.
+  virtual std::string not_durable() const = 0;
   // Undoes the step FinishStep() just completed (protocol minor 1, Rewind in
   // docs/protocol.md): the daemon puts every matrix's momentum back to
   // before it and step() goes back by one, so the step's gradients can be

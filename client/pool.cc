@@ -166,6 +166,14 @@ class PoolSession : public Session {
       if (auto st = s->FinishStep(); !st.ok()) return st;
     return absl::OkStatus();
   }
+  std::string not_durable() const override {
+    std::string why;
+    for (const auto& s : subs_) {
+      const std::string one = s->not_durable();
+      if (!one.empty()) absl::StrAppend(&why, why.empty() ? "" : "; ", one);
+    }
+    return why;
+  }
   absl::Status Rewind() override {
     for (auto& s : subs_)
       if (auto st = s->Rewind(); !st.ok()) return st;

@@ -242,6 +242,11 @@ class SessionImpl final : public Session {
     return absl::OkStatus();
   }
 
+  std::string not_durable() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return not_durable_;
+  }
+
   absl::Status Rewind() override {
     std::lock_guard<std::mutex> w(write_mu_);
     if (absl::Status st = stream_status(); !st.ok()) return st;
@@ -426,6 +431,7 @@ class SessionImpl final : public Session {
         }
       } else if (r.has_step_complete()) {
         complete_ = std::max(complete_, r.step_complete().step());
+        not_durable_ = r.step_complete().not_durable();
       }
       cv_.notify_all();
     }
@@ -461,6 +467,7 @@ class SessionImpl final : public Session {
   std::deque<std::pair<int64_t, std::vector<int>>> announced_;
   int announced_returned_ = 0;
   int64_t complete_ = 0;
+  std::string not_durable_;  // the last step_complete's
   absl::Status final_;
   bool ended_ = false;
   // Set by Close() (under write_mu_), read by the reader thread (under mu_):

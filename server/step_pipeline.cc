@@ -308,6 +308,7 @@ void StepPipeline::Deliver(const std::shared_ptr<Job>& job, int param,
   // told a step is complete restarts from that step (durable state).
   acks.durable = ctx_.snapshots->enabled() && ctx_.snapshot_every > 0 &&
                  step % ctx_.snapshot_every == 0;
+  if (acks.durable) acks.not_durable = std::make_shared<std::string>();
   {
     absl::MutexLock lock(&job->mu());
     // A step rolled back meanwhile (a rank left mid-step): discarded, and
@@ -337,16 +338,23 @@ void StepPipeline::Deliver(const std::shared_ptr<Job>& job, int param,
         acks.snapshot_steps = job->completed_steps();
       } else {
         CountError(bytes.status());
+        if (acks.not_durable) *acks.not_durable = bytes.status().ToString();
       }
     }
   }
   if (!acks.snapshot.empty()) {
     if (auto st = ctx_.snapshots->Write(job->id(), job->serial(),
                                         acks.snapshot_steps, acks.snapshot);
-        !st.ok())
+        !st.ok()) {
       CountError(st);
+      if (acks.not_durable) *acks.not_durable = st.ToString();
+    }
   }
-  for (auto& [sink, done] : acks.held) sink->Send(std::move(done));
+  for (auto& [sink, done] : acks.held) {
+    if (acks.not_durable)
+      done.mutable_step_complete()->set_not_durable(*acks.not_durable);
+    sink->Send(std::move(done));
+  }
   for (auto& gate : acks.gates) gate->Done();
 }
 
@@ -423,7 +431,11 @@ void StepPipeline::Acknowledge(const std::shared_ptr<Job>& job, Session& s,
     std::shared_ptr<AckGate> gate;
     if (last) {
       gate = std::make_shared<AckGate>(
-          acks.durable ? 2 : 1, [sink = st.sink, done] { sink->Send(done); });
+          acks.durable ? 2 : 1,
+          [sink = st.sink, done, why = acks.not_durable]() mutable {
+            if (why) done.mutable_step_complete()->set_not_durable(*why);
+            sink->Send(std::move(done));
+          });
       if (acks.durable) acks.gates.push_back(gate);
     }
     // An absent parameter: an empty push (nothing to send), in its place

@@ -88,6 +88,10 @@ class StepPipeline {
     // nccl ranks' step_complete of a durable step: sent once the last
     // update send is posted and the snapshot is written.
     std::vector<std::shared_ptr<AckGate>> gates;
+    // Made with `durable`: why the step's snapshot failed (empty: it did
+    // not; StepComplete.not_durable), set before the held acks are sent and
+    // before the gates' snapshot wait is done.
+    std::shared_ptr<std::string> not_durable;
     std::string snapshot;  // empty: none
     int64_t snapshot_steps = 0;
   };

@@ -559,6 +559,11 @@ void AddSessionInfo(py::class_<PySession>& cls) {
       .def_property_readonly("transport",
                              [](PySession& s) { return s.s().transport(); })
       .def_property_readonly(
+          "not_durable", [](PySession& s) { return s.s().not_durable(); },
+          "Empty, or why the step finish_step() last completed is not "
+          "durable: dmuond's --snapshot-every snapshot of it could not be "
+          "written, so a restarted dmuond would resume from an older step.")
+      .def_property_readonly(
           "region_released",
           [](PySession& s) { return s.s().region_released(); },
           "After close(): whether dmuond confirmed it released the "

@@ -32,7 +32,7 @@ import warnings
 import numpy as np
 import torch
 
-from . import _dcp, _ddp, _dtensor, _errors, _groups, _native, _parts, _routing, _wiring
+from . import _dcp, _ddp, _dtensor, _durability, _errors, _groups, _native, _parts, _routing, _wiring
 from ._recovery import deferred_sigint
 
 
@@ -55,6 +55,7 @@ class Handoff:
         self.stats = {"steps": 0, "wait_seconds": 0.0, "last_wait_seconds": 0.0,
                       "last_step_seconds": 0.0, "handoff_seconds": 0.0,
                       "redone_steps": 0, "rewound_steps": 0}
+        self.durability = _durability.Durability(self.stats)
         self.hooks = _wiring.Hooks(self)
         self.lock = threading.Lock()  # a GPU send and its declaration go together
         self.accumulating = False  # no_sync()
@@ -420,6 +421,7 @@ class Handoff:
                 self.apply(i)
             if self.link.session.step == self.pending_step:  # not if it ran, then an interrupt
                 self.link.session.finish_step()
+                self.durability.completed(self.link.session)
         self.reset_step()
 
     def stage(self, i, p, value):
