@@ -56,17 +56,18 @@ def clip_table(args, corpus, device):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30, help="measured steps per run")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--server", default="auto")
+    ap.add_argument("--warmup", type=int, default=5, help="unmeasured steps first")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per optimizer (medians)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    ap.add_argument("--server", default="auto", help="auto or host:port of a dmuond")
     ap.add_argument("--clip", action="store_true",
                     help="instead: gradient clipping after backward, with and without "
                     "clipping, overlap on and off (writes client-clip.json)")
     ap.add_argument("--out", default=os.path.join(char_gpt.HERE, "..", "..", "..",
-                                                  "benchmarks", "results", "client.json"))
+                                                  "benchmarks", "results", "client.json"),
+                    help="the JSON written (default: benchmarks/results/client.json)")
     args = ap.parse_args()
     device = args.device
     if device == "auto":

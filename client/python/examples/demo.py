@@ -95,8 +95,8 @@ def plot(runs, path, title):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=300, help="training steps per optimizer")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     ap.add_argument("--server", default="auto", help="auto or host:port of a dmuond")
     # An untracked folder: a run does not rewrite the checked-in results

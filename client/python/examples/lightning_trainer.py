@@ -63,9 +63,11 @@ def run(steps, make_optimizer, clip=1.0):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--server", default="auto")
-    ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--steps", type=int, default=10, help="training steps")
+    ap.add_argument("--server", default="auto", help="auto or host:port of a dmuond")
+    ap.add_argument("--compare", action="store_true",
+                    help="also train with torch.optim.Muon (fp32 Newton-Schulz) + AdamW and "
+                    "print the largest difference")
     a = ap.parse_args()
     dm, opt = run(a.steps, lambda m: dmuon_for(m, a.server))
     print(f"DMuon: {a.steps} steps; steps dmuond redid after clipping: "
