@@ -74,6 +74,11 @@ ABSL_FLAG(int64_t, max_state_bytes, dmuon::server::kDefaultMaxStateBytes,
           "default, two fifths of the GPUs' memory when CUDA executors keep "
           "the state (the step-start copies take as much again), else a "
           "quarter of the host's physical memory; logged at start");
+ABSL_FLAG(int64_t, max_state_read_bytes,
+          dmuon::server::kDefaultMaxStateReadBytes,
+          "most bytes every GetState stream together holds (a chunk and its "
+          "serialized copy each); past it readers get smaller chunks (down "
+          "to 1 MiB), then wait up to 10 s, then RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_ns_steps, dmuon::server::kDefaultMaxNsSteps,
           "most Newton-Schulz steps of a schedule (ns_steps, or a custom "
           "schedule's coefficients); more get RESOURCE_EXHAUSTED");
@@ -251,6 +256,8 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.max_job_elements < 1) return Invalid("--max-job-elements must be >= 1");
   if (c.max_state_bytes < 0)
     return Invalid("--max-state-bytes must be >= 0 (0: the default)");
+  if (c.max_state_read_bytes < 1)
+    return Invalid("--max-state-read-bytes must be >= 1");
   if (c.max_ns_steps < 1 || c.max_ns_steps > kernels::kMaxNsSteps) {
     return Invalid(absl::StrCat("--max-ns-steps must be in [1, ",
                                 kernels::kMaxNsSteps,
@@ -322,6 +329,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.max_job_parameters = absl::GetFlag(FLAGS_max_job_parameters);
   c.max_job_elements = absl::GetFlag(FLAGS_max_job_elements);
   c.max_state_bytes = absl::GetFlag(FLAGS_max_state_bytes);
+  c.max_state_read_bytes = absl::GetFlag(FLAGS_max_state_read_bytes);
   c.max_ns_steps = absl::GetFlag(FLAGS_max_ns_steps);
   c.max_job_id_bytes = absl::GetFlag(FLAGS_max_job_id_bytes);
   c.max_idle_jobs = absl::GetFlag(FLAGS_max_idle_jobs);

@@ -46,6 +46,8 @@ struct DaemonConfig {
   // --max-state-bytes, >= 0; 0: the default, sized from the memory that
   // holds the state (state_bytes_limit(), DefaultStateBytes).
   int64_t max_state_bytes = kDefaultMaxStateBytes;
+  // --max-state-read-bytes, >= 1: every GetState stream together.
+  int64_t max_state_read_bytes = kDefaultMaxStateReadBytes;
   int max_ns_steps = kDefaultMaxNsSteps;         // --max-ns-steps, >= 1
   int max_job_id_bytes = kDefaultMaxJobIdBytes;  // --max-job-id-bytes, >= 1
   int max_idle_jobs = kDefaultMaxIdleJobs;       // --max-idle-jobs, >= 0

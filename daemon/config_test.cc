@@ -55,6 +55,8 @@ TEST(DaemonConfig, DefaultsAreTheFlagsAndTheServicesDefaults) {
       // 0 both: the service's "no limit", dmuond's "derived"
       // (DefaultStateBytes), which it hands the service.
       {"max_state_bytes", str(c.max_state_bytes), str(o.max_state_bytes)},
+      {"max_state_read_bytes", str(c.max_state_read_bytes),
+       str(o.max_state_read_bytes)},
       {"max_ns_steps", str(c.max_ns_steps), str(o.max_ns_steps)},
       {"max_job_id_bytes", str(c.max_job_id_bytes), str(o.max_job_id_bytes)},
       {"max_idle_jobs", str(c.max_idle_jobs), str(o.max_idle_jobs)},
@@ -125,6 +127,8 @@ TEST(DaemonConfig, EachBadValueIsRefusedNamingItsFlag) {
        [](DaemonConfig& c) { c.max_job_parameters = 0; }},
       {"--max-job-elements", [](DaemonConfig& c) { c.max_job_elements = 0; }},
       {"--max-state-bytes", [](DaemonConfig& c) { c.max_state_bytes = -1; }},
+      {"--max-state-read-bytes",
+       [](DaemonConfig& c) { c.max_state_read_bytes = 0; }},
       {"--max-ns-steps", [](DaemonConfig& c) { c.max_ns_steps = 0; }},
       {"--max-ns-steps", [](DaemonConfig& c) { c.max_ns_steps = 10001; }},
       {"--max-job-id-bytes", [](DaemonConfig& c) { c.max_job_id_bytes = 0; }},

@@ -179,6 +179,8 @@ ServiceOptions ServiceOptionsOf(const DaemonConfig& config) {
   opts.max_job_parameters = config.max_job_parameters;
   opts.max_job_elements = config.max_job_elements;
   opts.max_ns_steps = config.max_ns_steps;
+  opts.max_state_read_bytes =
+      static_cast<uint64_t>(config.max_state_read_bytes);
   opts.max_job_id_bytes = config.max_job_id_bytes;
   opts.max_idle_jobs = config.max_idle_jobs;
   opts.attach_timeout_seconds = config.attach_timeout_seconds;

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "absl/time/time.h"
+
 namespace dmuon::server {
 
 // Each is the default of the dmuond flag of its name (kDefaultMaxSessions:
@@ -26,12 +28,20 @@ inline constexpr int64_t kDefaultMaxJobElements = int64_t{1} << 34;
 // daemon/config.h), which it passes to the service.
 inline constexpr int64_t kDefaultMaxStateBytes = 0;
 inline constexpr int kDefaultMaxNsSteps = 100;
+// Every GetState stream together: 4 readers of maximum-size chunks (each
+// twice its chunk: the copy and its serialized message).
+inline constexpr int64_t kDefaultMaxStateReadBytes = int64_t{512} << 20;
 inline constexpr int kDefaultMaxJobIdBytes = 256;
 inline constexpr int kDefaultMaxIdleJobs = 64;
 inline constexpr int kDefaultAttachTimeoutSeconds = 60;
 // The gRPC adapter's (GrpcOptions): a session's Step responses queued for
 // its client.
 inline constexpr int64_t kDefaultMaxStepQueueBytes = int64_t{64} << 20;
+
+// Not flags: a GetState chunk is never cut below 1 MiB to fit
+// --max-state-read-bytes (a reader waits instead), and waits 10 s at most.
+inline constexpr uint64_t kMinStateChunk = uint64_t{1} << 20;
+inline constexpr absl::Duration kStateReadWait = absl::Seconds(10);
 
 // Not a flag: the most completed steps a job may be set to (SetState, a
 // snapshot file): steps then count up by one each, so step numbers (int64)

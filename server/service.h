@@ -12,6 +12,7 @@
 #ifndef DMUON_SERVER_SERVICE_H_
 #define DMUON_SERVER_SERVICE_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -26,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "base/protocol.h"
 #include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
@@ -33,6 +35,7 @@
 #include "server/device_transport.h"
 #include "server/limits.h"
 #include "server/principal.h"
+#include "server/read_budget.h"
 #include "server/scheduler.h"
 #include "server/service_metrics.h"
 #include "server/session_error.h"
@@ -97,6 +100,13 @@ struct ServiceOptions {
   // fp32 momentum bytes of every job the daemon holds (idle ones
   // included) that a new job may bring the total to; 0: no limit.
   uint64_t max_state_bytes = kDefaultMaxStateBytes;  // --max-state-bytes
+  // Bytes every GetState stream together may hold (ReadBudget; > 0): a
+  // reader past it gets smaller chunks (down to kMinStateChunk), then waits
+  // up to state_read_wait, then RESOURCE_EXHAUSTED (Next may be called
+  // again: nothing was read).
+  uint64_t max_state_read_bytes =
+      kDefaultMaxStateReadBytes;                    // --max-state-read-bytes
+  absl::Duration state_read_wait = kStateReadWait;  // not a flag: tests
   // --max-ns-steps: ns_steps, a custom schedule's length.
   int max_ns_steps = kDefaultMaxNsSteps;
   int max_job_id_bytes = kDefaultMaxJobIdBytes;  // --max-job-id-bytes
@@ -158,10 +168,17 @@ class StateReader {
   OptimizerService* const service_;
   const std::shared_ptr<Job> job_;
   std::optional<v1::StateChunk> header_;  // until Next returned it
+  // Leases the next chunk's bytes from the service's ReadBudget (waiting up
+  // to ServiceOptions::state_read_wait): its size, or 0 with lease_error_
+  // set.
+  uint64_t LeaseChunk(uint64_t remaining);
+
   const uint64_t max_chunk_;
-  int param_ = 0;           // the parameter being read
-  uint64_t offset_ = 0;     // its next byte
-  std::vector<float> buf_;  // it, read from an executor that holds state
+  int param_ = 0;            // the parameter being read
+  uint64_t offset_ = 0;      // its next byte
+  std::vector<float> buf_;   // it, read from an executor that holds state
+  ReadBudget::Lease lease_;  // the bytes of the chunk Next returned last
+  absl::Status lease_error_;
 };
 
 // A SetState stream (OptimizerService::WriteState; state.cc): the header
@@ -384,6 +401,8 @@ class OptimizerService {
 
   const ServiceOptions options_;
   std::unique_ptr<Scheduler> scheduler_;
+  // What GetState streams hold (StateReader::LeaseChunk).
+  ReadBudget read_budget_{std::max<uint64_t>(options_.max_state_read_bytes, 1)};
   std::unique_ptr<kernels::Autotuner> autotuner_;
   ServiceMetrics* const metrics_;  // never null: NoServiceMetrics at least
   const std::chrono::steady_clock::time_point started_;

@@ -147,6 +147,66 @@ TEST(StreamState, GetStateIsChunkByChunkBitIdenticalAndHoldsTheStepBoundary) {
   EXPECT_NE((*after)[1].momentum().data(), want[0].substr(0, max_chunk));
 }
 
+// --max-state-read-bytes: the readers together never lease more; a reader
+// short of it gets smaller chunks, one with nothing free waits, then gets
+// RESOURCE_EXHAUSTED naming the flag, and reads on once bytes are back.
+TEST(StreamState, ReadersTogetherHoldNoMoreThanTheReadBudget) {
+  const std::vector<Param> big = {{"big", 1024, 1024, v1::SHARDING_REPLICATED}};
+  ServiceOptions o;  // chunks of up to ~64 MiB: the budget decides
+  o.max_state_read_bytes = 3 << 20;
+  o.state_read_wait = absl::Milliseconds(200);
+  auto svc = NewService(o);
+  Rank r;
+  ASSERT_TRUE(r.Open(*svc, Request("j", 0, 1, v1::TRANSPORT_INLINE, big)).ok());
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  std::vector<float> m(1024 * 1024);
+  for (float& x : m) x = d(rng);
+  const std::string want(reinterpret_cast<const char*>(m.data()),
+                         m.size() * sizeof(float));
+  std::vector<v1::StateChunk> set(2);
+  set[0].set_session_id(r.open.session_id());
+  set[0].mutable_header()->set_completed_steps(3);
+  auto* p = set[0].mutable_header()->add_parameters();
+  p->set_name("big");
+  p->add_shape(1024);
+  p->add_shape(1024);
+  set[1].mutable_momentum()->set_total_bytes(want.size());
+  set[1].mutable_momentum()->set_data(want);
+  ASSERT_TRUE(SetState(*svc, set).ok());
+
+  auto a = svc->ReadState(r.open.session_id());
+  auto b = svc->ReadState(r.open.session_id());
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Next().ok() && (*b)->Next().ok());  // the headers
+  auto first = (*a)->Next();  // 3 MiB leased: a chunk of 1.5 MiB, not 4
+  ASSERT_TRUE(first.ok() && first->has_value()) << first.status();
+  EXPECT_EQ((*first)->momentum().data().size(), uint64_t{3} << 19);
+  auto refused = (*b)->Next();  // nothing free
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("--max-state-read-bytes=3145728"),
+            std::string::npos)
+      << refused.status();
+
+  auto read_rest = [&](StateReader& reader, std::string got) {
+    for (;;) {
+      auto c = reader.Next();
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (!c.ok() || !c->has_value()) return got;
+      EXPECT_EQ((*c)->momentum().offset(), got.size());
+      EXPECT_GE((*c)->momentum().data().size(),
+                std::min<uint64_t>(kMinStateChunk, want.size() - got.size()));
+      got += (*c)->momentum().data();
+    }
+  };
+  const std::string got_a = read_rest(**a, (*first)->momentum().data());
+  a->reset();
+  const std::string got_b = read_rest(**b, "");  // its bytes are back
+  EXPECT_TRUE(got_a == want) << "reader a: not bit-identical";
+  EXPECT_TRUE(got_b == want) << "reader b: not bit-identical";
+}
+
 TEST(StreamState, TwoReadersAtOnceTheStepWaitsForTheLast) {
   auto svc = NewService();
   Rank r;

@@ -92,7 +92,11 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
     return h;
   }
   Job& job = *job_;
-  absl::MutexLock lock(&job.mu());
+  // The chunk Next returned last has been written (or dropped): its bytes
+  // go back before the next ones are leased.
+  lease_.Release();
+  // The table never changes, and param_ and offset_ are this reader's own:
+  // the lease is taken without the job's lock (it may wait).
   while (param_ < job.num_params() && offset_ >= TensorBytes(job, param_)) {
     ++param_;
     offset_ = 0;
@@ -100,6 +104,9 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
     buf_.shrink_to_fit();
   }
   if (param_ >= job.num_params()) return std::nullopt;
+  const uint64_t n = LeaseChunk(TensorBytes(job, param_) - offset_);
+  if (n == 0) return lease_error_;
+  absl::MutexLock lock(&job.mu());
   if (job.broken() || job.dropped()) {
     return absl::AbortedError(
         absl::StrCat("job '", job.id(), "' ",
@@ -136,7 +143,6 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
   } else {
     base = reinterpret_cast<const char*>(job.param(param_).momentum.data());
   }
-  const uint64_t n = std::min(max_chunk_, bytes - offset_);
   v1::StateChunk ch;
   auto* mc = ch.mutable_momentum();
   mc->set_param_id(param_);
@@ -146,6 +152,24 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
   mc->set_data(base + offset_, n);
   offset_ += n;
   return std::optional<v1::StateChunk>(std::move(ch));
+}
+
+uint64_t StateReader::LeaseChunk(uint64_t remaining) {
+  // Twice the chunk (it, and the copy gRPC serializes until the write
+  // returns), plus the whole parameter that executors holding state are read
+  // into; at least a chunk of kMinStateChunk when the budget is short.
+  const uint64_t whole =
+      service_->scheduler_->holds_state() ? TensorBytes(*job_, param_) : 0;
+  const uint64_t want = std::min(max_chunk_, remaining);
+  const uint64_t min = std::min(want, kMinStateChunk);
+  auto lease = service_->read_budget_.Acquire(
+      whole + 2 * min, whole + 2 * want, service_->options_.state_read_wait);
+  if (!lease.ok()) {
+    lease_error_ = lease.status();
+    return 0;
+  }
+  lease_ = *std::move(lease);
+  return std::clamp<uint64_t>((lease_.bytes() - whole) / 2, min, want);
 }
 
 absl::StatusOr<std::unique_ptr<StateReader>> OptimizerService::ReadState(
