@@ -186,3 +186,21 @@ def test_without_torch_the_error_names_the_extra():
                          cwd=str(PACKAGE.parent), timeout=60, check=True).stdout
     assert out.startswith("ERR torch dmuon.optim needs PyTorch"), out
     assert "pip install 'dmuon[torch]'" in out, out
+
+
+def test_torchtitan_is_imported_only_by_its_integration():
+    """Issue 29, torchtitan: dmuon, dmuon.optim and dmuon.integrations never
+    import torchtitan; without it, dmuon.integrations.torchtitan names the
+    pip install that brings it."""
+    code = ("import sys\n"
+            "import dmuon, dmuon.optim, dmuon.integrations\n"
+            "print('IMPORTED', 'torchtitan' in sys.modules)\n"
+            "sys.modules['torchtitan'] = None\n"
+            "try:\n"
+            "    import dmuon.integrations.torchtitan\n"
+            "except ImportError as e:\n"
+            "    print('ERR', e.name, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(PACKAGE.parent), timeout=60, check=True).stdout
+    assert out.startswith("IMPORTED False\nERR torchtitan "), out
+    assert "pip install torchtitan==0.3.0" in out, out
