@@ -82,6 +82,13 @@ def test_trainer_equals_torch_muon_adamw(job):
     assert max(worst.values()) < TOL, sorted(worst.items(), key=lambda kv: -kv[1])[:5]
 
 
+def test_without_overlap_equals_torch_muon_adamw(job):
+    """overlap_backward=False (gradients handed over in step(), after the
+    clipping): the same numbers."""
+    worst = differences(job("dmuon", "--no-overlap"), job("torch"))
+    assert max(worst.values()) < TOL, sorted(worst.items(), key=lambda kv: -kv[1])[:5]
+
+
 def test_comparison_sees_another_lr(job):
     """The comparison can fail: DMuon with its Muon lr 1% off is caught."""
     worst = differences(job("dmuon", "--lr-scale=1.01"), job("torch"))

@@ -4,6 +4,8 @@ gradient clipping, LR warmup and decay, CheckpointManager) with one of two
 optimizer containers:
 
   --mode=dmuon   dmuon.integrations.torchtitan.DMuonOptimizersContainer
+                 (--no-overlap: overlap_backward=False; --lr-scale: its
+                 Muon lr times that)
   --mode=torch   torchtitan's OptimizersContainer with torch.optim.Muon
                  (fp32 Newton-Schulz, torch_ref) for the matrices and
                  torch.optim.AdamW for the rest, by ParamGroupConfig
@@ -75,7 +77,7 @@ def optimizer(args, lr_scale=1.0):
     return DMuonOptimizersContainer.Config(
         **dict(MUON, lr=MUON["lr"] * lr_scale),
         **{f"adamw_{k}": v for k, v in ADAMW.items()},
-        server=args.server)
+        server=args.server, overlap_backward=not args.no_overlap)
 
 
 def config(args):
@@ -134,4 +136,5 @@ if __name__ == "__main__":
     ap.add_argument("--dump", required=True)
     ap.add_argument("--save-at", type=int, default=STEPS)
     ap.add_argument("--lr-scale", type=float, default=1.0)
+    ap.add_argument("--no-overlap", action="store_true")
     worker_main(ap.parse_args(), run)
