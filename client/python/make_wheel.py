@@ -219,6 +219,17 @@ def is_package_file(name):
     return name.endswith((".py", ".pyi")) or name == "py.typed"
 
 
+def package_files(pkg):
+    """The package's files (is_package_file), its subpackages' included
+    (dmuon/integrations/), as paths relative to pkg, sorted."""
+    out = []
+    for top, dirs, names in os.walk(pkg):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        out += [os.path.relpath(os.path.join(top, n), pkg) for n in names
+                if is_package_file(n)]
+    return sorted(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "dist"),
@@ -234,10 +245,9 @@ def main():
     check_python(proj["requires-python"])
     files = []  # (path in the wheel, bytes, executable)
     pkg = os.path.join(HERE, dist)
-    for name in sorted(os.listdir(pkg)):
-        if is_package_file(name):
-            with open(os.path.join(pkg, name), "rb") as f:
-                files.append((f"{dist}/{name}", f.read(), False))
+    for rel in package_files(pkg):
+        with open(os.path.join(pkg, rel), "rb") as f:
+            files.append((f"{dist}/{rel}", f.read(), False))
     binaries = ((("client", "python", "_dmuon.so"), f"{dist}/_dmuon.so"),
                 (("daemon", "dmuond"), f"{dist}/bin/dmuond"),
                 (("daemon", "dmuonctl"), f"{dist}/bin/dmuonctl"))

@@ -172,17 +172,37 @@ def test_the_package_has_no_mixin():
     assert [c.__name__ for c in DMuon.__mro__] == ["DMuon", "Optimizer", "object"]
 
 
+def _python(code):
+    """What a fresh interpreter running `code` printed (it must exit 0)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=str(PACKAGE.parent), timeout=60, check=True).stdout
+
+
 def test_without_torch_the_error_names_the_extra():
     """Issue 29, item 11: without PyTorch, `import dmuon` works (orthogonalize,
     Client) and `import dmuon.optim` names the extra that installs it, not a
     bare "No module named 'torch'"."""
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import dmuon\n"
-            "try:\n"
-            "    import dmuon.optim\n"
-            "except ModuleNotFoundError as e:\n"
-            "    print('ERR', e.name, e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=str(PACKAGE.parent), timeout=60, check=True).stdout
+    out = _python("import sys; sys.modules['torch'] = None\n"
+                  "import dmuon\n"
+                  "try:\n"
+                  "    import dmuon.optim\n"
+                  "except ModuleNotFoundError as e:\n"
+                  "    print('ERR', e.name, e)\n")
     assert out.startswith("ERR torch dmuon.optim needs PyTorch"), out
     assert "pip install 'dmuon[torch]'" in out, out
+
+
+def test_torchtitan_is_imported_only_by_its_integration():
+    """Issue 29, torchtitan: dmuon, dmuon.optim and dmuon.integrations never
+    import torchtitan; without it, dmuon.integrations.torchtitan names the
+    pip install that brings it."""
+    out = _python("import sys\n"
+                  "import dmuon, dmuon.optim, dmuon.integrations\n"
+                  "print('IMPORTED', 'torchtitan' in sys.modules)\n"
+                  "sys.modules['torchtitan'] = None\n"
+                  "try:\n"
+                  "    import dmuon.integrations.torchtitan\n"
+                  "except ImportError as e:\n"
+                  "    print('ERR', e.name, e)\n")
+    assert out.startswith("IMPORTED False\nERR torchtitan "), out
+    assert "pip install torchtitan==0.3.0" in out, out

@@ -137,7 +137,8 @@ def test_wheel_file(wheel):
         entry_points = z.read(f"{info}/entry_points.txt").decode()
         modes = {n: z.getinfo(n).external_attr >> 16 for n in names}
     for f in ("dmuon/_dmuon.so", "dmuon/bin/dmuond", "dmuon/bin/dmuonctl", "dmuon/_cli.py",
-              "dmuon/optim.py", "dmuon/torch.py"):
+              "dmuon/optim.py", "dmuon/torch.py", "dmuon/integrations/__init__.py",
+              "dmuon/integrations/torchtitan.py"):
         assert f in names, f
     for f in ("dmuon/bin/dmuond", "dmuon/bin/dmuonctl"):
         assert modes[f] & 0o111, f
@@ -156,6 +157,7 @@ def test_wheel_file(wheel):
     assert f"Requires-Python: =={py.major}.{py.minor}.*\n" in meta
     assert "Requires-Dist: numpy\n" in meta
     assert 'Requires-Dist: torch>=2.9; extra == "torch"\n' in meta
+    assert 'Requires-Dist: torchtitan==0.3.0; extra == "torchtitan"\n' in meta
     assert "dmuond = dmuon._cli:dmuond" in entry_points
     assert "dmuonctl = dmuon._cli:dmuonctl" in entry_points
 
