@@ -90,7 +90,7 @@ class DMuonOptimizersContainer(OptimizersContainer[DMuon]):
         resume: bool | str = "fresh"
         overlap_backward: bool = True
         """Hand each gradient to dmuond during backward (False: at step();
-        see client/python/README.md, "torchtitan", for CUDA graphs)."""
+        see client/python/README.md, "Training frameworks", for CUDA graphs)."""
 
     def __init__(self, config: Config, *, model_parts: list[nn.Module]) -> None:
         if config.param_groups:
