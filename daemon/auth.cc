@@ -3,8 +3,6 @@
 #include <grpc/grpc_security_constants.h>
 #include <openssl/sha.h>
 
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -13,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/token.h"
+#include "daemon/operator_file.h"
 
 namespace dmuon::server {
 namespace {
@@ -32,14 +31,10 @@ Role ParseRole(absl::string_view s) {
 
 absl::StatusOr<std::map<std::string, TokenEntry>> ReadTokens(
     const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::InvalidArgumentError("--auth-token-file=" + path +
-                                      ": cannot read it");
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto tokens = ParseTokens(ss.str());
+  auto text =
+      ReadOperatorFile(path, kMaxTokenFileBytes, "--auth-token-file=" + path);
+  if (!text.ok()) return text.status();
+  auto tokens = ParseTokens(*text);
   if (!tokens.ok()) {
     return absl::InvalidArgumentError("--auth-token-file=" + path + ": " +
                                       std::string(tokens.status().message()));

@@ -7,19 +7,13 @@
 // $DMUON_TLS_CERT_FILE, $DMUON_TLS_KEY_FILE, $DMUON_TLS_SERVER_NAME.
 // Exit status: 0 on success (health: SERVING), 1 otherwise, 2 on usage errors.
 
-#include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/token.h"
 #include "daemon/flags.h"
+#include "daemon/operator_file.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 
@@ -94,32 +89,16 @@ void SetDeadline(grpc::ClientContext* ctx) {
   if (!Token().empty()) ctx->AddMetadata("authorization", "Bearer " + Token());
 }
 
-// A file's contents, whitespace trimmed at both ends; false if unreadable.
-// The contents of the regular file `path`, at most `max` bytes, without
-// surrounding whitespace; an error naming `what` otherwise (a FIFO or a
-// device is refused without blocking on it).
+// The regular file `path` (ReadOperatorFile: at most `max` bytes, a FIFO or
+// device refused without blocking on it), without surrounding whitespace;
+// an error naming `what` otherwise.
 absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max,
                                      const std::string& what) {
-  auto fail = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", why));
-  };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return fail(std::strerror(errno));
-  struct stat st;
-  std::string out;
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  if (regular && static_cast<uint64_t>(st.st_size) <= max) {
-    out.resize(static_cast<size_t>(st.st_size));
-    const ssize_t n = ::read(fd, out.data(), out.size());
-    out.resize(n < 0 ? 0 : static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (!regular) return fail("not a regular file");
-  if (static_cast<uint64_t>(st.st_size) > max)
-    return fail(absl::StrCat("larger than ", max, " bytes"));
-  const size_t b = out.find_first_not_of(" \t\r\n");
-  const size_t e = out.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : out.substr(b, e - b + 1);
+  auto out = dmuon::ReadOperatorFile(path, max, what);
+  if (!out.ok()) return out.status();
+  const size_t b = out->find_first_not_of(" \t\r\n");
+  const size_t e = out->find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : out->substr(b, e - b + 1);
 }
 
 // The token to send: --token-file, else $DMUON_TOKEN_FILE, else

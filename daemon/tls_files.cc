@@ -17,12 +17,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/operator_file.h"
 
 namespace dmuon::server {
 namespace {
@@ -41,14 +40,13 @@ std::string OpenSslError() {
 
 absl::StatusOr<std::string> ReadFile(const char* flag,
                                      const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  if (in) ss << in.rdbuf();
-  if (!in || ss.str().empty()) {
+  auto pem =
+      ReadOperatorFile(path, kMaxPemFileBytes, absl::StrCat(flag, "=", path));
+  if (pem.ok() && pem->empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, "=", path, ": cannot read it"));
+        absl::StrCat(flag, "=", path, ": the file is empty"));
   }
-  return ss.str();
+  return pem;
 }
 
 struct BioFree {

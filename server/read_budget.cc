@@ -33,14 +33,14 @@ absl::StatusOr<ReadBudget::Lease> ReadBudget::Acquire(uint64_t min,
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&grantable), wait)) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "GetState streams hold ", leased_, " of --max-state-read-bytes=",
-        capacity_, " bytes (", leases_, " reading) and ", min,
-        " more were not free within ", absl::FormatDuration(wait),
-        ": read the state again later"));
+        "GetState streams hold ", leased_,
+        " of --max-state-read-bytes=", capacity_, " bytes (", leases_,
+        " reading) and ", min, " more were not free within ",
+        absl::FormatDuration(wait), ": read the state again later"));
   }
   const uint64_t free = capacity_ - std::min(leased_, capacity_);
-  const uint64_t bytes = leases_ == 0 ? std::max(min, std::min(want, free))
-                                      : std::min(want, free);
+  const uint64_t bytes =
+      leases_ == 0 ? std::max(min, std::min(want, free)) : std::min(want, free);
   leased_ += bytes;
   ++leases_;
   return Lease(this, bytes);

@@ -709,6 +709,38 @@ TEST(Auth, ClientsSendTokensAndCertificates) {
       << session.status();
 }
 
+// Operator files are read as regular files within a bound (issue 27, risk
+// "operator-side files read without a size bound"): a FIFO as
+// --auth-token-file or --tls-cert-file, /dev/zero as --tls-key-file, or an
+// oversized token file stop dmuond at start with the flag named, at once.
+TEST(Auth, DmuondRefusesOperatorFilesThatAreNotSmallRegularFiles) {
+  const std::string dir = TempDir("operator-files");
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  Write(dir + "/huge-tokens", std::string((4u << 20) + 1, '#'));
+  const Pki& p = Certs();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--auth-token-file=" + dir + "/fifo"},
+       "--auth-token-file=" + dir + "/fifo: not a regular file"},
+      {{"--auth-token-file=" + dir + "/huge-tokens"},
+       "--auth-token-file=" + dir + "/huge-tokens: 4194305 bytes, more than"},
+      {{"--tls-cert-file=" + dir + "/fifo", "--tls-key-file=" + p.server_key},
+       "--tls-cert-file=" + dir + "/fifo: not a regular file"},
+      {{"--tls-cert-file=" + p.server_cert, "--tls-key-file=/dev/zero"},
+       "--tls-key-file=/dev/zero: not a regular file"},
+  };
+  for (const auto& [flags, want] : cases) {
+    std::vector<std::string> argv = {Runfile("daemon/dmuond"),
+                                     "--listen=127.0.0.1:0",
+                                     "--summary-every-secs=0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const std::string log = dir + "/log";
+    Process d(argv, log);
+    EXPECT_EQ(d.Wait(30), 2) << want;
+    const std::string out = Read(log);
+    EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+  }
+}
+
 TEST(Auth, NonLoopbackListenNeedsTlsAndAuthOrInsecure) {
   const std::string log = TempDir("insecure") + "/log";
   Process p({Runfile("daemon/dmuond"), "--listen=0.0.0.0:0",
