@@ -15,9 +15,10 @@ namespace {
 
 std::string Dir() {
   static const std::string dir = [] {
-    std::string t = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
-                                                          : "/tmp") +
-                    "/operator_file_XXXXXX";
+    std::string t =
+        std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
+                                               : "/tmp") +
+        "/operator_file_XXXXXX";
     return std::string(::mkdtemp(t.data()));
   }();
   return dir;
@@ -44,7 +45,8 @@ TEST(OperatorFile, RefusesAFileOverItsBoundNamingTheFlag) {
   auto got = ReadOperatorFile(path, 1024, "--auth-token-file=" + path);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(got.status().message().find("--auth-token-file=" + path + ": 1025 "
+  EXPECT_NE(got.status().message().find("--auth-token-file=" + path +
+                                        ": 1025 "
                                         "bytes, more than the 1024"),
             std::string::npos)
       << got.status();
