@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -431,6 +432,14 @@ void WarnInsecure(const DaemonConfig& config) {
                    : "TLS (--tls-cert-file)");
 }
 
+// Logs a warning when the served certificate has expired, is not valid yet
+// or expires within 7 days (`when`: at start or at SIGHUP).
+void WarnCertificateValidity(const char* when, const std::string& cert_pem) {
+  const std::string w = CertificateValidityWarning(
+      cert_pem, static_cast<int64_t>(std::time(nullptr)), 7 * 24 * 3600);
+  if (!w.empty()) spdlog::warn("{}: {}", when, w);
+}
+
 // SIGHUP: re-reads the TLS files (and gives /metrics the new ones with
 // --metrics-tls) and the token file; a file that fails keeps what was in
 // force, logged. `tls`, `metrics` may be null (not in use).
@@ -445,6 +454,7 @@ void Reload(const DaemonConfig& config, TlsFiles* tls, MetricsHttp* metrics,
     if (cert.ok()) {
       spdlog::info("SIGHUP: TLS files re-read ({}); new connections use them",
                    *cert);
+      WarnCertificateValidity("SIGHUP", tls->current().cert);
     } else {
       spdlog::error("SIGHUP: {}; the TLS certificates stay as they were",
                     std::string(cert.status().message()));
@@ -507,6 +517,7 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
                               config.tls_client_ca_file);
     if (!t.ok()) return Fail(t.status());
     tls = *std::move(t);
+    WarnCertificateValidity("--tls-cert-file", tls->current().cert);
   }
 
   auto metrics_http = StartMetrics(config, metrics, tls.get(), auth->get());

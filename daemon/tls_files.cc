@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <utility>
 #include <vector>
@@ -170,6 +171,25 @@ absl::Status CheckKeyPair(const std::string& cert_pem,
         "the private key is not the certificate's");
   }
   return absl::OkStatus();
+}
+
+std::string CertificateValidityWarning(const std::string& cert_pem, int64_t now,
+                                       int64_t soon_seconds) {
+  Cert c = FirstCert(cert_pem);
+  if (!c) return "";
+  time_t t = static_cast<time_t>(now);
+  time_t soon = static_cast<time_t>(now + soon_seconds);
+  const std::string described = Describe(cert_pem);
+  if (X509_cmp_time(X509_get0_notAfter(c.get()), &t) < 0)
+    return absl::StrCat("the certificate has expired (", described,
+                        "): TLS clients will refuse it");
+  if (X509_cmp_time(X509_get0_notBefore(c.get()), &t) > 0)
+    return absl::StrCat("the certificate is not valid yet (", described,
+                        "): TLS clients will refuse it");
+  if (X509_cmp_time(X509_get0_notAfter(c.get()), &soon) < 0)
+    return absl::StrCat("the certificate expires soon (", described,
+                        "): renew it and send SIGHUP");
+  return "";
 }
 
 absl::Status CheckCaBundle(const std::string& ca_pem) {

@@ -39,6 +39,14 @@ absl::Status CheckKeyPair(const std::string& cert_pem,
 // INVALID_ARGUMENT unless `ca_pem` holds at least one PEM certificate.
 absl::Status CheckCaBundle(const std::string& ca_pem);
 
+// A warning for the log, or "": the first certificate of `cert_pem` has
+// expired, is not valid yet, or expires within `soon_seconds` of `now`
+// (seconds since the epoch). Clients refuse an expired certificate, so a
+// daemon that starts (or reloads) with one serves no TLS client: said at
+// once rather than found in every client's error.
+std::string CertificateValidityWarning(const std::string& cert_pem, int64_t now,
+                                       int64_t soon_seconds);
+
 class TlsFiles {
  public:
   // The files as served now.

@@ -501,6 +501,51 @@ std::unique_ptr<v1::Optimizer::Stub> FreshTlsStub(const std::string& address,
       grpc::CreateCustomChannel(address, grpc::SslCredentials(o), args));
 }
 
+// A certificate out of its validity is served with a warning in the log, at
+// start and at SIGHUP (issue 27: an expired one was accepted silently, and
+// every client then failed its handshake); one that expires within 7 days
+// too (the test CA's certificates are valid for 2).
+TEST(Auth, CertificateValidityIsWarnedAtStartAndOnSighup) {
+  const Pki& p = Certs();
+  const std::string d = TempDir("expired");
+  const std::string script =
+      "set -e; cd " + d +
+      "; openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+      "-keyout old.key -out old.csr -subj /CN=dmuond-expired && mkdir db && "
+      "touch db/index && echo 01 > db/serial && printf "
+      "\"[ca]\\ndefault_ca=c\\n[c]\\ndatabase=db/index\\nnew_certs_dir=db\\n"
+      "serial=db/serial\\ndefault_md=sha256\\npolicy=p\\n[p]\\n"
+      "commonName=supplied\\n\" > ca.cnf && openssl ca -batch -config ca.cnf "
+      "-cert " +
+      p.dir + "/ca.pem -keyfile " + p.dir +
+      "/ca.key -in old.csr "
+      "-out old.pem -startdate 20200101000000Z -enddate 20200102000000Z "
+      "-notext 2>openssl.log";
+  ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0)
+      << Read(d + "/openssl.log");
+  Write(d + "/tls.crt", Read(d + "/old.pem"));
+  Write(d + "/tls.key", Read(d + "/old.key"));
+  Daemon daemon({"--tls-cert-file=" + d + "/tls.crt",
+                 "--tls-key-file=" + d + "/tls.key"});
+  ASSERT_NE(daemon.port(), 0) << daemon.log();
+  EXPECT_NE(daemon.log().find("--tls-cert-file: the certificate has expired "
+                              "(subject /CN=dmuond-expired, expires Jan  2 "
+                              "00:00:00 2020 GMT): TLS clients will refuse it"),
+            std::string::npos)
+      << daemon.log();
+  Write(d + "/tls.crt", Read(p.server_cert));
+  Write(d + "/tls.key", Read(p.server_key));
+  daemon.process().Signal(SIGHUP);
+  for (int i = 0; i < 100 && daemon.log().find("SIGHUP: the certificate") ==
+                                 std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(daemon.log().find("SIGHUP: the certificate expires soon"),
+            std::string::npos)
+      << daemon.log();
+}
+
 TEST(Auth, SighupReloadsTheCertificates) {
   const Pki& p = Certs();
   // The daemon's files: the test CA's server certificate at first, then one
