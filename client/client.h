@@ -305,6 +305,11 @@ class Session {
   // --state-dir). Its updates are good, but a restarted dmuond would resume
   // the job from an older step. A pool session: every daemon's reason.
   virtual std::string not_durable() const = 0;
+  // Empty, or what dmuond said at OpenSession that is not an error
+  // (OpenSessionResponse.notice): this open created the job from zero
+  // momentum although a snapshot of its id was found, which could not be
+  // used and was moved aside (where to). A pool session: every daemon's.
+  virtual std::string notice() const = 0;
   // Undoes the step FinishStep() just completed (protocol minor 1, Rewind in
   // docs/protocol.md): the daemon puts every matrix's momentum back to
   // before it and step() goes back by one, so the step's gradients can be

@@ -167,12 +167,17 @@ class PoolSession : public Session {
     return absl::OkStatus();
   }
   std::string not_durable() const override {
-    std::string why;
+    return Joined(&Session::not_durable);
+  }
+  std::string notice() const override { return Joined(&Session::notice); }
+  // Every daemon's non-empty `what`, joined by "; ".
+  std::string Joined(std::string (Session::*what)() const) const {
+    std::string all;
     for (const auto& s : subs_) {
-      const std::string one = s->not_durable();
-      if (!one.empty()) absl::StrAppend(&why, why.empty() ? "" : "; ", one);
+      const std::string one = ((*s).*what)();
+      if (!one.empty()) absl::StrAppend(&all, all.empty() ? "" : "; ", one);
     }
-    return why;
+    return all;
   }
   absl::Status Rewind() override {
     for (auto& s : subs_)

@@ -242,6 +242,7 @@ class SessionImpl final : public Session {
     return absl::OkStatus();
   }
 
+  std::string notice() const override { return open_.notice(); }
   std::string not_durable() const override {
     std::lock_guard<std::mutex> l(mu_);
     return not_durable_;

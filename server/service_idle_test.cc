@@ -387,12 +387,38 @@ TEST(Service, CorruptSnapshotsAreMovedAsideReportedAndTheJobStartsAfresh) {
   ASSERT_EQ(status.snapshot_errors_size(), 2);
   for (const auto& e : status.snapshot_errors())
     EXPECT_NE(e.find(".corrupt-"), std::string::npos) << e;
-  // "evil" starts afresh (its file was moved aside at start).
+  // "junk" asked to continue: refused, saying where its file went.
+  {
+    Rank r;
+    auto req = Request("junk", 0, 1, v1::TRANSPORT_SHM, kIdle);
+    req.set_resume(v1::RESUME_CONTINUE);
+    const absl::Status none = r.Open(*svc, req);
+    EXPECT_TRUE(absl::IsNotFound(none)) << none;
+    EXPECT_NE(none.message().find("was moved aside to " + names.PathOf("junk") +
+                                  ".corrupt-"),
+              std::string::npos)
+        << none;
+  }
+  // "evil" starts afresh (its file was moved aside at start), and its open
+  // says so, once: the next job of the id is told nothing.
   {
     Rank r;
     ASSERT_TRUE(
         r.Open(*svc, Request("evil", 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());
     EXPECT_EQ(r.open.next_step(), 1);
+    for (const std::string& part : std::vector<std::string>{
+             "job 'evil' starts from zero momentum at step 1",
+             "could not be used",
+             "moved aside to " + names.PathOf("evil") + ".corrupt-"}) {
+      EXPECT_NE(r.open.notice().find(part), std::string::npos)
+          << part << ": " << r.open.notice();
+    }
+    Rank r2;
+    ASSERT_TRUE(
+        r2.Open(*svc, Request("junk", 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());
+    EXPECT_NE(r2.open.notice().find("job 'junk' starts from zero"),
+              std::string::npos)
+        << r2.open.notice();
   }
 
   // Damaged after the start (found good then): the reopen fails, naming
@@ -419,11 +445,15 @@ TEST(Service, CorruptSnapshotsAreMovedAsideReportedAndTheJobStartsAfresh) {
   ASSERT_TRUE(
       r.Open(*svc, Request("later", 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());
   EXPECT_EQ(r.open.next_step(), 1);
-  // The good one still resumes.
+  EXPECT_NE(r.open.notice().find("job 'later' starts from zero momentum"),
+            std::string::npos)
+      << r.open.notice();
+  // The good one still resumes, with nothing to say.
   Rank g;
   ASSERT_TRUE(
       g.Open(*svc, Request("good", 0, 1, v1::TRANSPORT_SHM, kIdle)).ok());
   EXPECT_EQ(g.open.next_step(), 3);
+  EXPECT_EQ(g.open.notice(), "");
 }
 
 TEST(Service, SnapshotWriteFailuresAreCountedReportedAndReturned) {

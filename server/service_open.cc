@@ -307,7 +307,15 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenChecked(
       RandomToken(), job, req.rank(), req.transport(), std::move(layout),
       std::move(shards), *std::move(region), who.peer);
   job->OpenRank(s);
-  if (created) jobs_[job->id()] = job;
+  if (created) {
+    jobs_[job->id()] = job;
+    // Starts from zero although a snapshot of the id was found: say why.
+    if (std::string aside = pending_.TakeMovedAside(job->id()); !aside.empty())
+      resp.set_notice(absl::StrCat("job '", job->id(),
+                                   "' starts from zero "
+                                   "momentum at step 1: ",
+                                   aside));
+  }
   sessions_[s->id()] = s;
   attach_reaper_.Kick();  // its attach deadline
   metrics_->SetSessions(static_cast<int>(sessions_.size()));
@@ -518,8 +526,13 @@ absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
         absl::StrCat("in its snapshot under --state-dir ", options_.state_dir,
                      ", not loaded yet"));
   }
-  if (resume == v1::RESUME_CONTINUE && pending_done <= 0)
-    return NothingToContinueError(req.job_id(), options_.state_dir);
+  if (resume == v1::RESUME_CONTINUE && pending_done <= 0) {
+    absl::Status none =
+        NothingToContinueError(req.job_id(), options_.state_dir);
+    const std::string aside = pending_.MovedAside(req.job_id());
+    if (aside.empty()) return none;
+    return absl::NotFoundError(absl::StrCat(none.message(), " (", aside, ")"));
+  }
   if (!tuned) {  // the job was dropped between the look and now
     tuned.emplace(table, std::vector<double>{});
     tuned->second = TuneTable(tuned->first);

@@ -454,9 +454,7 @@ absl::StatusOr<SnapshotFile> SnapshotStore::Parse(
   return out;
 }
 
-absl::StatusOr<
-    std::pair<std::vector<std::pair<std::string, std::string>>, absl::Status>>
-SnapshotStore::Scan() {
+absl::StatusOr<SnapshotStore::ScanResult> SnapshotStore::Scan() {
   DIR* d = ::opendir(dir_.c_str());
   if (!d) {
     return absl::FailedPreconditionError(
@@ -470,8 +468,7 @@ SnapshotStore::Scan() {
       names.push_back(n);
   }
   ::closedir(d);
-  std::vector<std::pair<std::string, std::string>> good;
-  absl::Status first;
+  ScanResult result;
   for (const std::string& n : names) {
     const std::string path = absl::StrCat(dir_, "/", n);
     auto snap = Read(path);
@@ -484,8 +481,15 @@ SnapshotStore::Scan() {
     if (!bad.ok()) {
       if (absl::IsNotFound(bad)) continue;  // removed meanwhile
       auto moved = MoveAside(path, bad);
-      if (first.ok()) {
-        first = absl::DataLossError(absl::StrCat(
+      if (moved.ok()) {
+        if (const std::string job = JobOfPath(path); !job.empty()) {
+          result.moved_aside[job] = absl::StrCat(
+              "its snapshot found at dmuond's start could not be used (",
+              bad.message(), ") and was moved aside to ", *moved);
+        }
+      }
+      if (result.first_error.ok()) {
+        result.first_error = absl::DataLossError(absl::StrCat(
             bad.message(), "; ",
             moved.ok() ? absl::StrCat("moved aside to ", *moved,
                                       " (its job starts from zero momentum "
@@ -499,9 +503,9 @@ SnapshotStore::Scan() {
       newest_[snap->head.header().job_id()] = {
           0, snap->head.header().completed_steps()};
     }
-    good.emplace_back(snap->head.header().job_id(), path);
+    result.good.emplace_back(snap->head.header().job_id(), path);
   }
-  return std::make_pair(std::move(good), first);
+  return result;
 }
 
 SnapshotSummary Summarize(const v1::StateHeader& header) {
@@ -523,6 +527,19 @@ void PendingSnapshots::AddFile(const std::string& job_id,
                                SnapshotSummary summary) {
   files_[job_id] = path;
   summaries_[job_id] = std::move(summary);
+}
+
+std::string PendingSnapshots::TakeMovedAside(const std::string& job_id) {
+  auto it = moved_aside_.find(job_id);
+  if (it == moved_aside_.end()) return "";
+  std::string notice = std::move(it->second);
+  moved_aside_.erase(it);
+  return notice;
+}
+
+std::string PendingSnapshots::MovedAside(const std::string& job_id) const {
+  auto it = moved_aside_.find(job_id);
+  return it == moved_aside_.end() ? "" : it->second;
 }
 
 std::map<std::string, SnapshotSummary> PendingSnapshots::OnDisk() const {

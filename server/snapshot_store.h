@@ -144,13 +144,17 @@ class SnapshotStore {
   // not read): what an open may check before the whole file is read.
   static absl::StatusOr<v1::StateHeader> ReadHeader(const std::string& path);
 
-  // Every snapshot file of the directory, each checked (read whole):
-  // (job id, path) of the good ones, and DATA_LOSS for the first bad one
-  // (the others are still listed); each bad one is moved aside
-  // (MoveAside). FAILED_PRECONDITION when the directory cannot be read.
-  absl::StatusOr<
-      std::pair<std::vector<std::pair<std::string, std::string>>, absl::Status>>
-  Scan() ABSL_LOCKS_EXCLUDED(mu_);
+  // Every snapshot file of the directory, each checked (read whole).
+  struct ScanResult {
+    std::vector<std::pair<std::string, std::string>> good;  // (job id, path)
+    // DATA_LOSS for the first bad one (the others are still listed).
+    absl::Status first_error;
+    // Each bad one is moved aside (MoveAside): job id (by its file's name)
+    // -> what happened, for that job's next open.
+    std::map<std::string, std::string> moved_aside;
+  };
+  // FAILED_PRECONDITION when the directory cannot be read.
+  absl::StatusOr<ScanResult> Scan() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Status WriteLocked(const std::string& job_id, uint64_t job_serial,
@@ -243,13 +247,25 @@ class PendingSnapshots {
   // next open reads again: memory is held only for an open that succeeds.
   void Unload(const std::string& job_id);
 
+  // A snapshot of `job_id` that could not be used was moved aside
+  // (`notice`: what, why and where to): the next job of the id starts from
+  // zero momentum, and its first open says so (TakeMovedAside).
+  void AddMovedAside(const std::string& job_id, std::string notice) {
+    moved_aside_[job_id] = std::move(notice);
+  }
+  // The notice of `job_id` (then forgotten), or "".
+  std::string TakeMovedAside(const std::string& job_id);
+  // The notice of `job_id` (kept), or "".
+  std::string MovedAside(const std::string& job_id) const;
+
  private:
   std::map<std::string, std::string> files_;  // job id -> path, not read
   std::map<std::string, SnapshotSummary> summaries_;  // of files_' jobs
   std::set<std::string> reading_;                     // job ids being read
   std::map<std::string, SnapshotFile> read_;          // job id -> contents
   std::map<std::string, std::string> read_from_;      // job id -> its path
-  std::map<std::string, int> opening_;  // job id -> opens in flight
+  std::map<std::string, int> opening_;              // job id -> opens in flight
+  std::map<std::string, std::string> moved_aside_;  // job id -> notice
 };
 
 }  // namespace dmuon::server

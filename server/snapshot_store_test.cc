@@ -246,15 +246,24 @@ TEST(SnapshotStore, ScanListsGoodFilesAndReportsTheFirstBadOne) {
   { std::ofstream(store.dir() + "/other.txt") << "not a snapshot"; }
   auto scan = store.Scan();
   ASSERT_TRUE(scan.ok());
-  ASSERT_EQ(scan->first.size(), 1u);
-  EXPECT_EQ(scan->first[0].first, "a");
-  EXPECT_EQ(scan->first[0].second, store.PathOf("a"));
-  EXPECT_TRUE(absl::IsDataLoss(scan->second));
+  ASSERT_EQ(scan->good.size(), 1u);
+  EXPECT_EQ(scan->good[0].first, "a");
+  EXPECT_EQ(scan->good[0].second, store.PathOf("a"));
+  EXPECT_TRUE(absl::IsDataLoss(scan->first_error));
   // The bad file was moved aside, not left to be overwritten.
-  EXPECT_NE(scan->second.message().find("moved aside to"), std::string::npos)
-      << scan->second;
+  EXPECT_NE(scan->first_error.message().find("moved aside to"),
+            std::string::npos)
+      << scan->first_error;
   struct stat sb;
   EXPECT_NE(::stat((store.dir() + "/job-ff.dmst").c_str(), &sb), 0);
+  // Its job (by the file's name: 0xff) is told, for its next open.
+  ASSERT_EQ(scan->moved_aside.size(), 1u);
+  const std::string& notice = scan->moved_aside.at("\xff");
+  EXPECT_NE(notice.find("could not be used"), std::string::npos) << notice;
+  EXPECT_NE(
+      notice.find("moved aside to " + store.dir() + "/job-ff.dmst.corrupt-"),
+      std::string::npos)
+      << notice;
 
   SnapshotStore missing(store.dir() + "/nope", nullptr);
   EXPECT_TRUE(absl::IsFailedPrecondition(missing.Scan().status()));
@@ -280,8 +289,8 @@ TEST(SnapshotStore, ScanRefusesOddEntriesWithoutReadingThem) {
   }
   auto scan = store.Scan();
   ASSERT_TRUE(scan.ok()) << scan.status();
-  ASSERT_EQ(scan->first.size(), 1u);
-  EXPECT_EQ(scan->first[0].first, "a");
+  ASSERT_EQ(scan->good.size(), 1u);
+  EXPECT_EQ(scan->good[0].first, "a");
   const std::vector<SnapshotStore::Error> errors = store.errors();
   auto listed = [&](const std::string& what) {
     for (const SnapshotStore::Error& e : errors)
@@ -314,13 +323,14 @@ TEST(SnapshotStore, ScanMovesAsideAStepOutOfRange) {
         .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     auto scan = store.Scan();
     ASSERT_TRUE(scan.ok()) << scan.status();
-    EXPECT_TRUE(scan->first.empty());
-    EXPECT_NE(scan->second.message().find(
+    EXPECT_TRUE(scan->good.empty());
+    EXPECT_NE(scan->first_error.message().find(
                   absl::StrCat("completed_steps ", steps, " is outside")),
               std::string::npos)
-        << scan->second;
-    EXPECT_NE(scan->second.message().find("moved aside to"), std::string::npos)
-        << scan->second;
+        << scan->first_error;
+    EXPECT_NE(scan->first_error.message().find("moved aside to"),
+              std::string::npos)
+        << scan->first_error;
     struct stat sb;
     EXPECT_NE(::stat(store.PathOf("j").c_str(), &sb), 0);
   }

@@ -401,16 +401,18 @@ absl::Status OptimizerService::LoadSnapshots() {
   if (!scan.ok()) return scan.status();
   // Their headers (read again, alone) describe them in Status until opened.
   std::vector<SnapshotSummary> summaries;
-  for (const auto& [job_id, path] : scan->first) {
+  for (const auto& [job_id, path] : scan->good) {
     auto head = SnapshotStore::ReadHeader(path);
     summaries.push_back(head.ok() ? Summarize(*head) : SnapshotSummary{});
   }
   absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < scan->first.size(); ++i) {
-    const auto& [job_id, path] = scan->first[i];
+  for (size_t i = 0; i < scan->good.size(); ++i) {
+    const auto& [job_id, path] = scan->good[i];
     pending_.AddFile(job_id, path, summaries[i]);
   }
-  return scan->second;
+  for (auto& [job_id, notice] : scan->moved_aside)
+    pending_.AddMovedAside(job_id, std::move(notice));
+  return scan->first_error;
 }
 
 absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id,
@@ -458,6 +460,9 @@ absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id,
   }
   (void)pending_.FinishRead(job_id, *path, bad);
   pending_.Forget(job_id, *path);
+  pending_.AddMovedAside(
+      job_id, absl::StrCat("its snapshot could not be used (", bad.message(),
+                           ") and was moved aside to ", *moved));
   return absl::DataLossError(absl::StrCat(
       "job '", job_id, "' has a snapshot in --state-dir that cannot be used (",
       bad.message(), "); it was moved aside to ", *moved,

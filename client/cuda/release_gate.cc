@@ -101,6 +101,7 @@ class GuardedSession final : public Session {
   bool absent(int i) const override { return inner_->absent(i); }
   absl::Status FinishStep() override { return inner_->FinishStep(); }
   std::string not_durable() const override { return inner_->not_durable(); }
+  std::string notice() const override { return inner_->notice(); }
   absl::Status Rewind() override { return inner_->Rewind(); }
   absl::StatusOr<State> GetState() override { return inner_->GetState(); }
   absl::Status SetState(const State& state) override {

@@ -559,6 +559,11 @@ void AddSessionInfo(py::class_<PySession>& cls) {
       .def_property_readonly("transport",
                              [](PySession& s) { return s.s().transport(); })
       .def_property_readonly(
+          "notice", [](PySession& s) { return s.s().notice(); },
+          "Empty, or what dmuond said at open that is not an error: the job "
+          "starts from zero momentum although a snapshot of its id was "
+          "found, which could not be used and was moved aside (where to).")
+      .def_property_readonly(
           "not_durable", [](PySession& s) { return s.s().not_durable(); },
           "Empty, or why the step finish_step() last completed is not "
           "durable: dmuond's --snapshot-every snapshot of it could not be "

@@ -254,6 +254,12 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
             daemon.stop()
         raise err
     warn_cuda_staged(device, note, address)
+    if session.notice:
+        # The job starts from zero momentum although dmuond had a snapshot
+        # of it, which it could not use: the user must know (their resumed
+        # run is not resumed).
+        warnings.warn(f"dmuond at {address}: {session.notice}", RuntimeWarning,
+                      stacklevel=4)
     return session, region, note, daemon, address, job_id, owner
 
 

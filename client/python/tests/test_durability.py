@@ -1,16 +1,20 @@
-"""A step dmuond was to make durable (--snapshot-every) whose snapshot could
+"""dmuond's durable state, as the trainer sees it.
+
+A step dmuond was to make durable (--snapshot-every) whose snapshot could
 not be written: the trainer is told (StepComplete.not_durable, one
 RuntimeWarning per reason, DMuon.stats["not_durable_steps"]), and its
-numbers are torch.optim.Muon's all the same.
+numbers are torch.optim.Muon's all the same. A snapshot found damaged when
+dmuond starts: the job's next open says it starts from zero and where the
+file went (OpenSessionResponse.notice), resume=True is refused saying so.
 
 The write is made to fail the way a root-run daemon still fails (chmod does
 not stop root): the job's snapshot file is replaced by a non-empty
 directory, so the rename onto it fails; removing the directory makes the
 next snapshot succeed again."""
 
-import os
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
@@ -84,3 +88,43 @@ def test_a_snapshot_that_fails_is_reported_and_the_numbers_hold(tmp_path, monkey
             adamw.zero_grad()
     for (name, a), b in zip(model.named_parameters(), ref.parameters()):
         assert rel_err(a.detach(), b.detach()) < TOL, name
+
+
+def test_a_snapshot_found_unusable_at_start_is_announced(tmp_path):
+    """dmuond restarted on a --state-dir whose snapshot of the job is damaged
+    moves it aside; the job then starts from zero momentum, and DMuon says so
+    (a RuntimeWarning naming where the file went) instead of silently
+    training a resumed run from scratch; resume=True is refused saying it."""
+    state = tmp_path / "state"
+    flags = [f"--state-dir={state}", "--snapshot-every=1"]
+    d = dmuon.LocalDaemon(flags=flags, stop_grace=1.0)
+    try:
+        model = _model()
+        opt = DMuon(model, **MUON, daemon_options=DaemonOptions(server=d.address,
+                                                                 job_id="damaged"))
+        _train(model, opt, 2, seed=1)
+        opt.close()
+    finally:
+        d.stop()
+    (snapshot,) = [p for p in state.iterdir() if p.suffix == ".dmst"]
+    data = bytearray(snapshot.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    snapshot.write_bytes(bytes(data))
+
+    d = dmuon.LocalDaemon(flags=flags, stop_grace=1.0)
+    try:
+        model = _model()
+        with pytest.raises(Exception, match="moved aside to .*corrupt-"):
+            DMuon(model, **MUON, daemon_options=DaemonOptions(
+                server=d.address, job_id="damaged", resume=True))
+        with pytest.warns(RuntimeWarning) as caught:
+            opt = DMuon(model, **MUON, daemon_options=DaemonOptions(
+                server=d.address, job_id="damaged"))
+        said = [str(w.message) for w in caught if "damaged" in str(w.message)]
+        assert len(said) == 1, [str(w.message) for w in caught]
+        assert "job 'damaged' starts from zero momentum at step 1" in said[0], said
+        assert f"moved aside to {snapshot}.corrupt-" in said[0], said
+        _train(model, opt, 1, seed=2)  # and it trains
+        opt.close()
+    finally:
+        d.stop()
