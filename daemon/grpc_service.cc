@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "daemon/logging.h"
 
 namespace dmuon::server {
@@ -39,8 +40,17 @@ grpc::Status GrpcOptimizer::Done(const char* rpc,
                                  const absl::Status& st) {
   if (!st.ok()) {
     service_->CountError(st);
-    spdlog::warn("{} from {} failed: {}", rpc, ctx->peer(),
-                 LogSafe(st.ToString(), kMaxLoggedStatus));
+    const std::string peer = ctx->peer();
+    int64_t dropped = 0;
+    if (failure_log_.Allow(peer, absl::Now(), &dropped)) {
+      spdlog::warn("{} from {} failed: {}{}", rpc, peer,
+                   LogSafe(st.ToString(), kMaxLoggedStatus),
+                   dropped == 0
+                       ? std::string()
+                       : absl::StrCat(" (", dropped,
+                                      " more failures from this peer were not "
+                                      "logged: at most 1 a second after 20)"));
+    }
   }
   return ToGrpc(st);
 }

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "daemon/auth.h"
+#include "daemon/log_limiter.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "server/limits.h"
 #include "server/service.h"
@@ -89,6 +90,9 @@ class GrpcOptimizer final
   OptimizerService* const service_;
   const Authenticator* const auth_;
   const GrpcOptions options_;
+  // Done's failure lines, per peer host: a burst of 20, then 1 a second
+  // (every failure is still counted in /metrics and Status).
+  LogLimiter failure_log_{/*per_second=*/1, /*burst=*/20, /*max_peers=*/4096};
   std::function<void()> on_drain_;
   std::function<absl::Status()> on_undrain_;
 };

@@ -489,6 +489,36 @@ TEST(Auth, SighupRereadsTheTokens) {
       << d.log();
 }
 
+// Refused calls are logged at most 20 at once and then 1 a second per peer
+// host, the rest counted on the next line (issue 27: an unauthenticated peer
+// wrote about 45 MB of log a minute); every one is still counted in Status.
+TEST(Auth, FailureLogsAreRateLimitedPerPeer) {
+  Daemon d({"--auth-token-file=" + TokenFile(kTokens)});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+  constexpr int kCalls = 500;
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_EQ(CallStatus(stub.get(), "wrong-token").error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_EQ(CallStatus(stub.get(), "wrong-token").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string log = d.log();
+  int lines = 0;
+  for (size_t at = 0; (at = log.find("Status from ", at)) != std::string::npos;
+       ++at) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 20) << log;
+  EXPECT_LE(lines, 24) << log;  // 20, then about 1 a second
+  EXPECT_NE(log.find("more failures from this peer were not logged"),
+            std::string::npos)
+      << log;
+  EXPECT_TRUE(CallStatus(stub.get(), "reader-token").ok()) << log;
+}
+
 // A channel of its own (no subchannel shared with an earlier channel), over
 // TLS trusting `ca_pem`.
 std::unique_ptr<v1::Optimizer::Stub> FreshTlsStub(const std::string& address,
