@@ -583,6 +583,60 @@ TEST(Auth, SighupRevocationEndsTheRevokedTokensStreams) {
       << d.log();
 }
 
+// The same for a Step stream not attached yet (ended at once, not at its
+// attach timeout) and for a token whose role a reload lowers below trainer
+// (PERMISSION_DENIED naming the new role).
+TEST(Auth, SighupEndsRevokedUnattachedStreamsAndLoweredRoles) {
+  const std::string file =
+      TokenFile("trainer alice-token alice\ntrainer bob-token bob\n");
+  Daemon d({"--auth-token-file=" + file, "--attach-timeout-seconds=60"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  ClientOptions o;
+  o.deadline = std::chrono::seconds(10);
+  o.token = "bob-token";
+  auto bob = Client::Connect(d.address(), o);
+  ASSERT_TRUE(bob.ok()) << bob.status();
+  SessionSpec spec;
+  spec.job_id = "bob-job";
+  spec.params.push_back({"w", 8, 8});
+  spec.transport = TransportChoice::kInline;
+  auto b = (*bob)->OpenSession(spec);
+  ASSERT_TRUE(b.ok()) << b.status();
+  // Alice's stream sends nothing: no attach. The pause lets dmuond register
+  // it before the reload; one that came after would be refused at its start
+  // with the same message (the registration checks the token again).
+  auto stub = Stub(d.address());
+  auto ctx = Ctx("alice-token");
+  auto stream = stub->Step(ctx.get());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+
+  Write(file, "reader bob-token bob\n");
+  d.process().Signal(SIGHUP);
+  v1::StepResponse r;
+  EXPECT_FALSE(stream->Read(&r));
+  const grpc::Status alice = stream->Finish();
+  EXPECT_EQ(alice.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << alice.error_message();
+  EXPECT_NE(alice.error_message().find("revoked by a SIGHUP reload"),
+            std::string::npos)
+      << alice.error_message();
+  const absl::Status lowered = (*b)->WaitUpdate(0);
+  EXPECT_EQ(lowered.code(), absl::StatusCode::kPermissionDenied) << lowered;
+  EXPECT_NE(lowered.message().find("lowered the role of the token this "
+                                   "stream was opened with to 'reader'"),
+            std::string::npos)
+      << lowered;
+  // Bob's session is reclaimed; he may still read Status.
+  v1::StatusResponse st;
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    ASSERT_TRUE(CallStatus(stub.get(), "bob-token", &st).ok());
+    gone = st.sessions_size() == 0;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(gone) << st.DebugString() << d.log();
+}
+
 // A channel of its own (no subchannel shared with an earlier channel), over
 // TLS trusting `ca_pem`.
 std::unique_ptr<v1::Optimizer::Stub> FreshTlsStub(const std::string& address,
