@@ -3,8 +3,9 @@
 // refuses plaintext clients, mTLS refuses clients without a certificate,
 // each role calls only its RPCs, a job belongs to its creator (another
 // trainer gets PERMISSION_DENIED that shows nothing of its table), Status
-// hides other principals' job ids, SIGHUP re-reads the tokens and the
-// certificates (new connections get the new one, open ones go on), the
+// hides other principals' job ids, SIGHUP re-reads the tokens (ending the
+// open streams of a token it revokes or lowers) and the certificates (new
+// connections get the new one, open ones go on), the
 // metrics port serves HTTPS and needs a token when asked to (and dmuond warns
 // when it is left open beside a protected gRPC port), and a
 // non-loopback --listen without TLS and auth needs --insecure.
