@@ -132,7 +132,10 @@ absl::StatusOr<size_t> Authenticator::Reload() {
 }
 
 Role Authenticator::RoleOfToken(const std::string& token) const {
-  const std::string digest = Sha256(token);
+  return RoleOfDigest(Sha256(token));
+}
+
+Role Authenticator::RoleOfDigest(const std::string& digest) const {
   absl::MutexLock l(&mu_);
   auto t = tokens_.find(digest);
   return t == tokens_.end() ? Role::kNone : t->second.role;
@@ -161,6 +164,7 @@ absl::StatusOr<Caller> Authenticator::Check(const grpc::ServerContextBase& ctx,
     c.role = t->second.role;
     c.principal.name = t->second.name;
     c.principal.any_job = c.role == Role::kOperator;
+    c.token_digest = digest;
   } else if (mtls_) {
     // TLS verified the certificate against --tls-client-ca-file.
     auto auth = ctx.auth_context();

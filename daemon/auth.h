@@ -47,6 +47,9 @@ absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
 struct Caller {
   Role role = Role::kNone;
   Principal principal;
+  // The SHA-256 of its token; empty without one (mTLS, anonymous). A stream
+  // keeps it to be ended when a reload revokes the token (grpc_service.h).
+  std::string token_digest;
 };
 
 class Authenticator {
@@ -65,6 +68,9 @@ class Authenticator {
   // The role of `token` (without "Bearer "), kNone when it is not one of
   // the token file's (for the metrics port: any role may read /metrics).
   Role RoleOfToken(const std::string& token) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The same for a token's digest (Caller::token_digest), after a reload:
+  // kNone once the token has left the file.
+  Role RoleOfDigest(const std::string& digest) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The caller of `rpc`, which needs `need`: UNAUTHENTICATED without a
   // known token (tokens) or a certificate identity (mTLS only),

@@ -129,7 +129,9 @@ ABSL_FLAG(std::string, tls_client_ca_file, "",
 ABSL_FLAG(std::string, auth_token_file, "",
           "file of '<role> <token> [name]' lines (roles: reader, trainer, "
           "operator); clients send 'authorization: Bearer <token>'; re-read "
-          "on SIGHUP");
+          "on SIGHUP, which ends the open streams of a token it drops "
+          "(UNAUTHENTICATED) or lowers below their role (PERMISSION_DENIED); "
+          "mTLS certificates are not revoked");
 ABSL_FLAG(bool, metrics_tls, false,
           "serve /metrics over HTTPS with --tls-cert-file and --tls-key-file "
           "(re-read on SIGHUP with them)");

@@ -442,9 +442,11 @@ void WarnCertificateValidity(const char* when, const std::string& cert_pem) {
 
 // SIGHUP: re-reads the TLS files (and gives /metrics the new ones with
 // --metrics-tls) and the token file; a file that fails keeps what was in
-// force, logged. `tls`, `metrics` may be null (not in use).
+// force, logged. Open streams of a token the new file revokes (or whose role
+// it lowers below theirs) are ended (GrpcOptimizer::EndRevokedStreams).
+// `tls`, `metrics` may be null (not in use).
 void Reload(const DaemonConfig& config, TlsFiles* tls, MetricsHttp* metrics,
-            Authenticator* auth) {
+            Authenticator* auth, GrpcOptimizer* grpc_service) {
   if (tls != nullptr) {
     auto cert = tls->Reload();
     if (cert.ok() && metrics != nullptr && config.metrics_tls) {
@@ -467,6 +469,12 @@ void Reload(const DaemonConfig& config, TlsFiles* tls, MetricsHttp* metrics,
   auto n = auth->Reload();
   if (n.ok()) {
     spdlog::info("SIGHUP: --auth-token-file re-read: {} tokens", *n);
+    if (const int ended = grpc_service->EndRevokedStreams(); ended > 0) {
+      spdlog::warn(
+          "SIGHUP: ended {} stream(s) whose token was revoked or lost the "
+          "role they need",
+          ended);
+    }
   } else {
     spdlog::error("SIGHUP: {}; the tokens stay as they were",
                   std::string(n.status().message()));
@@ -559,7 +567,7 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
       *metrics_http ? host + ":" + std::to_string(config.metrics_port) : "off");
 
   const int sig = Serve(config, service, sigs, [&] {
-    Reload(config, tls.get(), metrics_http->get(), auth->get());
+    Reload(config, tls.get(), metrics_http->get(), auth->get(), &grpc_service);
   });
   {
     std::lock_guard<std::mutex> l(undrain_mu);

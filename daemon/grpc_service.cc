@@ -9,6 +9,7 @@
 #include <memory>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -57,11 +58,95 @@ grpc::Status GrpcOptimizer::Done(const char* rpc,
 
 absl::StatusOr<Caller> GrpcOptimizer::Authorize(
     const grpc::ServerContextBase* ctx, const char* rpc, Role need) const {
-  absl::StatusOr<Caller> caller = Caller{Role::kOperator, Principal{}};
+  absl::StatusOr<Caller> caller = Caller{Role::kOperator, Principal{}, ""};
   if (auth_ != nullptr) caller = auth_->Check(*ctx, rpc, need);
   if (caller.ok()) caller->principal.peer = ctx->peer();
   return caller;
 }
+
+absl::Status GrpcOptimizer::Revoked(const std::string& digest,
+                                    Role need) const {
+  if (auth_ == nullptr || digest.empty()) return absl::OkStatus();
+  const Role role = auth_->RoleOfDigest(digest);
+  if (role == Role::kNone) {
+    return absl::UnauthenticatedError(
+        "the token this stream was opened with was revoked by a SIGHUP "
+        "reload of --auth-token-file");
+  }
+  if (role < need) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a SIGHUP reload of --auth-token-file lowered the role of the token "
+        "this stream was opened with to '",
+        RoleName(role), "'; the stream needs '", RoleName(need),
+        "' (or higher)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcOptimizer::Register(RevocableStream* stream,
+                                     const Caller& caller, Role need) {
+  if (caller.token_digest.empty()) return absl::OkStatus();
+  absl::MutexLock l(&streams_mu_);
+  // Checked under the lock: a reload that ran since Authorize is seen here,
+  // one that runs later finds the stream registered.
+  if (absl::Status st = Revoked(caller.token_digest, need); !st.ok()) return st;
+  streams_.emplace(stream, Registered{caller.token_digest, need});
+  return absl::OkStatus();
+}
+
+void GrpcOptimizer::Unregister(RevocableStream* stream) {
+  absl::MutexLock l(&streams_mu_);
+  streams_.erase(stream);
+}
+
+int GrpcOptimizer::EndRevokedStreams() {
+  std::vector<std::pair<RevocableStream*, absl::Status>> to_finish;
+  int ended = 0;
+  {
+    absl::MutexLock l(&streams_mu_);
+    for (auto it = streams_.begin(); it != streams_.end();) {
+      absl::Status st = Revoked(it->second.digest, it->second.need);
+      if (st.ok()) {
+        ++it;
+        continue;
+      }
+      ++ended;
+      // A stream that Revoke leaves to FinishRevoked is alive until then:
+      // nothing else finishes it (StepReactor::Revoke).
+      if (it->first->Revoke(st)) to_finish.emplace_back(it->first, st);
+      it = streams_.erase(it);
+    }
+  }
+  for (auto& [stream, st] : to_finish) stream->FinishRevoked(std::move(st));
+  return ended;
+}
+
+// GetState's and SetState's registration while the call runs: a revocation
+// flags it, the call checks the flag at each chunk.
+class SyncStream final : public RevocableStream {
+ public:
+  explicit SyncStream(GrpcOptimizer* owner) : owner_(owner) {}
+  ~SyncStream() override { owner_->Unregister(this); }
+  absl::Status Register(const Caller& caller, Role need) {
+    return owner_->Register(this, caller, need);
+  }
+  bool Revoke(absl::Status st) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    revoked_ = std::move(st);
+    return false;
+  }
+  void FinishRevoked(absl::Status) override {}
+  // OK until a revocation.
+  absl::Status revoked() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return revoked_;
+  }
+
+ private:
+  GrpcOptimizer* const owner_;
+  absl::Mutex mu_;
+  absl::Status revoked_ ABSL_GUARDED_BY(mu_);
+};
 
 namespace {
 
@@ -109,6 +194,7 @@ class StepCall final : public StepSink {
   // then does nothing.
   bool FirstReadDone() ABSL_LOCKS_EXCLUDED(mu_) { return Leave(); }
   bool AttachTimedOut() ABSL_LOCKS_EXCLUDED(mu_) { return Leave(); }
+  bool RevokedBeforeAttach() ABSL_LOCKS_EXCLUDED(mu_) { return Leave(); }
 
   // Reactions.
   void ReadDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -225,18 +311,24 @@ class StepCall final : public StepSink {
 // A request is read only while the session's queued responses are under
 // --max-step-queue-bytes. Finish is called once, with the stream's real
 // status, whether or not a read is pending: never a cancel in its place.
+// A revoked token (GrpcOptimizer::EndRevokedStreams) ends it as the timer
+// does before the attach, and as the service's Abort does after it.
 class StepReactor final
-    : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+    : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>,
+      public RevocableStream {
  public:
   StepReactor(GrpcOptimizer* owner, grpc::CallbackServerContext* ctx)
       : owner_(owner),
         ctx_(ctx),
         call_(
             std::make_shared<StepCall>(owner->options_.max_step_queue_bytes)) {
-    if (auto caller = owner_->Authorize(ctx, "Step", Role::kTrainer);
-        !caller.ok()) {
+    absl::StatusOr<Caller> caller =
+        owner_->Authorize(ctx, "Step", Role::kTrainer);
+    absl::Status st = caller.status();
+    if (st.ok()) st = owner_->Register(this, *caller, Role::kTrainer);
+    if (!st.ok()) {
       (void)call_->FirstReadDone();
-      Finish(owner_->Done("Step", ctx_, caller.status()));
+      Finish(owner_->Done("Step", ctx_, st));
       return;
     }
     StartRead(&req_);
@@ -279,6 +371,8 @@ class StepReactor final
   void OnWriteDone(bool ok) override { call_->WriteDone(ok); }
   void OnCancel() override { call_->Cancelled(); }
   void OnDone() override {
+    // No revocation reaches it from now on.
+    owner_->Unregister(this);
     // The worker's last act was Finish; OnDone runs on a gRPC thread.
     if (worker_.joinable()) {
       if (worker_.get_id() == std::this_thread::get_id()) {
@@ -290,10 +384,28 @@ class StepReactor final
     delete this;
   }
 
+  // Called with the registry's lock held, so the reactor is alive. Before
+  // the attach, taking the stream from the timer and the first read leaves
+  // its Finish to FinishRevoked; after it, the worker ends the stream as
+  // for the service's Abort (the session is detached).
+  bool Revoke(absl::Status st) override {
+    if (call_->RevokedBeforeAttach()) return true;
+    call_->Abort(std::move(st));
+    return false;
+  }
+  void FinishRevoked(absl::Status st) override {
+    Finish(owner_->Done("Step", ctx_, st));
+  }
+
  private:
   void Work() {
     OptimizerService* const service = owner_->service_;
     const std::string id = req_.attach().session_id();
+    // Revoked while the attach was read: the session is left alone.
+    if (absl::Status st = call_->service_status(); !st.ok()) {
+      Finish(owner_->Done("Step", ctx_, st));
+      return;
+    }
     if (absl::Status st = service->Attach(id, call_); !st.ok()) {
       Finish(owner_->Done("Step", ctx_, st));
       return;
@@ -383,6 +495,9 @@ grpc::Status GrpcOptimizer::GetState(
     grpc::ServerWriter<v1::StateChunk>* writer) {
   auto caller = Authorize(ctx, "GetState", Role::kTrainer);
   if (!caller.ok()) return Done("GetState", ctx, caller.status());
+  SyncStream live(this);
+  if (absl::Status st = live.Register(*caller, Role::kTrainer); !st.ok())
+    return Done("GetState", ctx, st);
   // The job is held at its step boundary until `reader` goes (its steps
   // wait meanwhile); one chunk at a time is copied out of its state.
   auto reader = service_->ReadState(req->session_id(), caller->principal);
@@ -391,6 +506,8 @@ grpc::Status GrpcOptimizer::GetState(
     auto chunk = (*reader)->Next();
     if (!chunk.ok()) return Done("GetState", ctx, chunk.status());
     if (!chunk->has_value()) break;
+    if (absl::Status st = live.revoked(); !st.ok())
+      return Done("GetState", ctx, st);
     if (!writer->Write(**chunk))
       return Done("GetState", ctx, absl::CancelledError("client went away"));
   }
@@ -402,6 +519,9 @@ grpc::Status GrpcOptimizer::SetState(grpc::ServerContext* ctx,
                                      v1::SetStateResponse* resp) {
   auto caller = Authorize(ctx, "SetState", Role::kTrainer);
   if (!caller.ok()) return Done("SetState", ctx, caller.status());
+  SyncStream live(this);
+  if (absl::Status st = live.Register(*caller, Role::kTrainer); !st.ok())
+    return Done("SetState", ctx, st);
   // The first message (session, header) is checked before anything else
   // is read: a refused stream is answered at once, the rest unread.
   v1::StateChunk c;
@@ -415,9 +535,13 @@ grpc::Status GrpcOptimizer::SetState(grpc::ServerContext* ctx,
   // Each chunk goes into the new state as it comes (the service refuses
   // one past what the header declared); none is kept as a message.
   while (reader->Read(&c)) {
+    if (absl::Status st = live.revoked(); !st.ok())
+      return Done("SetState", ctx, st);
     if (absl::Status st = (*w)->Add(c); !st.ok())
       return Done("SetState", ctx, st);
   }
+  if (absl::Status st = live.revoked(); !st.ok())
+    return Done("SetState", ctx, st);
   auto r = (*w)->Commit();
   if (r.ok()) resp->set_completed_steps(*r);
   return Done("SetState", ctx, r.status());

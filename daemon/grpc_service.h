@@ -10,7 +10,11 @@
 // request is not read (gRPC flow control pushes back). Every RPC first
 // authenticates its caller and checks its role (auth.h); the caller's
 // principal goes to the service, which keeps each job to its owner, and
-// Status hides the ids of other principals' jobs.
+// Status hides the ids of other principals' jobs. A stream opened with a
+// token stays registered while it runs: once a SIGHUP reload has taken the
+// token out of --auth-token-file (or lowered its role below the RPC's),
+// EndRevokedStreams ends it (Step at once, GetState and SetState at their
+// next chunk). mTLS identities are not revoked this way.
 
 #ifndef DMUON_DAEMON_GRPC_SERVICE_H_
 #define DMUON_DAEMON_GRPC_SERVICE_H_
@@ -18,7 +22,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/auth.h"
 #include "daemon/log_limiter.h"
 #include "proto/dmuon.grpc.pb.h"
@@ -40,6 +48,18 @@ struct GrpcOptions {
   // taken by its client; past it the stream's next request is not read
   // until the client has read below it.
   uint64_t max_step_queue_bytes = kDefaultMaxStepQueueBytes;
+};
+
+// A stream that a token revocation ends (the Step reactor, GetState and
+// SetState calls): registered with its token's digest while it runs.
+class RevocableStream {
+ public:
+  virtual ~RevocableStream() = default;
+  // Ends the stream with `st` (not OK). Called with the registry's lock
+  // held: it only flags or queues. True: the caller must then, without the
+  // lock, call FinishRevoked(st) (a Step stream not attached yet).
+  virtual bool Revoke(absl::Status st) = 0;
+  virtual void FinishRevoked(absl::Status st) = 0;
 };
 
 class GrpcOptimizer final
@@ -80,13 +100,30 @@ class GrpcOptimizer final
     on_undrain_ = std::move(f);
   }
 
+  // After the token file was re-read (SIGHUP): ends each open stream whose
+  // token is gone (UNAUTHENTICATED) or whose role is now below its RPC's
+  // (PERMISSION_DENIED), both naming the reload. A Step stream's session is
+  // then reclaimed as for any ended stream. Returns how many were ended.
+  int EndRevokedStreams() ABSL_LOCKS_EXCLUDED(streams_mu_);
+
  private:
   friend class StepReactor;
+  friend class SyncStream;
   grpc::Status Done(const char* rpc, const grpc::ServerContextBase* ctx,
                     const absl::Status& st);
   // The caller of `rpc` if it may call it (auth.h), anonymous without auth.
   absl::StatusOr<Caller> Authorize(const grpc::ServerContextBase* ctx,
                                    const char* rpc, Role need) const;
+  // Registers `stream`, opened by `caller` for an RPC that needs `need`,
+  // until Unregister (nothing without a token). Refuses, as
+  // EndRevokedStreams would end it, a token a reload revoked since the
+  // stream was authorized.
+  absl::Status Register(RevocableStream* stream, const Caller& caller,
+                        Role need) ABSL_LOCKS_EXCLUDED(streams_mu_);
+  void Unregister(RevocableStream* stream) ABSL_LOCKS_EXCLUDED(streams_mu_);
+  // Why a stream opened with `digest`, needing `need`, may not go on; OK
+  // when it may.
+  absl::Status Revoked(const std::string& digest, Role need) const;
   OptimizerService* const service_;
   const Authenticator* const auth_;
   const GrpcOptions options_;
@@ -95,6 +132,12 @@ class GrpcOptimizer final
   LogLimiter failure_log_{/*per_second=*/1, /*burst=*/20, /*max_peers=*/4096};
   std::function<void()> on_drain_;
   std::function<absl::Status()> on_undrain_;
+  struct Registered {
+    std::string digest;
+    Role need;
+  };
+  absl::Mutex streams_mu_;
+  std::map<RevocableStream*, Registered> streams_ ABSL_GUARDED_BY(streams_mu_);
 };
 
 }  // namespace dmuon::server

@@ -3,8 +3,9 @@
 // refuses plaintext clients, mTLS refuses clients without a certificate,
 // each role calls only its RPCs, a job belongs to its creator (another
 // trainer gets PERMISSION_DENIED that shows nothing of its table), Status
-// hides other principals' job ids, SIGHUP re-reads the tokens and the
-// certificates (new connections get the new one, open ones go on), the
+// hides other principals' job ids, SIGHUP re-reads the tokens (ending the
+// open streams of a token it revokes or lowers) and the certificates (new
+// connections get the new one, open ones go on), the
 // metrics port serves HTTPS and needs a token when asked to (and dmuond warns
 // when it is left open beside a protected gRPC port), and a
 // non-loopback --listen without TLS and auth needs --insecure.
@@ -29,6 +30,7 @@
 
 #include "client/client.h"
 #include "proto/dmuon.grpc.pb.h"
+#include "tests/muon_job.h"
 #include "tests/process.h"
 
 namespace dmuon::testing {
@@ -517,6 +519,153 @@ TEST(Auth, FailureLogsAreRateLimitedPerPeer) {
             std::string::npos)
       << log;
   EXPECT_TRUE(CallStatus(stub.get(), "reader-token").ok()) << log;
+}
+
+// SIGHUP revocation (issue 27 risk): a token taken out of the file ends the
+// Step streams opened with it (UNAUTHENTICATED, naming the revocation), even
+// idle or mid-step; their sessions are reclaimed (the step rolls back), and
+// the token opens nothing more. Another token's stream steps on untouched.
+TEST(Auth, SighupRevocationEndsTheRevokedTokensStreams) {
+  const std::string file = TokenFile(
+      "trainer alice-token alice\ntrainer bob-token bob\n"
+      "operator operator-token\n");
+  Daemon d({"--auth-token-file=" + file});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto connect = [&](const std::string& token) {
+    ClientOptions o;
+    o.deadline = std::chrono::seconds(10);
+    o.token = token;
+    auto c = Client::Connect(d.address(), o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  };
+  auto spec = [](const std::string& job) {
+    SessionSpec s;
+    s.job_id = job;
+    s.params = TestTable(0, 1);
+    s.transport = TransportChoice::kInline;
+    return s;
+  };
+  auto alice = connect("alice-token");
+  auto bob = connect("bob-token");
+  ASSERT_TRUE(alice && bob);
+  auto a = alice->OpenSession(spec("alice-job"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = bob->OpenSession(spec("bob-job"));
+  ASSERT_TRUE(b.ok()) << b.status();
+  // Alice is mid-step: one gradient of several handed over.
+  const uint64_t seed = 7;
+  const int last = static_cast<int>(TestTable(0, 1).size()) - 1;
+  {
+    auto g = Gradient(seed, 1, last, 0, 1);
+    auto dst = (*a)->gradient(last);
+    std::copy(g.begin(), g.end(), dst.begin());
+    ASSERT_TRUE((*a)->GradientReady(last).ok());
+  }
+
+  Write(file, "trainer bob-token bob\noperator operator-token\n");
+  d.process().Signal(SIGHUP);
+  const absl::Status ended = (*a)->WaitUpdate(0);
+  EXPECT_EQ(ended.code(), absl::StatusCode::kUnauthenticated) << ended;
+  EXPECT_NE(ended.message().find("the token this stream was opened with was "
+                                 "revoked by a SIGHUP reload of "
+                                 "--auth-token-file"),
+            std::string::npos)
+      << ended;
+  // Its session is reclaimed: only Bob's is left.
+  auto stub = Stub(d.address());
+  bool gone = false;
+  v1::StatusResponse st;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    ASSERT_TRUE(CallStatus(stub.get(), "operator-token", &st).ok());
+    gone = st.sessions_size() == 1;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(gone) << st.DebugString() << d.log();
+  EXPECT_EQ(st.sessions(0).job_id(), "bob-job");
+
+  // Bob's stream steps on: a whole step, its updates the reference's.
+  Session& s = **b;
+  Reference ref(seed, 1);
+  const auto want = ref.Step(1);
+  for (int p = last; p >= 0; --p) {
+    auto g = Gradient(seed, 1, p, 0, 1);
+    auto dst = s.gradient(p);
+    std::copy(g.begin(), g.end(), dst.begin());
+    ASSERT_TRUE(s.GradientReady(p).ok());
+  }
+  for (int p = 0; p <= last; ++p) {
+    ASSERT_TRUE(s.WaitUpdate(p).ok()) << d.log();
+    auto u = s.update(p);
+    EXPECT_LE(RelativeError(std::vector<float>(u.begin(), u.end()), want[p]),
+              1e-4)
+        << "parameter " << p;
+  }
+  const absl::Status done = s.FinishStep();
+  EXPECT_TRUE(done.ok()) << done;
+  EXPECT_EQ(s.step(), 2);
+  EXPECT_TRUE(s.Close().ok());
+
+  // The revoked token opens nothing.
+  EXPECT_EQ(
+      Open(stub.get(), "alice-token", OneMatrixJob("alice-again")).error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(d.log().find("SIGHUP: ended 1 stream"), std::string::npos)
+      << d.log();
+}
+
+// The same for a Step stream not attached yet (ended at once, not at its
+// attach timeout) and for a token whose role a reload lowers below trainer
+// (PERMISSION_DENIED naming the new role).
+TEST(Auth, SighupEndsRevokedUnattachedStreamsAndLoweredRoles) {
+  const std::string file =
+      TokenFile("trainer alice-token alice\ntrainer bob-token bob\n");
+  Daemon d({"--auth-token-file=" + file, "--attach-timeout-seconds=60"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  ClientOptions o;
+  o.deadline = std::chrono::seconds(10);
+  o.token = "bob-token";
+  auto bob = Client::Connect(d.address(), o);
+  ASSERT_TRUE(bob.ok()) << bob.status();
+  SessionSpec spec;
+  spec.job_id = "bob-job";
+  spec.params.push_back({"w", 8, 8});
+  spec.transport = TransportChoice::kInline;
+  auto b = (*bob)->OpenSession(spec);
+  ASSERT_TRUE(b.ok()) << b.status();
+  // Alice's stream sends nothing: no attach. The pause lets dmuond register
+  // it before the reload; one that came after would be refused at its start
+  // with the same message (the registration checks the token again).
+  auto stub = Stub(d.address());
+  auto ctx = Ctx("alice-token");
+  auto stream = stub->Step(ctx.get());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+
+  Write(file, "reader bob-token bob\n");
+  d.process().Signal(SIGHUP);
+  v1::StepResponse r;
+  EXPECT_FALSE(stream->Read(&r));
+  const grpc::Status alice = stream->Finish();
+  EXPECT_EQ(alice.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << alice.error_message();
+  EXPECT_NE(alice.error_message().find("revoked by a SIGHUP reload"),
+            std::string::npos)
+      << alice.error_message();
+  const absl::Status lowered = (*b)->WaitUpdate(0);
+  EXPECT_EQ(lowered.code(), absl::StatusCode::kPermissionDenied) << lowered;
+  EXPECT_NE(lowered.message().find("lowered the role of the token this "
+                                   "stream was opened with to 'reader'"),
+            std::string::npos)
+      << lowered;
+  // Bob's session is reclaimed; he may still read Status.
+  v1::StatusResponse st;
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    ASSERT_TRUE(CallStatus(stub.get(), "bob-token", &st).ok());
+    gone = st.sessions_size() == 0;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(gone) << st.DebugString() << d.log();
 }
 
 // A channel of its own (no subchannel shared with an earlier channel), over
