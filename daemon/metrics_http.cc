@@ -319,7 +319,7 @@ MetricsHttp::~MetricsHttp() {
   cv_.notify_all();
   acceptor_.join();
   for (auto& t : workers_) t.join();
-  for (int fd : queue_) close(fd);
+  for (const Waiting& w : queue_) close(w.fd);
   close(listen_fd_);
 }
 
@@ -333,20 +333,28 @@ void MetricsHttp::AcceptLoop() {
       close(fd);  // every worker busy and many waiting: shed
       continue;
     }
-    queue_.push_back(fd);
+    queue_.push_back({fd, std::chrono::steady_clock::now() + kRequestTimeout});
     cv_.notify_one();
   }
 }
 
 void MetricsHttp::WorkerLoop() {
   for (;;) {
-    int fd;
+    Waiting w;
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
-      fd = queue_.front();
+      w = queue_.front();
       queue_.pop_front();
+    }
+    const int fd = w.fd;
+    // The connection's time counts from its accept, waiting for a worker
+    // included: connections queued behind slow ones expire together, not
+    // one worker-timeout after another.
+    if (std::chrono::steady_clock::now() >= w.deadline) {
+      close(fd);
+      continue;
     }
     {
       Conn c;
@@ -357,11 +365,10 @@ void MetricsHttp::WorkerLoop() {
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
         c.ssl = SSL_new(static_cast<SSL_CTX*>(ctx.get()));
         ok = c.ssl != nullptr && SSL_set_fd(c.ssl, fd) == 1 &&
-             Handshake(c, std::chrono::steady_clock::now() + kRequestTimeout,
-                       stop_);
+             Handshake(c, w.deadline, stop_);
       }
       if (ok) {
-        Serve(c);
+        Serve(c, w.deadline);
         Linger(c);
       }
     }
@@ -369,8 +376,8 @@ void MetricsHttp::WorkerLoop() {
   }
 }
 
-void MetricsHttp::Serve(Conn& fd) {
-  const auto deadline = std::chrono::steady_clock::now() + kRequestTimeout;
+void MetricsHttp::Serve(Conn& fd,
+                        std::chrono::steady_clock::time_point deadline) {
   std::string req;
   size_t end = std::string::npos;
   char buf[4096];

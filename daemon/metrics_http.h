@@ -12,10 +12,15 @@
 // This server answers every request itself, on threads with ordinary
 // stacks: GET (or HEAD) /metrics -> 200 and the text exposition format;
 // another path -> 404; another method -> 405; a malformed request -> 400;
-// a request over 16 KiB -> 431; one not complete within 10 s -> 408. One
-// request per connection (Connection: close). A slow or idle client holds
-// one of 4 workers for at most 10 s; the others serve meanwhile; beyond 64
-// connections waiting for a worker, new ones are closed at once.
+// a request over 16 KiB -> 431; one not complete within 10 s of its
+// connection's accept -> 408. One request per connection (Connection:
+// close). A connection has 10 s from its accept for everything (waiting for
+// a worker, the TLS handshake, the request): a slow or idle client holds one
+// of 4 workers for at most that, the others serve meanwhile, connections
+// that waited past it in the queue are closed unserved (so a crowd of
+// half-sent requests expires together, in 10 s, not 10 s per worker turn),
+// and beyond 64 connections waiting for a worker new ones are closed at
+// once.
 //
 // Optionally (Security, docs/security.md "The metrics port"): HTTPS, with a
 // certificate that can be replaced while serving (SetTls: the daemon's
@@ -27,6 +32,7 @@
 #define DMUON_DAEMON_METRICS_HTTP_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -82,7 +88,9 @@ class MetricsHttp {
   MetricsHttp(int fd, int port, Render render, Security security);
   void AcceptLoop();
   void WorkerLoop();
-  void Serve(Conn& c);
+  // Answers the request on `c`, which must be complete by `deadline` (its
+  // accept plus 10 s).
+  void Serve(Conn& c, std::chrono::steady_clock::time_point deadline);
   TlsContext tls() const;
 
   const int listen_fd_;
@@ -94,7 +102,11 @@ class MetricsHttp {
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<int> queue_;  // accepted, waiting for a worker
+  struct Waiting {
+    int fd = -1;
+    std::chrono::steady_clock::time_point deadline;  // accept + 10 s
+  };
+  std::deque<Waiting> queue_;  // accepted, waiting for a worker
   std::thread acceptor_;
   std::vector<std::thread> workers_;
 };
