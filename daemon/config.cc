@@ -95,6 +95,10 @@ ABSL_FLAG(int, attach_timeout_seconds,
           "after OpenSession is closed and its shm segment freed; a Step "
           "stream that has not sent its attach this long after it started "
           "ends with DEADLINE_EXCEEDED");
+ABSL_FLAG(int, max_streams_per_peer, dmuon::server::kDefaultMaxStreamsPerPeer,
+          "most Step, GetState and SetState streams open at once from one "
+          "peer host (its address without the port); one more gets "
+          "RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_step_queue_bytes,
           dmuon::server::kDefaultMaxStepQueueBytes,
           "most bytes of Step responses queued for one session whose client "
@@ -269,6 +273,8 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.max_idle_jobs < 0) return Invalid("--max-idle-jobs must be >= 0");
   if (c.attach_timeout_seconds < 1)
     return Invalid("--attach-timeout-seconds must be >= 1");
+  if (c.max_streams_per_peer < 1)
+    return Invalid("--max-streams-per-peer must be >= 1");
   if (c.max_step_queue_bytes < 1)
     return Invalid("--max-step-queue-bytes must be >= 1");
   if (c.max_message_bytes < 4096 ||
@@ -337,6 +343,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.max_idle_jobs = absl::GetFlag(FLAGS_max_idle_jobs);
   c.attach_timeout_seconds = absl::GetFlag(FLAGS_attach_timeout_seconds);
   c.max_step_queue_bytes = absl::GetFlag(FLAGS_max_step_queue_bytes);
+  c.max_streams_per_peer = absl::GetFlag(FLAGS_max_streams_per_peer);
   c.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   c.exit_timeout_secs = absl::GetFlag(FLAGS_exit_timeout_secs);
   c.nan_policy = absl::GetFlag(FLAGS_nan_policy);

@@ -56,6 +56,9 @@ struct DaemonConfig {
   // --max-step-queue-bytes, >= 1: a session's Step responses queued for
   // its client; past it the stream's next request is not read.
   int64_t max_step_queue_bytes = kDefaultMaxStepQueueBytes;
+  // --max-streams-per-peer, >= 1: Step, GetState and SetState streams of
+  // one peer host at once.
+  int max_streams_per_peer = kDefaultMaxStreamsPerPeer;
   int64_t max_message_bytes = kDefaultMaxMessageBytes;  // [4096, 2^31)
   int exit_timeout_secs = 30;                           // --exit-timeout-secs
   std::string nan_policy = "skip";                      // 'skip' | 'fail'

@@ -281,6 +281,22 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(TlsFiles* tls) {
   return tls->Credentials();
 }
 
+// Takes gRPC's reflection plugin out of a server being built (it registers
+// itself for every server once its library is linked).
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>*
+                         plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const auto& p) {
+                                    return p->name() ==
+                                           "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
+
 // The gRPC server on --listen, started; *port: the bound port. Without
 // SO_REUSEPORT: a second daemon on a taken address fails here instead of
 // sharing its connections.
@@ -303,6 +319,12 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Reflection is gRPC's own service, which our token check cannot guard
+  // (and whose sync streams each pin a server thread): served only without
+  // --auth-token-file (with mTLS alone the handshake already requires a
+  // client certificate). Health stays open for probes.
+  if (!config.auth_token_file.empty())
+    builder.SetOption(std::make_unique<WithoutReflection>());
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(config.listen, creds, port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
@@ -539,6 +561,7 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   grpc_options.attach_timeout_seconds = config.attach_timeout_seconds;
   grpc_options.max_step_queue_bytes =
       static_cast<uint64_t>(config.max_step_queue_bytes);
+  grpc_options.max_streams_per_peer = config.max_streams_per_peer;
   GrpcOptimizer grpc_service(&service, auth->get(), grpc_options);
   int port = 0;
   auto server = StartGrpc(config, tls.get(), &grpc_service, &port);

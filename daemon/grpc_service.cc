@@ -85,18 +85,37 @@ absl::Status GrpcOptimizer::Revoked(const std::string& digest,
 
 absl::Status GrpcOptimizer::Register(RevocableStream* stream,
                                      const Caller& caller, Role need) {
-  if (caller.token_digest.empty()) return absl::OkStatus();
+  std::string host = PeerHost(caller.principal.peer);
   absl::MutexLock l(&streams_mu_);
   // Checked under the lock: a reload that ran since Authorize is seen here,
   // one that runs later finds the stream registered.
-  if (absl::Status st = Revoked(caller.token_digest, need); !st.ok()) return st;
-  streams_.emplace(stream, Registered{caller.token_digest, need});
+  if (!caller.token_digest.empty()) {
+    if (absl::Status st = Revoked(caller.token_digest, need); !st.ok())
+      return st;
+  }
+  int& open = per_host_[host];
+  if (open >= options_.max_streams_per_peer) {
+    if (open == 0) per_host_.erase(host);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        host, " has ", open,
+        " Step, GetState and SetState streams open, the most one peer may "
+        "(--max-streams-per-peer=",
+        options_.max_streams_per_peer, "): close some first"));
+  }
+  ++open;
+  streams_.emplace(stream, Registered{caller.token_digest, need, host});
   return absl::OkStatus();
 }
 
 void GrpcOptimizer::Unregister(RevocableStream* stream) {
   absl::MutexLock l(&streams_mu_);
-  streams_.erase(stream);
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) return;
+  if (auto h = per_host_.find(it->second.host);
+      h != per_host_.end() && --h->second <= 0) {
+    per_host_.erase(h);
+  }
+  streams_.erase(it);
 }
 
 int GrpcOptimizer::EndRevokedStreams() {
@@ -105,7 +124,9 @@ int GrpcOptimizer::EndRevokedStreams() {
   {
     absl::MutexLock l(&streams_mu_);
     for (auto it = streams_.begin(); it != streams_.end();) {
-      absl::Status st = Revoked(it->second.digest, it->second.need);
+      absl::Status st = it->second.digest.empty()
+                            ? absl::OkStatus()  // no token: mTLS, anonymous
+                            : Revoked(it->second.digest, it->second.need);
       if (st.ok()) {
         ++it;
         continue;
@@ -114,6 +135,10 @@ int GrpcOptimizer::EndRevokedStreams() {
       // A stream that Revoke leaves to FinishRevoked is alive until then:
       // nothing else finishes it (StepReactor::Revoke).
       if (it->first->Revoke(st)) to_finish.emplace_back(it->first, st);
+      if (auto h = per_host_.find(it->second.host);
+          h != per_host_.end() && --h->second <= 0) {
+        per_host_.erase(h);
+      }
       it = streams_.erase(it);
     }
   }

@@ -48,6 +48,9 @@ struct GrpcOptions {
   // taken by its client; past it the stream's next request is not read
   // until the client has read below it.
   uint64_t max_step_queue_bytes = kDefaultMaxStepQueueBytes;
+  // --max-streams-per-peer: Step, GetState and SetState streams open at
+  // once from one peer host; one more is refused RESOURCE_EXHAUSTED.
+  int max_streams_per_peer = kDefaultMaxStreamsPerPeer;
 };
 
 // A stream that a token revocation ends (the Step reactor, GetState and
@@ -115,9 +118,9 @@ class GrpcOptimizer final
   absl::StatusOr<Caller> Authorize(const grpc::ServerContextBase* ctx,
                                    const char* rpc, Role need) const;
   // Registers `stream`, opened by `caller` for an RPC that needs `need`,
-  // until Unregister (nothing without a token). Refuses, as
-  // EndRevokedStreams would end it, a token a reload revoked since the
-  // stream was authorized.
+  // until Unregister. Refuses, as EndRevokedStreams would end it, a token a
+  // reload revoked since the stream was authorized, and RESOURCE_EXHAUSTED
+  // a peer host that has max_streams_per_peer streams open.
   absl::Status Register(RevocableStream* stream, const Caller& caller,
                         Role need) ABSL_LOCKS_EXCLUDED(streams_mu_);
   void Unregister(RevocableStream* stream) ABSL_LOCKS_EXCLUDED(streams_mu_);
@@ -133,11 +136,14 @@ class GrpcOptimizer final
   std::function<void()> on_drain_;
   std::function<absl::Status()> on_undrain_;
   struct Registered {
-    std::string digest;
+    std::string digest;  // empty: no token (nothing to revoke)
     Role need;
+    std::string host;  // PeerHost of its peer
   };
   absl::Mutex streams_mu_;
   std::map<RevocableStream*, Registered> streams_ ABSL_GUARDED_BY(streams_mu_);
+  // Open streams per peer host (those of streams_).
+  std::map<std::string, int> per_host_ ABSL_GUARDED_BY(streams_mu_);
 };
 
 }  // namespace dmuon::server

@@ -37,6 +37,9 @@ inline constexpr int kDefaultAttachTimeoutSeconds = 60;
 // The gRPC adapter's (GrpcOptions): a session's Step responses queued for
 // its client.
 inline constexpr int64_t kDefaultMaxStepQueueBytes = int64_t{64} << 20;
+// The gRPC adapter's too: the Step, GetState and SetState streams one peer
+// host (its address without the port) may have open at once.
+inline constexpr int kDefaultMaxStreamsPerPeer = 256;
 
 // Not flags: a GetState chunk is never cut below 1 MiB to fit
 // --max-state-read-bytes (a reader waits instead), and waits 10 s at most.

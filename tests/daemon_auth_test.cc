@@ -30,6 +30,7 @@
 
 #include "client/client.h"
 #include "proto/dmuon.grpc.pb.h"
+#include "proto/reflection.grpc.pb.h"
 #include "tests/muon_job.h"
 #include "tests/process.h"
 
@@ -666,6 +667,70 @@ TEST(Auth, SighupEndsRevokedUnattachedStreamsAndLoweredRoles) {
     if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_TRUE(gone) << st.DebugString() << d.log();
+}
+
+// --max-streams-per-peer (issue 27, defect 2: streams from one peer had no
+// bound): past it one more Step stream from the same host is refused
+// RESOURCE_EXHAUSTED naming the flag, with or without a token; once one
+// ends, the next is accepted. Unary calls are not counted.
+TEST(Auth, StreamsPerPeerAreBounded) {
+  Daemon d({"--max-streams-per-peer=3", "--attach-timeout-seconds=60"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::unique_ptr<
+      grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>>>
+      streams;
+  for (int i = 0; i < 3; ++i) {
+    ctxs.push_back(Ctx(""));
+    streams.push_back(stub->Step(ctxs.back().get()));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto extra_ctx = Ctx("");
+  auto extra = stub->Step(extra_ctx.get());
+  v1::StepResponse r;
+  EXPECT_FALSE(extra->Read(&r));
+  const grpc::Status refused = extra->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("--max-streams-per-peer=3"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_TRUE(CallStatus(stub.get(), "").ok()) << d.log();
+  // One ends: room for the next.
+  ctxs[0]->TryCancel();
+  (void)streams[0]->Finish();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto next_ctx = Ctx("");
+  next_ctx->set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(2));
+  auto next = stub->Step(next_ctx.get());
+  EXPECT_FALSE(next->Read(&r));  // no attach sent: it waits, then the deadline
+  EXPECT_EQ(next->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  for (size_t i = 1; i < ctxs.size(); ++i) ctxs[i]->TryCancel();
+  for (size_t i = 1; i < streams.size(); ++i) (void)streams[i]->Finish();
+}
+
+// With --auth-token-file gRPC's reflection service is not served: it is not
+// behind the token check, and each of its streams pins a server thread
+// (issue 27, defect 2: token-less reflection streams exhausted them). Health
+// stays open for probes.
+TEST(Auth, NoReflectionWithTokens) {
+  Daemon d({"--auth-token-file=" + TokenFile(kTokens)});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto ch =
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(ch);
+  grpc::ClientContext ctx;
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest req;
+  req.set_list_services("");
+  (void)stream->Write(req);
+  grpc::reflection::v1alpha::ServerReflectionResponse resp;
+  EXPECT_FALSE(stream->Read(&resp));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  int code = 0;
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
 }
 
 // A channel of its own (no subchannel shared with an earlier channel), over
