@@ -150,7 +150,8 @@ int GrpcOptimizer::EndRevokedStreams() {
 // flags it, the call checks the flag at each chunk.
 class SyncStream final : public RevocableStream {
  public:
-  explicit SyncStream(GrpcOptimizer* owner) : owner_(owner) {}
+  SyncStream(GrpcOptimizer* owner, grpc::ServerContextBase* ctx)
+      : owner_(owner), ctx_(ctx) {}
   ~SyncStream() override { owner_->Unregister(this); }
   absl::Status Register(const Caller& caller, Role need) {
     return owner_->Register(this, caller, need);
@@ -158,6 +159,10 @@ class SyncStream final : public RevocableStream {
   bool Revoke(absl::Status st) override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     revoked_ = std::move(st);
+    // A call blocked writing to a client that stopped reading (GetState)
+    // or waiting for one that stopped sending (SetState) ends too; the
+    // client then sees CANCELLED, and the log and counters the revocation.
+    ctx_->TryCancel();
     return false;
   }
   void FinishRevoked(absl::Status) override {}
@@ -169,6 +174,7 @@ class SyncStream final : public RevocableStream {
 
  private:
   GrpcOptimizer* const owner_;
+  grpc::ServerContextBase* const ctx_;
   absl::Mutex mu_;
   absl::Status revoked_ ABSL_GUARDED_BY(mu_);
 };
@@ -520,7 +526,7 @@ grpc::Status GrpcOptimizer::GetState(
     grpc::ServerWriter<v1::StateChunk>* writer) {
   auto caller = Authorize(ctx, "GetState", Role::kTrainer);
   if (!caller.ok()) return Done("GetState", ctx, caller.status());
-  SyncStream live(this);
+  SyncStream live(this, ctx);
   if (absl::Status st = live.Register(*caller, Role::kTrainer); !st.ok())
     return Done("GetState", ctx, st);
   // The job is held at its step boundary until `reader` goes (its steps
@@ -533,8 +539,11 @@ grpc::Status GrpcOptimizer::GetState(
     if (!chunk->has_value()) break;
     if (absl::Status st = live.revoked(); !st.ok())
       return Done("GetState", ctx, st);
-    if (!writer->Write(**chunk))
-      return Done("GetState", ctx, absl::CancelledError("client went away"));
+    if (!writer->Write(**chunk)) {
+      absl::Status st = live.revoked();
+      return Done("GetState", ctx,
+                  st.ok() ? absl::CancelledError("client went away") : st);
+    }
   }
   return grpc::Status::OK;
 }
@@ -544,13 +553,15 @@ grpc::Status GrpcOptimizer::SetState(grpc::ServerContext* ctx,
                                      v1::SetStateResponse* resp) {
   auto caller = Authorize(ctx, "SetState", Role::kTrainer);
   if (!caller.ok()) return Done("SetState", ctx, caller.status());
-  SyncStream live(this);
+  SyncStream live(this, ctx);
   if (absl::Status st = live.Register(*caller, Role::kTrainer); !st.ok())
     return Done("SetState", ctx, st);
   // The first message (session, header) is checked before anything else
   // is read: a refused stream is answered at once, the rest unread.
   v1::StateChunk c;
   if (!reader->Read(&c)) {
+    if (absl::Status st = live.revoked(); !st.ok())
+      return Done("SetState", ctx, st);
     return Done("SetState", ctx,
                 absl::InvalidArgumentError(
                     "SetState: the first message must carry the header"));

@@ -2,9 +2,15 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_replace.h"
+
 namespace dmuon {
 
-std::string PeerHost(absl::string_view peer) {
+std::string PeerHost(absl::string_view raw) {
+  // gRPC >= 1.48 percent-encodes the IPv6 brackets ("ipv6:%5B::1%5D:80").
+  const std::string decoded = absl::StrReplaceAll(
+      raw, {{"%5B", "["}, {"%5b", "["}, {"%5D", "]"}, {"%5d", "]"}});
+  const absl::string_view peer = decoded;
   const size_t scheme = peer.find(':');
   if (scheme == absl::string_view::npos) return std::string(peer);
   const absl::string_view kind = peer.substr(0, scheme);

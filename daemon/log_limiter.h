@@ -24,7 +24,8 @@
 namespace dmuon {
 
 // gRPC's peer string without its port ("ipv4:10.0.0.1:5432" ->
-// "ipv4:10.0.0.1", "ipv6:[::1]:80" -> "ipv6:[::1]"); others as they are.
+// "ipv4:10.0.0.1", "ipv6:[::1]:80" or gRPC 1.51's "ipv6:%5B::1%5D:80" ->
+// "ipv6:[::1]"); others as they are.
 std::string PeerHost(absl::string_view peer);
 
 class LogLimiter {

@@ -11,6 +11,9 @@ TEST(PeerHost, DropsThePortOnly) {
   EXPECT_EQ(PeerHost("ipv4:10.0.0.1:5432"), "ipv4:10.0.0.1");
   EXPECT_EQ(PeerHost("ipv6:[::1]:80"), "ipv6:[::1]");
   EXPECT_EQ(PeerHost("ipv6:[2001:db8::7]:65535"), "ipv6:[2001:db8::7]");
+  // As gRPC 1.51 writes them: brackets percent-encoded.
+  EXPECT_EQ(PeerHost("ipv6:%5B::1%5D:55930"), "ipv6:[::1]");
+  EXPECT_EQ(PeerHost("ipv6:%5B2001:db8::7%5D:443"), "ipv6:[2001:db8::7]");
   EXPECT_EQ(PeerHost("unix:/tmp/s.sock"), "unix:/tmp/s.sock");
   EXPECT_EQ(PeerHost("ipv4:10.0.0.1"), "ipv4:10.0.0.1");
   EXPECT_EQ(PeerHost(""), "");

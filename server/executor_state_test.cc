@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "server/testing/fake_daemon.h"
 #include "server/testing/recording_metrics.h"
@@ -96,6 +97,59 @@ TEST(ExecutorState, GetStateOfDeviceStateHoldsOneParameterAtATime) {
   EXPECT_EQ(got, want);
   EXPECT_GT(peak, 0u);
   EXPECT_LE(peak, largest);
+}
+
+// --max-state-read-bytes with executors that hold state: a reader's lease
+// covers the whole parameter it holds (buffered_bytes) until that
+// parameter is read, not only the chunk in flight. A second reader waiting
+// for the budget is not let in between the first one's chunks (the review
+// of the first version: it was, so N readers held N parameters).
+TEST(ExecutorState, AReaderKeepsItsParametersLeaseBetweenChunks) {
+  ServiceOptions o;
+  o.max_message_bytes = 2048;  // 3 or more chunks per parameter
+  Daemon cpu(false, o);
+  ASSERT_TRUE(cpu.Open(1, false).ok());
+  const auto g = Grads(1, 301);
+  (void)cpu.Step(1, g);
+  const auto want = cpu.State();
+  const uint64_t chunk = transport::MaxChunkPayload(o.max_message_bytes);
+  const uint64_t first = want[0].size() * sizeof(float);
+  ASSERT_GE(first, 3 * chunk) << "the first parameter needs 3 chunks";
+  o.max_state_read_bytes = first + 2 * chunk;  // one reader's worth
+  o.state_read_wait = absl::Seconds(1);
+  Daemon dev(true, o);
+  ASSERT_TRUE(dev.Open(1, true).ok());
+  (void)dev.Step(1, g);
+  auto a = dev.svc->ReadState(dev.open[0].session_id());
+  auto b = dev.svc->ReadState(dev.open[0].session_id());
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Next().ok() && (*b)->Next().ok());  // headers
+  ASSERT_TRUE((*a)->Next().ok());                       // a: chunk 1
+  EXPECT_EQ((*a)->buffered_bytes(), first);
+  absl::StatusOr<std::optional<v1::StateChunk>> got_b =
+      absl::UnknownError("not run");
+  std::thread waiting([&] { got_b = (*b)->Next(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto a2 = (*a)->Next();  // chunk 2: a keeps its lease, b stays out
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  ASSERT_TRUE(a2->has_value());
+  EXPECT_EQ((*a2)->momentum().offset(), chunk);
+  waiting.join();
+  EXPECT_EQ(got_b.status().code(), absl::StatusCode::kResourceExhausted)
+      << got_b.status();
+  EXPECT_EQ((*b)->buffered_bytes(), 0u);
+  a->reset();  // its bytes back: b reads everything, bit-identical
+  std::vector<std::vector<float>> read(want.size());
+  for (;;) {
+    auto c = (*b)->Next();
+    ASSERT_TRUE(c.ok()) << c.status();
+    if (!c->has_value()) break;
+    const std::string& d = (*c)->momentum().data();
+    auto& v = read[(*c)->momentum().param_id()];
+    v.resize(v.size() + d.size() / 4);
+    std::memcpy(v.data() + v.size() - d.size() / 4, d.data(), d.size());
+  }
+  EXPECT_EQ(read, want);
 }
 
 TEST(ExecutorState, NonFiniteDeviceGradientIsSkippedStateUntouched) {

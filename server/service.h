@@ -169,15 +169,19 @@ class StateReader {
   const std::shared_ptr<Job> job_;
   std::optional<v1::StateChunk> header_;  // until Next returned it
   // Leases the next chunk's bytes from the service's ReadBudget (waiting up
-  // to ServiceOptions::state_read_wait): its size, or 0 with lease_error_
-  // set.
-  uint64_t LeaseChunk(uint64_t remaining);
+  // to ServiceOptions::state_read_wait), with `holds_state` the whole
+  // parameter's too (buf_, held until the parameter is read): the chunk
+  // size, or 0 with lease_error_ set.
+  uint64_t LeaseChunk(uint64_t remaining, bool holds_state);
 
   const uint64_t max_chunk_;
-  int param_ = 0;            // the parameter being read
-  uint64_t offset_ = 0;      // its next byte
-  std::vector<float> buf_;   // it, read from an executor that holds state
-  ReadBudget::Lease lease_;  // the bytes of the chunk Next returned last
+  int param_ = 0;           // the parameter being read
+  uint64_t offset_ = 0;     // its next byte
+  std::vector<float> buf_;  // it, read from an executor that holds state
+  // The bytes of the chunk Next returned last (with holds_state: and of
+  // buf_, until the parameter is read), and that chunk's size.
+  ReadBudget::Lease lease_;
+  uint64_t chunk_ = 0;
   absl::Status lease_error_;
 };
 

@@ -92,9 +92,11 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
     return h;
   }
   Job& job = *job_;
+  const bool holds_state = service_->scheduler_->holds_state();
   // The chunk Next returned last has been written (or dropped): its bytes
-  // go back before the next ones are leased.
-  lease_.Release();
+  // go back before the next ones are leased. Executors that hold state:
+  // the lease also covers buf_ (the whole parameter), kept until buf_ goes.
+  if (!holds_state) lease_.Release();
   // The table never changes, and param_ and offset_ are this reader's own:
   // the lease is taken without the job's lock (it may wait).
   while (param_ < job.num_params() && offset_ >= TensorBytes(job, param_)) {
@@ -102,10 +104,14 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
     offset_ = 0;
     buf_.clear();
     buf_.shrink_to_fit();
+    lease_.Release();
   }
   if (param_ >= job.num_params()) return std::nullopt;
-  const uint64_t n = LeaseChunk(TensorBytes(job, param_) - offset_);
-  if (n == 0) return lease_error_;
+  if (lease_.bytes() == 0) {
+    chunk_ = LeaseChunk(TensorBytes(job, param_) - offset_, holds_state);
+    if (chunk_ == 0) return lease_error_;
+  }
+  const uint64_t n = std::min(chunk_, TensorBytes(job, param_) - offset_);
   absl::MutexLock lock(&job.mu());
   if (job.broken() || job.dropped()) {
     return absl::AbortedError(
@@ -132,6 +138,7 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
       if (auto st = scheduler.ReadState(job.plan().executor_of[param_], key,
                                         absl::MakeSpan(buf_));
           !st.ok()) {
+        buf_.clear();  // a retry reads it again, never the partial copy
         return absl::Status(
             st.code(),
             absl::StrCat("reading the momentum of parameter '",
@@ -154,12 +161,11 @@ absl::StatusOr<std::optional<v1::StateChunk>> StateReader::Next() {
   return std::optional<v1::StateChunk>(std::move(ch));
 }
 
-uint64_t StateReader::LeaseChunk(uint64_t remaining) {
+uint64_t StateReader::LeaseChunk(uint64_t remaining, bool holds_state) {
   // Twice the chunk (it, and the copy gRPC serializes until the write
   // returns), plus the whole parameter that executors holding state are read
   // into; at least a chunk of kMinStateChunk when the budget is short.
-  const uint64_t whole =
-      service_->scheduler_->holds_state() ? TensorBytes(*job_, param_) : 0;
+  const uint64_t whole = holds_state ? TensorBytes(*job_, param_) : 0;
   const uint64_t want = std::min(max_chunk_, remaining);
   const uint64_t min = std::min(want, kMinStateChunk);
   auto lease = service_->read_budget_.Acquire(

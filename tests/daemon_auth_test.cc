@@ -669,6 +669,43 @@ TEST(Auth, SighupEndsRevokedUnattachedStreamsAndLoweredRoles) {
   EXPECT_TRUE(gone) << st.DebugString() << d.log();
 }
 
+// A revoked token's GetState blocked writing to a client that stopped
+// reading is ended too (the review of the first version: the revocation
+// flag was only checked between chunks, so such a reader held its job at
+// its step boundary for good). The client sees CANCELLED; the log names the
+// revocation.
+TEST(Auth, SighupEndsARevokedGetStateBlockedOnItsClient) {
+  const std::string file = TokenFile("trainer alice-token alice\n");
+  Daemon d({"--auth-token-file=" + file, "--attach-timeout-seconds=60"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+  v1::OpenSessionRequest req = OneMatrixJob("big-state");
+  req.mutable_parameters(0)->set_shape(0, 1024);
+  req.mutable_parameters(0)->set_shape(1, 1024);  // 4 MiB: past any window
+  v1::OpenSessionResponse open;
+  ASSERT_TRUE(Open(stub.get(), "alice-token", req, &open).ok()) << d.log();
+  auto ctx = Ctx("alice-token");
+  v1::GetStateRequest get;
+  get.set_session_id(open.session_id());
+  auto reader = stub->GetState(ctx.get(), get);
+  v1::StateChunk header;
+  ASSERT_TRUE(reader->Read(&header)) << d.log();  // then reads no more
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Write(file, "reader someone-else\n");
+  d.process().Signal(SIGHUP);
+  bool logged = false;
+  for (int i = 0; i < 100 && !logged; ++i) {
+    logged = d.log().find("GetState from") != std::string::npos &&
+             d.log().find("revoked by a SIGHUP reload") != std::string::npos;
+    if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(logged) << d.log();
+  v1::StateChunk c;
+  while (reader->Read(&c)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
 // --max-streams-per-peer (issue 27, defect 2: streams from one peer had no
 // bound): past it one more Step stream from the same host is refused
 // RESOURCE_EXHAUSTED naming the flag, with or without a token; once one

@@ -11,6 +11,7 @@ step, so the user is told: one ``RuntimeWarning`` per distinct reason, and
 
 from __future__ import annotations
 
+import re
 import warnings
 
 
@@ -28,9 +29,12 @@ class Durability:
         if not why:
             return
         self.stats["not_durable_steps"] += 1
-        if why in self.warned:
+        # One warning per kind of reason: a reason naming its step (a stale
+        # state refused "at step N") is the same reason at every step.
+        kind = re.sub(r"\d+", "N", why)
+        if kind in self.warned:
             return
-        self.warned.add(why)
+        self.warned.add(kind)
         warnings.warn(
             f"dmuond could not save step {session.step - 1} of this job to its "
             f"--state-dir ({why}): the step is applied and its updates are right, "

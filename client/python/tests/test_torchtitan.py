@@ -60,6 +60,17 @@ def test_param_groups_are_refused():
         config.build(model_parts=[nn.Linear(4, 4)])
 
 
+def test_one_job_id_for_several_parts_is_refused():
+    """One DMuon per model part: an explicit job_id would be opened twice."""
+    from torch import nn
+
+    from dmuon.integrations.torchtitan import DMuonOptimizersContainer
+
+    config = DMuonOptimizersContainer.Config(job_id="run-1")
+    with pytest.raises(ValueError, match="job_id='run-1' with 2 model parts"):
+        config.build(model_parts=[nn.Linear(4, 4), nn.Linear(4, 4)])
+
+
 def test_routes(job):
     """Matrices to Muon, the head (adamw_patterns' default), embedding and
     norms to AdamW: the ParamGroupConfig split of the torch side."""

@@ -98,6 +98,14 @@ class DMuonOptimizersContainer(OptimizersContainer[DMuon]):
                 "DMuonOptimizersContainer.Config: param_groups is OptimizersContainer's "
                 "routing; DMuon routes by its own rules, send matrices to AdamW with "
                 "adamw_patterns")
+        if len(model_parts) > 1 and config.job_id is not None:
+            raise ValueError(
+                f"DMuonOptimizersContainer.Config: job_id={config.job_id!r} with "
+                f"{len(model_parts)} model parts (pipeline stages): each part is a "
+                "DMuon of its own, so one job_id would be opened twice; leave "
+                "job_id unset (each part gets its own job), and note that pipeline "
+                "parallelism is not supported (client/python/README.md, "
+                "'Training frameworks')")
         self.model_parts = model_parts
         self.optimizers = [self._build(config, part) for part in model_parts]
         self._validate_params([p for opt in self.optimizers
