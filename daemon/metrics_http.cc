@@ -407,8 +407,8 @@ void MetricsHttp::Serve(Conn& fd,
   }
   // The request is in: its answer gets at least a second to go out, even
   // when it came just before the deadline (as the 408 does).
-  deadline = std::max(deadline, std::chrono::steady_clock::now() +
-                                    std::chrono::seconds(1));
+  deadline = std::max(
+      deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1));
   // "METHOD TARGET HTTP/x.y"
   const std::string_view all(req);
   std::string_view line = all.substr(0, all.find('\n'));
