@@ -53,6 +53,7 @@ ServiceOptions Options() {
   o.max_sessions = 8;
   o.max_message_bytes = 1 << 20;
   o.job_retention_seconds = 0;
+  o.max_state_bytes = 64 << 20;  // as dmuond always has one
   return o;
 }
 

@@ -67,6 +67,10 @@ void Run(const uint8_t* data, size_t size) {
   o.state_dir = dir;
   o.max_sessions = 4;
   o.max_message_bytes = 1 << 20;
+  // dmuond always runs with a state limit (--max-state-bytes, by default a
+  // quarter of the host's memory); without one a fuzzed table of 14 GB was
+  // allocated (an out-of-memory in CI), which the daemon refuses.
+  o.max_state_bytes = 64 << 20;
   auto service = NewFastService(o, /*executors=*/1);
   OptimizerService& svc = *service;
   (void)svc.LoadSnapshots();
