@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,135 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/limits.h"
 
 namespace dmuon::server {
-namespace {
-
-constexpr char kMagic[] = "DMUONST1";
-
-// Reads `n` bytes at `off` of `fd` whole; false on a short read or error.
-bool ReadAt(int fd, uint64_t off, char* out, uint64_t n) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, out, n, static_cast<off_t>(off));
-    if (r <= 0) return false;
-    out += r;
-    off += static_cast<uint64_t>(r);
-    n -= static_cast<uint64_t>(r);
-  }
-  return true;
-}
-
-// Files up to this size are read whole even when their header is damaged,
-// so that random damage is reported as a checksum mismatch.
-constexpr uint64_t kSmallFile = uint64_t{64} << 20;
-
-// OK when `fd` (`size` bytes) is as long as its header declares: magic,
-// header length, header, the momentum of its parameters' shapes, the CRC.
-// Reads at most the preamble and the header; every product and sum is
-// checked for overflow.
-absl::Status CheckDeclaredSize(int fd, uint64_t size,
-                               v1::StateHeader* header = nullptr) {
-  char head[16];
-  if (size < 20 || !ReadAt(fd, 0, head, 16) ||
-      std::memcmp(head, kMagic, 8) != 0) {
-    return absl::DataLossError("not a dmuon snapshot");
-  }
-  uint64_t len;
-  std::memcpy(&len, head + 8, 8);
-  std::string bytes(len <= size - 20 && len <= (1u << 30) ? len : 0, '\0');
-  v1::StateHeader h;
-  if (bytes.size() != len || !ReadAt(fd, 16, bytes.data(), len) ||
-      !h.ParseFromArray(bytes.data(), static_cast<int>(len))) {
-    return absl::DataLossError("unreadable header");
-  }
-  uint64_t total = 16 + len + 4;
-  for (const auto& p : h.parameters()) {
-    if (p.shape_size() != 2 || p.shape(0) <= 0 || p.shape(1) <= 0) {
-      return absl::DataLossError(
-          absl::StrCat("parameter '", p.name(), "' has no [rows, cols] shape"));
-    }
-    uint64_t n = 0;
-    if (__builtin_mul_overflow(static_cast<uint64_t>(p.shape(0)),
-                               static_cast<uint64_t>(p.shape(1)), &n) ||
-        __builtin_mul_overflow(n, uint64_t{4}, &n) ||
-        __builtin_add_overflow(total, n, &total) || total > size) {
-      return absl::DataLossError(
-          absl::StrCat("truncated momentum (parameter '", p.name(),
-                       "' of shape [", p.shape(0), ", ", p.shape(1), "])"));
-    }
-  }
-  if (total != size) {
-    return absl::DataLossError(absl::StrCat("its size, ", size,
-                                            " bytes, is more than the ", total,
-                                            " its header declares"));
-  }
-  if (header != nullptr) *header = std::move(h);
-  return absl::OkStatus();
-}
-
-// `path` opened for reading as a regular file, without following a link
-// or blocking on a FIFO; -1 with `*error` set otherwise.
-int OpenRegular(const std::string& path, absl::Status* error) {
-  const int fd =
-      ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    *error = errno == ENOENT ? absl::NotFoundError("gone")
-             : errno == ELOOP
-                 ? absl::DataLossError("a symbolic link, not a snapshot file")
-                 : absl::DataLossError(
-                       absl::StrCat("cannot open it: ", strerror(errno)));
-  }
-  return fd;
-}
-
-// The bytes of a regular file, read whole only when its size is the one its
-// header declares (or it is small): a FIFO, a device or a sparse file far
-// larger than its header says is refused before its contents are read.
-absl::StatusOr<std::string> ReadDeclared(int fd) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    return absl::DataLossError(
-        absl::StrCat("cannot stat it: ", strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) return absl::DataLossError("not a regular file");
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  const absl::Status declared = CheckDeclaredSize(fd, size);
-  if (!declared.ok() && size > kSmallFile) return declared;
-  std::string data(size, '\0');
-  if (!ReadAt(fd, 0, data.data(), size))
-    return absl::DataLossError("cannot read it");
-  if (declared.ok() || size < 20) return data;
-  uint32_t crc;
-  std::memcpy(&crc, data.data() + size - 4, 4);
-  const bool intact =
-      crc == static_cast<uint32_t>(
-                 crc32(0L, reinterpret_cast<const Bytef*>(data.data()),
-                       static_cast<uInt>(size - 4)));
-  // Damaged: Parse names the checksum; intact but inconsistent: crafted.
-  if (!intact) return data;
-  return declared;
-}
-
-}  // namespace
-
-std::string EncodeSnapshot(
-    const v1::StateHeader& header,
-    const std::vector<const std::vector<float>*>& momentum) {
-  const std::string h = header.SerializeAsString();
-  std::string out(kMagic, 8);
-  const uint64_t len = h.size();
-  out.append(reinterpret_cast<const char*>(&len), sizeof(len));
-  out += h;
-  for (const std::vector<float>* m : momentum) {
-    out.append(reinterpret_cast<const char*>(m->data()),
-               m->size() * sizeof(float));
-  }
-  const uint32_t crc = static_cast<uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(out.data()), out.size()));
-  out.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
-  return out;
-}
 
 SnapshotStore::SnapshotStore(std::string dir,
                              std::function<void(double)> written, Failed failed)
@@ -367,93 +239,6 @@ absl::Status SnapshotStore::WriteLocked(const std::string& job_id,
   return absl::OkStatus();
 }
 
-absl::StatusOr<SnapshotFile> SnapshotStore::Read(const std::string& path) {
-  auto bad = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrCat("snapshot ", path, ": ", why));
-  };
-  absl::Status error;
-  const int fd = OpenRegular(path, &error);
-  if (fd < 0) {
-    if (absl::IsNotFound(error))
-      return absl::NotFoundError(absl::StrCat("snapshot ", path, ": gone"));
-    return bad(std::string(error.message()));
-  }
-  auto data = ReadDeclared(fd);
-  ::close(fd);
-  if (!data.ok()) return bad(std::string(data.status().message()));
-  if (data->size() < 8 + 8 + 4 || data->compare(0, 8, kMagic, 8) != 0)
-    return bad("not a dmuon snapshot");
-  return Parse(*data, bad);
-}
-
-absl::StatusOr<v1::StateHeader> SnapshotStore::ReadHeader(
-    const std::string& path) {
-  absl::Status error;
-  const int fd = OpenRegular(path, &error);
-  if (fd >= 0) {
-    struct stat st;
-    v1::StateHeader h;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      error = absl::DataLossError("not a regular file");
-    } else {
-      error = CheckDeclaredSize(fd, static_cast<uint64_t>(st.st_size), &h);
-    }
-    ::close(fd);
-    if (error.ok()) return h;
-  }
-  return absl::Status(error.code(),
-                      absl::StrCat("snapshot ", path, ": ", error.message()));
-}
-
-absl::StatusOr<SnapshotFile> SnapshotStore::Parse(
-    const std::string& data,
-    const std::function<absl::Status(const std::string&)>& bad) {
-  uint32_t crc;
-  std::memcpy(&crc, data.data() + data.size() - 4, 4);
-  if (crc !=
-      static_cast<uint32_t>(crc32(
-          0L, reinterpret_cast<const Bytef*>(data.data()), data.size() - 4))) {
-    return bad("checksum mismatch");
-  }
-  uint64_t len;
-  std::memcpy(&len, data.data() + 8, 8);
-  SnapshotFile out;
-  // Every size below is checked against the bytes that are there before
-  // anything is allocated or copied: a file is untrusted input (a valid CRC
-  // only says it was not damaged, not that it was written by a daemon).
-  const uint64_t body_end = data.size() - 4;
-  if (len > body_end - 16 || len > (1u << 30) ||
-      !out.head.mutable_header()->ParseFromArray(data.data() + 16,
-                                                 static_cast<int>(len))) {
-    return bad("unreadable header");
-  }
-  const int64_t steps = out.head.header().completed_steps();
-  if (steps < 0 || steps > kMaxCompletedSteps) {
-    return bad(
-        absl::StrCat("completed_steps ", steps, " is outside [0, 2^62]"));
-  }
-  uint64_t off = 16 + len;
-  for (const auto& p : out.head.header().parameters()) {
-    if (p.shape_size() != 2 || p.shape(0) <= 0 || p.shape(1) <= 0) {
-      return bad(
-          absl::StrCat("parameter '", p.name(), "' has no [rows, cols] shape"));
-    }
-    const uint64_t rows = static_cast<uint64_t>(p.shape(0));
-    const uint64_t cols = static_cast<uint64_t>(p.shape(1));
-    const uint64_t left = (body_end - off) / 4;  // floats still in the file
-    if (rows > left || cols > left || rows * cols > left) {
-      return bad(absl::StrCat("truncated momentum (parameter '", p.name(),
-                              "' of shape [", rows, ", ", cols, "])"));
-    }
-    const uint64_t n = rows * cols;
-    out.momentum.emplace_back(n);
-    std::memcpy(out.momentum.back().data(), data.data() + off, n * 4);
-    off += n * 4;
-  }
-  if (off != data.size() - 4) return bad("truncated momentum");
-  return out;
-}
-
 absl::StatusOr<SnapshotStore::ScanResult> SnapshotStore::Scan() {
   DIR* d = ::opendir(dir_.c_str());
   if (!d) {
@@ -471,12 +256,14 @@ absl::StatusOr<SnapshotStore::ScanResult> SnapshotStore::Scan() {
   ScanResult result;
   for (const std::string& n : names) {
     const std::string path = absl::StrCat(dir_, "/", n);
-    auto snap = Read(path);
-    absl::Status bad = snap.status();
-    if (snap.ok() && PathOf(snap->head.header().job_id()) != path) {
-      bad = absl::DataLossError(absl::StrCat(
-          "snapshot ", path, " holds job '", snap->head.header().job_id(),
-          "', whose file is ", PathOf(snap->head.header().job_id())));
+    // Checked whole (its checksum) a chunk at a time; its momentum is read
+    // again, into the job, only when the job is reopened.
+    auto head = Check(path);
+    absl::Status bad = head.status();
+    if (head.ok() && PathOf(head->job_id()) != path) {
+      bad = absl::DataLossError(
+          absl::StrCat("snapshot ", path, " holds job '", head->job_id(),
+                       "', whose file is ", PathOf(head->job_id())));
     }
     if (!bad.ok()) {
       if (absl::IsNotFound(bad)) continue;  // removed meanwhile
@@ -500,10 +287,9 @@ absl::StatusOr<SnapshotStore::ScanResult> SnapshotStore::Scan() {
     }
     {
       absl::MutexLock lock(&mu_);
-      newest_[snap->head.header().job_id()] = {
-          0, snap->head.header().completed_steps()};
+      newest_[head->job_id()] = {0, head->completed_steps()};
     }
-    result.good.emplace_back(snap->head.header().job_id(), path);
+    result.good.emplace_back(head->job_id(), path);
   }
   return result;
 }

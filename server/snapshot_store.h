@@ -8,10 +8,15 @@
 // directory fsynced: a crash leaves the old or the new file, never a torn one.
 // Read when a job of that id is next created (PendingSnapshots), not
 // before: a daemon keeps no momentum in memory for jobs nobody reopens.
+// Files are read a chunk (kSnapshotReadChunk) at a time, never whole: at
+// start each is checked (its CRC) through one chunk buffer, and an open
+// reads the momentum straight into its vectors, so a restart holds at most
+// one chunk beyond the momentum of the jobs it reopens (snapshot_file.cc).
 
 #ifndef DMUON_SERVER_SNAPSHOT_STORE_H_
 #define DMUON_SERVER_SNAPSHOT_STORE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,6 +40,10 @@ struct SnapshotFile {
   v1::StateChunk head;
   std::vector<std::vector<float>> momentum;
 };
+
+// The most bytes a read of a snapshot file (SnapshotStore::Read, Check)
+// holds beyond the momentum it returns: it reads this much at a time.
+inline constexpr size_t kSnapshotReadChunk = size_t{1} << 20;
 
 // The file's bytes of `header` and `momentum` (by parameter, fp32 row-major).
 std::string EncodeSnapshot(
@@ -133,18 +142,30 @@ class SnapshotStore {
   static std::string JobOfPath(const std::string& path);
 
   // Reads and checks one snapshot file: NOT_FOUND when it does not exist,
-  // DATA_LOSS naming what is wrong with it otherwise.
+  // DATA_LOSS naming the file and what is wrong with it otherwise.
   // Only a regular file is read (opened without following a link or
   // blocking on a FIFO), and only when its size is the one its header
-  // declares; a completed_steps outside [0, kMaxCompletedSteps] is DATA_LOSS
-  // too (so Scan moves such a file aside and lists it).
-  static absl::StatusOr<SnapshotFile> Read(const std::string& path);
+  // declares (checked before anything is allocated: the momentum allocated
+  // is at most the file's size). The momentum is read `chunk` bytes at a
+  // time straight into its vectors, the CRC computed as it goes; a CRC
+  // that does not match at the end discards it. A completed_steps outside
+  // [0, kMaxCompletedSteps] is DATA_LOSS too (so Scan moves such a file
+  // aside and lists it). A file damaged so that its header is unreadable
+  // or inconsistent is reported as a checksum mismatch when it is at most
+  // 64 MiB (larger ones are refused on the header alone, unread).
+  static absl::StatusOr<SnapshotFile> Read(const std::string& path,
+                                           size_t chunk = kSnapshotReadChunk);
+  // Read's checks without keeping the momentum: the file is checksummed
+  // through one buffer of `chunk` bytes. Its header when it is good.
+  static absl::StatusOr<v1::StateHeader> Check(
+      const std::string& path, size_t chunk = kSnapshotReadChunk);
   // The header of the snapshot file at `path` alone (preamble and header
   // read, the file's size checked against it; its momentum and CRC are
   // not read): what an open may check before the whole file is read.
   static absl::StatusOr<v1::StateHeader> ReadHeader(const std::string& path);
 
-  // Every snapshot file of the directory, each checked (read whole).
+  // Every snapshot file of the directory, each checked (Check: its CRC, a
+  // chunk at a time; no momentum is kept).
   struct ScanResult {
     std::vector<std::pair<std::string, std::string>> good;  // (job id, path)
     // DATA_LOSS for the first bad one (the others are still listed).
@@ -162,10 +183,6 @@ class SnapshotStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(const std::string& job_id, const absl::Status& st)
       ABSL_LOCKS_EXCLUDED(errors_mu_);
-  // Read's checks of a file's bytes (`bad(why)` makes its DATA_LOSS).
-  static absl::StatusOr<SnapshotFile> Parse(
-      const std::string& data,
-      const std::function<absl::Status(const std::string&)>& bad);
 
   const std::string dir_;
   const std::function<void(double)> written_;

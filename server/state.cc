@@ -401,8 +401,9 @@ absl::Status OptimizerService::SnapshotAll() {
 
 absl::Status OptimizerService::LoadSnapshots() {
   if (!snapshots_.enabled()) return absl::OkStatus();
-  // Each file is checked now (a bad one is reported at start) but its
-  // momentum is read again only when its job is reopened.
+  // Each file is checked now (a bad one is reported at start), its CRC a
+  // chunk at a time with none of its momentum kept; the momentum is read
+  // only when its job is reopened (LoadPendingSnapshot, streamed again).
   auto scan = snapshots_.Scan();
   if (!scan.ok()) return scan.status();
   // Their headers (read again, alone) describe them in Status until opened.
