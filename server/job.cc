@@ -23,7 +23,8 @@ bool RegionRelease::WaitUntil(std::chrono::steady_clock::time_point t) {
 }
 
 Job::Job(std::string id, uint64_t serial, int world_size, Table table,
-         planner::Plan plan, int executors, bool host_momentum)
+         planner::Plan plan, int executors, bool host_momentum,
+         std::vector<std::vector<float>> momentum)
     : id_(std::move(id)),
       serial_(serial),
       world_size_(world_size),
@@ -35,7 +36,9 @@ Job::Job(std::string id, uint64_t serial, int world_size, Table table,
       compute_seconds_(executors, 0.0),
       last_step_compute_seconds_(executors, 0.0) {
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (host_momentum)
+    if (!momentum.empty())
+      params_[i].momentum = std::move(momentum[i]);
+    else if (host_momentum)
       params_[i].momentum.assign(table_.params[i].shape.elements(), 0.0f);
     // `arrived` (by rank) is sized at its first arrival (Arrive), not
     // here: world_size x parameters flags only for jobs that step.

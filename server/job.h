@@ -118,8 +118,12 @@ class Job {
   // `executors`: the scheduler's count (the measured load's size).
   // `host_momentum`: start every parameter's momentum as host zeros (false:
   // the executors hold state and start from zeros themselves).
+  // `momentum` (a snapshot's, one per parameter of the table's sizes; empty:
+  // none) is moved in instead of those zeros: a resumed job never holds its
+  // momentum twice.
   Job(std::string id, uint64_t serial, int world_size, Table table,
-      planner::Plan plan, int executors, bool host_momentum);
+      planner::Plan plan, int executors, bool host_momentum,
+      std::vector<std::vector<float>> momentum = {});
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 

@@ -550,24 +550,29 @@ absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
   } else {
     plan = planner::PlanBest(costs, layers, scheduler_->executors());
   }
-  // Executors holding state start from zeros without a host copy.
-  auto job = std::make_shared<Job>(
-      req.job_id(), next_job_serial_++, req.world_size(),
-      std::move(tuned->first), std::move(plan), scheduler_->executors(),
-      /*host_momentum=*/!scheduler_->holds_state());
-  job->set_keeps_step_start(scheduler_->keeps_step_start());
-  // A resumed job keeps its snapshot's owner; a new one is `who`'s.
-  job->set_owner(pending ? pending->head.header().owner() : who.name);
-  if (const SnapshotFile* snap = pending_.Find(job->id())) {
-    if (auto st = CheckSnapshot(job->id(), job->table(), snap->head.header());
+  // A resumed job takes its snapshot's momentum (moved, never copied) and
+  // keeps its owner; a new one is `who`'s.
+  SnapshotFile resumed;
+  const bool resumes = pending != nullptr;
+  if (resumes) {
+    if (auto st =
+            CheckSnapshot(req.job_id(), tuned->first, pending->head.header());
         !st.ok()) {
       return st;
     }
-    SnapshotFile taken = pending_.Take(job->id());
+    resumed = pending_.Take(req.job_id());  // `pending` is gone now
+  }
+  // Executors holding state start from zeros without a host copy.
+  auto job = std::make_shared<Job>(req.job_id(), next_job_serial_++,
+                                   req.world_size(), std::move(tuned->first),
+                                   std::move(plan), scheduler_->executors(),
+                                   /*host_momentum=*/!scheduler_->holds_state(),
+                                   std::move(resumed.momentum));
+  job->set_keeps_step_start(scheduler_->keeps_step_start());
+  job->set_owner(resumes ? resumed.head.header().owner() : who.name);
+  if (resumes) {
     absl::MutexLock jl(&job->mu());
-    for (int i = 0; i < job->num_params(); ++i)
-      job->param(i).momentum = std::move(taken.momentum[i]);
-    job->SetCompletedSteps(taken.head.header().completed_steps());
+    job->SetCompletedSteps(resumed.head.header().completed_steps());
   }
   *created = true;
   return job;

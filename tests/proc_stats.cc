@@ -29,6 +29,7 @@ ProcStats ReadProcStats(pid_t pid) {
   std::string line;
   while (std::getline(status, line)) {
     if (line.rfind("VmRSS:", 0) == 0) s.rss_kb = std::stoll(line.substr(6));
+    if (line.rfind("VmHWM:", 0) == 0) s.hwm_kb = std::stoll(line.substr(6));
     if (line.rfind("Threads:", 0) == 0) s.threads = std::stoi(line.substr(8));
   }
   if (DIR* d = opendir((dir + "/fd").c_str())) {
