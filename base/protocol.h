@@ -20,7 +20,8 @@ namespace dmuon {
 //   2: GradientsReady.momentum (a per-step momentum per parameter).
 //   3: SHARDING_BLOCKS (ParameterSpec.row_runs/col_runs): a rank's local
 //      tensor as any product of row and column runs (DTensor placements).
-inline constexpr uint32_t kProtocolMinor = 3;
+//   4: OpenSessionRequest.resume_step (resume at a given completed step).
+inline constexpr uint32_t kProtocolMinor = 4;
 
 // The minor version this binary speaks: kProtocolMinor. Defined weak, so that
 // a test binary can link a strong definition that speaks an older minor

@@ -145,6 +145,15 @@ struct SessionSpec {
   // one would ignore it, so OpenSession refuses it (FAILED_PRECONDITION
   // naming both versions; the session it opened is closed unused).
   Resume resume = Resume::kAuto;
+  // > 0: continue from exactly this completed step of the job (the
+  // trainer's last completed step; kAuto or kContinue only): dmuond holds
+  // the momentum of the step the job is at and, with --state-dir, of its
+  // previously snapshotted step, and refuses any other step
+  // (FAILED_PRECONDITION naming the steps held) instead of continuing from
+  // it. A trainer that resumes after dmuond was killed between a snapshot's
+  // write and its step_complete thus continues exactly (docs/protocol.md
+  // "Resume at a step"). Needs protocol 1.4, refused like `resume` above.
+  int64_t resume_step = 0;
   int rank = 0;
   int world_size = 1;
   std::vector<ParamSpec> params;

@@ -102,6 +102,7 @@ v1::OpenSessionRequest ToRequest(const SessionSpec& spec, v1::Transport t) {
       r.set_resume(v1::RESUME_REPLACE);
       break;
   }
+  r.set_resume_step(spec.resume_step);
   r.set_job_id(spec.job_id);
   r.set_rank(spec.rank);
   r.set_world_size(spec.world_size);
@@ -184,6 +185,7 @@ const v1::ParameterSpec* FirstBlocks(const v1::OpenSessionRequest& req) {
 }  // namespace
 
 uint32_t RequiredMinor(const v1::OpenSessionRequest& req) {
+  if (req.resume_step() != 0) return 4;
   if (FirstBlocks(req) != nullptr) return 3;
   return req.resume() != v1::RESUME_UNSPECIFIED ? 1 : 0;
 }
@@ -205,6 +207,16 @@ absl::Status CheckDaemonMinor(const v1::OpenSessionRequest& req,
         " (an older daemon does not know it): upgrade dmuond, or route the "
         "DTensor parameters to AdamW. The session it opened was closed "
         "unused"));
+  }
+  if (req.resume_step() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dmuond at ", address, " (version ", resp.capabilities().version(),
+        ") speaks protocol 1.", has, "; this client (version ", kDmuonVersion,
+        ", protocol 1.", ProtocolMinor(), ") asked to resume at step ",
+        req.resume_step(), ", which needs protocol 1.", need,
+        " (an older daemon ignores it and continues from whatever step the "
+        "job is at): upgrade dmuond, or open without a resume step. The "
+        "session it opened was closed unused"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "dmuond at ", address, " (version ", resp.capabilities().version(),

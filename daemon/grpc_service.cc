@@ -207,6 +207,16 @@ class StepCall final : public StepSink {
     if (service_ended_) return;
     Push(std::move(m));
   }
+  void HoldEnd() override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    ++holds_;
+  }
+  // Queued even after the service ended the stream: Drain waits for it.
+  void SendHeld(v1::StepResponse m) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    --holds_;
+    if (!client_gone_) Push(std::move(m));
+  }
   void Abort(absl::Status st) override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     if (service_ended_) return;
@@ -310,10 +320,11 @@ class StepCall final : public StepSink {
     return client_gone_ || service_ended_ || CanWrite() || read_done_ ||
            (!read_pending_ && queued_bytes_ < max_queue_bytes_);
   }
-  // Finish waits for the write in flight (a client gone fails it at once).
+  // Finish waits for the write in flight (a client gone fails it at once)
+  // and for the messages the service holds (SendHeld).
   bool Drainable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (write_pending_) return false;
-    return client_gone_ || CanWrite() || q_.empty();
+    return client_gone_ || CanWrite() || (q_.empty() && holds_ == 0);
   }
 
   const uint64_t max_queue_bytes_;
@@ -325,6 +336,7 @@ class StepCall final : public StepSink {
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;  // HoldEnd without SendHeld yet
   bool read_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool read_done_ ABSL_GUARDED_BY(mu_) = false;
   bool read_ok_ ABSL_GUARDED_BY(mu_) = false;

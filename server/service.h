@@ -369,10 +369,17 @@ class OptimizerService {
   // first: a file owned by another principal than `who` is
   // PERMISSION_DENIED with its momentum unread. An unreadable file is an
   // error (the job does not silently restart from zero); a file that is
-  // gone is forgotten. (state.cc)
+  // gone is forgotten. With `resume_step` (> 0; OpenSessionRequest's) and a
+  // file of another step, the job's previous snapshot becomes its snapshot
+  // if it holds that step (SnapshotStore::UsePrevious), else the open is
+  // refused (FAILED_PRECONDITION naming both files' steps). (state.cc)
   absl::Status LoadPendingSnapshot(const std::string& job_id,
-                                   const Principal& who)
+                                   const Principal& who, int64_t resume_step)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // LoadPendingSnapshot's switch to the previous snapshot for an open asking
+  // for step `want` of a job whose snapshot holds `held`. (state.cc)
+  absl::Status UsePreviousSnapshot(const std::string& job_id, int64_t want,
+                                   int64_t held) ABSL_LOCKS_EXCLUDED(mu_);
   // What no open may exceed, checked before a snapshot is read and again
   // when the session is made: draining, --max-sessions, and for a new job
   // --max-state-bytes. (service_open.cc)

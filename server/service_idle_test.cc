@@ -380,7 +380,9 @@ TEST(Service, CorruptSnapshotsAreMovedAsideReportedAndTheJobStartsAfresh) {
     const std::string bytes = ReadAll(dir + "/" + n);
     EXPECT_TRUE(bytes == "not a snapshot" || bytes == crafted) << n;
   }
-  EXPECT_EQ(FilesWith(dir, ".dmst").size(), 4u);  // 2 good + 2 moved aside
+  // 2 good, their previous snapshots (step 1), 2 moved aside.
+  EXPECT_EQ(FilesWith(dir, ".dmst").size(), 6u);
+  EXPECT_EQ(FilesWith(dir, ".dmst.prev").size(), 2u);
   EXPECT_EQ(metrics.snapshot_failures()["corrupt"], 2u);
   EXPECT_EQ(logged.size(), 2u);
   v1::StatusResponse status = svc->Status();

@@ -15,6 +15,7 @@
 #include "kernels/cost_model.h"
 #include "planner/planner.h"
 #include "server/job.h"
+#include "server/resume_step.h"
 #include "server/service.h"
 
 namespace dmuon::server {
@@ -168,8 +169,14 @@ absl::Status CheckJoin(const Job& job, const v1::OpenSessionRequest& req,
 // 1.0 knew neither resume nor protocol_minor (both ignored).
 bool SpeaksMinor(uint32_t minor) { return ProtocolMinor() >= minor; }
 
-// The request's Resume as this daemon honours it.
+// The request's resume_step as this daemon honours it (0: none).
+int64_t ResumeStepOf(const v1::OpenSessionRequest& req) {
+  return SpeaksMinor(4) ? req.resume_step() : 0;
+}
+
+// The request's Resume as this daemon honours it: a resume_step continues.
 v1::Resume ResumeOf(const v1::OpenSessionRequest& req) {
+  if (ResumeStepOf(req) > 0) return v1::RESUME_CONTINUE;
   return SpeaksMinor(1) ? req.resume() : v1::RESUME_UNSPECIFIED;
 }
 
@@ -269,7 +276,7 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenChecked(
   // snapshot: read now, before mu_ is taken for good.
   // resume=replace discards the snapshot anyway: one that cannot be used
   // (moved aside, or left in place for Replace to move) does not stop it.
-  if (auto st = LoadPendingSnapshot(req.job_id(), who);
+  if (auto st = LoadPendingSnapshot(req.job_id(), who, ResumeStepOf(req));
       !st.ok() &&
       !(ResumeOf(req) == v1::RESUME_REPLACE && absl::IsDataLoss(st))) {
     return st;
@@ -412,6 +419,9 @@ absl::Status OptimizerService::ValidateOpen(
         ", not a Resume this dmuond knows (RESUME_UNSPECIFIED, RESUME_FRESH, "
         "RESUME_CONTINUE, RESUME_REPLACE)"));
   }
+  if (SpeaksMinor(4)) {
+    if (auto st = CheckResumeStepField(req); !st.ok()) return st;
+  }
   if (req.job_id().empty())
     return absl::InvalidArgumentError("job_id is empty");
   if (req.world_size() < 1) {
@@ -466,6 +476,11 @@ absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
     }
     if (resume == v1::RESUME_CONTINUE && done == 0)
       return NothingToContinueError(job->id(), options_.state_dir);
+    if (const int64_t want = ResumeStepOf(req); want > 0 && want != done) {
+      return ResumeStepError(job->id(), want, done,
+                             "in this dmuond's memory, which it resumes from "
+                             "while it holds the job");
+    }
     if (resume != v1::RESUME_REPLACE || (open > 0 && done == 0)) {
       // Joined (REPLACE too: the other ranks of a job just started, at step
       // 1, hold nothing to discard).
@@ -525,6 +540,12 @@ absl::StatusOr<std::shared_ptr<Job>> OptimizerService::FindOrCreateJobLocked(
         req.job_id(), pending_done,
         absl::StrCat("in its snapshot under --state-dir ", options_.state_dir,
                      ", not loaded yet"));
+  }
+  if (const int64_t want = ResumeStepOf(req);
+      want > 0 && pending_done > 0 && want != pending_done) {
+    return ResumeStepError(req.job_id(), want, pending_done,
+                           "in its snapshot, read for an open of another "
+                           "rank");
   }
   if (resume == v1::RESUME_CONTINUE && pending_done <= 0) {
     absl::Status none =

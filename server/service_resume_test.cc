@@ -418,6 +418,46 @@ TEST(Resume, ASecondOpenOfARankNamesTheFirstOnesPeer) {
        ", for 0 s", "job_id"});
 }
 
+// resume_step (protocol minor 4) on a job in memory: only the step it is at;
+// a bad field is refused naming it; a step of nothing is NOT_FOUND.
+TEST(Resume, AResumeStepOnAJobInMemoryIsTheStepItIsAt) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Grads grads = StepsOfGradients(kTable, 3, rng);
+  auto svc = NewService();
+  {
+    Rank r;
+    ASSERT_TRUE(r.Open(*svc, Req("j", v1::RESUME_FRESH)).ok());
+    RunSteps(*svc, {&r}, 1, 2, grads);
+    ASSERT_TRUE(svc->CloseSession(r.open.session_id()).ok());
+  }
+  auto at = [](int64_t step, v1::Resume resume = v1::RESUME_CONTINUE) {
+    auto req = Req("j", resume);
+    req.set_resume_step(step);
+    return req;
+  };
+  Rank one;
+  ExpectHas(one.Open(*svc, at(1)), absl::StatusCode::kFailedPrecondition,
+            {"job 'j' cannot resume at completed step 1",
+             "holds its momentum of step 2", "in this dmuond's memory"});
+  ExpectHas(one.Open(*svc, at(-1)), absl::StatusCode::kInvalidArgument,
+            {"resume_step is -1"});
+  ExpectHas(one.Open(*svc, at(2, v1::RESUME_FRESH)),
+            absl::StatusCode::kInvalidArgument,
+            {"resume_step 2", "RESUME_FRESH"});
+  ExpectHas(one.Open(*svc, at(2, v1::RESUME_REPLACE)),
+            absl::StatusCode::kInvalidArgument,
+            {"resume_step 2", "RESUME_REPLACE"});
+  auto nobody = at(5);
+  nobody.set_job_id("nobody");
+  ExpectHas(one.Open(*svc, nobody), absl::StatusCode::kNotFound,
+            {"job 'nobody'", "holds no momentum"});
+  // The step it is at, with resume unspecified too: continues, bit for bit.
+  Rank two;
+  ASSERT_TRUE(two.Open(*svc, at(2, v1::RESUME_UNSPECIFIED)).ok());
+  EXPECT_EQ(two.open.next_step(), 3);
+  EXPECT_EQ(RunSteps(*svc, {&two}, 3, 3, grads), Straight(3, grads));
+}
+
 TEST(Resume, ANewerClientMinorIsRefusedNamingBothVersions) {
   ServiceOptions o;
   o.version = "9.8.7";

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -395,9 +396,14 @@ TEST(Service, SetStateRollsBackANewerSnapshotFile) {
     EXPECT_TRUE(f.ok()) << f.status();
     return f.ok() ? f->head.header().completed_steps() : -1;
   };
-  const auto snap = files(".dmst");
+  std::vector<std::string> snap;
+  for (const std::string& f : files(".dmst"))
+    if (absl::EndsWith(f, ".dmst")) snap.push_back(f);
   ASSERT_EQ(snap.size(), 1u);
   EXPECT_EQ(steps_in(snap[0]), 4);
+  // The step before it is kept (the previous snapshot)...
+  ASSERT_EQ(files(".dmst.prev").size(), 1u);
+  EXPECT_EQ(steps_in(files(".dmst.prev")[0]), 3);
   {
     // Another run of the job (a restarted daemon) resumes at step 4, and is
     // restored to step 2.
@@ -423,6 +429,8 @@ TEST(Service, SetStateRollsBackANewerSnapshotFile) {
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(steps_in(snap[0]), 2);
     EXPECT_EQ(files(".rolled-back-").size(), 2u);
+    // ...and goes with a rollback: it was of the rolled-back run.
+    EXPECT_TRUE(files(".dmst.prev").empty());
     EXPECT_EQ(svc->Status().snapshot_errors_size(), 0);
   }
   auto svc = NewService(o);

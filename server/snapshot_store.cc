@@ -16,6 +16,21 @@
 #include "absl/time/time.h"
 
 namespace dmuon::server {
+namespace {
+
+// `<path><suffix><UTC time>`, with "-N" added until the name is free: where
+// a file the daemon stops using is kept (never overwritten, never deleted).
+std::string StampedName(const std::string& path, const char* suffix) {
+  const std::string stamp =
+      absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
+  std::string to = absl::StrCat(path, suffix, stamp);
+  struct stat st;
+  for (int n = 1; ::lstat(to.c_str(), &st) == 0; ++n)
+    to = absl::StrCat(path, suffix, stamp, "-", n);
+  return to;
+}
+
+}  // namespace
 
 SnapshotStore::SnapshotStore(std::string dir,
                              std::function<void(double)> written, Failed failed)
@@ -54,12 +69,7 @@ absl::StatusOr<std::string> SnapshotStore::MoveAside(const std::string& path,
   absl::Status report;
   {
     absl::MutexLock lock(&mu_);
-    const std::string stamp =
-        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
-    std::string to = absl::StrCat(path, ".corrupt-", stamp);
-    struct stat st;
-    for (int n = 1; ::lstat(to.c_str(), &st) == 0; ++n)
-      to = absl::StrCat(path, ".corrupt-", stamp, "-", n);
+    const std::string to = StampedName(path, ".corrupt-");
     if (::rename(path.c_str(), to.c_str()) != 0) {
       out = absl::DataLossError(absl::StrCat(
           why.message(), "; could not be moved aside to ", to, " (",
@@ -86,11 +96,7 @@ absl::StatusOr<std::string> SnapshotStore::Replace(const std::string& job_id,
   std::string to;
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
-    const std::string stamp =
-        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
-    to = absl::StrCat(path, ".replaced-", stamp);
-    for (int n = 1; ::lstat(to.c_str(), &st) == 0; ++n)
-      to = absl::StrCat(path, ".replaced-", stamp, "-", n);
+    to = StampedName(path, ".replaced-");
     if (::rename(path.c_str(), to.c_str()) != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job '", job_id, "' cannot be replaced: its snapshot ", path,
@@ -98,6 +104,7 @@ absl::StatusOr<std::string> SnapshotStore::Replace(const std::string& job_id,
           "); move it away by hand and open the job again"));
     }
   }
+  ::unlink(PreviousPathOf(job_id).c_str());
   newest_.erase(job_id);
   uint64_t& first = replaced_[job_id];
   first = std::max(first, first_serial);
@@ -120,11 +127,7 @@ absl::StatusOr<std::string> SnapshotStore::Restore(
     }
     auto encoded = bytes();
     if (!encoded.ok()) return encoded.status();
-    const std::string stamp =
-        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
-    kept = absl::StrCat(path, ".rolled-back-", stamp);
-    for (int n = 1; ::lstat(kept.c_str(), &sb) == 0; ++n)
-      kept = absl::StrCat(path, ".rolled-back-", stamp, "-", n);
+    kept = StampedName(path, ".rolled-back-");
     if (::link(path.c_str(), kept.c_str()) != 0) {
       st = absl::UnavailableError(absl::StrCat(
           "snapshot: restore of job '", job_id, "' to step ", completed_steps,
@@ -132,7 +135,12 @@ absl::StatusOr<std::string> SnapshotStore::Restore(
     } else {
       const auto newer = it->second;
       newest_.erase(it);  // the explicit restore may go back
+      // Not kept as the previous file: the rolled-back file is kept already,
+      // and the previous one (of the same rolled-back run) goes.
+      const std::string previous = PreviousPathOf(job_id);
+      ::unlink(previous.c_str());
       st = WriteLocked(job_id, job_serial, completed_steps, *encoded);
+      ::unlink(previous.c_str());
       if (!st.ok()) {  // the newer file stayed, and stays protected
         ::unlink(kept.c_str());
         newest_[job_id] = newer;
@@ -149,6 +157,85 @@ absl::StatusOr<std::string> SnapshotStore::Restore(
 
 std::string SnapshotStore::PathOf(const std::string& job_id) const {
   return absl::StrCat(dir_, "/job-", absl::BytesToHexString(job_id), ".dmst");
+}
+
+void SnapshotStore::SyncDir() const {
+  int dir = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+std::string SnapshotStore::PreviousPathOf(const std::string& job_id) const {
+  return absl::StrCat(PathOf(job_id), ".prev");
+}
+
+absl::Status SnapshotStore::KeepPreviousLocked(const std::string& job_id,
+                                               int64_t completed_steps) {
+  if (auto it = newest_.find(job_id);
+      it != newest_.end() && it->second.second == completed_steps) {
+    return absl::OkStatus();  // the same step again: the previous one stays
+  }
+  const std::string path = PathOf(job_id);
+  const std::string previous = PreviousPathOf(job_id);
+  const std::string tmp = absl::StrCat(previous, ".tmp-", ::getpid());
+  ::unlink(tmp.c_str());
+  if (::link(path.c_str(), tmp.c_str()) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();  // the job's first file
+    return absl::UnavailableError(absl::StrCat("snapshot: cannot keep ", path,
+                                               " as ", previous, ": ",
+                                               strerror(errno)));
+  }
+  if (::rename(tmp.c_str(), previous.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat(
+        "snapshot: cannot keep ", path, " as ", previous, ": ", strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SnapshotStore::UsePrevious(
+    const std::string& job_id, int64_t completed_steps) {
+  absl::MutexLock lock(&mu_);
+  const std::string path = PathOf(job_id);
+  const std::string previous = PreviousPathOf(job_id);
+  auto head = ReadHeader(previous);
+  if (!head.ok()) {
+    return absl::NotFoundError(
+        absl::IsNotFound(head.status())
+            ? std::string("no previous snapshot")
+            : absl::StrCat("its previous snapshot ", previous,
+                           " cannot be used: ", head.status().message()));
+  }
+  if (head->job_id() != job_id || head->completed_steps() != completed_steps) {
+    return absl::NotFoundError(
+        absl::StrCat("its previous snapshot ", previous, " holds step ",
+                     head->completed_steps(),
+                     head->job_id() != job_id
+                         ? absl::StrCat(" of job '", head->job_id(), "'")
+                         : ""));
+  }
+  std::string kept;
+  struct stat sb;
+  if (::lstat(path.c_str(), &sb) == 0) {
+    kept = StampedName(path, ".rolled-back-");
+    if (::link(path.c_str(), kept.c_str()) != 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "snapshot: cannot keep ", path, " as ", kept, ": ", strerror(errno)));
+    }
+  }
+  if (::rename(previous.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    if (!kept.empty()) ::unlink(kept.c_str());
+    return absl::UnavailableError(absl::StrCat("snapshot: cannot make ",
+                                               previous, " the snapshot ", path,
+                                               ": ", strerror(err)));
+  }
+  SyncDir();
+  newest_[job_id] = {0, completed_steps};
+  return kept;
 }
 
 std::string SnapshotStore::TempPathOf(const std::string& job_id) const {
@@ -223,13 +310,13 @@ absl::Status SnapshotStore::WriteLocked(const std::string& job_id,
   const int sync_err = errno;
   ::close(fd);
   if (!synced) return fail(absl::StrCat("cannot sync ", tmp), sync_err);
+  if (auto kept = KeepPreviousLocked(job_id, completed_steps); !kept.ok()) {
+    ::unlink(tmp.c_str());
+    return kept;
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0)
     return fail(absl::StrCat("cannot commit ", path), errno);
-  int dir = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  SyncDir();
   newest_[job_id] = {job_serial, completed_steps};
   if (written_) {
     written_(

@@ -76,6 +76,15 @@ class SnapshotStore {
   // PathOf(job_id) + ".tmp-<pid>", unique per writing process (Scan reads
   // only .dmst names).
   std::string TempPathOf(const std::string& job_id) const;
+  // <dir>/job-<hex(job id)>.dmst.prev: the job's previous snapshot. Each
+  // write of a later step first keeps the file it replaces there (a hard
+  // link renamed into place, so a crash leaves the old pair or the new one),
+  // so the directory holds the job's last two snapshotted steps: a trainer
+  // that never got the newest one's step_complete (the daemon died between
+  // the write and the send) resumes from the one before (UsePrevious;
+  // docs/protocol.md "Resume at a step"). Scan does not read it (not a
+  // .dmst name); it is read, CRC and all, only when it is used.
+  std::string PreviousPathOf(const std::string& job_id) const;
 
   // Atomically writes `bytes` (EncodeSnapshot) as the snapshot of job
   // `job_serial` taken after `completed_steps`. Writes are serialized, and
@@ -104,6 +113,8 @@ class SnapshotStore {
   // forgotten, and from now on writes of the id by a job serial below
   // `first_serial` (the replaced job's: an idle drop or shutdown snapshot in
   // flight) are skipped (OK) so that they cannot bring the old state back.
+  // Its previous file (PreviousPathOf) is removed: an older copy of the
+  // discarded state, which no resume may bring back.
   // Returns the new path, "" when there was no file, or FAILED_PRECONDITION
   // when the file could not be renamed (nothing changed then).
   absl::StatusOr<std::string> Replace(const std::string& job_id,
@@ -118,14 +129,28 @@ class SnapshotStore {
   // rename: never read again, kept for the operator). From then on the
   // automatic snapshots of this job continue from the restored step (the
   // rule that an older state never replaces a newer one applies again
-  // from there). Nothing is written when the file is not newer (the next
-  // automatic snapshot writes the restored state as usual). Returns the
-  // path the newer file was kept as, "" when none; a failed write is an
-  // error (kind "write") and leaves the newer file in place.
-  // Called with the job's lock held, so that no step of it runs meanwhile.
+  // from there), and the previous file (of the rolled-back run) is removed.
+  // Nothing is written when the file is not newer (the next automatic snapshot
+  // writes the restored state as usual). Returns the path the newer file was
+  // kept as, "" when none; a failed write is an error (kind "write") and leaves
+  // the newer file in place. Called with the job's lock held, so that no step
+  // of it runs meanwhile.
   absl::StatusOr<std::string> Restore(
       const std::string& job_id, uint64_t job_serial, int64_t completed_steps,
       const std::function<absl::StatusOr<std::string>()>& bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The job's previous snapshot (PreviousPathOf) becomes its snapshot, if it
+  // holds `completed_steps` of `job_id` (by its header; the momentum and CRC
+  // are checked when the file is then read): the newer file it replaces is
+  // kept as `<path>.rolled-back-<UTC time>` (never read again, kept for the
+  // operator, as Restore keeps one), and from then on the job's snapshots
+  // continue from that step. Returns the path the newer file was kept as
+  // ("" when there was none); NOT_FOUND naming the previous file's step when
+  // it does not hold that step or there is none; UNAVAILABLE when a rename
+  // failed (nothing changed then).
+  absl::StatusOr<std::string> UsePrevious(const std::string& job_id,
+                                          int64_t completed_steps)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The last failures (at most kMaxErrors, oldest first), for Status, each
@@ -181,6 +206,14 @@ class SnapshotStore {
   absl::Status WriteLocked(const std::string& job_id, uint64_t job_serial,
                            int64_t completed_steps, const std::string& bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a write of `completed_steps` replaces the file of `job_id`: that
+  // file becomes the previous one, unless it holds the same step (an idle
+  // drop rewriting the step just snapshotted keeps the step before).
+  absl::Status KeepPreviousLocked(const std::string& job_id,
+                                  int64_t completed_steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // fsyncs the directory: a rename in it survives a crash.
+  void SyncDir() const;
   void Record(const std::string& job_id, const absl::Status& st)
       ABSL_LOCKS_EXCLUDED(errors_mu_);
 

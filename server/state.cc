@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/job.h"
 #include "server/job_state.h"
+#include "server/resume_step.h"
 #include "server/service.h"
 #include "server/snapshot_store.h"
 #include "server/step_pipeline.h"
@@ -422,8 +423,21 @@ absl::Status OptimizerService::LoadSnapshots() {
   return scan->first_error;
 }
 
+absl::Status OptimizerService::UsePreviousSnapshot(const std::string& job_id,
+                                                   int64_t want, int64_t held) {
+  auto kept = snapshots_.UsePrevious(job_id, want);
+  if (absl::IsNotFound(kept.status())) {
+    return ResumeStepError(
+        job_id, want, held,
+        absl::StrCat("in its snapshot under --state-dir ", options_.state_dir),
+        std::string(kept.status().message()));
+  }
+  return kept.status();
+}
+
 absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id,
-                                                   const Principal& who) {
+                                                   const Principal& who,
+                                                   int64_t resume_step) {
   std::optional<std::string> path;
   {
     absl::MutexLock lock(&mu_);
@@ -440,7 +454,10 @@ absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id,
   // makes the daemon read a job's momentum. (A header that cannot be read
   // is left to Read, which reports the file and moves it aside.)
   if (auto head = SnapshotStore::ReadHeader(*path); head.ok()) {
-    if (auto st = CheckJobOwner(who, head->owner(), job_id); !st.ok()) {
+    absl::Status st = CheckJobOwner(who, head->owner(), job_id);
+    if (st.ok() && resume_step > 0 && head->completed_steps() != resume_step)
+      st = UsePreviousSnapshot(job_id, resume_step, head->completed_steps());
+    if (!st.ok()) {
       absl::MutexLock lock(&mu_);
       pending_.AbortRead(job_id);
       return st;

@@ -353,7 +353,7 @@ void StepPipeline::Deliver(const std::shared_ptr<Job>& job, int param,
   for (auto& [sink, done] : acks.held) {
     if (acks.not_durable)
       done.mutable_step_complete()->set_not_durable(*acks.not_durable);
-    sink->Send(std::move(done));
+    sink->SendHeld(std::move(done));
   }
   for (auto& gate : acks.gates) gate->Done();
 }
@@ -450,6 +450,7 @@ void StepPipeline::Acknowledge(const std::shared_ptr<Job>& job, Session& s,
   } else {
     st.sink->Send(std::move(ready));
     if (last && acks.durable) {
+      st.sink->HoldEnd();
       acks.held.emplace_back(st.sink, std::move(done));
     } else if (last) {
       st.sink->Send(std::move(done));

@@ -293,6 +293,63 @@ TEST(Daemon, AHalfCloseMidStepEndsWithAnErrorNotOk) {
   EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
 }
 
+// The other side of defect 7: a step that completed but whose step_complete
+// waits for its --snapshot-every snapshot. The client half-closes as soon
+// as it sees the step's last updates_ready, while the daemon writes the
+// snapshot (64 MiB of momentum: long enough that the half-close comes
+// first). Its stream ended OK without the step_complete, though the step
+// was taken (the soak's half-close attacker found it); it must deliver it.
+TEST(Daemon, AHalfCloseWhileTheSnapshotIsWrittenStillGetsTheStepComplete) {
+  char dir[] = "/tmp/dmuon-halfdurable-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  Daemon d({std::string("--state-dir=") + dir, "--snapshot-every=1"});
+  auto ch =
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Optimizer::NewStub(ch);
+  v1::OpenSessionRequest req = OneMatrixRequest("half-durable", 1);
+  req.set_transport(v1::TRANSPORT_SHM);
+  // 2 matrices of 2 x 4M: 64 MiB of momentum, cheap Newton-Schulz.
+  req.mutable_parameters(0)->set_shape(0, 2);
+  req.mutable_parameters(0)->set_shape(1, 4 << 20);
+  *req.add_parameters() = req.parameters(0);
+  req.mutable_parameters(1)->set_name("v");
+  for (int step = 1; step <= 3; ++step) {
+    v1::OpenSessionResponse open;
+    {
+      grpc::ClientContext ctx;
+      const grpc::Status st = stub->OpenSession(&ctx, req, &open);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+    }
+    ASSERT_EQ(open.next_step(), step);
+    grpc::ClientContext ctx;
+    auto stream = stub->Step(&ctx);
+    v1::StepRequest m;
+    m.mutable_attach()->set_session_id(open.session_id());
+    ASSERT_TRUE(stream->Write(m));
+    m.Clear();
+    m.mutable_gradients_ready()->set_step(step);
+    for (int p = 0; p < req.parameters_size(); ++p)
+      m.mutable_gradients_ready()->add_param_ids(p);
+    ASSERT_TRUE(stream->Write(m));  // zero gradients: the shm region's
+    v1::StepResponse resp;
+    int ready = 0;
+    bool completed = false;
+    while (ready < req.parameters_size() && stream->Read(&resp)) {
+      if (resp.has_updates_ready())
+        ready += resp.updates_ready().param_ids_size();
+      completed |= resp.has_step_complete();
+    }
+    stream->WritesDone();
+    while (stream->Read(&resp)) completed |= resp.has_step_complete();
+    const grpc::Status st = stream->Finish();
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    EXPECT_TRUE(completed) << "step " << step
+                           << " taken, its stream ended OK without it";
+  }
+  int code;
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
+}
+
 TEST(Daemon, ReflectionListsAndDescribesTheService) {
   // What grpcurl does: list services, then fetch the file defining one.
   Daemon d;

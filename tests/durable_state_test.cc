@@ -33,6 +33,28 @@ struct Trainer {
   std::vector<ParamSpec> table = TestTable(0, kWorld);
 };
 
+// Opens rank 0 of `job` (one rank, shm) on `d`, at `resume_step` if > 0.
+absl::StatusOr<std::unique_ptr<Trainer>> TryOpen(const Daemon& d,
+                                                 const std::string& job,
+                                                 int64_t resume_step) {
+  auto t = std::make_unique<Trainer>();
+  ClientOptions o;
+  o.deadline = std::chrono::seconds(30);
+  auto c = Client::Connect(d.address(), o);
+  if (!c.ok()) return c.status();
+  t->client = *std::move(c);
+  SessionSpec spec;
+  spec.job_id = job;
+  spec.world_size = kWorld;
+  spec.params = t->table;
+  spec.transport = TransportChoice::kShm;
+  spec.resume_step = resume_step;
+  auto s = t->client->OpenSession(spec);
+  if (!s.ok()) return s.status();
+  t->session = *std::move(s);
+  return t;
+}
+
 // Opens rank 0 of `job` (one rank, shm) on `d`.
 std::unique_ptr<Trainer> Open(const Daemon& d, const std::string& job) {
   auto t = std::make_unique<Trainer>();
@@ -185,6 +207,65 @@ TEST(DurableState, AFinalSnapshotThatFailsExitsNonZero) {
       << d.log();
   EXPECT_NE(d.log().find("snapshot: UNAVAILABLE"), std::string::npos)
       << d.log();
+}
+
+// Acknowledged and durable agree exactly (issue 27): a daemon killed after
+// a step's snapshot is written but before the trainer got its step_complete
+// restarts one step ahead of the trainer. The trainer here takes step 4 to
+// its end (so its snapshot is written) and then plays the one that never got
+// step_complete 4: its state is step 3's. Reopened with resume_step=3 on the
+// restarted daemon, the job continues from step 3's momentum (the previous
+// snapshot), and step 4 again is bit for bit the uninterrupted run's.
+// Without resume_step the job would continue at step 5: that trainer's step
+// 4 applied on top of momentum that already holds step 4's gradient.
+TEST(DurableState, AStepNeverAcknowledgedIsResumedExactlyWithResumeStep) {
+  const std::string dir = TempDir("unacked");
+  const uint64_t seed = Seed();
+  const std::vector<std::string> flags = {"--state-dir=" + dir,
+                                          "--snapshot-every=1"};
+  {
+    Daemon d(flags);
+    ASSERT_NE(d.port(), 0) << d.log();
+    auto t = Open(d, "unacked");
+    ASSERT_TRUE(t);
+    for (int s = 1; s <= 4; ++s) Step(*t, seed);
+    d.process().Signal(SIGKILL);
+    EXPECT_EQ(d.process().Wait(30), 128 + SIGKILL) << d.log();
+  }
+  Daemon d(flags);
+  ASSERT_NE(d.port(), 0) << d.log();
+  // A step dmuond holds neither in the snapshot (4) nor in the previous one
+  // (3) is refused, naming both, and changes nothing.
+  auto two = TryOpen(d, "unacked", 2);
+  ASSERT_FALSE(two.ok());
+  EXPECT_EQ(two.status().code(), absl::StatusCode::kFailedPrecondition)
+      << two.status();
+  EXPECT_NE(two.status().message().find("holds its momentum of step 4"),
+            std::string::npos)
+      << two.status();
+  EXPECT_NE(two.status().message().find("holds step 3"), std::string::npos)
+      << two.status();
+  auto t = TryOpen(d, "unacked", 3);
+  ASSERT_TRUE(t.ok()) << t.status() << d.log();
+  EXPECT_EQ((*t)->session->step(), 4);
+  const auto resumed = Step(**t, seed);
+  const auto straight = Straight(d, "straight", seed, 4);
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (size_t p = 0; p < resumed.size(); ++p)
+    EXPECT_EQ(resumed[p], straight[p]) << "parameter " << p;  // bit for bit
+  // The snapshot of the step never acknowledged is kept for the operator.
+  bool kept = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    kept |=
+        e.path().filename().string().find(".rolled-back-") != std::string::npos;
+  EXPECT_TRUE(kept);
+  // In memory the job is at step 4 now: a rank asking for step 3 is refused.
+  ASSERT_TRUE((*t)->session->Close().ok());
+  auto again = TryOpen(d, "unacked", 3);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  auto four = TryOpen(d, "unacked", 4);
+  EXPECT_TRUE(four.ok()) << four.status();
 }
 
 std::string FileBytes(const std::string& path) {

@@ -256,6 +256,29 @@ TEST(VersionSkew, AbsentAndRewindAgainstAMinor0DaemonAreRefusedClientSide) {
   EXPECT_EQ((*s)->step(), 3);
 }
 
+// A resume step (minor 4) would be ignored by an older daemon, which would
+// continue from whatever step the job is at: refused, naming both versions.
+TEST(VersionSkew, AResumeStepAgainstAnOlderDaemonIsRefused) {
+  Daemon old({}, "daemon/dmuond_minor0");
+  ASSERT_NE(old.port(), 0) << old.log();
+  auto c = Connect(old);
+  ASSERT_TRUE(c);
+  auto s = Open(*c, "minor0-step", Resume::kAuto);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Step(**s, 31);
+  ASSERT_TRUE((*s)->Close().ok());
+  SessionSpec spec;
+  spec.job_id = "minor0-step";
+  spec.world_size = kWorld;
+  spec.params = kTable;
+  spec.transport = TransportChoice::kShm;
+  spec.resume_step = 1;
+  ExpectHas(c->OpenSession(spec).status(),
+            absl::StatusCode::kFailedPrecondition,
+            {"asked to resume at step 1", "needs protocol 1.4",
+             "speaks protocol 1.0", "upgrade dmuond"});
+}
+
 // A per-step momentum (minor 2, GradientsReady.momentum) is refused by this
 // client before it reaches a daemon that would ignore it and use each
 // group's momentum: the error names both versions, nothing is sent.

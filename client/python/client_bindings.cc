@@ -399,10 +399,21 @@ std::unique_ptr<PySession> OpenSession(
     Client& c, const std::string& job_id, const py::list& params,
     const py::object& groups, int rank, int world_size,
     const std::string& transport, const py::object& cuda_ipc,
-    const py::object& pool_owner, const std::string& resume) {
+    const py::object& pool_owner, const py::object& resume) {
   SessionSpec spec;
   spec.job_id = job_id;
-  spec.resume = ParseResume(resume);
+  // An int (not a bool): continue from exactly that completed step.
+  if (py::isinstance<py::int_>(resume) && !py::isinstance<py::bool_>(resume)) {
+    spec.resume = Resume::kContinue;
+    spec.resume_step = resume.cast<int64_t>();
+    if (spec.resume_step < 1) {
+      Throw(absl::InvalidArgumentError(absl::StrCat(
+          "resume step ", spec.resume_step,
+          " is not a completed step (>= 1): use resume='fresh' to start")));
+    }
+  } else {
+    spec.resume = ParseResume(resume.cast<std::string>());
+  }
   spec.rank = rank;
   spec.world_size = world_size;
   spec.params = ToParams(params);
@@ -548,7 +559,11 @@ void RegisterClientClass(py::module_& m) {
            "(start at step 1; ALREADY_EXISTS if the job has completed a "
            "step), 'continue' (NOT_FOUND if it has not) or 'replace' "
            "(discard it and start at step 1); all but 'auto' need dmuond of "
-           "protocol 1.1 or newer.");
+           "protocol 1.1 or newer. An int N >= 1: continue from exactly "
+           "completed step N (the trainer's checkpoint's), which dmuond holds "
+           "for the step the job is at and, with --state-dir, the previous "
+           "snapshotted step; FAILED_PRECONDITION naming the steps it holds "
+           "otherwise (protocol 1.4).");
 }
 
 // Session: what it is (names, layout, nccl, ...) and its memory (views).

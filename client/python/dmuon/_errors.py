@@ -69,9 +69,10 @@ def _shared_lost(link, e):
         f"'{link.job_id}') was lost mid-training: the daemon stopped, restarted "
         "or became unreachable, and this step was not taken. Next: once dmuond "
         "is back, create a new DMuon with DaemonOptions(server=..., "
-        f"job_id='{link.job_id}', resume='continue') and load_state_dict() your "
-        "last checkpoint (its AdamW state and step; with --state-dir dmuond "
-        "keeps the Muon momentum of its last snapshot); without --state-dir the "
+        f"job_id='{link.job_id}', resume=N), N your last checkpoint's step, and "
+        "load_state_dict() that checkpoint (its AdamW state and step; with "
+        "--state-dir dmuond keeps the Muon momentum of its last two snapshots, "
+        "and resume=N refuses a step it does not hold); without --state-dir the "
         "momentum is gone: load your checkpoint into a fresh job. (The "
         f"client's error: {e})")
     err.code, err.explained = "UNAVAILABLE", True

@@ -77,7 +77,13 @@ class DaemonOptions:
     True (or "continue"): continue that job's momentum; an error if it has
     none. "replace": discard its momentum and start at step 1. "auto": the
     protocol 1.0 behaviour, continue if there is momentum, else start. All
-    but "auto" need dmuond 1.1 (protocol minor 1) or newer.
+    but "auto" need dmuond 1.1 (protocol minor 1) or newer. An int N >= 1:
+    continue from exactly completed step N, the step of the checkpoint the
+    trainer loads; dmuond holds the momentum of the step the job is at and,
+    with --state-dir, of the snapshotted step before it (so a trainer whose
+    dmuond was killed after writing a step's snapshot but before the trainer
+    got that step's step_complete continues exactly), and refuses any other
+    step naming the steps it holds (dmuond 1.4, protocol minor 4).
     """
 
     server: str | Sequence[str] = "auto"
@@ -87,7 +93,7 @@ class DaemonOptions:
     connect_timeout: float = 10.0
     job_id: str | None = None
     flags: Sequence[str] = ()
-    resume: bool | str = "fresh"
+    resume: bool | str | int = "fresh"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,15 +162,19 @@ RESUME_MODES = {False: "fresh", "fresh": "fresh", True: "continue",
                 "continue": "continue", "replace": "replace", "auto": "auto"}
 
 
-def resume_mode(value: Any) -> str:
-    """Client.open_session's resume for DMuon's resume= (DaemonOptions.resume);
-    a ValueError naming the accepted values for anything else."""
+def resume_mode(value: Any) -> str | int:
+    """Client.open_session's resume for DMuon's resume= (DaemonOptions.resume):
+    a mode, or a completed step (an int >= 1) to continue from exactly; a
+    ValueError naming the accepted values for anything else."""
     if isinstance(value, (bool, str)) and value in RESUME_MODES:
         return RESUME_MODES[value]
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
     raise ValueError(
         f"DMuon: DaemonOptions(resume={value!r}) is not one of \"fresh\" (or False, the "
         "default: start the job at step 1), True (or \"continue\": continue its "
-        "momentum), \"replace\" (discard its momentum) or \"auto\" (continue if any)")
+        "momentum), \"replace\" (discard its momentum), \"auto\" (continue if any) "
+        "or a completed step N >= 1 (continue from exactly step N's momentum)")
 
 
 def accepts_flat_keywords(init: Callable[..., None]) -> Callable[..., None]:

@@ -99,7 +99,9 @@ class DMuon(torch.optim.Optimizer):
     "fresh" (default; False too) starts the job at step 1 and raises if
     job_id names a job dmuond holds momentum of; True (or "continue")
     continues that momentum; "replace" discards it; "auto" continues if
-    there is any. load_state_dict() replaces the momentum whatever the mode.
+    there is any; an int N continues from exactly completed step N (the
+    checkpoint's step), refused unless dmuond holds that step's momentum.
+    load_state_dict() replaces the momentum whatever the mode.
     routing_options: RoutingOptions(model=None, adamw=(), muon=(),
     experts=(), split=None, shards=None): the model to route by, parameters
     sent to AdamW or Muon whatever the rules say, MoE expert stacks and

@@ -37,7 +37,7 @@ def test_daemon_killed_mid_training(fresh_daemon):
     msg = str(e.value)
     assert isinstance(e.value, dmuon.UnavailableError), msg
     assert "lost mid-training" in msg and "this step was not taken" in msg, msg
-    assert f"job_id='{opt.job_id}', resume='continue'" in msg, msg
+    assert f"job_id='{opt.job_id}', resume=N), N your last checkpoint's step" in msg, msg
     opt.close()
 
 

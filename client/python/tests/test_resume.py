@@ -100,8 +100,10 @@ def test_continue_without_momentum_is_not_found(daemon):
 
 
 def test_a_bad_resume_value_names_the_choices():
-    with pytest.raises(ValueError, match=r"DaemonOptions\(resume=1\) is not one of .*True"):
-        DMuon(_model(), resume=1)
+    for bad in (0, -3, 2.0, "later"):
+        with pytest.raises(ValueError,
+                           match=rf"DaemonOptions\(resume={bad!r}\) is not one of .*True"):
+            DMuon(_model(), daemon_options=DaemonOptions(resume=bad))
     with pytest.raises(TypeError, match="both resume= and daemon_options="):
         DMuon(_model(), resume=True, daemon_options=DaemonOptions())
 
@@ -156,6 +158,49 @@ def test_a_restarted_daemon_continues_from_its_snapshot(tmp_path):
         opt = DMuon(again, server=d.address, job_id="py-resume-disk", resume=True,
                     **HYPER)
         assert opt.session.step == 3
+        train(again, opt, 2, mlp_batch, start=2)
+        opt.close()
+        _equal(want, again)
+    finally:
+        d.stop()
+
+
+def test_resume_at_a_step_the_trainer_never_got_is_exact(tmp_path):
+    """Issue 27: dmuond killed (SIGKILL) after writing step 3's snapshot but
+    before the trainer got step 3's step_complete. The trainer restarts from
+    its checkpoint of step 2: resume=2 continues from step 2's momentum (the
+    previous snapshot) and equals an uninterrupted run; resume=True would
+    continue from step 3's, a step this trainer never applied."""
+    import signal
+
+    flags = [f"--state-dir={tmp_path}", "--snapshot-every=1"]
+    d = dmuon.LocalDaemon(flags=flags, stop_grace=5.0)
+    try:
+        want = _biased()
+        opt = DMuon(want, daemon_options=DaemonOptions(d.address, job_id="exact-straight"),
+                    **HYPER)
+        train(want, opt, 4, mlp_batch)
+        opt.close()
+        model = _biased()
+        opt = DMuon(model, daemon_options=DaemonOptions(d.address, job_id="exact"), **HYPER)
+        train(model, opt, 2, mlp_batch)
+        checkpoint = copy.deepcopy((model.state_dict(), opt.local_state_dict()))
+        train(model, opt, 1, mlp_batch, start=2)  # step 3: snapshotted, "never got"
+    finally:
+        d.process.send_signal(signal.SIGKILL)
+        d.process.wait(30)
+        d.stop()
+    d = dmuon.LocalDaemon(flags=flags, stop_grace=5.0)
+    try:
+        with pytest.raises(dmuon.Error, match=r"cannot resume at completed step 1.*step 3"):
+            DMuon(_biased(), daemon_options=DaemonOptions(d.address, job_id="exact", resume=1),
+                  **HYPER)
+        again = _biased()
+        again.load_state_dict(checkpoint[0])
+        opt = DMuon(again, daemon_options=DaemonOptions(d.address, job_id="exact", resume=2),
+                    **HYPER)
+        assert opt.session.step == 3
+        opt.load_state_dict(checkpoint[1])
         train(again, opt, 2, mlp_batch, start=2)
         opt.close()
         _equal(want, again)
