@@ -93,9 +93,9 @@ struct ServiceOptions {
   int job_retention_seconds = kDefaultJobRetentionSeconds;
   // Limits on what one peer can make the daemon hold or do (each refused
   // with a message naming the dmuond flag; docs/security.md "Limits").
-  // OpenSession (ValidateOpen, service_open.cc): RESOURCE_EXHAUSTED above
-  // these, INVALID_ARGUMENT for a malformed job id.
-  // Defaults: limits.h (each written once, for dmuond's flags too).
+  // OpenSession (ValidateOpen, service_open_request.cc): RESOURCE_EXHAUSTED
+  // above these, INVALID_ARGUMENT for a malformed job id. Defaults: limits.h
+  // (each written once, for dmuond's flags too).
   int max_world_size = kDefaultMaxWorldSize;          // --max-world-size
   int max_job_parameters = kDefaultMaxJobParameters;  // --max-job-parameters
   int64_t max_job_elements = kDefaultMaxJobElements;  // --max-job-elements
@@ -342,7 +342,7 @@ class OptimizerService {
   friend class StateReader;
   friend class StateWriter;
   // Methods that need a job's lock held are free functions of the files
-  // that use them (job_state.h, service_open.cc, state.cc): an annotation
+  // that use them (job_state.h, service_admit.cc, state.cc): an annotation
   // naming job.mu() needs Job complete, and job.h is internal.
   //
   // A job's table as tuned for it (TuneTable): the table, each parameter's
@@ -501,9 +501,9 @@ class OptimizerService {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Resolves method "auto" by measurement and returns each parameter's
   // planner cost in seconds (measured, or the cost model at a nominal rate).
-  // (service_open.cc)
+  // (service_open_request.cc)
   std::vector<double> TuneTable(Table& table);
-  // GPU transports: whether `t` can be opened here. (service_open.cc)
+  // GPU transports: whether `t` can be opened here. (service_open_request.cc)
   bool DeviceTransportAvailable(v1::Transport t) const;
 
   const ServiceOptions options_;
@@ -527,7 +527,11 @@ class OptimizerService {
   // reaper's, a StepStats', a StepSink's, a transport's); the snapshot
   // store's: see snapshots_ above (docs/design.md). (clang-14 cannot check an
   // order between locks of different objects, so ABSL_ACQUIRED_AFTER is not
-  // used across them.)
+  // used across them.) Every call takes mu_ (a Step message to find its
+  // session), so nothing heavy runs under it or under a published job's
+  // lock: a job's momentum allocation, cover check, region, and the
+  // release of closed sessions and dropped jobs (Graveyard) happen with
+  // neither held (service_open.cc; docs/design.md).
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_job_serial_ ABSL_GUARDED_BY(mu_) = 1;

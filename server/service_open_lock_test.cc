@@ -1,5 +1,5 @@
 // Heavy per-job work holds none of the service's locks (docs/design.md,
-// "Locks"): while one job's open is stopped in the middle of it (a new
+// its locks): while one job's open is stopped in the middle of it (a new
 // job's momentum allocated and zero-filled, the shard cover check of its
 // last rank) or a closed job's memory is being let go, another job steps,
 // Status answers and other jobs open. ServiceOptions::heavy_work_hook stops
