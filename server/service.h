@@ -418,8 +418,7 @@ class OptimizerService {
   // to admit anew.
   absl::Status AdmitToJobLocked(const v1::OpenSessionRequest& req,
                                 const Table& table, const Principal& who,
-                                const std::shared_ptr<Job>& job,
-                                OpenAdmission* a)
+                                std::shared_ptr<Job> job, OpenAdmission* a)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Without a lock: makes the admitted new job (tuned with `tuned`, tuning
   // here when it is empty; planned; momentum allocated and zero-filled, or

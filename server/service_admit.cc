@@ -264,7 +264,7 @@ absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
 
 absl::Status OptimizerService::AdmitToJobLocked(
     const v1::OpenSessionRequest& req, const Table& table, const Principal& who,
-    const std::shared_ptr<Job>& job, OpenAdmission* a) {
+    std::shared_ptr<Job> job, OpenAdmission* a) {
   // Before anything that could describe the job (CheckJoin's messages).
   if (auto st = CheckJobOwner(who, job->owner(), req.job_id()); !st.ok())
     return st;
