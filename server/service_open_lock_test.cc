@@ -8,10 +8,13 @@
 // stopped until the test lets it go). Also the rules the open keeps while
 // its work runs unlocked: --max-state-bytes counts a job being made, a rank
 // being opened is taken, the reaper keeps a job whose rank is being opened,
-// the ranks of a job being made join it.
+// the ranks of a job being made join it, and a resumed job's open that
+// fails gives its snapshot back.
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -23,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "base/protocol.h"
 #include "server/testing/service_harness.h"
 
 namespace dmuon::server::testing {
@@ -340,6 +344,53 @@ TEST(OpenLock, ReaperKeepsAJobWhoseRankIsBeingOpened) {
   EXPECT_EQ(
       f.svc->ReapIdleJobs(Clock::now() + std::chrono::hours(1)).dropped.size(),
       1u);
+}
+
+// A resumed job whose open fails after it took its snapshot (here: dmuond
+// started draining while its momentum was moved in) gives the snapshot
+// back: the next open resumes from it, not from zero.
+TEST(OpenLock, AFailedOpenGivesItsSnapshotBack) {
+  Gate gate("k", "momentum", /*armed=*/false);
+  ServiceOptions o;
+  std::string dir = "/tmp/dmuon-openlock-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  o.state_dir = dir;
+  o.job_retention_seconds = 0;
+  Fixture f(gate, o);
+  {
+    Rank r;
+    ASSERT_TRUE(
+        r.Open(*f.svc, Request("k", 0, 1, v1::TRANSPORT_INLINE, kSmall)).ok());
+    Reference ref;
+    StepChecked(*f.svc, r, 1, f.rng, ref);
+    ASSERT_TRUE(f.svc->CloseSession(r.open.session_id()).ok());
+  }
+  const ReapResult reap = f.svc->ReapIdleJobs(Clock::now());
+  ASSERT_EQ(reap.dropped.size(), 1u);
+  ASSERT_TRUE(reap.dropped[0].second);  // snapshotted
+  auto resume = Request("k", 0, 1, v1::TRANSPORT_INLINE, kSmall);
+  resume.set_protocol_minor(ProtocolMinor());
+  resume.set_resume(v1::RESUME_CONTINUE);
+  gate.Arm();
+  absl::StatusOr<v1::OpenSessionResponse> refused;
+  {
+    Call open([&] { refused = f.svc->OpenSession(resume); });
+    ASSERT_TRUE(gate.WaitReached());
+    {
+      Call drain([&] { f.svc->Drain(); });
+      const bool done = drain.Done();
+      gate.Release();
+      EXPECT_TRUE(done) << "Drain waited for a new job's momentum";
+    }
+    EXPECT_TRUE(open.Done());
+  }
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable)
+      << refused.status();
+  f.svc->Undrain();
+  auto resumed = f.svc->OpenSession(resume);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->next_step(), 2);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
