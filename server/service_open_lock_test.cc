@@ -149,6 +149,17 @@ struct Fixture {
   Reference ref;
 };
 
+// Job `id` (1 rank of kSmall) opened, stepped once (checked) and closed:
+// idle at completed step 1.
+void IdleAfterOneStep(Fixture& f, const std::string& id) {
+  Rank r;
+  ASSERT_TRUE(
+      r.Open(*f.svc, Request(id, 0, 1, v1::TRANSPORT_INLINE, kSmall)).ok());
+  Reference ref;
+  StepChecked(*f.svc, r, 1, f.rng, ref);
+  ASSERT_TRUE(f.svc->CloseSession(r.open.session_id()).ok());
+}
+
 TEST(OpenLock, NewJobMomentumHoldsNoLock) {
   Gate gate("big", "momentum");
   Fixture f(gate);
@@ -308,13 +319,7 @@ TEST(OpenLock, ReaperKeepsAJobWhoseRankIsBeingOpened) {
   ServiceOptions o;
   o.job_retention_seconds = 1;
   Fixture f(gate, o);
-  // An idle job with a completed step.
-  Rank r;
-  ASSERT_TRUE(
-      r.Open(*f.svc, Request("idle", 0, 1, v1::TRANSPORT_INLINE, kSmall)).ok());
-  Reference ref;
-  StepChecked(*f.svc, r, 1, f.rng, ref);
-  ASSERT_TRUE(f.svc->CloseSession(r.open.session_id()).ok());
+  ASSERT_NO_FATAL_FAILURE(IdleAfterOneStep(f, "idle"));
   absl::StatusOr<v1::OpenSessionResponse> again;
   gate.Arm();
   {
@@ -357,14 +362,7 @@ TEST(OpenLock, AFailedOpenGivesItsSnapshotBack) {
   o.state_dir = dir;
   o.job_retention_seconds = 0;
   Fixture f(gate, o);
-  {
-    Rank r;
-    ASSERT_TRUE(
-        r.Open(*f.svc, Request("k", 0, 1, v1::TRANSPORT_INLINE, kSmall)).ok());
-    Reference ref;
-    StepChecked(*f.svc, r, 1, f.rng, ref);
-    ASSERT_TRUE(f.svc->CloseSession(r.open.session_id()).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(IdleAfterOneStep(f, "k"));
   const ReapResult reap = f.svc->ReapIdleJobs(Clock::now());
   ASSERT_EQ(reap.dropped.size(), 1u);
   ASSERT_TRUE(reap.dropped[0].second);  // snapshotted
