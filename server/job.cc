@@ -32,6 +32,7 @@ Job::Job(std::string id, uint64_t serial, int world_size, Table table,
       plan_(std::move(plan)),
       host_momentum_(host_momentum),
       ranks_(world_size),
+      joining_(world_size, 0),
       params_(table_.params.size()),
       compute_seconds_(executors, 0.0),
       last_step_compute_seconds_(executors, 0.0) {
@@ -90,6 +91,16 @@ void Job::OpenRank(std::shared_ptr<Session> s) {
 
 void Job::CloseRank(const Session& s) {
   if (Holds(s)) ranks_[s.rank()] = nullptr;
+}
+
+void Job::BeginJoin(int rank) {
+  if (!joining_[rank]) ++joining_count_;
+  joining_[rank] = 1;
+}
+
+void Job::EndJoin(int rank) {
+  if (joining_[rank]) --joining_count_;
+  joining_[rank] = 0;
 }
 
 bool Job::Break() {

@@ -186,6 +186,20 @@ class Job {
   void OpenRank(std::shared_ptr<Session> s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes `s` off its rank (a no-op when it is not there).
   void CloseRank(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens in flight (service_open.cc): a rank admitted by OpenSession
+  // whose session is not on its rank yet (its cover check and region are
+  // made without the service's lock). Its rank is taken meanwhile (another
+  // open of it is refused), and the job counts as open: the reaper does
+  // not drop it, resume=replace does not replace it. Changed with the
+  // service's mu_ held too, like drop_at().
+  bool joining(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return joining_[rank] != 0;
+  }
+  int joining() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return joining_count_;
+  }
+  void BeginJoin(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndJoin(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Breaking: a rank left mid-step, a step or a transfer failed, or
   // state was half written. A broken job never steps again.
@@ -362,6 +376,8 @@ class Job {
 
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Session>> ranks_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint8_t> joining_ ABSL_GUARDED_BY(mu_);  // by rank
+  int joining_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<ParamState> params_ ABSL_GUARDED_BY(mu_);
   int64_t completed_steps_ ABSL_GUARDED_BY(mu_) = 0;
   // Parameters finished in the step in progress.

@@ -1,11 +1,16 @@
 #include "server/resume_step.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/protocol.h"
 
 namespace dmuon::server {
 
+int64_t ResumeStepOf(const v1::OpenSessionRequest& req) {
+  return ProtocolMinor() >= 4 ? req.resume_step() : 0;
+}
+
 absl::Status CheckResumeStepField(const v1::OpenSessionRequest& req) {
-  const int64_t step = req.resume_step();
+  const int64_t step = ResumeStepOf(req);
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "resume_step is ", step,

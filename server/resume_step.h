@@ -17,6 +17,10 @@
 
 namespace dmuon::server {
 
+// The request's resume_step as this daemon honours it: 0 (none) for a
+// build speaking a minor before 4 (//daemon:dmuond_prev), which ignores it.
+int64_t ResumeStepOf(const v1::OpenSessionRequest& req);
+
 // INVALID_ARGUMENT naming the field for a resume_step this request cannot
 // carry: negative, or with RESUME_FRESH / RESUME_REPLACE (which start the
 // job at step 1). OK otherwise (0: not asked).

@@ -79,6 +79,35 @@ OptimizerService::~OptimizerService() {
   gpu.clear();
 }
 
+OptimizerService::Graveyard::~Graveyard() {
+  bool any = false;
+  std::string id;  // for the test hook
+  for (const auto& [job, drop] : jobs_) {
+    if (job && id.empty()) id = job->id();
+    any |= job != nullptr;
+  }
+  for (const auto& s : sessions_) {
+    any |= s != nullptr;
+    if (!s || !id.empty()) continue;
+    if (auto job = s->job()) id = job->id();
+  }
+  if (!any) return;
+  const ServiceOptions& o = service_->options_;
+  if (o.heavy_work_hook) o.heavy_work_hook(id, "release");
+  for (const auto& [job, drop] : jobs_) {
+    if (!job || !drop) continue;
+    service_->scheduler_->DropJob(job->serial());
+    if (o.device_transports) o.device_transports->DropJob(job->serial());
+  }
+  sessions_.clear();  // regions unmapped (the last holder of each)
+  jobs_.clear();      // momentum freed (the last holder of each)
+}
+
+void OptimizerService::Graveyard::Bury(std::shared_ptr<Job> job,
+                                       bool drop_state) {
+  jobs_.emplace_back(std::move(job), drop_state);
+}
+
 std::shared_ptr<Session> OptimizerService::FindSession(
     const std::string& id) const {
   absl::MutexLock lock(&mu_);
@@ -108,10 +137,11 @@ absl::Status OptimizerService::Attach(const std::string& session_id,
 
 bool OptimizerService::Detach(const std::string& session_id,
                               const absl::Status& why) {
+  Graveyard gone(this);  // after the lock
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return false;
-  CloseLocked(it->second, why);
+  CloseLocked(it->second, why, gone);
   return true;
 }
 
@@ -120,10 +150,11 @@ absl::Status OptimizerService::CloseSession(
     std::chrono::steady_clock::time_point release_by, bool* released) {
   std::shared_ptr<RegionRelease> release;
   {
+    Graveyard gone(this);  // after the lock
     absl::MutexLock lock(&mu_);
     if (auto it = sessions_.find(session_id); it != sessions_.end()) {
       release = it->second->release();
-      CloseLocked(it->second, absl::OkStatus());
+      CloseLocked(it->second, absl::OkStatus(), gone);
     } else if (auto c = closing_.find(session_id); c != closing_.end()) {
       release = c->second;  // closed when its Step stream ended
     } else {
@@ -142,7 +173,7 @@ absl::Status OptimizerService::CloseSession(
 }
 
 void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
-                                   const absl::Status& why) {
+                                   const absl::Status& why, Graveyard& gone) {
   sessions_.erase(s->id());
   for (auto it = closing_.begin(); it != closing_.end();)
     it = it->second->done() ? closing_.erase(it) : std::next(it);
@@ -193,10 +224,10 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
     }
     if (const auto& sink = s->state(*job).sink) sink->Abort(own);
     if (job->open_ranks() == 0 && job->broken()) {
+      // A rank being opened meanwhile finds it broken (PublishLocked).
       jobs_.erase(job->id());
-      scheduler_->DropJob(job->serial());
-      if (options_.device_transports)
-        options_.device_transports->DropJob(job->serial());
+      job->MarkDropped();
+      gone.Bury(job, /*drop_state=*/true);
       // The next job of this id resumes from the last snapshot on disk,
       // never from zero over it.
       if (snapshots_.enabled()) {
@@ -209,7 +240,8 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
         }
       }
     } else if (job->open_ranks() == 0) {
-      // Kept for a restarted trainer to reopen, until the reaper drops it.
+      // Kept for a restarted trainer to reopen, until the reaper drops it
+      // (not while a rank of it is being opened: Job::joining).
       job->set_drop_at(std::chrono::steady_clock::now() +
                        std::chrono::seconds(options_.job_retention_seconds));
       reaper_.Kick();
@@ -217,7 +249,9 @@ void OptimizerService::CloseLocked(std::shared_ptr<Session> s,
   }
   if (s->transport() == v1::TRANSPORT_SHM && s->region())
     (void)transport::UnlinkShm(s->region()->name());
+  gone.Bury(s);  // its region is unmapped after mu_
   for (const auto& r : others) {
+    gone.Bury(r);
     sessions_.erase(r->id());
     closing_[r->id()] = r->release();
     if (r->transport() == v1::TRANSPORT_SHM && r->region())
@@ -235,7 +269,7 @@ void OptimizerService::LimitIdleJobsLocked() {
   std::vector<std::pair<Clock::time_point, std::shared_ptr<Job>>> idle;
   for (const auto& [id, job] : jobs_) {
     absl::MutexLock jl(&job->mu());
-    if (job->open_ranks() == 0 && !job->dropped() &&
+    if (job->open_ranks() == 0 && job->joining() == 0 && !job->dropped() &&
         job->drop_at() != Clock::time_point::max()) {
       idle.emplace_back(job->drop_at(), job);
     }
@@ -262,6 +296,7 @@ std::chrono::steady_clock::time_point OptimizerService::ExpireUnattached(
   const auto timeout = std::chrono::seconds(options_.attach_timeout_seconds);
   // Held past the lock: a session's region goes when its last holder does.
   std::vector<std::shared_ptr<Session>> due;
+  Graveyard gone(this);
   absl::MutexLock lock(&mu_);
   for (const auto& [id, s] : sessions_) {
     if (auto job = s->job()) {
@@ -275,11 +310,13 @@ std::chrono::steady_clock::time_point OptimizerService::ExpireUnattached(
     }
   }
   for (const auto& s : due) {
-    CloseLocked(s, absl::DeadlineExceededError(
-                       absl::StrCat("rank ", s->rank(),
-                                    " never attached its Step stream within "
-                                    "--attach-timeout-seconds=",
-                                    options_.attach_timeout_seconds)));
+    CloseLocked(s,
+                absl::DeadlineExceededError(
+                    absl::StrCat("rank ", s->rank(),
+                                 " never attached its Step stream within "
+                                 "--attach-timeout-seconds=",
+                                 options_.attach_timeout_seconds)),
+                gone);
   }
   return next;
 }

@@ -19,7 +19,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -91,9 +93,9 @@ struct ServiceOptions {
   int job_retention_seconds = kDefaultJobRetentionSeconds;
   // Limits on what one peer can make the daemon hold or do (each refused
   // with a message naming the dmuond flag; docs/security.md "Limits").
-  // OpenSession (ValidateOpen, service_open.cc): RESOURCE_EXHAUSTED above
-  // these, INVALID_ARGUMENT for a malformed job id.
-  // Defaults: limits.h (each written once, for dmuond's flags too).
+  // OpenSession (ValidateOpen, service_open_request.cc): RESOURCE_EXHAUSTED
+  // above these, INVALID_ARGUMENT for a malformed job id. Defaults: limits.h
+  // (each written once, for dmuond's flags too).
   int max_world_size = kDefaultMaxWorldSize;          // --max-world-size
   int max_job_parameters = kDefaultMaxJobParameters;  // --max-job-parameters
   int64_t max_job_elements = kDefaultMaxJobElements;  // --max-job-elements
@@ -131,6 +133,16 @@ struct ServiceOptions {
   // GPU transports (cuda_ipc, nccl); null on a CPU daemon. Sessions use them
   // only when every executor reads device memory (CUDA executors).
   std::shared_ptr<DeviceTransports> device_transports;
+  // Test-only (empty in dmuond): called in the middle of each piece of
+  // heavy per-job work, with none of the service's locks held, naming the
+  // job and the work: "momentum" once OpenSession made a new job (its
+  // momentum allocated and zero-filled, its snapshot's moved in), "cover"
+  // before the shard cover check of a job's last rank (O(elements /
+  // blocks) for SHARDING_BLOCKS), "release" before closed sessions (their
+  // regions) and dropped jobs (their momentum, their executors' state) are
+  // let go. A test blocks in it to show that other jobs step meanwhile.
+  std::function<void(const std::string& job_id, std::string_view work)>
+      heavy_work_hook;
 };
 
 class Job;
@@ -330,7 +342,7 @@ class OptimizerService {
   friend class StateReader;
   friend class StateWriter;
   // Methods that need a job's lock held are free functions of the files
-  // that use them (job_state.h, service_open.cc, state.cc): an annotation
+  // that use them (job_state.h, service_admit.cc, state.cc): an annotation
   // naming job.mu() needs Job complete, and job.h is internal.
   //
   // A job's table as tuned for it (TuneTable): the table, each parameter's
@@ -340,26 +352,109 @@ class OptimizerService {
   std::shared_ptr<Session> FindSession(const std::string& id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // OpenSession's steps (service_open.cc), in order.
+  // What an open decided under mu_ (AdmitLocked) and carries through the
+  // work done without it (service_open.cc) to PublishLocked, or to
+  // AbandonLocked when it fails.
+  struct OpenAdmission {
+    // The job joined, or the new job once BuildJob made it.
+    std::shared_ptr<Job> job;
+    // A new job: its id is in creating_ and `reserved` (its momentum
+    // bytes) in creating_bytes_ until it is published or abandoned.
+    bool created = false;
+    uint64_t serial = 0;
+    uint64_t reserved = 0;
+    std::string owner;
+    // The snapshot it resumes from, taken from pending_ (moved into the job
+    // by BuildJob), and its summary: the file is pending again when the
+    // open fails.
+    std::optional<SnapshotFile> snapshot;
+    std::optional<SnapshotSummary> resumed;
+    // A joined job: its sessions by rank as last seen under mu_, what the
+    // cover check reads; this rank is marked joining (Job::BeginJoin).
+    std::vector<std::shared_ptr<Session>> ranks;
+    // resume=replace: the idle job dropped, let go of without mu_.
+    std::shared_ptr<Job> replaced;
+  };
+
+  // What a section under mu_ lets go of, let go of once mu_ is released:
+  // declared before the MutexLock, it is destroyed after it. Closed
+  // sessions (a region's unmapping: GiBs for a big job), dropped jobs
+  // (their momentum), and the executors' and GPU transports' state of
+  // dropped jobs (Scheduler::DropJob). (service.cc)
+  class Graveyard {
+   public:
+    explicit Graveyard(OptimizerService* service) : service_(service) {}
+    Graveyard(const Graveyard&) = delete;
+    Graveyard& operator=(const Graveyard&) = delete;
+    ~Graveyard();
+    void Bury(std::shared_ptr<Session> s) { sessions_.push_back(std::move(s)); }
+    // `drop_state`: its executors' and transports' state goes too.
+    void Bury(std::shared_ptr<Job> job, bool drop_state);
+
+   private:
+    OptimizerService* const service_;
+    std::vector<std::shared_ptr<Session>> sessions_;
+    std::vector<std::pair<std::shared_ptr<Job>, bool>> jobs_;
+  };
+
+  // OpenSession's steps (service_open.cc, service_admit.cc), in order.
   // The request's own checks: protocol, ids, world size, transport.
   absl::Status ValidateOpen(const v1::OpenSessionRequest& req) const;
   // ValidateOpen's limits (ServiceOptions, docs/security.md "Limits"):
   // job id, world size, table size, schedule length.
   absl::Status CheckLimits(const v1::OpenSessionRequest& req) const;
-  // The job `req` joins: found, or made (planned, resumed from its
-  // snapshot); `*created` says which. Uses `tuned` for a new job (tuning
-  // here when it is empty).
+  // Under mu_, cheap: whether `req` may open, and what it opens. An
+  // existing job is joined (its owner, the resume rules and CheckJoin
+  // passed; the rank marked joining), or a new one is admitted (planned to
+  // be made by BuildJob: its id in creating_, its bytes reserved, its
+  // snapshot taken). resume=replace drops the idle job first.
   // A job's owner that is not `who` is PERMISSION_DENIED, before anything
   // else about the job (its snapshot is kept).
-  absl::StatusOr<std::shared_ptr<Job>> FindOrCreateJobLocked(
-      const v1::OpenSessionRequest& req, const Table& table,
-      std::optional<Tuned>& tuned, const Principal& who, bool* created)
+  absl::Status AdmitLocked(const v1::OpenSessionRequest& req,
+                           const Table& table, const Principal& who,
+                           OpenAdmission* a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AdmitLocked on the existing `job`: joined (a->job set), or, idle and
+  // replaced (resume=replace), dropped (a->replaced set) for AdmitLocked
+  // to admit anew.
+  absl::Status AdmitToJobLocked(const v1::OpenSessionRequest& req,
+                                const Table& table, const Principal& who,
+                                std::shared_ptr<Job> job, OpenAdmission* a)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The new session's region (shm, heap or a GPU transport's); a GPU
-  // transport may add to `resp`.
+  // Without a lock: makes the admitted new job (tuned with `tuned`, tuning
+  // here when it is empty; planned; momentum allocated and zero-filled, or
+  // the snapshot's moved in).
+  void BuildJob(const v1::OpenSessionRequest& req, const Table& table,
+                std::optional<Tuned>& tuned, OpenAdmission* a)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Without a lock: the new job made (BuildJob), the cover check when the
+  // rank completes the job, the region, the session `*s`; then
+  // PublishLocked (the cover checked again while it says so).
+  absl::Status MakeSession(const v1::OpenSessionRequest& req,
+                           const Principal& who, const Table& table,
+                           std::optional<Tuned>& tuned,
+                           std::vector<ShardMap> shards,
+                           transport::Layout layout, OpenAdmission* a,
+                           std::shared_ptr<Session>* s,
+                           v1::OpenSessionResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The new session's region (shm, heap or a GPU transport's), made
+  // without a lock; a GPU transport may add to `resp`.
   absl::StatusOr<std::unique_ptr<transport::Region>> OpenRegion(
-      const Job& job, bool created, const v1::OpenSessionRequest& req,
-      const transport::Layout& layout, v1::OpenSessionResponse* resp) const;
+      const OpenAdmission& a, const v1::OpenSessionRequest& req,
+      const transport::Layout& layout, v1::OpenSessionResponse* resp) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Under mu_: the session `s` goes on its rank and in sessions_ (a new
+  // job in jobs_), unless draining or --max-sessions refuse it now, or its
+  // job broke. False with OK when the job's other ranks changed since the
+  // cover check read them (`a->ranks` updated): check again.
+  absl::StatusOr<bool> PublishLocked(const std::shared_ptr<Session>& s,
+                                     OpenAdmission* a,
+                                     v1::OpenSessionResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_: an admitted open failed: its reservation, joining mark and
+  // taken snapshot are given back; a job made for nothing goes to `gone`.
+  void AbandonLocked(const v1::OpenSessionRequest& req, OpenAdmission* a,
+                     Graveyard& gone) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The response's session, layout and capabilities.
   void FillOpenResponse(const Session& s, v1::OpenSessionResponse* resp) const;
 
@@ -381,19 +476,26 @@ class OptimizerService {
   absl::Status UsePreviousSnapshot(const std::string& job_id, int64_t want,
                                    int64_t held) ABSL_LOCKS_EXCLUDED(mu_);
   // What no open may exceed, checked before a snapshot is read and again
-  // when the session is made: draining, --max-sessions, and for a new job
-  // --max-state-bytes. (service_open.cc)
+  // when the open is admitted: draining, --max-sessions, and for a new job
+  // --max-state-bytes (counting the bytes reserved by new jobs being
+  // made). Draining and --max-sessions (CheckSessionsLocked) are checked a
+  // last time when the session is published. (service_admit.cc)
   absl::Status CheckCapacityLocked(const v1::OpenSessionRequest& req,
                                    const Table& table) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckSessionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The request's Resume as this daemon honours it (protocol 1.0 knew
+  // none). (service_admit.cc)
+  static v1::Resume ResumeOf(const v1::OpenSessionRequest& req);
   // OpenSession once the request is checked and its table built: the
   // snapshot, the job, the session. (service_open.cc)
   absl::StatusOr<v1::OpenSessionResponse> OpenChecked(
       const v1::OpenSessionRequest& req, const Principal& who,
       const Table& table, std::vector<ShardMap> shards,
       transport::Layout layout) ABSL_LOCKS_EXCLUDED(mu_);
-  void CloseLocked(std::shared_ptr<Session> s, const absl::Status& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes `s` (service.cc); what it lets go of goes to `gone`.
+  void CloseLocked(std::shared_ptr<Session> s, const absl::Status& why,
+                   Graveyard& gone) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Past max_idle_jobs jobs without an open rank, makes the oldest idle
   // ones due now and kicks the reaper (which drops them, snapshotted with
   // --state-dir). (service.cc)
@@ -405,9 +507,9 @@ class OptimizerService {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Resolves method "auto" by measurement and returns each parameter's
   // planner cost in seconds (measured, or the cost model at a nominal rate).
-  // (service_open.cc)
+  // (service_open_request.cc)
   std::vector<double> TuneTable(Table& table);
-  // GPU transports: whether `t` can be opened here. (service_open.cc)
+  // GPU transports: whether `t` can be opened here. (service_open_request.cc)
   bool DeviceTransportAvailable(v1::Transport t) const;
 
   const ServiceOptions options_;
@@ -431,7 +533,11 @@ class OptimizerService {
   // reaper's, a StepStats', a StepSink's, a transport's); the snapshot
   // store's: see snapshots_ above (docs/design.md). (clang-14 cannot check an
   // order between locks of different objects, so ABSL_ACQUIRED_AFTER is not
-  // used across them.)
+  // used across them.) Every call takes mu_ (a Step message to find its
+  // session), so nothing heavy runs under it or under a published job's
+  // lock: a job's momentum allocation, cover check, region, and the
+  // release of closed sessions and dropped jobs (Graveyard) happen with
+  // neither held (service_open.cc; docs/design.md).
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_job_serial_ ABSL_GUARDED_BY(mu_) = 1;
@@ -443,6 +549,12 @@ class OptimizerService {
   std::map<std::string, std::shared_ptr<RegionRelease>> closing_
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // New jobs admitted and being made without mu_ (BuildJob, the cover
+  // check, the region): their ids (another open of the id waits until the
+  // job is published or abandoned) and their momentum bytes, which
+  // --max-state-bytes counts as held.
+  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
+  uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Snapshots the next job of their id resumes from (LoadSnapshots, and
   // each idle job dropped with a snapshot), read by LoadPendingSnapshot.
   PendingSnapshots pending_ ABSL_GUARDED_BY(mu_);

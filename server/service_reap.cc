@@ -41,7 +41,9 @@ ReapResult OptimizerService::ReapIdleJobs(
     absl::MutexLock lock(&mu_);
     for (const auto& [id, job] : jobs_) {
       absl::MutexLock jl(&job->mu());
-      if (job->open_ranks() > 0 || job->drop_at() == Clock::time_point::max())
+      // A rank being opened (Job::joining) keeps it.
+      if (job->open_ranks() > 0 || job->joining() > 0 ||
+          job->drop_at() == Clock::time_point::max())
         continue;
       if (job->drop_at() <= now) {
         due.emplace_back(job, job->drop_at());
@@ -58,7 +60,8 @@ ReapResult OptimizerService::ReapIdleJobs(
       int64_t steps = 0;
       {
         absl::MutexLock jl(&job->mu());
-        if (job->open_ranks() > 0 || job->drop_at() != at) continue;
+        if (job->open_ranks() > 0 || job->joining() > 0 || job->drop_at() != at)
+          continue;
         // A broken job's state is not consistent: nothing to keep. A job
         // whose step was rolled back (a rank left mid-step) may still be
         // ending a computation of it.
@@ -77,11 +80,14 @@ ReapResult OptimizerService::ReapIdleJobs(
         snapshotted = saved.ok();
       }
     }
+    // Its executors' state is let go of after mu_ (its host copies when
+    // `due` goes).
+    Graveyard gone(this);
     absl::MutexLock lock(&mu_);
     absl::MutexLock jl(&job->mu());
     auto it = jobs_.find(job->id());
     if (it == jobs_.end() || it->second != job || job->open_ranks() > 0 ||
-        job->drop_at() != at) {
+        job->joining() > 0 || job->drop_at() != at) {
       continue;  // reopened while its snapshot was written: kept
     }
     if (!saved.ok()) {
@@ -97,9 +103,7 @@ ReapResult OptimizerService::ReapIdleJobs(
     }
     job->MarkDropped();
     jobs_.erase(it);
-    scheduler_->DropJob(job->serial());
-    if (options_.device_transports)
-      options_.device_transports->DropJob(job->serial());
+    gone.Bury(job, /*drop_state=*/true);
     // The host copies go with the job; the next of this id reads the file.
     if (snapshotted) {
       pending_.AddFile(job->id(), snapshots_.PathOf(job->id()),
