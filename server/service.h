@@ -397,6 +397,14 @@ class OptimizerService {
     std::vector<std::pair<std::shared_ptr<Job>, bool>> jobs_;
   };
 
+  // Waits until no other open is making the job, then AdmitLocked, after
+  // reading (LoadPendingSnapshot) a snapshot of the id that came back to
+  // disk since this open's first read; UNAVAILABLE after 8 such reads.
+  // (service_open.cc)
+  absl::Status AdmitWithSnapshot(const v1::OpenSessionRequest& req,
+                                 const Principal& who, const Table& table,
+                                 OpenAdmission* a) ABSL_LOCKS_EXCLUDED(mu_);
+
   // OpenSession's steps (service_open.cc, service_admit.cc), in order.
   // The request's own checks: protocol, ids, world size, transport.
   absl::Status ValidateOpen(const v1::OpenSessionRequest& req) const;
@@ -473,8 +481,10 @@ class OptimizerService {
       ABSL_LOCKS_EXCLUDED(mu_);
   // LoadPendingSnapshot's switch to the previous snapshot for an open asking
   // for step `want` of a job whose snapshot holds `held`. (state.cc)
+  // `head`: the snapshot's header (its step and owner).
   absl::Status UsePreviousSnapshot(const std::string& job_id, int64_t want,
-                                   int64_t held) ABSL_LOCKS_EXCLUDED(mu_);
+                                   const v1::StateHeader& head)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // What no open may exceed, checked before a snapshot is read and again
   // when the open is admitted: draining, --max-sessions, and for a new job
   // --max-state-bytes (counting the bytes reserved by new jobs being

@@ -125,6 +125,44 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenSession(
   return resp;
 }
 
+absl::Status OptimizerService::AdmitWithSnapshot(
+    const v1::OpenSessionRequest& req, const Principal& who, const Table& table,
+    OpenAdmission* a) {
+  // Another open of the id is making its job: wait until it is published
+  // (this rank joins it) or abandoned (this one makes it).
+  auto not_made = [this, &req] {
+    mu_.AssertHeld();
+    return creating_.count(req.job_id()) == 0;
+  };
+  for (int reads = 0;; ++reads) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&not_made));
+      // A snapshot of the id that came back to disk since this open read
+      // (an open that took it was abandoned, or the reaper dropped the job)
+      // is read before the job is made: never a job from zero, or of
+      // another owner, over its own snapshot.
+      // (resume=replace discards it anyway, unread when it cannot be read.)
+      if (jobs_.count(req.job_id()) > 0 || !pending_.unread(req.job_id()) ||
+          ResumeOf(req) == v1::RESUME_REPLACE) {
+        if (auto st = CheckCapacityLocked(req, table); !st.ok()) return st;
+        return AdmitLocked(req, table, who, a);
+      }
+    }
+    if (reads == 8) {
+      return absl::UnavailableError(absl::StrCat(
+          "job '", req.job_id(),
+          "' is being opened and dropped by other sessions meanwhile; open "
+          "it again"));
+    }
+    if (auto st = LoadPendingSnapshot(req.job_id(), who, ResumeStepOf(req));
+        !st.ok() &&
+        !(ResumeOf(req) == v1::RESUME_REPLACE && absl::IsDataLoss(st))) {
+      return st;
+    }
+  }
+}
+
 absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenChecked(
     const v1::OpenSessionRequest& req, const Principal& who, const Table& table,
     std::vector<ShardMap> shards, transport::Layout layout) {
@@ -153,18 +191,7 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenChecked(
   // a session made for nothing) is let go of without mu_.
   Graveyard gone(this);
   OpenAdmission a;
-  {
-    absl::MutexLock lock(&mu_);
-    // Another open of the id is making its job: wait until it is published
-    // (this rank joins it) or abandoned (this one makes it).
-    auto not_made = [this, &req] {
-      mu_.AssertHeld();
-      return creating_.count(req.job_id()) == 0;
-    };
-    mu_.Await(absl::Condition(&not_made));
-    if (auto st = CheckCapacityLocked(req, table); !st.ok()) return st;
-    if (auto st = AdmitLocked(req, table, who, &a); !st.ok()) return st;
-  }
+  if (auto st = AdmitWithSnapshot(req, who, table, &a); !st.ok()) return st;
   if (a.replaced) {
     Graveyard old(this);
     old.Bury(std::move(a.replaced), /*drop_state=*/true);

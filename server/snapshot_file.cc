@@ -88,6 +88,17 @@ bool ChecksumMatches(int fd, uint64_t size, size_t chunk) {
          stored == r.crc();
 }
 
+// Files of 4 GiB or more written before the CRC covered them whole: their
+// CRC-32 is of the first (size - 4) mod 2^32 bytes (zlib's crc32 takes a
+// 32-bit length). Read again only for such a file whose CRC did not match.
+bool LegacyChecksumMatches(int fd, uint64_t size, uint32_t stored,
+                           size_t chunk) {
+  const uint64_t covered = (size - 4) & 0xffffffffu;
+  if (size - 4 <= 0xffffffffu) return false;
+  ChunkReader r(fd, 0, crc32(0L, Z_NULL, 0), chunk);
+  return r.Next(nullptr, covered) && r.crc() == stored;
+}
+
 // What CheckDeclaredSize read: the header, where the momentum starts, and
 // the CRC-32 of the bytes before it (the same bytes the header was parsed
 // from, so a file changed meanwhile cannot pass with another header).
@@ -206,7 +217,7 @@ absl::StatusOr<v1::StateHeader> CheckAndRead(
     if (momentum != nullptr) momentum->clear();
     return absl::DataLossError("cannot read it");  // shortened meanwhile
   }
-  if (stored != r.crc()) {
+  if (stored != r.crc() && !LegacyChecksumMatches(fd, size, stored, chunk)) {
     if (momentum != nullptr) momentum->clear();
     return absl::DataLossError("checksum mismatch");
   }
@@ -258,8 +269,10 @@ std::string EncodeSnapshot(
     out.append(reinterpret_cast<const char*>(m->data()),
                m->size() * sizeof(float));
   }
+  // crc32_z: a length of 64 bits (crc32's is 32: it would cover a file of
+  // 4 GiB or more only up to its size modulo 4 GiB).
   const uint32_t crc = static_cast<uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(out.data()), out.size()));
+      crc32_z(0L, reinterpret_cast<const Bytef*>(out.data()), out.size()));
   out.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
   return out;
 }

@@ -171,37 +171,45 @@ std::string SnapshotStore::PreviousPathOf(const std::string& job_id) const {
   return absl::StrCat(PathOf(job_id), ".prev");
 }
 
-absl::Status SnapshotStore::KeepPreviousLocked(const std::string& job_id,
-                                               int64_t completed_steps) {
+void SnapshotStore::KeepPreviousLocked(const std::string& job_id,
+                                       int64_t completed_steps) {
   if (auto it = newest_.find(job_id);
       it != newest_.end() && it->second.second == completed_steps) {
-    return absl::OkStatus();  // the same step again: the previous one stays
+    return;  // the same step again: the previous one stays
   }
   const std::string path = PathOf(job_id);
   const std::string previous = PreviousPathOf(job_id);
   const std::string tmp = absl::StrCat(previous, ".tmp-", ::getpid());
   ::unlink(tmp.c_str());
+  // No current file (the job's first, or one moved aside): a previous file
+  // left is of another run of the id, never to be resumed. Where a link
+  // cannot be made (a file system without hard links) the write goes on
+  // without a previous file, and Status says so.
+  int err = 0;
   if (::link(path.c_str(), tmp.c_str()) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();  // the job's first file
-    return absl::UnavailableError(absl::StrCat("snapshot: cannot keep ", path,
-                                               " as ", previous, ": ",
-                                               strerror(errno)));
-  }
-  if (::rename(tmp.c_str(), previous.c_str()) != 0) {
-    const int err = errno;
+    err = errno;
+  } else if (::rename(tmp.c_str(), previous.c_str()) != 0) {
+    err = errno;
     ::unlink(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat(
-        "snapshot: cannot keep ", path, " as ", previous, ": ", strerror(err)));
   }
-  return absl::OkStatus();
+  if (err == 0) return;
+  ::unlink(previous.c_str());
+  if (err != ENOENT) {
+    Record(job_id, absl::UnavailableError(absl::StrCat(
+                       "snapshot: cannot keep ", path, " as ", previous, " (",
+                       strerror(err),
+                       "): resume_step can resume only its newest step")));
+  }
 }
 
 absl::StatusOr<std::string> SnapshotStore::UsePrevious(
-    const std::string& job_id, int64_t completed_steps) {
+    const std::string& job_id, int64_t completed_steps,
+    const std::string& owner) {
   absl::MutexLock lock(&mu_);
   const std::string path = PathOf(job_id);
   const std::string previous = PreviousPathOf(job_id);
-  auto head = ReadHeader(previous);
+  // Checked whole (CRC) before it replaces a good file.
+  auto head = Check(previous);
   if (!head.ok()) {
     return absl::NotFoundError(
         absl::IsNotFound(head.status())
@@ -209,7 +217,11 @@ absl::StatusOr<std::string> SnapshotStore::UsePrevious(
             : absl::StrCat("its previous snapshot ", previous,
                            " cannot be used: ", head.status().message()));
   }
-  if (head->job_id() != job_id || head->completed_steps() != completed_steps) {
+  if (head->job_id() != job_id || head->owner() != owner) {
+    return absl::NotFoundError(absl::StrCat("its previous snapshot ", previous,
+                                            " is of another job or owner"));
+  }
+  if (head->completed_steps() != completed_steps) {
     return absl::NotFoundError(
         absl::StrCat("its previous snapshot ", previous, " holds step ",
                      head->completed_steps(),
@@ -310,10 +322,7 @@ absl::Status SnapshotStore::WriteLocked(const std::string& job_id,
   const int sync_err = errno;
   ::close(fd);
   if (!synced) return fail(absl::StrCat("cannot sync ", tmp), sync_err);
-  if (auto kept = KeepPreviousLocked(job_id, completed_steps); !kept.ok()) {
-    ::unlink(tmp.c_str());
-    return kept;
-  }
+  KeepPreviousLocked(job_id, completed_steps);
   if (::rename(tmp.c_str(), path.c_str()) != 0)
     return fail(absl::StrCat("cannot commit ", path), errno);
   SyncDir();

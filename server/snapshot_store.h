@@ -141,16 +141,18 @@ class SnapshotStore {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The job's previous snapshot (PreviousPathOf) becomes its snapshot, if it
-  // holds `completed_steps` of `job_id` (by its header; the momentum and CRC
-  // are checked when the file is then read): the newer file it replaces is
-  // kept as `<path>.rolled-back-<UTC time>` (never read again, kept for the
-  // operator, as Restore keeps one), and from then on the job's snapshots
-  // continue from that step. Returns the path the newer file was kept as
+  // holds `completed_steps` of `job_id` owned by `owner` (the snapshot's
+  // owner) and reads back whole (CRC checked before anything is renamed): the
+  // newer file it replaces is kept as `<path>.rolled-back-<UTC time>` (never
+  // read again, kept for the operator, as Restore keeps one), and from then on
+  // the job's snapshots continue from that step. Returns the path the newer
+  // file was kept as
   // ("" when there was none); NOT_FOUND naming the previous file's step when
   // it does not hold that step or there is none; UNAVAILABLE when a rename
   // failed (nothing changed then).
   absl::StatusOr<std::string> UsePrevious(const std::string& job_id,
-                                          int64_t completed_steps)
+                                          int64_t completed_steps,
+                                          const std::string& owner)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The last failures (at most kMaxErrors, oldest first), for Status, each
@@ -209,8 +211,9 @@ class SnapshotStore {
   // Before a write of `completed_steps` replaces the file of `job_id`: that
   // file becomes the previous one, unless it holds the same step (an idle
   // drop rewriting the step just snapshotted keeps the step before).
-  absl::Status KeepPreviousLocked(const std::string& job_id,
-                                  int64_t completed_steps)
+  // Without a current file, or where no hard link can be made, the previous
+  // file is removed instead (the latter recorded in errors()).
+  void KeepPreviousLocked(const std::string& job_id, int64_t completed_steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // fsyncs the directory: a rename in it survives a crash.
   void SyncDir() const;
@@ -263,6 +266,10 @@ class PendingSnapshots {
   // FinishRead yet): a second reader waits for it.
   bool reading(const std::string& job_id) const {
     return reading_.count(job_id) > 0;
+  }
+  // Whether `job_id` has a file not read yet (StartRead would return it).
+  bool unread(const std::string& job_id) const {
+    return files_.count(job_id) > 0;
   }
   // The path to read for `job_id` (now marked being read), or nothing when
   // there is no file or it was read already.

@@ -423,9 +423,10 @@ absl::Status OptimizerService::LoadSnapshots() {
   return scan->first_error;
 }
 
-absl::Status OptimizerService::UsePreviousSnapshot(const std::string& job_id,
-                                                   int64_t want, int64_t held) {
-  auto kept = snapshots_.UsePrevious(job_id, want);
+absl::Status OptimizerService::UsePreviousSnapshot(
+    const std::string& job_id, int64_t want, const v1::StateHeader& head) {
+  const int64_t held = head.completed_steps();
+  auto kept = snapshots_.UsePrevious(job_id, want, head.owner());
   if (absl::IsNotFound(kept.status())) {
     return ResumeStepError(
         job_id, want, held,
@@ -456,7 +457,7 @@ absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id,
   if (auto head = SnapshotStore::ReadHeader(*path); head.ok()) {
     absl::Status st = CheckJobOwner(who, head->owner(), job_id);
     if (st.ok() && resume_step > 0 && head->completed_steps() != resume_step)
-      st = UsePreviousSnapshot(job_id, resume_step, head->completed_steps());
+      st = UsePreviousSnapshot(job_id, resume_step, *head);
     if (!st.ok()) {
       absl::MutexLock lock(&mu_);
       pending_.AbortRead(job_id);

@@ -403,9 +403,10 @@ std::unique_ptr<PySession> OpenSession(
   SessionSpec spec;
   spec.job_id = job_id;
   // An int (not a bool): continue from exactly that completed step.
-  if (py::isinstance<py::int_>(resume) && !py::isinstance<py::bool_>(resume)) {
+  if (!py::isinstance<py::bool_>(resume) && !py::isinstance<py::str>(resume) &&
+      PyIndex_Check(resume.ptr())) {  // an int, numpy's too
     spec.resume = Resume::kContinue;
-    spec.resume_step = resume.cast<int64_t>();
+    spec.resume_step = py::int_(resume).cast<int64_t>();
     if (spec.resume_step < 1) {
       Throw(absl::InvalidArgumentError(absl::StrCat(
           "resume step ", spec.resume_step,

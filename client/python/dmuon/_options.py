@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -168,8 +169,13 @@ def resume_mode(value: Any) -> str | int:
     ValueError naming the accepted values for anything else."""
     if isinstance(value, (bool, str)) and value in RESUME_MODES:
         return RESUME_MODES[value]
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
+    if not isinstance(value, (bool, str)):
+        try:
+            step = operator.index(value)  # an int, numpy's too; never a float
+        except TypeError:
+            step = 0
+        if step >= 1:
+            return step
     raise ValueError(
         f"DMuon: DaemonOptions(resume={value!r}) is not one of \"fresh\" (or False, the "
         "default: start the job at step 1), True (or \"continue\": continue its "

@@ -8,6 +8,7 @@ continues the job from its snapshot."""
 
 import copy
 
+import numpy
 import pytest
 import torch
 from torch import nn
@@ -197,7 +198,9 @@ def test_resume_at_a_step_the_trainer_never_got_is_exact(tmp_path):
                   **HYPER)
         again = _biased()
         again.load_state_dict(checkpoint[0])
-        opt = DMuon(again, daemon_options=DaemonOptions(d.address, job_id="exact", resume=2),
+        # numpy's ints are steps too (a step read from a checkpoint's array).
+        step = numpy.int64(2)
+        opt = DMuon(again, daemon_options=DaemonOptions(d.address, job_id="exact", resume=step),
                     **HYPER)
         assert opt.session.step == 3
         opt.load_state_dict(checkpoint[1])
