@@ -140,7 +140,10 @@ struct ServiceOptions {
   // before the shard cover check of a job's last rank (O(elements /
   // blocks) for SHARDING_BLOCKS), "release" before closed sessions (their
   // regions) and dropped jobs (their momentum, their executors' state) are
-  // let go. A test blocks in it to show that other jobs step meanwhile.
+  // let go; and "admit" before each attempt to admit an open (after its
+  // snapshot was read). A test blocks in it to show that other jobs step
+  // meanwhile, or to let the reaper drop a job between an open's read and
+  // its admission.
   std::function<void(const std::string& job_id, std::string_view work)>
       heavy_work_hook;
 };

@@ -135,6 +135,8 @@ absl::Status OptimizerService::AdmitWithSnapshot(
     return creating_.count(req.job_id()) == 0;
   };
   for (int reads = 0;; ++reads) {
+    if (options_.heavy_work_hook)
+      options_.heavy_work_hook(req.job_id(), "admit");
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(&not_made));

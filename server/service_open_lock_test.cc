@@ -391,5 +391,39 @@ TEST(OpenLock, AFailedOpenGivesItsSnapshotBack) {
   std::filesystem::remove_all(dir);
 }
 
+// An open that found its job idle in memory (so read no snapshot), then
+// the reaper dropped the job (snapshotting it) before the open was
+// admitted: the open reads the snapshot back and resumes the job. It was
+// admitted without it, and made the job anew from zero over its own
+// snapshot (and owned by whoever opened it).
+TEST(OpenLock, AJobDroppedBeforeTheAdmissionResumesFromItsSnapshot) {
+  Gate gate("k", "admit", /*armed=*/false);
+  ServiceOptions o;
+  std::string dir = "/tmp/dmuon-openlock-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  o.state_dir = dir;
+  o.job_retention_seconds = 3600;
+  Fixture f(gate, o);
+  ASSERT_NO_FATAL_FAILURE(IdleAfterOneStep(f, "k"));
+  gate.Arm();
+  absl::StatusOr<v1::OpenSessionResponse> resumed;
+  {
+    Call open([&] {
+      resumed =
+          f.svc->OpenSession(Request("k", 0, 1, v1::TRANSPORT_INLINE, kSmall));
+    });
+    ASSERT_TRUE(gate.WaitReached());
+    const ReapResult reap =
+        f.svc->ReapIdleJobs(Clock::now() + std::chrono::hours(2));
+    ASSERT_EQ(reap.dropped.size(), 1u);
+    ASSERT_TRUE(reap.dropped[0].second);  // snapshotted
+    gate.Release();
+    EXPECT_TRUE(open.Done());
+  }
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->next_step(), 2) << "made anew over its snapshot";
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace dmuon::server::testing
