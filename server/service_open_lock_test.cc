@@ -160,6 +160,20 @@ void IdleAfterOneStep(Fixture& f, const std::string& id) {
   ASSERT_TRUE(f.svc->CloseSession(r.open.session_id()).ok());
 }
 
+// A fresh --state-dir (the caller removes it).
+std::string StateDir() {
+  std::string dir = "/tmp/dmuon-openlock-XXXXXX";
+  EXPECT_NE(mkdtemp(dir.data()), nullptr);
+  return dir;
+}
+
+ServiceOptions WithStateDir(const std::string& dir, int retention) {
+  ServiceOptions o;
+  o.state_dir = dir;
+  o.job_retention_seconds = retention;
+  return o;
+}
+
 TEST(OpenLock, NewJobMomentumHoldsNoLock) {
   Gate gate("big", "momentum");
   Fixture f(gate);
@@ -356,12 +370,8 @@ TEST(OpenLock, ReaperKeepsAJobWhoseRankIsBeingOpened) {
 // back: the next open resumes from it, not from zero.
 TEST(OpenLock, AFailedOpenGivesItsSnapshotBack) {
   Gate gate("k", "momentum", /*armed=*/false);
-  ServiceOptions o;
-  std::string dir = "/tmp/dmuon-openlock-XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  o.state_dir = dir;
-  o.job_retention_seconds = 0;
-  Fixture f(gate, o);
+  const std::string dir = StateDir();
+  Fixture f(gate, WithStateDir(dir, /*retention=*/0));
   ASSERT_NO_FATAL_FAILURE(IdleAfterOneStep(f, "k"));
   const ReapResult reap = f.svc->ReapIdleJobs(Clock::now());
   ASSERT_EQ(reap.dropped.size(), 1u);
@@ -398,12 +408,8 @@ TEST(OpenLock, AFailedOpenGivesItsSnapshotBack) {
 // snapshot (and owned by whoever opened it).
 TEST(OpenLock, AJobDroppedBeforeTheAdmissionResumesFromItsSnapshot) {
   Gate gate("k", "admit", /*armed=*/false);
-  ServiceOptions o;
-  std::string dir = "/tmp/dmuon-openlock-XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  o.state_dir = dir;
-  o.job_retention_seconds = 3600;
-  Fixture f(gate, o);
+  const std::string dir = StateDir();
+  Fixture f(gate, WithStateDir(dir, /*retention=*/3600));
   ASSERT_NO_FATAL_FAILURE(IdleAfterOneStep(f, "k"));
   gate.Arm();
   absl::StatusOr<v1::OpenSessionResponse> resumed;
