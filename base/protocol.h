@@ -31,6 +31,11 @@ inline constexpr uint32_t kProtocolMinor = 4;
 // never kProtocolMinor directly.
 uint32_t ProtocolMinor();
 
+// Whether this binary speaks `minor` or newer: what a minor adds is gated on
+// it, so that a build speaking an older minor (//daemon:dmuond_prev) behaves
+// as that release did.
+inline bool SpeaksMinor(uint32_t minor) { return ProtocolMinor() >= minor; }
+
 // This build's version (dmuond's Capabilities.version and Status, the
 // client's OpenSessionRequest.client_version).
 inline constexpr char kDmuonVersion[] = "0.1.0";

@@ -6,7 +6,7 @@
 namespace dmuon::server {
 
 int64_t ResumeStepOf(const v1::OpenSessionRequest& req) {
-  return ProtocolMinor() >= 4 ? req.resume_step() : 0;
+  return SpeaksMinor(4) ? req.resume_step() : 0;
 }
 
 absl::Status CheckResumeStepField(const v1::OpenSessionRequest& req) {

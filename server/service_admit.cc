@@ -111,11 +111,6 @@ absl::Status CheckJoin(const Job& job, const v1::OpenSessionRequest& req,
   return absl::OkStatus();
 }
 
-// What a minor adds is gated on ProtocolMinor(), so that a build speaking an
-// older minor (//daemon:dmuond_prev) behaves as that release did: protocol
-// 1.0 knew neither resume nor protocol_minor (both ignored).
-bool SpeaksMinor(uint32_t minor) { return ProtocolMinor() >= minor; }
-
 // FRESH on a job holding momentum: ALREADY_EXISTS, naming the job, its step,
 // where the momentum is and the two ways on.
 absl::Status HoldsMomentumError(const std::string& id, int64_t completed,

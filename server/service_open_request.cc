@@ -19,14 +19,6 @@
 #include "server/service.h"
 
 namespace dmuon::server {
-namespace {
-
-// What a minor adds is gated on ProtocolMinor(), so that a build speaking an
-// older minor (//daemon:dmuond_prev) behaves as that release did.
-bool SpeaksMinor(uint32_t minor) { return ProtocolMinor() >= minor; }
-
-}  // namespace
-
 absl::Status OptimizerService::CheckLimits(
     const v1::OpenSessionRequest& req) const {
   const std::string& id = req.job_id();

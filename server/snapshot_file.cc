@@ -78,14 +78,19 @@ size_t ChunkOf(size_t chunk) {
   return std::clamp<size_t>(chunk, 1, size_t{1} << 30);
 }
 
+// Whether `crc` is the CRC-32 of the first `n` bytes of `fd`, read `chunk`
+// at a time.
+bool CrcOfFirstIs(int fd, uint64_t n, uint32_t crc, size_t chunk) {
+  ChunkReader r(fd, 0, crc32(0L, Z_NULL, 0), chunk);
+  return r.Next(nullptr, n) && r.crc() == crc;
+}
+
 // Whether the CRC-32 at the end of `fd` (`size` >= 4 bytes) is that of the
 // bytes before it, read `chunk` at a time.
 bool ChecksumMatches(int fd, uint64_t size, size_t chunk) {
-  ChunkReader r(fd, 0, crc32(0L, Z_NULL, 0), chunk);
   uint32_t stored;
-  return r.Next(nullptr, size - 4) &&
-         ReadAt(fd, size - 4, reinterpret_cast<char*>(&stored), 4) &&
-         stored == r.crc();
+  return ReadAt(fd, size - 4, reinterpret_cast<char*>(&stored), 4) &&
+         CrcOfFirstIs(fd, size - 4, stored, chunk);
 }
 
 // Files of 4 GiB or more written before the CRC covered them whole: their
@@ -93,10 +98,8 @@ bool ChecksumMatches(int fd, uint64_t size, size_t chunk) {
 // 32-bit length). Read again only for such a file whose CRC did not match.
 bool LegacyChecksumMatches(int fd, uint64_t size, uint32_t stored,
                            size_t chunk) {
-  const uint64_t covered = (size - 4) & 0xffffffffu;
-  if (size - 4 <= 0xffffffffu) return false;
-  ChunkReader r(fd, 0, crc32(0L, Z_NULL, 0), chunk);
-  return r.Next(nullptr, covered) && r.crc() == stored;
+  return size - 4 > 0xffffffffu &&
+         CrcOfFirstIs(fd, (size - 4) & 0xffffffffu, stored, chunk);
 }
 
 // What CheckDeclaredSize read: the header, where the momentum starts, and

@@ -137,10 +137,8 @@ absl::StatusOr<std::string> SnapshotStore::Restore(
       newest_.erase(it);  // the explicit restore may go back
       // Not kept as the previous file: the rolled-back file is kept already,
       // and the previous one (of the same rolled-back run) goes.
-      const std::string previous = PreviousPathOf(job_id);
-      ::unlink(previous.c_str());
       st = WriteLocked(job_id, job_serial, completed_steps, *encoded);
-      ::unlink(previous.c_str());
+      ::unlink(PreviousPathOf(job_id).c_str());
       if (!st.ok()) {  // the newer file stayed, and stays protected
         ::unlink(kept.c_str());
         newest_[job_id] = newer;
@@ -386,6 +384,7 @@ absl::StatusOr<SnapshotStore::ScanResult> SnapshotStore::Scan() {
       newest_[head->job_id()] = {0, head->completed_steps()};
     }
     result.good.emplace_back(head->job_id(), path);
+    result.headers.push_back(*std::move(head));
   }
   return result;
 }

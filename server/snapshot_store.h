@@ -195,6 +195,7 @@ class SnapshotStore {
   // chunk at a time; no momentum is kept).
   struct ScanResult {
     std::vector<std::pair<std::string, std::string>> good;  // (job id, path)
+    std::vector<v1::StateHeader> headers;  // of each of `good`, in order
     // DATA_LOSS for the first bad one (the others are still listed).
     absl::Status first_error;
     // Each bad one is moved aside (MoveAside): job id (by its file's name)

@@ -407,16 +407,11 @@ absl::Status OptimizerService::LoadSnapshots() {
   // only when its job is reopened (LoadPendingSnapshot, streamed again).
   auto scan = snapshots_.Scan();
   if (!scan.ok()) return scan.status();
-  // Their headers (read again, alone) describe them in Status until opened.
-  std::vector<SnapshotSummary> summaries;
-  for (const auto& [job_id, path] : scan->good) {
-    auto head = SnapshotStore::ReadHeader(path);
-    summaries.push_back(head.ok() ? Summarize(*head) : SnapshotSummary{});
-  }
+  // Their headers (from the check) describe them in Status until opened.
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < scan->good.size(); ++i) {
     const auto& [job_id, path] = scan->good[i];
-    pending_.AddFile(job_id, path, summaries[i]);
+    pending_.AddFile(job_id, path, Summarize(scan->headers[i]));
   }
   for (auto& [job_id, notice] : scan->moved_aside)
     pending_.AddMovedAside(job_id, std::move(notice));

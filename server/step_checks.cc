@@ -118,7 +118,7 @@ absl::StatusOr<std::vector<double>> StepMomenta(const Session& s,
                                                 const v1::GradientsReady& g) {
   // Protocol minor 2: this step's momentum per parameter (empty: each
   // group's). A daemon of an older minor ignores it, as that release did.
-  const bool step_momentum = ProtocolMinor() >= 2 && g.momentum_size() > 0;
+  const bool step_momentum = SpeaksMinor(2) && g.momentum_size() > 0;
   if (step_momentum && g.momentum_size() != g.param_ids_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gradients_ready.momentum at step ", g.step(), " has ",

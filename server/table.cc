@@ -164,7 +164,7 @@ absl::StatusOr<Table> BuildTable(const v1::OpenSessionRequest& req,
     // A daemon built to speak an older minor (dmuond_prev) knows no
     // SHARDING_BLOCKS, as the release before it.
     if (!v1::Sharding_IsValid(p.sharding) ||
-        (p.sharding == v1::SHARDING_BLOCKS && ProtocolMinor() < 3)) {
+        (p.sharding == v1::SHARDING_BLOCKS && !SpeaksMinor(3))) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, " sharding ", s.sharding(), " is unknown"));
     }
