@@ -29,7 +29,9 @@ ABSL_FLAG(std::string, momentum_dtype, "fp32",
           "CUDA executors' momentum storage: 'fp32', or 'bf16' (half the "
           "device memory; CHANGES THE NUMBERS: momentum is rounded to bf16 "
           "every step)");
-ABSL_FLAG(int, cpu_threads, 0, "OpenBLAS threads in total (0: every core)");
+ABSL_FLAG(int, cpu_threads, 0,
+          "OpenBLAS threads in total (0: every core this process may use: its "
+          "affinity mask, capped by its cgroup CPU quota)");
 ABSL_FLAG(
     int, cpu_executors, 1,
     "CPU executors (each a queue and a thread; threads are split among them)");

@@ -22,7 +22,8 @@ struct DaemonConfig {
   std::string devices = "cpu";
   // --momentum-dtype: 'fp32' or 'bf16'.
   std::string momentum_dtype = "fp32";
-  // --cpu-threads: OpenBLAS threads in total; <= 0: every core.
+  // --cpu-threads: OpenBLAS threads in total; <= 0: every core this process
+  // may use (usable_cpus.h: the affinity mask, capped by the CPU quota).
   int cpu_threads = 0;
   int cpu_executors = 1;  // --cpu-executors, >= 1
   int max_batch = 16;     // --max-batch

@@ -45,6 +45,7 @@
 #include "daemon/prometheus_metrics.h"
 #include "daemon/state_dir.h"
 #include "daemon/tls_files.h"
+#include "daemon/usable_cpus.h"
 #include "server/gpu_logic.h"
 #include "server/service.h"
 
@@ -143,9 +144,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Executor>>> BuildExecutors(
         "--momentum-dtype=" + config.momentum_dtype +
         ": CPU executors keep fp32 momentum");
   }
-  *threads = config.cpu_threads > 0
-                 ? config.cpu_threads
-                 : static_cast<int>(std::thread::hardware_concurrency());
+  *threads =
+      config.cpu_threads > 0
+          ? config.cpu_threads
+          : UsableCpus();  // the affinity mask and CPU quota, not the node's
   if (ex.empty()) {
     for (int i = 0; i < config.cpu_executors; ++i) {
       ex.push_back(
