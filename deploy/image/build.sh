@@ -107,6 +107,9 @@ build_one() {
     return
   fi
   stage=$(mktemp -d "${TMPDIR:-/tmp}/dmuon-image.XXXXXX")
+  # The labels are also given as --label: buildah 1.28 reuses a cached LABEL
+  # layer whose build arguments changed, so the Dockerfile's LABEL of a new
+  # revision alone would keep the old one.
   # shellcheck disable=SC2064
   trap "rm -rf '$stage'" RETURN
   "$HERE/../docker/bundle-libs.sh" --strict-licenses "$stage/image-bundle" "$daemon" bazel-bin/daemon/dmuonctl 2>/dev/null
@@ -115,6 +118,9 @@ build_one() {
   if ! podman_ build --quiet --network=host --format=oci -f deploy/docker/Dockerfile \
     --build-arg BINARIES=prebuilt --build-arg BUNDLE=image-bundle --build-arg RUNTIME_IMAGE="$base" \
     --build-arg VERSION="$version" --build-arg REVISION="$revision" --build-arg SOURCE="$source_url" \
+    --label org.opencontainers.image.version="$version" \
+    --label org.opencontainers.image.revision="$revision" \
+    --label org.opencontainers.image.source="$source_url" \
     -t "$ref" -t "localhost/$name:dev" "$stage" >"$stage/build.log" 2>&1; then
     grep -v '^HEALTHCHECK is not supported' "$stage/build.log" >&2
     die "podman build of $ref failed"

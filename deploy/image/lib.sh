@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # deploy/image/lib.sh: sourced by ./dmuon and the container scripts of
 # deploy/image/ and deploy/smoke/. One place for where the project's
 # containers.conf lives and how podman is called with it.

@@ -82,6 +82,7 @@ if ! debootstrap --variant="$VARIANT" "${include[@]}" "$SUITE" "$root" "$mirror"
   log "error: debootstrap failed (log above)"
   exit 1
 fi
+# shellcheck disable=SC2016 # dpkg-query's own ${...} fields
 chroot "$root" dpkg-query -W -f '${Package} ${Version}\n' >"$work/packages"
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/cache/debconf/*-old \
   "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/locale/* \
