@@ -28,6 +28,7 @@ key=$(sha256sum "$HERE/make-base.sh" | cut -c1-12)
 ref=localhost/dmuon-base:$SUITE-$key
 log() { printf 'make-base: %s\n' "$*" >&2; }
 
+podman_ info >/dev/null || { log "error: podman does not work (above)"; exit 1; }
 if [[ ${1:-} != --rebuild ]] && podman_ image exists "$ref"; then
   echo "$ref"
   exit 0

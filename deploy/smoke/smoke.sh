@@ -16,13 +16,19 @@ source "$ROOT/deploy/image/lib.sh"
 summary() { echo "image: $1 passed, $2 failed, $3 skipped"; }
 fail() { echo "FAIL  image: $*"; summary 0 1 0; exit 1; }
 
-# Can podman run anything? The base image (made by debootstrap, no registry)
-# is the smallest thing to try; its own failure is a failure, not a skip.
-base=$("$ROOT/deploy/image/make-base.sh" | tail -n 1) || fail "making the base image failed"
-if ! why=$(podman_ run --rm --network=host "$base" true 2>&1); then
-  echo "skip  image: podman cannot run a container here: ${why##*$'\n'}"
+skip_all() {
+  echo "skip  image: podman cannot run a container here: ${1##*$'\n'}"
   summary 0 0 1
   exit 0
+}
+# Can podman run anything? First podman itself, then the base image (made by
+# debootstrap, no registry), the smallest thing to run; making the base is
+# the project's own work: its failure is a failure, not a skip.
+[[ -f $(containers_conf) ]] || fail "no $(containers_conf): run ./dmuon setup"
+why=$(podman_ info 2>&1 >/dev/null) || skip_all "$why"
+base=$("$ROOT/deploy/image/make-base.sh" | tail -n 1) || fail "making the base image failed"
+if ! why=$(podman_ run --rm --network=host "$base" true 2>&1); then
+  skip_all "$why"
 fi
 
 refs=$("$ROOT/deploy/image/build.sh" all) || fail "./dmuon image failed"
