@@ -81,10 +81,12 @@ mkdir -p "$OUT"
 RENDER=("$PY" tools/helm/render.py)
 # Its tests: it must refuse a bad template, a schema violation, a lint
 # warning (strict), a chart whose kubeVersion excludes the version given.
-if "$PY" -m pytest -q -p no:cacheprovider tools/helm >"$WORK/pytest.log" 2>&1; then
-  ok "tools/helm tests ($(tail -1 "$WORK/pytest.log"))"
+# With them, the pure part of the pods play (play/pods.py: objects into
+# what podman runs; play/play.sh itself runs in ./dmuon test after the image).
+if "$PY" -m pytest -q -p no:cacheprovider tools/helm play/pods_test.py >"$WORK/pytest.log" 2>&1; then
+  ok "tools/helm and play/pods.py tests ($(tail -1 "$WORK/pytest.log"))"
 else
-  bad "tools/helm tests:"
+  bad "tools/helm and play/pods.py tests:"
   sed 's/^/      /' "$WORK/pytest.log"
 fi
 
@@ -115,7 +117,7 @@ for f in "${good[@]}" "${bads[@]}"; do
   to=(-o "$OUT/$name.yaml" --notes "$OUT/$name.NOTES.txt")
   [[ $f == */ci/bad/* ]] && to=(-o /dev/null)
   printf '%q ' "$CHART" --kube-version "v$KUBE_VERSION.0" -f "$f" "${to[@]}"
-  echo "$(flags_of "$f")"
+  printf '%s\n' "$(flags_of "$f")"
 done >"$WORK/jobs.txt"
 if ! "${RENDER[@]}" --batch "$JOBS" <"$WORK/jobs.txt" >"$WORK/batch.log" 2>&1; then
   bad "render.py --batch:"
