@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -64,6 +65,8 @@ CHART = DEPLOY / "helm" / "dmuond"
 KUBE_VERSION = "v1.29.0"
 STARTUP_CAP_S = 60.0  # the startup probe's budget here, whatever the chart allows
 TRAINER_BIN = "/opt/dmuon/linear_trainer"
+# Pod names are podman-global: a run of another checkout must not collide.
+RUN_ID = uuid.uuid4().hex[:8]
 TOKENS = {"operator": "play-operator-token", "trainer": "play-trainer-token"}
 
 
@@ -202,8 +205,7 @@ def play(rep: Report, label: str, objects: list[dict], work: Path,
     # Downward API fields podman refuses, filled as the kubelet would.
     pods.fill_field_refs(pod, {"spec.nodeName": socket.gethostname(), "metadata.namespace": "default"})
     secret_dirs(pod, secrets or {}, work)
-    if pod["spec"].get("hostNetwork"):
-        pods.drop_ports(pod)
+    pods.drop_ports(pod)
     # emptyDirs as the kubelet makes them: mode 1777. Not modelled: medium
     # Memory (a disk directory here) and sizeLimit.
     for d in pods.empty_dirs_on_host(pod, str(work / "emptydir" / pod["metadata"]["name"])):
@@ -229,7 +231,7 @@ def not_modelled(rep: Report, label: str, left: dict[str, list[str]]) -> None:
 def default_profile(rep: Report, image: str, work: Path, _trainer: Path) -> None:
     """The chart's defaults: the DaemonSet's pod on podman's bridge network."""
     label = "play default"
-    play_objs, left = pods.split(rendered("default", machine_values(image)), "dmuond-play-default")
+    play_objs, left = pods.split(rendered("default", machine_values(image)), f"dmuond-play-default-{RUN_ID}")
     not_modelled(rep, label, left)
 
     def then(pod: dict, ip: str) -> None:
@@ -246,7 +248,7 @@ def tls_profile(rep: Report, image: str, work: Path, _trainer: Path) -> None:
     grpc_port, metrics_port = free_port(), free_port()
     extra = pods.deep_merge(machine_values(image), {"ports": {"grpc": grpc_port, "metrics": metrics_port}})
     objs = rendered("tls-exec-probes", extra)
-    play_objs, left = pods.split(objs, "dmuond-play-tls")
+    play_objs, left = pods.split(objs, f"dmuond-play-tls-{RUN_ID}")
     not_modelled(rep, label, left)
     files = make_tls(work / "tls", "dmuond")
     tokens = "".join(f"{role} {tok} play-{role}\n" for role, tok in TOKENS.items()).encode()
@@ -289,7 +291,7 @@ def sidecar_profile(rep: Report, image: str, work: Path, trainer: Path) -> None:
     objs = rendered("sidecar", machine_values(image))
     cm = next(o for o in objs if is_sidecar_snippet(o))
     job = next(x.obj for x in expand_snippet(cm) if x.obj["kind"] == "Job")
-    pod = pods.pod_from_template(job, "dmuond-play-sidecar")
+    pod = pods.pod_from_template(job, f"dmuond-play-sidecar-{RUN_ID}")
     moved = pods.unsidecar(pod)
     rep.check(moved == ["dmuond"], f"{label}: dmuond is the pod's native sidecar", str(moved))
     trainer_container(pod, trainer, steps=20)

@@ -138,8 +138,10 @@ def secret_volumes(pod: Obj) -> list[tuple[Obj, str, int]]:
 
 
 def drop_ports(pod: Obj) -> None:
-    """Container ports of a hostNetwork pod removed: Kubernetes defaults
-    their hostPort to the containerPort and opens nothing; podman 4.3 turns
-    them into port mappings and refuses those on the host network."""
+    """Container ports removed (the pod is reached on its IP, as in
+    Kubernetes): podman 4.3 publishes every containerPort on the host,
+    which Kubernetes does only for a hostPort (two plays, or any process on
+    port 50051 or 9464, would collide), and refuses them outright on the
+    host network."""
     for c in pod["spec"].get("containers") or []:
         c.pop("ports", None)
