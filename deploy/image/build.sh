@@ -16,9 +16,10 @@
 # org.opencontainers.image.{version,revision,source}.
 #
 # Tags: <version>-<content hash> and dev. The hash covers what goes in (the
-# bundled files' bytes, the Dockerfile, the base image's id, the labels), so
-# a call with nothing changed finds the image and builds nothing; a new
-# commit over the same binaries rebuilds only the label layer.
+# bundled files' bytes, the Dockerfile, the base image's id, the version
+# and source labels), so a call with nothing changed finds the image and
+# builds nothing; at a new commit over the same binaries the image is only
+# relabelled with the new revision (relabel).
 # "all" (the default) builds cuda, then cpu; without the CUDA toolkit, cpu
 # only, with a warning. Each image's reference is printed on a line of its
 # own, the CPU image's last: the last line is the image reference.
@@ -63,6 +64,7 @@ version=$(sed -n 's/.*kDmuonVersion\[\] = "\([^"]*\)".*/\1/p' base/protocol.h)
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 [[ -z $(git status --porcelain --untracked-files=no 2>/dev/null) ]] || revision+=-dirty
 source_url=${DMUON_IMAGE_SOURCE:-$(git remote get-url origin 2>/dev/null || echo unknown)}
+REVISION_LABEL=org.opencontainers.image.revision
 
 if [[ -z $base ]]; then
   base=$("$HERE/make-base.sh" "${rebuild_base[@]}" | tail -n 1)
@@ -93,7 +95,7 @@ build_one() {
   plan=$("$HERE/../docker/bundle-libs.sh" --strict-licenses --list "$daemon" bazel-bin/daemon/dmuonctl) ||
     die "bundling $daemon: a library is unresolved or has no licence"
   key=$({
-    printf '%s\n' "$base_id" "$version" "$revision" "$source_url"
+    printf '%s\n' "$base_id" "$version" "$source_url"
     sha256sum deploy/docker/Dockerfile | cut -d' ' -f1
     while read -r src dest; do
       printf '%s %s\n' "$dest" "$(sha256sum "$src" | cut -d' ' -f1)"
@@ -101,6 +103,9 @@ build_one() {
   } | sha256sum | cut -c1-12)
   ref=localhost/$name:$version-$key
   if podman_ image exists "$ref"; then
+    if [[ $(podman_ image inspect --format "{{index .Labels \"$REVISION_LABEL\"}}" "$ref") != "$revision" ]]; then
+      relabel "$ref"
+    fi
     podman_ tag "$ref" "localhost/$name:dev"
     log "$ref is up to date"
     echo "$ref"
@@ -126,7 +131,32 @@ build_one() {
     die "podman build of $ref failed"
   fi
   log "built $ref in $((SECONDS - t)) s, $(podman_ image inspect --format '{{.Size}}' "$ref" | awk '{printf "%.0f MB", $1 / 1e6}')"
+  prune "$name" "$ref"
   echo "$ref"
+}
+
+# relabel REF: REF again with this revision's label, the rest as it is (the
+# same binaries, base and Dockerfile at another commit): one config-only
+# image, a second or two, instead of staging and hashing the bundle again.
+relabel() {
+  local empty
+  empty=$(mktemp -d "${TMPDIR:-/tmp}/dmuon-relabel.XXXXXX")
+  printf 'FROM %s\n' "$1" >"$empty/Containerfile"
+  podman_ build --quiet --network=host --format=oci -f "$empty/Containerfile" \
+    --label "$REVISION_LABEL=$revision" -t "$1" -t "${1%:*}:dev" "$empty" >/dev/null ||
+    { rm -rf "$empty"; die "relabelling $1 failed"; }
+  rm -rf "$empty"
+  log "$1: the same content, labelled with revision $revision"
+}
+
+# prune NAME REF: removes the builds of NAME but REF, dev and the 3 newest
+# others (another checkout may be testing one): each commit tags a build,
+# and their layers differ at least by the binaries. One in use by a
+# container stays.
+prune() {
+  podman_ images --sort created --filter reference="localhost/$1" --format '{{.Tag}}' |
+    grep -v -x -e dev -e "${2##*:}" | tail -n +4 |
+    while read -r tag; do podman_ rmi "localhost/$1:$tag" >/dev/null 2>&1 || true; done
 }
 
 for f in "${flavours[@]}"; do

@@ -6,7 +6,9 @@ host allows: the host's network (`--network=host`; the daemon binds
 namespace and /dev/shm (`--ipc=host`, as `hostIPC: true`), a read-only root
 file system, the image's own non-root user, and a state directory on a
 host folder mounted at /var/lib/dmuond/state (the chart's `state.hostPath`).
-Every podman call goes through deploy/image/lib.sh's containers.conf, the
+`Registry` is a container registry on loopback (Debian's docker-registry,
+the CNCF distribution registry), for `podman push` and `pull` as a user
+does them against theirs. Every podman call goes through deploy/image/lib.sh's containers.conf, the
 file `./dmuon setup` writes (CONTAINERS_CONF is set by the caller, smoke.sh,
 or found in the project's cache here).
 """
@@ -14,8 +16,11 @@ or found in the project's cache here).
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Sequence
@@ -94,3 +99,51 @@ class Dmuond:
 
     def remove(self) -> None:
         podman("rm", "-f", self.name, check=False)
+
+
+REGISTRY_CONFIG = """version: 0.1
+storage:
+  filesystem:
+    rootdirectory: {root}
+http:
+  addr: 127.0.0.1:{port}
+"""
+
+
+class Registry:
+    """docker-registry serving on 127.0.0.1 (plain HTTP), its storage in
+    `root`; `close()` stops it."""
+
+    def __init__(self, root: Path) -> None:
+        binary = shutil.which("docker-registry")
+        if binary is None:
+            raise RuntimeError("docker-registry is not installed: run ./dmuon setup")
+        with socket.socket() as s:  # a free port; the registry cannot report one
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        root.mkdir(parents=True, exist_ok=True)
+        config = root / "config.yml"
+        config.write_text(REGISTRY_CONFIG.format(root=root / "storage", port=self.port))
+        self.log = root / "registry.log"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen([binary, "serve", str(config)], stdout=log,
+                                            stderr=subprocess.STDOUT)
+        self.address = f"127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2).close()
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError(f"docker-registry did not serve:\n{self.log.read_text()}")
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from containers import STATE, Dmuond, podman
+from containers import STATE, Dmuond, Registry, podman
 from dmuon import AdamWOptions, DaemonOptions
 from dmuon.optim import DMuon
 from helpers import MLP, loss_of, mlp_batch, rel_err, train
@@ -85,6 +85,22 @@ def test_ldd_inside_the_image(which: str, request: pytest.FixtureRequest) -> Non
                "--entrypoint", "sh", ref, "-c", LDD, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "libraries:" in r.stdout
+
+
+def test_push_and_pull_through_a_registry(image: str, tmp_path: Path) -> None:
+    """deploy/README.md's push, against a real registry on loopback: the
+    image pulled back is the image pushed (the same image id)."""
+    registry = Registry(tmp_path / "registry")
+    target = f"{registry.address}/dmuon/dmuond:{image.rsplit(':', 1)[1]}"
+    try:
+        podman("push", "--quiet", "--tls-verify=false", image, target, timeout=300)
+        podman("pull", "--quiet", "--tls-verify=false", target, timeout=300)
+        ids = [podman("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+               for ref in (image, target)]
+        assert ids[0] == ids[1], ids
+    finally:
+        podman("rmi", target, check=False)
+        registry.close()
 
 
 def test_host_dmuonctl_sees_it_serving(daemon: Dmuond, root: Path) -> None:
