@@ -32,8 +32,8 @@ namespace dmuon::server {
 // A kernel plan whose CUDA graph failed (capture, instantiation or replay)
 // runs eagerly from then on (gpu_logic.h GraphFallback; counted per plan
 // key). Strict: that batch fails with FAILED_PRECONDITION, nothing computed
-// eagerly, the job's state as before the batch (the job breaks, as on any
-// failed batch), the executor stays healthy.
+// eagerly (its job breaks, as on any failed batch), and the executor stays
+// healthy.
 inline constexpr std::string_view kFallbackGraphEager = "graph_eager";
 // A new job planned on fewer executors than the daemon has, around the
 // ones that lost their device (service_open.cc BuildJob). Strict: that
