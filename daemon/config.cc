@@ -117,6 +117,12 @@ ABSL_FLAG(std::string, nan_policy, "skip",
           "a gradient with NaN/Inf: 'skip' (momentum untouched, zero update, "
           "reported) "
           "or 'fail' (the job's step fails)");
+ABSL_FLAG(bool, strict, false,
+          "refuse every fallback instead of taking it (a failed CUDA graph "
+          "fails its batch; a new job is refused rather than planned around "
+          "an unhealthy executor): FAILED_PRECONDITION naming the kind; "
+          "without it each is taken, logged once and counted in Status and "
+          "dmuon_fallbacks_total{kind}");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 ABSL_FLAG(std::string, log_format, "text",
           "text|json (one JSON object per line)");
@@ -349,6 +355,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   c.exit_timeout_secs = absl::GetFlag(FLAGS_exit_timeout_secs);
   c.nan_policy = absl::GetFlag(FLAGS_nan_policy);
+  c.strict = absl::GetFlag(FLAGS_strict);
   c.log_level = absl::GetFlag(FLAGS_log_level);
   c.log_format = absl::GetFlag(FLAGS_log_format);
   c.summary_every_secs = absl::GetFlag(FLAGS_summary_every_secs);

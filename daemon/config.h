@@ -63,6 +63,9 @@ struct DaemonConfig {
   int64_t max_message_bytes = kDefaultMaxMessageBytes;  // [4096, 2^31)
   int exit_timeout_secs = 30;                           // --exit-timeout-secs
   std::string nan_policy = "skip";                      // 'skip' | 'fail'
+  // --strict: refuse every fallback (server/fallbacks.h) instead of taking
+  // it.
+  bool strict = false;
   std::string log_level = "info";   // trace|debug|info|warn|error|off
   std::string log_format = "text";  // text|json
   int summary_every_secs = 60;      // --summary-every-secs, >= 0; 0: never

@@ -114,7 +114,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Executor>>> BuildExecutors(
   }
   if (spec->kind != DeviceSpec::Kind::kCpu && gpu != nullptr) {
     std::string why;
-    auto cuda = gpu->executors(config.devices, config.bf16_momentum(), &why);
+    auto cuda = gpu->executors(config.devices, config.bf16_momentum(),
+                               config.strict, &why);
     if (!cuda.ok()) return cuda.status();
     ex = *std::move(cuda);
     if (ex.empty()) {
@@ -190,6 +191,14 @@ ServiceOptions ServiceOptionsOf(const DaemonConfig& config) {
   opts.attach_timeout_seconds = config.attach_timeout_seconds;
   opts.snapshot_failed = [](const absl::Status& st) {
     spdlog::error("snapshot: {}", LogSafe(st.ToString(), 1024));
+  };
+  opts.strict = config.strict;
+  // Once per kind per process (fallbacks.h): the counter says how often.
+  opts.fallback_logged = [](std::string_view kind, const std::string& why) {
+    spdlog::warn(
+        "fallback {}: {} (logged once; counted in Status and "
+        "dmuon_fallbacks_total{{kind=\"{}\"}})",
+        std::string(kind), LogSafe(why, 1024), std::string(kind));
   };
   return opts;
 }
