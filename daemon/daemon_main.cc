@@ -12,11 +12,13 @@
 #include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -46,11 +48,15 @@
 #include "daemon/state_dir.h"
 #include "daemon/tls_files.h"
 #include "daemon/usable_cpus.h"
+#include "kernels/blas_core.h"
 #include "server/gpu_logic.h"
 #include "server/service.h"
 
 namespace dmuon::server {
 namespace {
+
+// Set across UseBestBlasKernels' exec: the kernels OpenBLAS first chose.
+constexpr char kBlasCoreWas[] = "DMUON_BLAS_CORE_WAS";
 
 constexpr char kUsage[] =
     "dmuond: the dmuon optimizer daemon. It owns the Muon momentum state and "
@@ -526,15 +532,55 @@ void LimitMallocArenas() {
   if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 2);
 }
 
+// OpenBLAS picked its kernels when it loaded; a generic choice on a CPU that
+// runs better ones (kernels/blas_core.h) is corrected by starting again
+// with OPENBLAS_CORETYPE set, before any thread or file exists. An
+// OPENBLAS_CORETYPE already set is the operator's choice (or this one's,
+// after the exec) and stands.
+void UseBestBlasKernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  const std::string chosen = kernels::BlasCoreName();
+  const std::optional<std::string> better =
+      kernels::BetterBlasCore(chosen, kernels::HostCpuFeatures());
+  if (!better) return;
+  setenv("OPENBLAS_CORETYPE", better->c_str(), 1);
+  setenv(kBlasCoreWas, chosen.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE");  // no exec: the weaker kernels, said below
+  unsetenv(kBlasCoreWas);
+}
+
+// After logging is set up: what UseBestBlasKernels did, or could not do.
+void LogBlasKernels() {
+  const std::string now = kernels::BlasCoreName();
+  if (const char* was = std::getenv(kBlasCoreWas); was != nullptr) {
+    spdlog::info(
+        "OpenBLAS chose its {} kernels (this CPU's model is not in its "
+        "table); dmuond started again with OPENBLAS_CORETYPE={}, which the "
+        "CPU supports (set OPENBLAS_CORETYPE to choose)",
+        was, now);
+    unsetenv(kBlasCoreWas);
+  } else if (auto better =
+                 kernels::BetterBlasCore(now, kernels::HostCpuFeatures());
+             better && std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    spdlog::warn(
+        "OpenBLAS runs its {} kernels though this CPU supports {}: "
+        "Newton-Schulz is several times slower; set OPENBLAS_CORETYPE={}",
+        now, *better, *better);
+  }
+}
+
 }  // namespace
 
 int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
-  LimitMallocArenas();  // before any thread
+  UseBestBlasKernels(argv);  // may start again: first
+  LimitMallocArenas();       // before any thread
   ParseFlags(argc, argv, kUsage, kDaemonFlagsSource);
   const absl::StatusOr<DaemonConfig> config_or = ConfigFromFlags();
   if (!config_or.ok()) return Fail(config_or.status());
   const DaemonConfig& config = *config_or;
   SetUpLogging(config.json_log(), config.log_level);
+  LogBlasKernels();
   // Held for the daemon's life, taken before any snapshot is read.
   std::optional<StateDirLock> state_lock;
   if (!config.state_dir.empty()) {
@@ -608,9 +654,9 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   const std::string host = config.ListenHost();
   spdlog::info(
       "dmuond {} (protocol 1.{}) serving on {}:{} (devices {}, {} OpenBLAS "
-      "threads, metrics {})",
+      "threads on {} kernels, metrics {})",
       opts.version, ProtocolMinor(), host, port,
-      absl::StrJoin(opts.devices, ","), threads,
+      absl::StrJoin(opts.devices, ","), threads, kernels::BlasCoreName(),
       *metrics_http ? host + ":" + std::to_string(config.metrics_port) : "off");
 
   const int sig = Serve(config, service, sigs, [&] {
