@@ -1,0 +1,115 @@
+"""One point of `./dmuon bench overlap`: a model and a number of tokens per
+step, every optimizer trained on the same trainer cores, the critical-path
+bound from the same point's measured layer and Newton-Schulz times, and the
+losses against fp32-NS torch.optim.Muon's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import bound
+import optimizers
+import processes
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every point shares: cores, steps."""
+
+    trainer_cpus: str  # as given (trainer.py parses it)
+    daemon_cpus: list[int]
+    warmup: int
+    steps: int
+    ns_repeats: int = 5
+
+    def daemon_cpus_text(self) -> str:
+        return ",".join(map(str, self.daemon_cpus))
+
+
+def _simulated_trainer(profile: dict, ns_seconds: dict) -> bound.Trainer:
+    tasks = [(m["segment"], ns_seconds["x".join(map(str, m["shape"]))])
+             for m in profile["matrices"]]
+    return bound.Trainer(profile["forward_s"], profile["backward_s"],
+                         profile["after_backward_s"], tasks)
+
+
+def _args(setup: Setup, model: str, tokens: int, **kw) -> list[str]:
+    return processes.trainer_args(model, tokens, setup.trainer_cpus, setup.warmup,
+                                  setup.steps, **kw)
+
+
+def _trainers(setup: Setup, model: str, tokens: int, kind: str, count: int) -> list[dict]:
+    """`count` trainers of `kind` at once (a daemon of their own for DMuon)."""
+    daemon = processes.start_daemon(setup.daemon_cpus) \
+        if kind in optimizers.DMUON_KINDS else None
+    try:
+        server = daemon.address if daemon else None
+        started = [processes.start("trainer.py", _args(setup, model, tokens, optimizer=kind,
+                                                       server=server))
+                   for _ in range(count)]
+        return [processes.wait(s, f"{model} {tokens} tokens, {kind}") for s in started]
+    finally:
+        if daemon:
+            daemon.stop()
+
+
+def _summary(run: dict) -> dict:
+    return {k: run[k] for k in ("iteration_ms", "periods_ms", "final_loss", "losses")}
+
+
+def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
+            ns_cache: dict, pair_kinds: list[str] = (), log=print) -> dict:
+    """The point's figures (see benchmarks/README.md, "Overlap")."""
+    prof = processes.run_trainer(_args(setup, model, tokens, mode="profile"),
+                                 f"{model} {tokens} tokens, profile")
+    shapes = sorted({tuple(m["shape"]) for m in prof["matrices"]})
+    if model not in ns_cache:
+        ns_cache[model] = processes.ns_times(setup.daemon_cpus_text(),
+                                             [list(s) for s in shapes], setup.ns_repeats)
+    trainer = _simulated_trainer(prof, ns_cache[model]["seconds"])
+    devices = len(setup.daemon_cpus)
+    one = bound.simulate([trainer], devices)
+    fb = sum(trainer.forward_s) + sum(trainer.backward_s)
+    ns = sum(s for _, s in trainer.tasks)
+    out = {
+        "model": model, "tokens": tokens,
+        "forward_backward_ms": 1000 * fb, "ns_ms": 1000 * ns, "ns_over_fb": ns / fb,
+        "after_backward_ms": 1000 * trainer.after_backward_s,
+        "profile_iteration_ms": prof["iteration_ms"],
+        "bound_ms": 1000 * one.iteration_s[0],
+        "profile": {k: prof[k] for k in ("forward_s", "backward_s", "after_backward_s",
+                                         "matrices")},
+        "ns_seconds": ns_cache[model]["seconds"], "results": {},
+    }
+    log(f"{model}, {tokens} tokens/step: forward+backward {1000 * fb:.0f} ms, NS "
+        f"{1000 * ns:.0f} ms ({ns / fb:.2f}x), bound {out['bound_ms']:.0f} ms")
+    for kind in kinds:
+        run = _trainers(setup, model, tokens, kind, 1)[0]
+        out["results"][kind] = _summary(run)
+        log(f"  {optimizers.LABELS[kind]:<40} {run['iteration_ms']:7.0f} ms")
+    _ratios(out["results"], out["bound_ms"])
+    if pair_kinds:
+        pair = bound.simulate([trainer, trainer], devices)
+        out["pair"] = {"bound_ms": [1000 * s for s in pair.iteration_s], "results": {}}
+        log(f"  two trainers sharing the trainer cores and one daemon: bound "
+            f"{max(out['pair']['bound_ms']):.0f} ms each")
+        for kind in pair_kinds:
+            runs = _trainers(setup, model, tokens, kind, 2)
+            out["pair"]["results"][kind] = [_summary(r) for r in runs]
+            log(f"  2 x {optimizers.LABELS[kind]:<36} "
+                + " ".join(f"{r['iteration_ms']:7.0f}" for r in runs) + " ms")
+    return out
+
+
+def _ratios(results: dict, bound_ms: float) -> None:
+    """Each result's iteration against the bound and AdamW's; its final
+    loss against fp32-NS torch Muon's (relative)."""
+    adamw = results.get("adamw", {}).get("iteration_ms")
+    ref = results.get("muon-fp32", {}).get("final_loss")
+    for kind, r in results.items():
+        r["vs_bound"] = r["iteration_ms"] / bound_ms
+        if adamw:
+            r["vs_adamw"] = r["iteration_ms"] / adamw
+        if ref is not None and kind not in ("adamw", "muon-fp32"):
+            r["loss_rel_diff_vs_muon_fp32"] = abs(r["final_loss"] - ref) / abs(ref)

@@ -1,0 +1,55 @@
+"""The report of `./dmuon bench overlap`: a markdown table per point (the
+terminal and benchmarks/README.md) and the plot (iteration vs tokens per
+step, one line per optimizer, the bound drawn; one panel per model).
+
+  python report.py RESULTS.json   # the tables again
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from optimizers import LABELS
+
+
+def _row(label: str, r: dict) -> str:
+    loss = r.get("loss_rel_diff_vs_muon_fp32")
+    return (f"| {label} | {r['iteration_ms']:.0f} ms | "
+            + (f"{r['vs_adamw']:.2f}" if "vs_adamw" in r else "-")
+            + f" | {r['vs_bound']:.2f} | " + (f"{loss:.1e}" if loss is not None else "-")
+            + " |")
+
+
+def point_table(p: dict) -> str:
+    """One point: each optimizer's median iteration, against AdamW and the
+    bound, and its final loss against fp32-NS torch Muon's."""
+    lines = [f"{p['model']}, {p['tokens']} tokens per step: forward+backward "
+             f"{p['forward_backward_ms']:.0f} ms, Newton-Schulz {p['ns_ms']:.0f} ms "
+             f"({p['ns_over_fb']:.2f}x), bound {p['bound_ms']:.0f} ms", "",
+             "| optimizer | iteration | vs AdamW | vs bound | final loss vs fp32 Muon |",
+             "|---|---|---|---|---|"]
+    lines += [_row(LABELS[k], r) for k, r in p["results"].items()]
+    pair = p.get("pair")
+    if pair:
+        b = max(pair["bound_ms"])
+        for kind, runs in pair["results"].items():
+            its = " / ".join(f"{r['iteration_ms']:.0f}" for r in runs)
+            worst = max(r["iteration_ms"] for r in runs) / b
+            lines.append(f"| 2 trainers, {LABELS[kind]} | {its} ms | - | {worst:.2f} "
+                         f"(pair bound {b:.0f} ms) | - |")
+    return "\n".join(lines)
+
+
+def tables(res: dict) -> str:
+    return "\n\n".join(point_table(p) for p in res["points"])
+
+
+def main(argv: list[str]) -> None:
+    with open(argv[0]) as f:
+        res = json.load(f)
+    print(tables(res))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
