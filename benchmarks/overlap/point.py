@@ -83,7 +83,8 @@ def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
         "ns_seconds": ns_cache[model]["seconds"], "results": {},
     }
     log(f"{model}, {tokens} tokens/step: forward+backward {1000 * fb:.0f} ms, NS "
-        f"{1000 * ns:.0f} ms ({ns / fb:.2f}x), bound {out['bound_ms']:.0f} ms")
+        f"{1000 * ns:.0f} ms ({ns / fb:.2f}x), bound {out['bound_ms']:.0f} ms (with free "
+        f"updates {1000 * trainer.work():.0f} ms; profiled {prof['iteration_ms']:.0f} ms)")
     for kind in kinds:
         run = _trainers(setup, model, tokens, kind, 1)[0]
         out["results"][kind] = _summary(run)

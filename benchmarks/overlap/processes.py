@@ -48,7 +48,21 @@ def start_daemon(cpus: list[int]):
 
     n = str(len(cpus))
     with _pinned(cpus, {"OPENBLAS_NUM_THREADS": n}):
-        return LocalDaemon(flags=[f"--cpu-executors={n}", f"--cpu-threads={n}"])
+        daemon = LocalDaemon(flags=[f"--cpu-executors={n}", f"--cpu-threads={n}"])
+    allowed = thread_cpus(daemon.pid)
+    if not allowed <= set(cpus):
+        daemon.stop()
+        raise RuntimeError(f"dmuond runs threads on cores {sorted(allowed)}, not only on "
+                           f"--daemon-cpus {cpus}")
+    return daemon
+
+
+def thread_cpus(pid: int) -> set[int]:
+    """Every core some thread of process `pid` may run on."""
+    cpus: set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        cpus |= os.sched_getaffinity(int(tid))
+    return cpus
 
 
 def start(script: str, args: list[str]):

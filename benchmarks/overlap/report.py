@@ -2,7 +2,7 @@
 terminal and benchmarks/README.md) and the plot (iteration vs tokens per
 step, one line per optimizer, the bound drawn; one panel per model).
 
-  python report.py RESULTS.json   # the tables again
+  python report.py RESULTS.json [PLOT.png]   # the tables again; the plot if named
 """
 
 from __future__ import annotations
@@ -45,10 +45,46 @@ def tables(res: dict) -> str:
     return "\n\n".join(point_table(p) for p in res["points"])
 
 
+def plot(res: dict, path: str) -> None:
+    """Iteration (ms) vs tokens per step, a panel per model, a line per
+    optimizer, the bound dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(p["model"] for p in res["points"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        pts = sorted((p for p in res["points"] if p["model"] == model),
+                     key=lambda p: p["tokens"])
+        x = [p["tokens"] for p in pts]
+        for kind in res["optimizers"]:
+            y = [p["results"][kind]["iteration_ms"] if kind in p["results"] else None
+                 for p in pts]
+            ax.plot(x, y, marker="o", label=LABELS[kind])
+        ax.plot(x, [p["bound_ms"] for p in pts], "k--", marker="x", label="bound")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [str(t) for t in x])
+        ax.set_xlabel("tokens per step")
+        ax.set_ylabel("iteration (ms, median)")
+        ax.set_title(model)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    m = res["machine"]
+    fig.suptitle(f"trainer on cores {res['trainer_cpus']}, dmuond on cores "
+                 f"{res['daemon_cpus']}: {m['cpu']}, {res['date'][:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str]) -> None:
     with open(argv[0]) as f:
         res = json.load(f)
     print(tables(res))
+    if len(argv) > 1:
+        plot(res, argv[1])
 
 
 if __name__ == "__main__":

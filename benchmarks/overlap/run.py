@@ -36,8 +36,8 @@ from trainer import parse_cpus  # noqa: E402
 
 # (model, tokens per step): NS on one core from about 2x (fewest tokens) to
 # about 0.5x (most) of forward + backward on the other, for each model.
-SWEEP = (("gpt-4l-384", (256, 512, 1024, 2048)), ("gpt-8l-384", (1024,)),
-         ("char-gpt", (64, 256, 1024)))
+SWEEP = (("gpt-4l-384", (384, 1024, 1536)), ("gpt-8l-384", (1024,)),
+         ("char-gpt", (256, 1024)))
 QUICK = (("gpt-4l-384", (1024,)),)
 QUICK_KINDS = ("adamw", "muon-fp32", "dmuon", "dmuon-forward")
 PAIR_AT = ("gpt-4l-384", 1024)
@@ -54,8 +54,9 @@ def machine() -> dict:
         pass
     import torch
 
+    env = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}
     return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
-            "torch": torch.__version__, "python": platform.python_version()}
+            "torch": torch.__version__, "python": platform.python_version(), "env": env}
 
 
 def git_revision() -> str:
@@ -117,7 +118,7 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args, setup, sweep, kinds, out, pair = parse_args(argv)
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()
     ns_cache: dict = {}
     points = []
     for model, tokens_list in sweep:
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": " ".join(["./dmuon bench overlap", *argv]),
         "git_revision": git_revision(), "machine": machine(),
+        "load_average": {"start": load0, "end": os.getloadavg()},
         "trainer_cpus": parse_cpus(args.trainer_cpus, "--trainer-cpus"),
         "daemon_cpus": setup.daemon_cpus, "warmup": setup.warmup, "steps": setup.steps,
         "statistic": "median of the measured steps' periods (step start to step start)",
@@ -140,9 +142,11 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
+    png = os.path.splitext(out)[0] + ".png"
+    report.plot(res, png)
     print()
     print(report.tables(res))
-    print(f"wrote {os.path.relpath(out)} ({res['seconds']:.0f} s)")
+    print(f"wrote {os.path.relpath(out)} and {os.path.relpath(png)} ({res['seconds']:.0f} s)")
 
 
 if __name__ == "__main__":
