@@ -85,10 +85,12 @@ class _Sim:
         self.backward_end = [0.0] * len(trainers)
 
     def _length(self, n: int) -> float:
+        """Seconds (alone on the cores) of trainer n's current work item."""
         kind, s = self.items[n][self.pos[n]]
         t = self.tr[n]
-        return {"b": t.backward_s, "f": t.forward_s}[kind][s] if kind != "a" \
-            else t.after_backward_s
+        if kind == "a":
+            return t.after_backward_s
+        return (t.backward_s if kind == "b" else t.forward_s)[s]
 
     def _runnable(self, n: int) -> bool:
         if self.pos[n] >= len(self.items[n]):
