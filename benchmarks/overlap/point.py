@@ -59,15 +59,18 @@ def _summary(run: dict) -> dict:
 
 
 def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
-            ns_cache: dict, pair_kinds: list[str] = (), log=print) -> dict:
-    """The point's figures (see benchmarks/README.md, "Overlap")."""
+            pair_kinds: list[str] = (), log=print) -> dict:
+    """The point's figures (see benchmarks/README.md, "Overlap"). Its own
+    Newton-Schulz times, measured next to its runs (a load that changes
+    during a sweep changes both)."""
     prof = processes.run_trainer(_args(setup, model, tokens, mode="profile"),
                                  f"{model} {tokens} tokens, profile")
     shapes = sorted({tuple(m["shape"]) for m in prof["matrices"]})
-    if model not in ns_cache:
-        ns_cache[model] = processes.ns_times(setup.daemon_cpus_text(),
-                                             [list(s) for s in shapes], setup.ns_repeats)
-    trainer = _simulated_trainer(prof, ns_cache[model]["seconds"])
+    ns_run = processes.ns_times(setup.daemon_cpus_text(), [list(s) for s in shapes],
+                                setup.ns_repeats)
+    trainer = _simulated_trainer(prof, ns_run["seconds"])
+    ns_torch = sum(ns_run["torch_fp32_seconds"]["x".join(map(str, m["shape"]))]
+                   for m in prof["matrices"])
     devices = len(setup.daemon_cpus)
     one = bound.simulate([trainer], devices)
     fb = sum(trainer.forward_s) + sum(trainer.backward_s)
@@ -80,10 +83,14 @@ def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
         "bound_ms": 1000 * one.iteration_s[0],
         "profile": {k: prof[k] for k in ("forward_s", "backward_s", "after_backward_s",
                                          "matrices")},
-        "ns_seconds": ns_cache[model]["seconds"], "results": {},
+        "ns_seconds": ns_run["seconds"],
+        "torch_fp32_ns_seconds": ns_run["torch_fp32_seconds"],
+        "torch_fp32_ns_ms": 1000 * ns_torch, "openblas_core": ns_run["openblas_core"],
+        "results": {},
     }
     log(f"{model}, {tokens} tokens/step: forward+backward {1000 * fb:.0f} ms, NS "
-        f"{1000 * ns:.0f} ms ({ns / fb:.2f}x), bound {out['bound_ms']:.0f} ms (with free "
+        f"{1000 * ns:.0f} ms ({ns / fb:.2f}x; OpenBLAS {ns_run['openblas_core']}; torch's "
+        f"fp32 NS on that core {1000 * ns_torch:.0f} ms), bound {out['bound_ms']:.0f} ms (with free "
         f"updates {1000 * trainer.work():.0f} ms; profiled {prof['iteration_ms']:.0f} ms)")
     for kind in kinds:
         run = _trainers(setup, model, tokens, kind, 1)[0]

@@ -45,6 +45,25 @@ def tables(res: dict) -> str:
     return "\n\n".join(point_table(p) for p in res["points"])
 
 
+def summary_table(res: dict) -> str:
+    """Every point in one table: NS / (forward + backward), each
+    optimizer's median iteration (ms), the bound, the largest final-loss
+    difference of a DMuon variant from fp32 torch Muon."""
+    kinds = list(res["optimizers"])
+    lines = ["| model | tokens | NS / fwd+bwd | " + " | ".join(kinds)
+             + " | bound | DMuon loss vs fp32 Muon |",
+             "|---|---|---|" + "---|" * len(kinds) + "---|---|"]
+    for p in res["points"]:
+        r = p["results"]
+        its = [f"{r[k]['iteration_ms']:.0f}" if k in r else "-" for k in kinds]
+        diffs = [x["loss_rel_diff_vs_muon_fp32"] for k, x in r.items()
+                 if k.startswith("dmuon") and "loss_rel_diff_vs_muon_fp32" in x]
+        lines.append(f"| {p['model']} | {p['tokens']} | {p['ns_over_fb']:.2f} | "
+                     + " | ".join(its) + f" | {p['bound_ms']:.0f} | "
+                     + (f"{max(diffs):.1e}" if diffs else "-") + " |")
+    return "\n".join(lines)
+
+
 def plot(res: dict, path: str) -> None:
     """Iteration (ms) vs tokens per step, a panel per model, a line per
     optimizer, the bound dashed."""
@@ -83,6 +102,8 @@ def main(argv: list[str]) -> None:
     with open(argv[0]) as f:
         res = json.load(f)
     print(tables(res))
+    print()
+    print(summary_table(res))
     if len(argv) > 1:
         plot(res, argv[1])
 

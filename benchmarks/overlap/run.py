@@ -118,20 +118,20 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args, setup, sweep, kinds, out, pair = parse_args(argv)
-    t0, load0 = time.perf_counter(), os.getloadavg()
-    ns_cache: dict = {}
+    # The tree measured: read before the run (a commit during it is not it).
+    t0, load0, revision = time.perf_counter(), os.getloadavg(), git_revision()
     points = []
     for model, tokens_list in sweep:
         for tokens in tokens_list:
             pair_kinds = [k for k in PAIR_KINDS if k in kinds] \
                 if pair and (model, tokens) == PAIR_AT else []
-            points.append(measure(setup, model, tokens, kinds, ns_cache, pair_kinds,
+            points.append(measure(setup, model, tokens, kinds, pair_kinds,
                                   log=lambda s: print(s, flush=True)))
     res = {
         "benchmark": "overlap-cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": " ".join(["./dmuon bench overlap", *argv]),
-        "git_revision": git_revision(), "machine": machine(),
+        "git_revision": revision, "machine": machine(),
         "load_average": {"start": load0, "end": os.getloadavg()},
         "trainer_cpus": parse_cpus(args.trainer_cpus, "--trainer-cpus"),
         "daemon_cpus": setup.daemon_cpus, "warmup": setup.warmup, "steps": setup.steps,
