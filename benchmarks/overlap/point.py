@@ -89,24 +89,33 @@ def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
         "results": {},
     }
     log(f"{model}, {tokens} tokens/step: forward+backward {1000 * fb:.0f} ms, NS "
-        f"{1000 * ns:.0f} ms ({ns / fb:.2f}x; OpenBLAS {ns_run['openblas_core']}; torch's "
-        f"fp32 NS on that core {1000 * ns_torch:.0f} ms), bound {out['bound_ms']:.0f} ms (with free "
-        f"updates {1000 * trainer.work():.0f} ms; profiled {prof['iteration_ms']:.0f} ms)")
+        f"{1000 * ns:.0f} ms ({ns / fb:.2f}x; OpenBLAS {ns_run['openblas_core']}; "
+        f"torch's fp32 NS on that core {1000 * ns_torch:.0f} ms), bound "
+        f"{out['bound_ms']:.0f} ms (with free updates {1000 * trainer.work():.0f} ms; "
+        f"profiled {prof['iteration_ms']:.0f} ms)")
     for kind in kinds:
         run = _trainers(setup, model, tokens, kind, 1)[0]
         out["results"][kind] = _summary(run)
         log(f"  {optimizers.LABELS[kind]:<40} {run['iteration_ms']:7.0f} ms")
     _ratios(out["results"], out["bound_ms"])
     if pair_kinds:
-        pair = bound.simulate([trainer, trainer], devices)
-        out["pair"] = {"bound_ms": [1000 * s for s in pair.iteration_s], "results": {}}
-        log(f"  two trainers sharing the trainer cores and one daemon: bound "
-            f"{max(out['pair']['bound_ms']):.0f} ms each")
-        for kind in pair_kinds:
-            runs = _trainers(setup, model, tokens, kind, 2)
-            out["pair"]["results"][kind] = [_summary(r) for r in runs]
-            log(f"  2 x {optimizers.LABELS[kind]:<36} "
-                + " ".join(f"{r['iteration_ms']:7.0f}" for r in runs) + " ms")
+        out["pair"] = _pair(setup, model, tokens, pair_kinds, trainer, log)
+    return out
+
+
+def _pair(setup: Setup, model: str, tokens: int, kinds: list[str],
+          trainer: bound.Trainer, log) -> dict:
+    """Two trainers at once on the trainer cores, one dmuond: their
+    iterations, and the pair's bound (both simulated sharing the cores)."""
+    sim = bound.simulate([trainer, trainer], len(setup.daemon_cpus))
+    out = {"bound_ms": [1000 * s for s in sim.iteration_s], "results": {}}
+    log(f"  two trainers sharing the trainer cores and one daemon: bound "
+        f"{max(out['bound_ms']):.0f} ms each")
+    for kind in kinds:
+        runs = _trainers(setup, model, tokens, kind, 2)
+        out["results"][kind] = [_summary(r) for r in runs]
+        log(f"  2 x {optimizers.LABELS[kind]:<36} "
+            + " ".join(f"{r['iteration_ms']:7.0f}" for r in runs) + " ms")
     return out
 
 
