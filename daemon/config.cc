@@ -29,7 +29,9 @@ ABSL_FLAG(std::string, momentum_dtype, "fp32",
           "CUDA executors' momentum storage: 'fp32', or 'bf16' (half the "
           "device memory; CHANGES THE NUMBERS: momentum is rounded to bf16 "
           "every step)");
-ABSL_FLAG(int, cpu_threads, 0, "OpenBLAS threads in total (0: every core)");
+ABSL_FLAG(int, cpu_threads, 0,
+          "OpenBLAS threads in total (0: every core this process may use: its "
+          "affinity mask, capped by its cgroup CPU quota)");
 ABSL_FLAG(
     int, cpu_executors, 1,
     "CPU executors (each a queue and a thread; threads are split among them)");
@@ -115,6 +117,12 @@ ABSL_FLAG(std::string, nan_policy, "skip",
           "a gradient with NaN/Inf: 'skip' (momentum untouched, zero update, "
           "reported) "
           "or 'fail' (the job's step fails)");
+ABSL_FLAG(bool, strict, false,
+          "refuse every fallback instead of taking it (a failed CUDA graph "
+          "fails its batch; a new job is refused rather than planned around "
+          "an unhealthy executor): FAILED_PRECONDITION naming the kind; "
+          "without it each is taken, logged once and counted in Status and "
+          "dmuon_fallbacks_total{kind}");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 ABSL_FLAG(std::string, log_format, "text",
           "text|json (one JSON object per line)");
@@ -347,6 +355,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   c.exit_timeout_secs = absl::GetFlag(FLAGS_exit_timeout_secs);
   c.nan_policy = absl::GetFlag(FLAGS_nan_policy);
+  c.strict = absl::GetFlag(FLAGS_strict);
   c.log_level = absl::GetFlag(FLAGS_log_level);
   c.log_format = absl::GetFlag(FLAGS_log_format);
   c.summary_every_secs = absl::GetFlag(FLAGS_summary_every_secs);

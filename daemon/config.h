@@ -22,7 +22,8 @@ struct DaemonConfig {
   std::string devices = "cpu";
   // --momentum-dtype: 'fp32' or 'bf16'.
   std::string momentum_dtype = "fp32";
-  // --cpu-threads: OpenBLAS threads in total; <= 0: every core.
+  // --cpu-threads: OpenBLAS threads in total; <= 0: every core this process
+  // may use (usable_cpus.h: the affinity mask, capped by the CPU quota).
   int cpu_threads = 0;
   int cpu_executors = 1;  // --cpu-executors, >= 1
   int max_batch = 16;     // --max-batch
@@ -62,6 +63,9 @@ struct DaemonConfig {
   int64_t max_message_bytes = kDefaultMaxMessageBytes;  // [4096, 2^31)
   int exit_timeout_secs = 30;                           // --exit-timeout-secs
   std::string nan_policy = "skip";                      // 'skip' | 'fail'
+  // --strict: refuse every fallback (server/fallbacks.h) instead of taking
+  // it.
+  bool strict = false;
   std::string log_level = "info";   // trace|debug|info|warn|error|off
   std::string log_format = "text";  // text|json
   int summary_every_secs = 60;      // --summary-every-secs, >= 0; 0: never

@@ -45,6 +45,7 @@
 #include "daemon/prometheus_metrics.h"
 #include "daemon/state_dir.h"
 #include "daemon/tls_files.h"
+#include "daemon/usable_cpus.h"
 #include "server/gpu_logic.h"
 #include "server/service.h"
 
@@ -113,7 +114,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Executor>>> BuildExecutors(
   }
   if (spec->kind != DeviceSpec::Kind::kCpu && gpu != nullptr) {
     std::string why;
-    auto cuda = gpu->executors(config.devices, config.bf16_momentum(), &why);
+    auto cuda = gpu->executors(config.devices, config.bf16_momentum(),
+                               config.strict, &why);
     if (!cuda.ok()) return cuda.status();
     ex = *std::move(cuda);
     if (ex.empty()) {
@@ -143,9 +145,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Executor>>> BuildExecutors(
         "--momentum-dtype=" + config.momentum_dtype +
         ": CPU executors keep fp32 momentum");
   }
-  *threads = config.cpu_threads > 0
-                 ? config.cpu_threads
-                 : static_cast<int>(std::thread::hardware_concurrency());
+  *threads =
+      config.cpu_threads > 0
+          ? config.cpu_threads
+          : UsableCpus();  // the affinity mask and CPU quota, not the node's
   if (ex.empty()) {
     for (int i = 0; i < config.cpu_executors; ++i) {
       ex.push_back(
@@ -188,6 +191,14 @@ ServiceOptions ServiceOptionsOf(const DaemonConfig& config) {
   opts.attach_timeout_seconds = config.attach_timeout_seconds;
   opts.snapshot_failed = [](const absl::Status& st) {
     spdlog::error("snapshot: {}", LogSafe(st.ToString(), 1024));
+  };
+  opts.strict = config.strict;
+  // Once per kind per process (fallbacks.h): the counter says how often.
+  opts.fallback_logged = [](std::string_view kind, const std::string& why) {
+    spdlog::warn(
+        "fallback {}: {} (logged once; counted in Status and "
+        "dmuon_fallbacks_total{{kind=\"{}\"}})",
+        std::string(kind), LogSafe(why, 1024), std::string(kind));
   };
   return opts;
 }

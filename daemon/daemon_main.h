@@ -20,9 +20,11 @@ namespace dmuon::server {
 struct GpuSupport {
   // Executors for a --devices spec other than 'cpu' ('auto', 'cuda',
   // 'cuda:N,...'). 'auto' without a usable GPU: no executors, the reason in
-  // *why (the daemon then runs on the CPU).
+  // *why (the daemon then runs on the CPU). strict: --strict (their
+  // CUDA-graph fallback refused, gpu_logic.h GraphFallback).
   std::function<absl::StatusOr<std::vector<std::unique_ptr<Executor>>>(
-      const std::string& devices, bool bf16_momentum, std::string* why)>
+      const std::string& devices, bool bf16_momentum, bool strict,
+      std::string* why)>
       executors;
   // The GPU transports served along with those executors, given their
   // device names (may be empty).

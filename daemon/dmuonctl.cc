@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -220,6 +221,20 @@ std::string Json(const google::protobuf::Message& m) {
   return out;
 }
 
+// A line "TITLE  name=n  ..." of `counts`, sorted by name (a proto map's
+// order is unspecified); nothing when it is empty.
+void PrintCounts(const char* title,
+                 const google::protobuf::Map<std::string, uint64_t>& counts) {
+  if (counts.empty()) return;
+  const std::map<std::string, uint64_t> sorted(counts.begin(), counts.end());
+  std::printf("\n%s", title);
+  for (const auto& [name, n] : sorted) {
+    std::printf("  %s=%llu", Safe(name).c_str(),
+                static_cast<unsigned long long>(n));
+  }
+  std::printf("\n");
+}
+
 int Status(Optimizer::Stub& stub, bool sessions_only) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -290,14 +305,10 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
             ranks.c_str(), static_cast<long long>(j.rewind_step()));
       }
     }
-    if (!s.errors().empty()) {
-      std::printf("\nERRORS");
-      for (const auto& [code, n] : s.errors()) {
-        std::printf("  %s=%llu", Safe(code).c_str(),
-                    static_cast<unsigned long long>(n));
-      }
-      std::printf("\n");
-    }
+    PrintCounts("ERRORS", s.errors());
+    // Every fallback kind (docs/design.md "Fallbacks"); a daemon from
+    // before them sends none.
+    PrintCounts("FALLBACKS", s.fallbacks());
     // With --state-dir: the last snapshot failures (write errors, stale
     // states refused, corrupt files moved aside), oldest first.
     if (s.snapshot_errors_size() > 0) {

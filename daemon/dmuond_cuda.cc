@@ -10,9 +10,10 @@
 int main(int argc, char** argv) {
   dmuon::server::GpuSupport gpu;
   gpu.executors = [](const std::string& devices, bool bf16_momentum,
-                     std::string* why) {
+                     bool strict, std::string* why) {
     dmuon::server::CudaExecutorOptions o;
     o.bf16_momentum = bf16_momentum;
+    o.strict = strict;
     return dmuon::server::NewCudaExecutors(devices, o, why);
   };
   gpu.transports = [](const std::vector<std::string>& devices) {

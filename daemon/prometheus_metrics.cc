@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "prometheus/text_serializer.h"
+#include "server/fallbacks.h"
 
 namespace dmuon::server {
 namespace {
@@ -97,6 +98,44 @@ class ExecutorCollectable : public prometheus::Collectable {
   std::function<std::vector<ExecutorStats>()> source_;
 };
 
+// dmuon_fallbacks_total{kind}: every kind (fallbacks.h) from the start, at
+// 0, so that alerts see the series; read at scrape time.
+class FallbackCollectable : public prometheus::Collectable {
+ public:
+  void Set(std::function<std::map<std::string, uint64_t>()> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    source_ = std::move(f);
+  }
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::map<std::string, uint64_t> counts;
+    for (const std::string& k : DaemonFallbackKinds()) counts[k] = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (source_)
+        for (const auto& [k, n] : source_()) counts[k] = n;
+    }
+    prometheus::MetricFamily f;
+    f.name = "dmuon_fallbacks_total";
+    f.help =
+        "Paths slower than, or other than, the one asked for, by kind: "
+        "graph_eager (a CUDA graph failed, its plan runs eagerly), "
+        "unhealthy_executor (a new job planned around executors that lost "
+        "their device), rewind (a completed step undone and computed again)";
+    f.type = prometheus::MetricType::Counter;
+    for (const auto& [kind, n] : counts) {
+      prometheus::ClientMetric m;
+      m.label = {{"kind", kind}};
+      m.counter.value = static_cast<double>(n);
+      f.metric.push_back(m);
+    }
+    return {f};
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::function<std::map<std::string, uint64_t>()> source_;
+};
+
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
           0.25,   0.5,   1,      2.5,   5,    10,    30};
@@ -107,6 +146,7 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
 PrometheusMetrics::PrometheusMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       executors_(std::make_shared<ExecutorCollectable>()),
+      fallbacks_(std::make_shared<FallbackCollectable>()),
       sessions_(BuildGauge()
                     .Name("dmuon_sessions")
                     .Help("Open sessions")
@@ -193,9 +233,15 @@ void PrometheusMetrics::SetExecutorSource(
   static_cast<ExecutorCollectable*>(executors_.get())->Set(std::move(stats));
 }
 
+void PrometheusMetrics::SetFallbackSource(
+    std::function<std::map<std::string, uint64_t>()> counts) {
+  static_cast<FallbackCollectable*>(fallbacks_.get())->Set(std::move(counts));
+}
+
 std::string PrometheusMetrics::Render() const {
   std::vector<prometheus::MetricFamily> all = registry_->Collect();
   for (auto& f : executors_->Collect()) all.push_back(f);
+  for (auto& f : fallbacks_->Collect()) all.push_back(f);
   return prometheus::TextSerializer().Serialize(all);
 }
 

@@ -7,6 +7,7 @@
 #define DMUON_DAEMON_PROMETHEUS_METRICS_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,9 @@ class PrometheusMetrics : public ServiceMetrics {
   // per-step load fields, which the service fills in).
   void SetExecutorSource(
       std::function<std::vector<ExecutorStats>()> stats) override;
+  // Serves dmuon_fallbacks_total{kind} from `counts` at scrape time.
+  void SetFallbackSource(
+      std::function<std::map<std::string, uint64_t>()> counts) override;
 
   // The text exposition format: what /metrics serves (MetricsHttp), once
   // per scrape.
@@ -52,6 +56,7 @@ class PrometheusMetrics : public ServiceMetrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> executors_;
+  std::shared_ptr<prometheus::Collectable> fallbacks_;
   prometheus::Gauge& sessions_;
   prometheus::Gauge& jobs_;
   prometheus::Counter& bytes_received_;

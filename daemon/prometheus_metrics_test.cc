@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -139,6 +140,38 @@ TEST(PrometheusMetrics, ReadsExecutorsFromTheSourceAtScrapeTime) {
   m.SetExecutorSource(nullptr);
   EXPECT_TRUE(std::isnan(
       MetricValue(m.Render(), "dmuon_executor_predicted_step_seconds" + cpu)));
+}
+
+// dmuon_fallbacks_total{kind}: every kind at 0 before any source (alerts
+// see the series), then the source's counts, read at each scrape.
+TEST(PrometheusMetrics, FallbacksByKindFromTheSourceAtScrapeTime) {
+  PrometheusMetrics m;
+  auto series = [](const std::string& kind) {
+    return "dmuon_fallbacks_total{kind=\"" + kind + "\"}";
+  };
+  std::string text = m.Render();
+  EXPECT_NE(text.find("# TYPE dmuon_fallbacks_total counter"),
+            std::string::npos)
+      << text;
+  for (const char* kind : {"graph_eager", "unhealthy_executor", "rewind"})
+    EXPECT_EQ(MetricValue(text, series(kind)), 0) << text;
+  std::map<std::string, uint64_t> counts = {
+      {"graph_eager", 7}, {"unhealthy_executor", 0}, {"rewind", 2}};
+  int reads = 0;
+  m.SetFallbackSource([&] {
+    ++reads;
+    return counts;
+  });
+  EXPECT_EQ(reads, 0) << "read at scrape time only";
+  text = m.Render();
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(MetricValue(text, series("graph_eager")), 7) << text;
+  EXPECT_EQ(MetricValue(text, series("unhealthy_executor")), 0) << text;
+  EXPECT_EQ(MetricValue(text, series("rewind")), 2) << text;
+  counts["rewind"] = 5;
+  EXPECT_EQ(MetricValue(m.Render(), series("rewind")), 5);
+  m.SetFallbackSource(nullptr);
+  EXPECT_EQ(MetricValue(m.Render(), series("rewind")), 0);
 }
 
 }  // namespace

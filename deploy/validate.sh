@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # deploy/validate.sh: offline checks of the dmuond Helm chart, its examples and
-# the image recipe; what `./dmuon test` runs for deploy/. No helm, kubectl,
-# cluster or container engine is needed (none can be installed here):
+# the image recipe; what `./dmuon test` runs for deploy/. No helm binary,
+# kubectl, cluster or container engine is needed: Helm itself comes from PyPI.
 #
-#  0. tests the tools themselves: the renderer (tools/render: Go
-#     text/template + sprig + Helm's functions) and the validators
+#  0. tests the tools themselves: the renderer (tools/helm/render.py: Helm
+#     v4's own engine through helm-python-sdk) and the validators
 #     (tools/validate/*_test.py: each check must reject what it is for);
-#  1. renders the chart, values.schema.json checked, in strict mode (no
-#     reference to a missing value, as `helm lint --strict`) for every
-#     ci/*-values.yaml profile and every examples/values-*.yaml, for the
-#     Kubernetes version the schemas are of; each must render;
+#  1. renders and lints the chart with Helm (values.schema.json checked,
+#     `helm lint --strict`, the chart's kubeVersion checked against the
+#     Kubernetes version the schemas are of) for every ci/*-values.yaml
+#     profile and every examples/values-*.yaml; each must render;
 #  2. renders every ci/bad/*.yaml; each must fail, with the message its
-#     `# expect: ...` line gives (`# flags: ...` adds renderer flags);
+#     `# expect: ...` lines give (Helm's wording; `# flags: ...` adds
+#     render.py flags such as --kube-version or --skip-schema-validation);
 #  3. validates every rendered object, and the example manifests, in strict
 #     mode (unknown fields fail) against the Kubernetes schemas that the PyPI
 #     package kubernetes-validate ships for one stated Kubernetes version and
@@ -24,13 +25,12 @@
 #     every dmuond/dmuonctl command line of the chart and the Dockerfile with
 #     the real binaries when they are built (bazel-bin/daemon/, or $DMUOND and
 #     $DMUONCTL), else reports that part as skipped (tools/validate/flags.py).
-# Steps 0 and 3-5 run on the project's Python environment (.venv, made by
-# `./dmuon setup` from python/requirements.lock: kubernetes-validate,
-# jsonschema, yamllint, PyYAML, pytest).
+# Everything runs on the project's Python environment (.venv, made by
+# `./dmuon setup` from python/requirements.lock: helm-python-sdk,
+# kubernetes-validate, jsonschema, yamllint, PyYAML, pytest).
 #
 # Usage: deploy/validate.sh [-v]     (-v: print each rendered manifest's path)
-# Env:   DMUON_DEPLOY_NO_INSTALL=1   never apt-get install missing packages
-#        DMUON_DEPLOY_KEEP=1         keep the rendered output in deploy/.validate-out
+# Env:   DMUON_DEPLOY_KEEP=1         keep the rendered output in deploy/.validate-out
 # Last line: "deploy: N passed, N failed, N skipped"; exit status 1 on failure.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -48,36 +48,6 @@ log() { printf 'deploy: %s\n' "$*" >&2; }
 summary() { echo "deploy: ${passed} passed, ${failed} failed, ${skipped} skipped"; }
 
 # ---------------------------------------------------------------- prerequisites
-GO=/usr/lib/go-1.19/bin/go
-GOSRC=/usr/share/gocode/src
-# what must exist -> the Debian package that provides it (see packages.txt)
-declare -A NEED=(
-  ["$GO"]=golang-1.19-go
-  ["$GOSRC/github.com/Masterminds/sprig"]=golang-github-masterminds-sprig-dev
-  ["$GOSRC/gopkg.in/yaml.v2"]=golang-gopkg-yaml.v2-dev
-  ["$GOSRC/gopkg.in/yaml.v3"]=golang-gopkg-yaml.v3-dev
-  ["$GOSRC/github.com/xeipuuv/gojsonschema"]=golang-github-xeipuuv-gojsonschema-dev
-)
-missing=()
-for what in "${!NEED[@]}"; do
-  pkg=${NEED[$what]}
-  grep -qx "$pkg" packages.txt || { bad "packages.txt does not list $pkg"; }
-  [[ -e $what ]] || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-  if [[ $(id -u) == 0 && -z ${DMUON_DEPLOY_NO_INSTALL:-} ]]; then
-    log "installing ${missing[*]}"
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      "${missing[@]}" >/dev/null
-  else
-    bad "missing Debian packages: ${missing[*]} (apt-get install ${missing[*]})"
-    summary
-    exit 1
-  fi
-fi
-
 # The project's Python environment: the validators, yamllint and pytest come
 # from PyPI through python/requirements.lock, nowhere else.
 PY=$ROOT/.venv/bin/python
@@ -86,7 +56,7 @@ if [[ ! -x $PY ]]; then
   summary
   exit 1
 fi
-if ! pyerr=$("$PY" -c 'import kubernetes_validate, jsonschema, yaml, yamllint, pytest' 2>&1); then
+if ! pyerr=$("$PY" -c 'import helm_python, kubernetes_validate, jsonschema, yaml, yamllint, pytest' 2>&1); then
   bad "$PY lacks a package the checks need (${pyerr##*$'\n'}): run ./dmuon setup (python/requirements.in lists them)"
   summary
   exit 1
@@ -107,24 +77,17 @@ OUT=$WORK/rendered
 mkdir -p "$OUT"
 
 # ---------------------------------------------------------------- tools
-# The renderer: GOPATH mode against Debian's Go libraries; Go's build cache
-# makes this about a second when warm.
-export GOCACHE=${GOCACHE:-${XDG_CACHE_HOME:-${HOME:-$WORK}/.cache}/go-build}
-if ! GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS='' "$GO" build -o "$WORK/render" ./tools/render \
-  >"$WORK/go.log" 2>&1; then
-  bad "building tools/render:"
-  sed 's/^/      /' "$WORK/go.log"
-  summary
-  exit 1
-fi
-RENDER=$WORK/render
-# The renderer's own tests (Helm semantics: values coalescing, float64
-# numbers, tpl/include/required/fail, error messages, kubeVersion).
-if GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS='' "$GO" test ./tools/render >"$WORK/gotest.log" 2>&1; then
-  ok "tools/render tests"
+# The renderer: Helm's own engine (helm-python-sdk), tools/helm/render.py.
+RENDER=("$PY" tools/helm/render.py)
+# Its tests: it must refuse a bad template, a schema violation, a lint
+# warning (strict), a chart whose kubeVersion excludes the version given.
+# With them, the pure part of the pods play (play/pods.py: objects into
+# what podman runs; play/play.sh itself runs in ./dmuon test after the image).
+if "$PY" -m pytest -q -p no:cacheprovider tools/helm play/pods_test.py >"$WORK/pytest.log" 2>&1; then
+  ok "tools/helm and play/pods.py tests ($(tail -1 "$WORK/pytest.log"))"
 else
-  bad "tools/render tests:"
-  sed 's/^/      /' "$WORK/gotest.log"
+  bad "tools/helm and play/pods.py tests:"
+  sed 's/^/      /' "$WORK/pytest.log"
 fi
 
 # The validators' own tests: each check must reject a hand-made manifest
@@ -137,44 +100,64 @@ else
   sed 's/^/      /' "$WORK/pytest.log"
 fi
 
-# ---------------------------------------------------------------- 1. good profiles
-# Renderer flags from a profile's "# flags: ..." line.
+# ---------------------------------------------------------------- 1, 2. render
+# Every profile is one line of one render.py --batch run (Helm's library
+# loads once): the good profiles into $OUT, the bad ones to /dev/null.
+# Renderer flags come from a profile's "# flags: ..." line.
 flags_of() { sed -n 's/^# flags: //p' "$1" | head -1; }
-
-rendered=()
-for f in "$CHART"/ci/*.yaml examples/values-*.yaml; do
+good=("$CHART"/ci/*.yaml examples/values-*.yaml)
+bads=("$CHART"/ci/bad/*.yaml)
+JOBS=$WORK/jobs
+mkdir -p "$JOBS"
+job=0
+for f in "${good[@]}" "${bads[@]}"; do
+  job=$((job + 1))
   name=$(basename "$f" .yaml)
   [[ $f == examples/* ]] && name=example-$name
-  # shellcheck disable=SC2046
-  if "$RENDER" "$CHART" --strict --kube-version "v$KUBE_VERSION.0" -f "$f" $(flags_of "$f") \
-    -o "$OUT/$name.yaml" --notes "$OUT/$name.NOTES.txt" 2>"$WORK/err"; then
+  to=(-o "$OUT/$name.yaml" --notes "$OUT/$name.NOTES.txt")
+  [[ $f == */ci/bad/* ]] && to=(-o /dev/null)
+  printf '%q ' "$CHART" --kube-version "v$KUBE_VERSION.0" -f "$f" "${to[@]}"
+  printf '%s\n' "$(flags_of "$f")"
+done >"$WORK/jobs.txt"
+if ! "${RENDER[@]}" --batch "$JOBS" <"$WORK/jobs.txt" >"$WORK/batch.log" 2>&1; then
+  bad "render.py --batch:"
+  sed 's/^/      /' "$WORK/batch.log"
+fi
+rc_of() { cat "$JOBS/$1.rc" 2>/dev/null || echo missing; }
+
+rendered=()
+job=0
+for f in "${good[@]}"; do
+  job=$((job + 1))
+  name=$(basename "$f" .yaml)
+  [[ $f == examples/* ]] && name=example-$name
+  if [[ $(rc_of $job) == 0 ]]; then
     n=$(grep -c '^---$' "$OUT/$name.yaml" || true)
     ok "render $f ($n objects)"
     rendered+=("$OUT/$name.yaml")
     ((VERBOSE)) && echo "      -> $OUT/$name.yaml"
   else
     bad "render $f:"
-    sed 's/^/      /' "$WORK/err"
+    sed 's/^/      /' "$JOBS/$job.err"
   fi
 done
 
-# ---------------------------------------------------------------- 2. bad profiles
-for f in "$CHART"/ci/bad/*.yaml; do
+for f in "${bads[@]}"; do
+  job=$((job + 1))
   mapfile -t expects < <(sed -n 's/^# expect: //p' "$f")
   if ((${#expects[@]} == 0)); then
     bad "$f has no '# expect: <message>' line"
     continue
   fi
-  # shellcheck disable=SC2046
-  if "$RENDER" "$CHART" --kube-version "v$KUBE_VERSION.0" -f "$f" $(flags_of "$f") -o /dev/null 2>"$WORK/err"; then
+  if [[ $(rc_of $job) == 0 ]]; then
     bad "$f rendered, but must fail with: ${expects[0]}"
     continue
   fi
   miss=()
-  for e in "${expects[@]}"; do grep -qF -- "$e" "$WORK/err" || miss+=("$e"); done
+  for e in "${expects[@]}"; do grep -qF -- "$e" "$JOBS/$job.err" || miss+=("$e"); done
   if ((${#miss[@]})); then
     bad "$f failed for another reason than '${miss[0]}':"
-    sed 's/^/      /' "$WORK/err"
+    sed 's/^/      /' "$JOBS/$job.err"
   else
     ok "rejects $(basename "$f"): ${expects[0]}"
   fi

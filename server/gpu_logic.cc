@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "server/fallbacks.h"
 
 namespace dmuon::server {
 
@@ -80,6 +81,7 @@ Fault ClassifyFault(const absl::Status& status) {
       return Fault::kNone;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kFailedPrecondition:
       return Fault::kInput;
     case absl::StatusCode::kResourceExhausted:
       return Fault::kOutOfMemory;
@@ -152,6 +154,14 @@ absl::Status GraphFallback::Run(
   const Fault fault = ClassifyFault(st);
   if (fault == Fault::kInput || fault == Fault::kOutOfMemory) return st;
   if (absl::Status r = recover(); !r.ok()) return r;
+  if (strict_) {
+    return StrictRefusal(
+        kFallbackGraphEager,
+        absl::StrCat(what, ": a CUDA graph failed for ", key, " (",
+                     st.message(), ") and this batch would run eagerly"),
+        "the batch is failed and nothing was computed eagerly (the executor "
+        "stays in service); fix the cause the message names");
+  }
   if (absl::Status eager = launch(false); !eager.ok()) return eager;
   const std::string cause = GraphFailureCause(st);
   bool first = false;
@@ -167,7 +177,8 @@ absl::Status GraphFallback::Run(
                       "plan run eagerly from now on (slower; the executor "
                       "stays in service). Later plans that fail for this "
                       "cause fall back without this warning; Status and "
-                      "/metrics count them (graph_fallbacks)."));
+                      "/metrics count them (graph_fallbacks, and "
+                      "dmuon_fallbacks_total{kind=\"graph_eager\"})."));
   }
   return absl::OkStatus();
 }

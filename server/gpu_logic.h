@@ -41,7 +41,9 @@ absl::StatusOr<std::vector<int>> ResolveCudaDevices(const DeviceSpec& spec,
 enum class Fault {
   kNone,  // OK
   // INVALID_ARGUMENT: the input; UNIMPLEMENTED: a shape no cuBLASLt
-  // algorithm takes (kernels/cuda/lt_matmul.h): the batch, not the device.
+  // algorithm takes (kernels/cuda/lt_matmul.h); FAILED_PRECONDITION: a
+  // fallback that --strict refused (fallbacks.h; no CUDA error maps to it,
+  // base/cuda_status.h): the batch, not the device.
   kInput,
   kOutOfMemory,  // RESOURCE_EXHAUSTED: unhealthy until a batch succeeds
   kDevice,       // anything else from CUDA: unhealthy for good
@@ -80,9 +82,16 @@ std::vector<int64_t> SplitBatch(int64_t n, int64_t max_launch);
 // process setting that refuses capture or instantiation); that must not take
 // the executor out of service. One GraphFallback per executor decides, per
 // plan key (GraphKey), whether launches use graphs. Thread-safe.
+//
+// strict (dmuond --strict): the eager retry is refused instead. After a
+// graph failure that is not an input error or out of memory, `recover` runs
+// and Run returns FAILED_PRECONDITION naming the fallback kind graph_eager
+// (fallbacks.h), the key and the cause; nothing runs eagerly, nothing is
+// counted, and the key keeps trying graphs.
 class GraphFallback {
  public:
-  explicit GraphFallback(bool use_graphs) : enabled_(use_graphs) {}
+  explicit GraphFallback(bool use_graphs, bool strict = false)
+      : enabled_(use_graphs), strict_(strict) {}
 
   // Whether launches of `key` replay graphs now.
   bool use_graphs(const std::string& key) const;
@@ -111,6 +120,7 @@ class GraphFallback {
 
  private:
   const bool enabled_;
+  const bool strict_;
   mutable absl::Mutex mu_;  // not held while `launch` or `recover` runs
   std::set<std::string> eager_ ABSL_GUARDED_BY(mu_);  // keys that fell back
   // Causes already warned about.

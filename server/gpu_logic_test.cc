@@ -197,6 +197,30 @@ TEST(GraphFallback, EagerFailureInputErrorsAndOutOfMemoryAreReturned) {
   EXPECT_TRUE(g.use_graphs(k));
 }
 
+TEST(GraphFallback, StrictRefusesTheEagerRetryAndLeavesTheDeviceHealthy) {
+  GraphFallback g(true, /*strict=*/true);
+  FakeLaunch f;
+  const std::string k = GraphKey(64, 96, 4, "direct");
+  const absl::Status st = f.Run(g, k);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  for (const char* part : {"--strict", "'graph_eager'", "cuda:0",
+                           "cudaErrorStreamCaptureInvalidated"})
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << ": " << st;
+  EXPECT_NE(st.message().find(k), std::string::npos) << st;
+  // Recovered, nothing computed eagerly, nothing counted or warned, and
+  // the key keeps its graphs (the next batch tries them again).
+  EXPECT_EQ(f.recovers, 1);
+  EXPECT_EQ(f.eager_calls, 0);
+  EXPECT_EQ(g.fallbacks(), 0u);
+  EXPECT_TRUE(f.warnings.empty());
+  EXPECT_TRUE(g.use_graphs(k));
+  // The refusal is the batch's fault, not the device's.
+  EXPECT_EQ(ClassifyFault(st), Fault::kInput);
+  Health h;
+  h.Record(st);
+  EXPECT_TRUE(h.healthy());
+}
+
 TEST(GraphFallback, DisabledGraphsAndSuccessNeverRetry) {
   GraphFallback off(false);
   FakeLaunch f;

@@ -36,6 +36,7 @@ OptimizerService::OptimizerService(ServiceOptions options,
       scheduler_(std::move(scheduler)),
       metrics_(metrics != nullptr ? metrics : NoMetrics()),
       started_(std::chrono::steady_clock::now()),
+      fallbacks_(options_.strict, options_.fallback_logged),
       snapshots_(
           options_.state_dir,
           [m = metrics_](double seconds) { m->Snapshot(seconds); },
@@ -47,12 +48,13 @@ OptimizerService::OptimizerService(ServiceOptions options,
       pipeline_(std::make_unique<StepPipeline>(
           PipelineContext{options_.skip_nonfinite, options_.max_message_bytes,
                           options_.snapshot_every, scheduler_.get(),
-                          &snapshots_, metrics_, &stats_})) {
+                          &snapshots_, metrics_, &stats_, &fallbacks_})) {
   if (!options_.autotune_cache.empty()) {
     autotuner_ = std::make_unique<kernels::Autotuner>(options_.autotune_cache);
   }
   // The destructor removes the source before the service goes away.
   metrics_->SetExecutorSource([this] { return ExecutorStatsWithLoad(); });
+  metrics_->SetFallbackSource([this] { return Fallbacks(); });
   if (options_.attach_timeout_seconds > 0) {
     attach_reaper_.Start(
         [this] { return ExpireUnattached(std::chrono::steady_clock::now()); });
@@ -65,6 +67,7 @@ OptimizerService::~OptimizerService() {
   attach_reaper_.Stop();
   scheduler_->Shutdown();
   metrics_->SetExecutorSource(nullptr);
+  metrics_->SetFallbackSource(nullptr);
   std::vector<std::unique_ptr<transport::Region>> gpu;
   {
     absl::MutexLock lock(&mu_);

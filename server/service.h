@@ -35,6 +35,7 @@
 #include "proto/dmuon.pb.h"
 #include "server/deadline_thread.h"
 #include "server/device_transport.h"
+#include "server/fallbacks.h"
 #include "server/limits.h"
 #include "server/principal.h"
 #include "server/read_budget.h"
@@ -133,6 +134,13 @@ struct ServiceOptions {
   // GPU transports (cuda_ipc, nccl); null on a CPU daemon. Sessions use them
   // only when every executor reads device memory (CUDA executors).
   std::shared_ptr<DeviceTransports> device_transports;
+  // dmuond --strict: refuse the fallbacks of fallbacks.h instead of taking
+  // them (each kind says what refusing means).
+  bool strict = false;
+  // Each fallback kind's first occurrence in this process, with its reason,
+  // for the daemon to log once; may be empty. Called with none of the
+  // service's locks held.
+  FallbackCounter::Log fallback_logged;
   // Test-only (empty in dmuond): called in the middle of each piece of
   // heavy per-job work, with none of the service's locks held, naming the
   // job and the work: "momentum" once OpenSession made a new job (its
@@ -294,6 +302,9 @@ class OptimizerService {
   // (Both as one call, for tests: server/testing/state_streams.h.)
 
   v1::StatusResponse Status() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Every daemon fallback kind's count (fallbacks.h): the service's own and
+  // the executors' CUDA-graph fallbacks (graph_eager), summed.
+  std::map<std::string, uint64_t> Fallbacks() const;
   // Refuses new sessions from now on; returns the sessions still open.
   int Drain() ABSL_LOCKS_EXCLUDED(mu_);
   // Accepts new sessions again (after Drain).
@@ -434,6 +445,11 @@ class OptimizerService {
   // Without a lock: makes the admitted new job (tuned with `tuned`, tuning
   // here when it is empty; planned; momentum allocated and zero-filled, or
   // the snapshot's moved in).
+  // Before BuildJob: a new job about to be planned around unhealthy
+  // executors takes the fallback unhealthy_executor (counted; --strict:
+  // refused, FAILED_PRECONDITION, and no job is made).
+  absl::Status TakeUnhealthyFallback(const std::string& job_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void BuildJob(const v1::OpenSessionRequest& req, const Table& table,
                 std::optional<Tuned>& tuned, OpenAdmission* a)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -532,6 +548,7 @@ class OptimizerService {
   std::unique_ptr<kernels::Autotuner> autotuner_;
   ServiceMetrics* const metrics_;  // never null: NoServiceMetrics at least
   const std::chrono::steady_clock::time_point started_;
+  FallbackCounter fallbacks_;  // its lock is a leaf
   // --state-dir's files. Its lock is held for a whole write, never with
   // another: snapshots are copied under a job's lock and written after.
   // (SnapshotStore::Replace, an OpenSession with resume=replace, takes it

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,11 @@ class ServiceMetrics {
   // never touches them; null detaches the source. Thread-safe.
   virtual void SetExecutorSource(
       std::function<std::vector<ExecutorStats>()> stats) = 0;
+  // Every fallback kind's count (fallbacks.h, OptimizerService::Fallbacks),
+  // read when the metrics are exported; null detaches the source.
+  // Thread-safe.
+  virtual void SetFallbackSource(
+      std::function<std::map<std::string, uint64_t>()> /*counts*/) {}
 };
 
 // Observes nothing (a test double may override what it watches).

@@ -14,6 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "planner/planner.h"
 #include "server/job.h"
 #include "server/resume_step.h"
@@ -218,7 +219,10 @@ absl::Status OptimizerService::MakeSession(
     std::optional<Tuned>& tuned, std::vector<ShardMap> shards,
     transport::Layout layout, OpenAdmission* a, std::shared_ptr<Session>* s,
     v1::OpenSessionResponse* resp) {
-  if (a->created) BuildJob(req, table, tuned, a);
+  if (a->created) {
+    if (auto st = TakeUnhealthyFallback(req.job_id()); !st.ok()) return st;
+    BuildJob(req, table, tuned, a);
+  }
   const std::string& id = req.job_id();
   if (CompletesJob(a->ranks, req.rank())) {
     if (options_.heavy_work_hook) options_.heavy_work_hook(id, "cover");
@@ -249,6 +253,23 @@ absl::Status OptimizerService::MakeSession(
       return st;
     }
   }
+}
+
+absl::Status OptimizerService::TakeUnhealthyFallback(
+    const std::string& job_id) {
+  const std::vector<int> ok = scheduler_->Healthy();
+  if (ok.empty() || static_cast<int>(ok.size()) == scheduler_->executors())
+    return absl::OkStatus();  // none lost, or none left: planned on all
+  std::vector<std::string> lost;
+  for (const ExecutorStats& e : scheduler_->Stats())
+    if (!e.healthy) lost.push_back(e.device + " (" + e.last_error + ")");
+  return fallbacks_.Take(
+      kFallbackUnhealthyExecutor,
+      absl::StrCat("new job '", job_id, "' planned on ", ok.size(), " of ",
+                   scheduler_->executors(), " executors, around the unhealthy ",
+                   absl::StrJoin(lost, ", ")),
+      "no job was made; replace the device and restart dmuond, or open the "
+      "job on another daemon");
 }
 
 void OptimizerService::BuildJob(const v1::OpenSessionRequest& req,

@@ -249,6 +249,9 @@ TEST(Rewind, TwoRanksRedoneStepIsExactlyTheEditedOne) {
       ASSERT_TRUE(p.Rewind(1, 2).ok());
       ASSERT_TRUE(ask.Join().ok());
     }
+    // Two steps rewound by two ranks each: the fallback "rewind" counted
+    // once per step rewound, not per rank (server/fallbacks.h).
+    EXPECT_EQ(p.svc->Status().fallbacks().at("rewind"), 2u) << t;
     EXPECT_EQ(p.Step(2, g[3]), want2) << t;
     EXPECT_EQ(p.Momentum(), want_m2) << t;
     EXPECT_EQ(p.Step(3, g[2]), want3) << t;
@@ -296,6 +299,7 @@ TEST(Rewind, TwoRanksDisagreeingIsAnErrorAndTheJobIsUntouched) {
     EXPECT_EQ(held, st);
     EXPECT_EQ(p.Completed(), 1);
     EXPECT_EQ(p.Momentum(), m1);
+    EXPECT_EQ(p.svc->Status().fallbacks().at("rewind"), 0u);  // none took place
     EXPECT_EQ(p.svc->Status().sessions(0).step(), 2);
   }
 }

@@ -144,7 +144,15 @@ v1::StatusResponse OptimizerService::Status() const {
     x->set_measured_step_seconds(e.measured_step_seconds);
   }
   stats_.Fill(&r);
+  for (const auto& [kind, n] : Fallbacks()) (*r.mutable_fallbacks())[kind] = n;
   return r;
+}
+
+std::map<std::string, uint64_t> OptimizerService::Fallbacks() const {
+  std::map<std::string, uint64_t> counts = fallbacks_.Counts();
+  for (const ExecutorStats& e : scheduler_->Stats())
+    counts[std::string(kFallbackGraphEager)] += e.graph_fallbacks;
+  return counts;
 }
 
 }  // namespace dmuon::server

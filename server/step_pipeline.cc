@@ -154,11 +154,26 @@ absl::Status StepPipeline::OnRewind(Session& s, Job& job, const v1::Rewind& r,
                      r.step(), " of job '", job.id(),
                      "' is refused (its state as of that step is ", "kept)"));
   }
-  if (job.world_size() == 1) return job.Rewind(r.step());
-  // Several ranks: the step is undone once every rank asked; this rank
-  // waits for that (its next messages, the redo, stay unread).
-  if (auto e = job.AskRewind(s.rank(), r.step()); !e.ok()) return e;
-  return job.AwaitRewind(s, r.step());
+  absl::Status st;
+  if (job.world_size() == 1) {
+    st = job.Rewind(r.step());
+  } else {
+    // Several ranks: the step is undone once every rank asked; this rank
+    // waits for that (its next messages, the redo, stay unread).
+    st = job.AskRewind(s.rank(), r.step());
+    if (st.ok()) st = job.AwaitRewind(s, r.step());
+  }
+  // One count per step rewound: every rank's round ends alike, rank 0's
+  // counts it. (A client's request: --strict never refuses it.)
+  if (st.ok() && s.rank() == 0 && ctx_.fallbacks != nullptr) {
+    ctx_.fallbacks->Add(
+        kFallbackRewind,
+        absl::StrCat("job '", job.id(), "' rewound its completed step ",
+                     r.step(),
+                     " (computed again: gradients edited after "
+                     "their hand-off, a second backward, or a voided step)"));
+  }
+  return st;
 }
 
 absl::Status StepPipeline::OnGradientChunk(Session& s, Job& job,

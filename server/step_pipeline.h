@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "proto/dmuon.pb.h"
 #include "server/ack_gate.h"
+#include "server/fallbacks.h"
 #include "server/job.h"
 #include "server/scheduler.h"
 #include "server/service_metrics.h"
@@ -46,8 +47,9 @@ struct PipelineContext {
   int snapshot_every = 0;          // ServiceOptions::snapshot_every
   Scheduler* scheduler = nullptr;  // runs the parameters' steps
   SnapshotStore* snapshots = nullptr;
-  ServiceMetrics* metrics = nullptr;  // never null (NoServiceMetrics)
-  StepStats* stats = nullptr;         // latencies and errors by code
+  ServiceMetrics* metrics = nullptr;     // never null (NoServiceMetrics)
+  StepStats* stats = nullptr;            // latencies and errors by code
+  FallbackCounter* fallbacks = nullptr;  // rewinds counted (fallbacks.h)
 };
 
 class StepPipeline {

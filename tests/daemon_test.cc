@@ -6,6 +6,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -125,6 +126,27 @@ TEST(Daemon, HealthStatusMetricsAndDrain) {
   EXPECT_EQ(code, 1);
   auto refused = Rank(d, "k", 0, 1, "shm", 1, Seed(), {"--expect=draining"});
   EXPECT_EQ(refused->Wait(30), 3);
+}
+
+// --cpu-threads=0 means the cores dmuond may use, not the machine's: pinned
+// to one core (taskset, a cpuset), it runs one OpenBLAS thread instead of
+// one per core of the node fighting over that core.
+TEST(Daemon, DefaultThreadsFollowTheAffinityMask) {
+  cpu_set_t saved, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &saved)) ++first;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  Daemon d;  // inherits the one-core mask
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+  std::string log;
+  for (int i = 0; i < 500 && log.find("serving on") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    log = d.log();
+  }
+  EXPECT_NE(log.find(", 1 OpenBLAS threads,"), std::string::npos) << log;
 }
 
 TEST(Daemon, PrometheusMetrics) {

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   using dmuon::server::testing::FakeTransports;
   dmuon::server::GpuSupport gpu;
   gpu.executors = [](const std::string& devices, bool bf16_momentum,
-                     std::string* why)
+                     bool strict, std::string* why)
       -> absl::StatusOr<std::vector<std::unique_ptr<dmuon::server::Executor>>> {
     if (bf16_momentum) {
       return absl::InvalidArgumentError(
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
         spec->ordinals.empty() ? 2 : static_cast<int>(spec->ordinals.size());
     std::vector<std::unique_ptr<dmuon::server::Executor>> ex;
     for (int i = 0; i < n; ++i) {
-      auto e = std::make_unique<FakeDeviceExecutor>(i);
+      auto e = std::make_unique<FakeDeviceExecutor>(i, true, strict);
       e->capacity_bytes = absl::GetFlag(FLAGS_fake_device_memory);
       ex.push_back(std::move(e));
     }

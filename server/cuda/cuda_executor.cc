@@ -36,7 +36,7 @@ class CudaExecutor final : public Executor {
       : device_(device),
         name_(absl::StrCat("cuda:", device)),
         options_(options),
-        graphs_(options.use_graphs),
+        graphs_(options.use_graphs, options.strict),
         ctx_(std::move(ctx)),
         stream_(static_cast<cudaStream_t>(ctx_->stream())) {
     cudaDeviceProp prop{};

@@ -54,7 +54,10 @@ namespace dmuon::server {
 struct CudaExecutorOptions {
   bool bf16_momentum = false;  // see the header comment: changes the numbers
   bool use_graphs = true;      // replay each NS plan as a CUDA graph
-  int max_launch = 16;         // most matrices per NS launch (power of two)
+  // dmuond --strict: a failed CUDA graph fails its batch instead of running
+  // it eagerly (gpu_logic.h GraphFallback).
+  bool strict = false;
+  int max_launch = 16;  // most matrices per NS launch (power of two)
   // Cap on the device bytes of cached NS plans (kernels::cuda::
   // ContextOptions; 0: a quarter of the GPU's memory). Plans are referenced
   // by the jobs of the batches that use them and freed when DropJob

@@ -49,13 +49,15 @@ struct Daemon {
   std::vector<P> table = kTable;
   std::function<void(int rank, v1::OpenSessionRequest*)> edit;
 
-  // keeps_step_start: the fake executors' (FakeDeviceExecutor).
+  // keeps_step_start: the fake executors' (FakeDeviceExecutor); their
+  // strict mode is o.strict's (dmuond --strict gives it to both).
   Daemon(bool device, ServiceOptions o = {}, int executors = 2,
          ServiceMetrics* metrics = nullptr, bool keeps_step_start = true) {
     std::vector<std::unique_ptr<Executor>> ex;
     for (int i = 0; i < executors; ++i) {
       if (device) {
-        auto f = std::make_unique<FakeDeviceExecutor>(i, keeps_step_start);
+        auto f =
+            std::make_unique<FakeDeviceExecutor>(i, keeps_step_start, o.strict);
         fakes.push_back(f.get());
         ex.push_back(std::move(f));
       } else {

@@ -67,10 +67,13 @@ class FakeDeviceExecutor : public Executor {
  public:
   // keeps_step_start: as the CUDA executor, a copy of each task's state
   // from before its Compute (executor.h); false: none (rollbacks refused).
-  explicit FakeDeviceExecutor(int i, bool keeps_step_start = true)
+  // strict: dmuond --strict (a failed graph fails the batch).
+  explicit FakeDeviceExecutor(int i, bool keeps_step_start = true,
+                              bool strict = false)
       : cpu_(NewCpuExecutor(i, 1)),
         name_("fake:" + std::to_string(i)),
-        keeps_step_start_(keeps_step_start) {}
+        keeps_step_start_(keeps_step_start),
+        graphs_(true, strict) {}
   std::string device() const override { return name_; }
   bool holds_state() const override { return true; }
   bool keeps_step_start() const override { return keeps_step_start_; }
@@ -262,7 +265,7 @@ class FakeDeviceExecutor : public Executor {
   const std::string name_;
   const bool keeps_step_start_;
   Health health_;
-  GraphFallback graphs_{true};
+  GraphFallback graphs_;
   absl::Mutex mu_;
   std::map<StateKey, std::vector<float>> state_ ABSL_GUARDED_BY(mu_);
   // By key: its state before its last Compute (keeps_step_start_).

@@ -61,6 +61,19 @@ class RecordingMetrics : public ServiceMetrics {
     source_ = std::move(stats);
   }
 
+  void SetFallbackSource(
+      std::function<std::map<std::string, uint64_t>()> counts) override {
+    absl::MutexLock lock(&source_mu_);
+    fallback_source_ = std::move(counts);
+  }
+  // The fallback counts an exporter would read now; empty when no source
+  // is attached.
+  std::map<std::string, uint64_t> Fallbacks() const {
+    absl::MutexLock lock(&source_mu_);
+    return fallback_source_ ? fallback_source_()
+                            : std::map<std::string, uint64_t>{};
+  }
+
   // The executor statistics an exporter would read now; empty when no
   // source is attached.
   std::vector<ExecutorStats> Executors() const {
@@ -120,6 +133,8 @@ class RecordingMetrics : public ServiceMetrics {
   // service reports gauges while holding them.
   mutable absl::Mutex source_mu_;
   std::function<std::vector<ExecutorStats>()> source_
+      ABSL_GUARDED_BY(source_mu_);
+  std::function<std::map<std::string, uint64_t>()> fallback_source_
       ABSL_GUARDED_BY(source_mu_);
 };
 

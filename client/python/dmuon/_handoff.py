@@ -32,7 +32,8 @@ import warnings
 import numpy as np
 import torch
 
-from . import _dcp, _ddp, _dtensor, _durability, _errors, _groups, _native, _parts, _routing, _wiring
+from . import (_dcp, _ddp, _dtensor, _durability, _errors, _fallbacks, _groups, _native,
+               _parts, _routing, _wiring)
 from ._recovery import deferred_sigint
 
 
@@ -41,7 +42,7 @@ class Handoff:
     docstring)."""
 
     def __init__(self, table, groups, link, recovery, *, ddp, module, server, overlap,
-                 overlap_forward):
+                 overlap_forward, strict=False):
         self.table, self.groups, self.link, self.recovery = table, groups, link, recovery
         self.ddp, self.overlap, self.overlap_forward = ddp, overlap, bool(overlap_forward)
         # The model its hooks go on (DDP's module), or None; the daemon asked
@@ -56,6 +57,10 @@ class Handoff:
                       "last_step_seconds": 0.0, "handoff_seconds": 0.0,
                       "redone_steps": 0, "rewound_steps": 0}
         self.durability = _durability.Durability(self.stats)
+        # stats["fallbacks"]; strict: raise instead (_fallbacks.py). The link
+        # tells it of a private daemon and of host staging as it opens.
+        self.fallbacks = _fallbacks.Fallbacks(self.stats, strict)
+        link.fallback = self.fallbacks.take
         self.hooks = _wiring.Hooks(self)
         self.lock = threading.Lock()  # a GPU send and its declaration go together
         self.accumulating = False  # no_sync()
@@ -164,6 +169,11 @@ class Handoff:
             # untouched) and the gradients are handed off again as they are
             # now; the rest of this step, and the next (plan_next_handoff),
             # hand off at step(), so that such a loop rewinds once.
+            self.fallbacks.take(
+                "rewind", f"{r.name} got a second gradient for step "
+                f"{self.link.session.step} after the first was handed to dmuond (a "
+                "second backward before step()): dmuond's step is rewound and "
+                "computed again from the gradients at step()")
             self.defer_handoff = True
             self.rewind()
             return  # handed off at step(), from .grad as it is then
@@ -323,6 +333,10 @@ class Handoff:
                 "transports dmuond cannot redo a step: pass overlap_options="
                 "OverlapOptions(backward=False) so that gradients leave at step(), "
                 "after your edits")
+        self.fallbacks.take(
+            "redo", f"the gradient (or momentum) of {names}{more} changed after it "
+            f"was handed to dmuond for step {self.link.session.step}: dmuond's step "
+            "is rewound and computed again, not overlapped with backward")
         self.rewind()
         for j, r in enumerate(self.table.muon):
             self.hand_off(j, _routing.grad(r))

@@ -163,6 +163,15 @@ RESUME_MODES = {False: "fresh", "fresh": "fresh", True: "continue",
                 "continue": "continue", "replace": "replace", "auto": "auto"}
 
 
+def strict_mode(value: Any) -> bool:
+    """DMuon's strict= (dmuon/_fallbacks.py): a bool, else a TypeError, as
+    torch.optim checks its flags' types (1 is not True here: a typo such as
+    strict="false" must not turn strict mode on)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"DMuon: strict must be a bool, but got {type(value).__name__}")
+    return value
+
+
 def resume_mode(value: Any) -> str | int:
     """Client.open_session's resume for DMuon's resume= (DaemonOptions.resume):
     a mode, or a completed step (an int >= 1) to continue from exactly; a

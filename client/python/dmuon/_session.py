@@ -109,15 +109,24 @@ def plan_pool(client, table, groups):
     return list(_ext.plan_pool(table, client.device_counts(), groups))
 
 
+def no_fallback(kind, reason, warn=True):
+    """open_session's `fallback` when none is given: takes it silently."""
+
+
 def _open(client, address, job_id, table, groups, rank, world, transport, device,
-          owner=None, resume="auto"):
+          owner=None, resume="auto", fallback=no_fallback):
     """(session, GPU region or None, why host staging was chosen or None).
 
     CUDA tensors (device) use a GPU transport (_gpu.choose: cuda_ipc on this
     host, nccl elsewhere); with transport="auto" a daemon that offers none
     (a CPU dmuond answers UNIMPLEMENTED) gets the tensors staged through host
-    memory instead, and the reason is returned for the routing table."""
+    memory instead, and the reason is returned for the routing table. That
+    staging is the fallback "host_staging" (_fallbacks.py): `fallback(kind,
+    reason, warn)` is told before the host session opens (in strict mode it
+    raises; its warning is warn_cuda_staged's)."""
     def host(kind, note=None):  # a host transport (shm/inline, or auto)
+        if note is not None:
+            fallback("host_staging", note, warn=False)
         return client.open_session(job_id, table, groups, rank=rank, world_size=world,
                                    transport=kind, pool_owner=owner,
                                    resume=resume), None, note
@@ -179,15 +188,23 @@ def connect(address, timeout, connect_timeout, env):
 
 
 def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_flags,
-                 table, groups, device=None, resume="auto", connect_timeout=10.0):
+                 table, groups, device=None, resume="auto", connect_timeout=10.0,
+                 fallback=no_fallback):
     """Returns (session, GPU region or None, staging note or None, private
     daemon or None, address, job id, pool owner or None). device: the Muon
     parameters' CUDA device, or None (CPU tensors, or tensors on several
     devices). A pool (server a list of addresses): the daemon of each
     parameter, which rank 0 plans and every rank passes as pool_owner.
     resume: Client.open_session's ("fresh", "continue", "replace", "auto"),
-    the same on every rank."""
+    the same on every rank. fallback(kind, reason, warn): told of each
+    fallback before it is taken (_fallbacks.Fallbacks.take: counts, warns,
+    or raises in strict mode): "private_daemon" on every rank, before any
+    collective (every rank reads the same $DMUON_SERVER), "host_staging"."""
     env = os.environ.get(ENV, "") if server == "auto" else ""
+    if server == "auto" and not env:
+        fallback("private_daemon", f"${ENV} is not set, so DaemonOptions(server="
+                 "'auto') starts a private dmuond on rank 0's host, computing on "
+                 "the cores the trainers leave free")
     wait = float(min(connect_timeout, timeout))  # for a daemon that should be up
     if env:
         # Rank 0 resolves it; the others get rank 0's answer (the broadcast
@@ -236,7 +253,8 @@ def open_session(pg, rank, world, server, job_id, timeout, transport, daemon_fla
                 client = connect(address, timeout,
                                  float(timeout) if daemon is not None else wait, env)
             session, region, note = _open(client, address, job_id, table, groups, rank,
-                                          world, transport, device, owner, resume)
+                                          world, transport, device, owner, resume,
+                                          fallback)
         except Exception as e:  # noqa: BLE001 - reported on every rank
             err = e
     elif err is None:
@@ -334,6 +352,7 @@ class Link:
         self.connect_timeout = connect_timeout
         self.session = self.region = self.staging = self.daemon = None
         self.address = self.job_id = self.pool_owner = None
+        self.fallback = no_fallback  # the owner's Fallbacks.take
         self.grad = self.upd = None
         self._finalizer = None
 
@@ -345,7 +364,7 @@ class Link:
             self.pg, self.rank, self.world, server, job_id, self.timeout, self.asked,
             flags, list(table.table), list(table.specs),
             cuda_device(table.muon, self.asked), resume=resume,
-            connect_timeout=self.connect_timeout)
+            connect_timeout=self.connect_timeout, fallback=self.fallback)
         if self.daemon is None:
             self.daemon = daemon
         self.session = session

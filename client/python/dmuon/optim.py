@@ -84,8 +84,13 @@ class DMuon(torch.optim.Optimizer):
     the same products, and dmuond's kernels make that choice themselves),
     method ("direct", "gram", "auto"), the option groups below (dmuon/
     _options.py has each field), process_group (the ranks of one job;
-    default: torch.distributed's world) and verbose (print every
-    parameter's route).
+    default: torch.distributed's world), verbose (print every
+    parameter's route) and strict (below).
+    strict: raise instead of taking any fallback, a path slower than or
+    other than the one asked for (a RuntimeError naming it and what to
+    change; dmuon/_fallbacks.py lists them: host_staging, private_daemon,
+    redo, rewind). Without it each is taken, warned once and counted in
+    stats["fallbacks"].
     adamw_options: AdamWOptions(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
     weight_decay=0.01), the AdamW half's hyperparameters (torch.optim.AdamW's
     names and defaults).
@@ -137,11 +142,12 @@ class DMuon(torch.optim.Optimizer):
         overlap_options: OverlapOptions | None = None,
         process_group: ProcessGroup | None = None,
         verbose: bool = False,
+        strict: bool = False,
     ) -> None:
         aw, dd, ro, oo = _options.grouped(
             dict(adamw_options=adamw_options, daemon_options=daemon_options,
                  routing_options=routing_options, overlap_options=overlap_options))
-        resume = _options.resume_mode(dd.resume)
+        resume, strict = _options.resume_mode(dd.resume), _options.strict_mode(strict)
         _groups.check_hyperparameters(lr, weight_decay, momentum, use_addmm, adjust_lr_fn)
         hyper = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                      ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
@@ -164,7 +170,7 @@ class DMuon(torch.optim.Optimizer):
         table = layout.table(routes, group_of, self.param_groups, link.world)
         self._handoff = Handoff(table, self.param_groups, link, Recovery(resume),
                                 ddp=layout.ddp, module=layout.module, server=dd.server,
-                                overlap=oo.backward, overlap_forward=oo.forward)
+                                overlap=oo.backward, overlap_forward=oo.forward, strict=strict)
         self.stats = self._handoff.stats
         if table.muon:
             self._handoff.open(dd.job_id, dd.flags, resume)

@@ -44,7 +44,8 @@ def test_signature_is_torch_muons_then_the_option_groups():
         assert ours[name].default == torch_muon[name].default or name == "ns_coefficients"
     keyword = [n for n, p in ours.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert keyword == ["use_addmm", "method", "adamw_options", "daemon_options",
-                       "routing_options", "overlap_options", "process_group", "verbose"]
+                       "routing_options", "overlap_options", "process_group", "verbose",
+                       "strict"]
     assert len(ours) <= 20
     lines, _ = inspect.getsourcelines(DMuon.__init__)
     assert len(lines) < 60
