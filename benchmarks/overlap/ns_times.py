@@ -1,0 +1,91 @@
+"""The daemon's side of the critical-path bound: Newton-Schulz time per
+matrix shape with dmuond's own CPU kernels (the extension's orthogonalize:
+kernels::Orthogonalize, the method the cost model picks, as dmuond's "auto"
+does), in a process pinned to one of the daemon's cores with one OpenBLAS
+thread, as each of dmuond's --cpu-executors runs (the bench gives the
+daemon one executor and one OpenBLAS thread per core).
+
+  python ns_times.py --cpus 1 --shapes '[[1152, 384], [384, 384]]' --out ns.json
+
+Writes {"seconds": {"1152x384": s, ...}, ...}: the median of --repeats calls
+on a fresh random fp32 matrix each, after one unmeasured call. Beside it,
+"torch_fp32_seconds": torch's own Newton-Schulz in fp32 (the client tests'
+oracle, what the muon-fp32 optimizer runs) on the same matrices, alternating
+with dmuond's call by call on the same core with one thread: how the
+daemon's kernels compare with the trainer's library on this CPU. The momentum
+and Nesterov blend dmuond also does per matrix (two passes over it) are left
+out: under 1 % of the Newton-Schulz time at these sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# torch.optim.Muon's defaults, which DMuon sends (char_gpt.MUON keeps them).
+NS = dict(steps=5, coefficients=(3.4445, -4.775, 2.0315), method="auto", eps=1e-7)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpus", required=True, help="the daemon's cores, e.g. 1")
+    ap.add_argument("--shapes", required=True, help="JSON list of [rows, cols]")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, HERE)
+    from trainer import parse_cpus, pin
+
+    cpus = parse_cpus(args.cpus, "--daemon-cpus")
+    pin(cpus[:1])  # one executor's core, one OpenBLAS thread (before it loads)
+    import numpy as np
+    import torch
+    from models import ROOT  # puts the dmuon package on the path
+
+    from dmuon import _dmuon
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
+    from torch_ref import fp32_newton_schulz
+
+    rng = np.random.default_rng(0)
+    seconds, torch_seconds = {}, {}
+    for rows, cols in json.loads(args.shapes):
+        ours, theirs = [], []
+        for r in range(args.repeats + 1):
+            g = rng.standard_normal((rows, cols), dtype=np.float32)
+            t0 = time.perf_counter()
+            _dmuon.orthogonalize(g, **NS)
+            t1 = time.perf_counter()
+            fp32_newton_schulz(torch.from_numpy(g), NS["coefficients"], NS["steps"], NS["eps"])
+            if r:
+                ours.append(t1 - t0)
+                theirs.append(time.perf_counter() - t1)
+        seconds[f"{rows}x{cols}"] = statistics.median(ours)
+        torch_seconds[f"{rows}x{cols}"] = statistics.median(theirs)
+    with open(args.out, "w") as f:
+        json.dump({"seconds": seconds, "torch_fp32_seconds": torch_seconds,
+                   "cpus": cpus[:1], "options": NS, "openblas_core": openblas_core()}, f)
+
+
+def openblas_core() -> str:
+    """The kernels OpenBLAS chose for this CPU (dmuond, started with the same
+    environment, chooses the same): DYNAMIC_ARCH builds detect the CPU at
+    load time, $OPENBLAS_CORETYPE overrides them."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")  # the one dmuon._dmuon loaded
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""One point of `./dmuon bench overlap`: a model and a number of tokens per
+step, every optimizer trained on the same trainer cores, the critical-path
+bound from the same point's measured layer and Newton-Schulz times, and the
+losses against fp32-NS torch.optim.Muon's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import bound
+import optimizers
+import processes
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every point shares: cores, steps."""
+
+    trainer_cpus: str  # as given (trainer.py parses it)
+    daemon_cpus: list[int]
+    warmup: int
+    steps: int
+    ns_repeats: int = 5
+
+    def daemon_cpus_text(self) -> str:
+        return ",".join(map(str, self.daemon_cpus))
+
+
+def _simulated_trainer(profile: dict, ns_seconds: dict) -> bound.Trainer:
+    tasks = [(m["segment"], ns_seconds["x".join(map(str, m["shape"]))])
+             for m in profile["matrices"]]
+    return bound.Trainer(profile["forward_s"], profile["backward_s"],
+                         profile["after_backward_s"], tasks)
+
+
+def _args(setup: Setup, model: str, tokens: int, **kw) -> list[str]:
+    return processes.trainer_args(model, tokens, setup.trainer_cpus, setup.warmup,
+                                  setup.steps, **kw)
+
+
+def _trainers(setup: Setup, model: str, tokens: int, kind: str, count: int) -> list[dict]:
+    """`count` trainers of `kind` at once (a daemon of their own for DMuon)."""
+    daemon = processes.start_daemon(setup.daemon_cpus) \
+        if kind in optimizers.DMUON_KINDS else None
+    try:
+        server = daemon.address if daemon else None
+        started = [processes.start("trainer.py", _args(setup, model, tokens, optimizer=kind,
+                                                       server=server))
+                   for _ in range(count)]
+        return [processes.wait(s, f"{model} {tokens} tokens, {kind}") for s in started]
+    finally:
+        if daemon:
+            daemon.stop()
+
+
+def _summary(run: dict) -> dict:
+    return {k: run[k] for k in ("iteration_ms", "periods_ms", "final_loss", "losses")}
+
+
+def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
+            pair_kinds: list[str] = (), log=print) -> dict:
+    """The point's figures (see benchmarks/README.md, "Overlap"). Its own
+    Newton-Schulz times, measured next to its runs (a load that changes
+    during a sweep changes both)."""
+    prof = processes.run_trainer(_args(setup, model, tokens, mode="profile"),
+                                 f"{model} {tokens} tokens, profile")
+    shapes = sorted({tuple(m["shape"]) for m in prof["matrices"]})
+    ns_run = processes.ns_times(setup.daemon_cpus_text(), [list(s) for s in shapes],
+                                setup.ns_repeats)
+    trainer = _simulated_trainer(prof, ns_run["seconds"])
+    ns_torch = sum(ns_run["torch_fp32_seconds"]["x".join(map(str, m["shape"]))]
+                   for m in prof["matrices"])
+    devices = len(setup.daemon_cpus)
+    one = bound.simulate([trainer], devices)
+    fb = sum(trainer.forward_s) + sum(trainer.backward_s)
+    ns = sum(s for _, s in trainer.tasks)
+    out = {
+        "model": model, "tokens": tokens,
+        "forward_backward_ms": 1000 * fb, "ns_ms": 1000 * ns, "ns_over_fb": ns / fb,
+        "after_backward_ms": 1000 * trainer.after_backward_s,
+        "profile_iteration_ms": prof["iteration_ms"],
+        "bound_ms": 1000 * one.iteration_s[0],
+        "profile": {k: prof[k] for k in ("forward_s", "backward_s", "after_backward_s",
+                                         "matrices")},
+        "ns_seconds": ns_run["seconds"],
+        "torch_fp32_ns_seconds": ns_run["torch_fp32_seconds"],
+        "torch_fp32_ns_ms": 1000 * ns_torch, "openblas_core": ns_run["openblas_core"],
+        "results": {},
+    }
+    log(f"{model}, {tokens} tokens/step: forward+backward {1000 * fb:.0f} ms, NS "
+        f"{1000 * ns:.0f} ms ({ns / fb:.2f}x; OpenBLAS {ns_run['openblas_core']}; "
+        f"torch's fp32 NS on that core {1000 * ns_torch:.0f} ms), bound "
+        f"{out['bound_ms']:.0f} ms (with free updates {1000 * trainer.work():.0f} ms; "
+        f"profiled {prof['iteration_ms']:.0f} ms)")
+    for kind in kinds:
+        run = _trainers(setup, model, tokens, kind, 1)[0]
+        out["results"][kind] = _summary(run)
+        log(f"  {optimizers.LABELS[kind]:<40} {run['iteration_ms']:7.0f} ms")
+    _ratios(out["results"], out["bound_ms"])
+    if pair_kinds:
+        out["pair"] = _pair(setup, model, tokens, pair_kinds, trainer, log)
+    return out
+
+
+def _pair(setup: Setup, model: str, tokens: int, kinds: list[str],
+          trainer: bound.Trainer, log) -> dict:
+    """Two trainers at once on the trainer cores, one dmuond: their
+    iterations, and the pair's bound (both simulated sharing the cores)."""
+    sim = bound.simulate([trainer, trainer], len(setup.daemon_cpus))
+    out = {"bound_ms": [1000 * s for s in sim.iteration_s], "results": {}}
+    log(f"  two trainers sharing the trainer cores and one daemon: bound "
+        f"{max(out['bound_ms']):.0f} ms each")
+    for kind in kinds:
+        runs = _trainers(setup, model, tokens, kind, 2)
+        out["results"][kind] = [_summary(r) for r in runs]
+        log(f"  2 x {optimizers.LABELS[kind]:<36} "
+            + " ".join(f"{r['iteration_ms']:7.0f}" for r in runs) + " ms")
+    return out
+
+
+def _ratios(results: dict, bound_ms: float) -> None:
+    """Each result's iteration against the bound and AdamW's; its final
+    loss against fp32-NS torch Muon's (relative)."""
+    adamw = results.get("adamw", {}).get("iteration_ms")
+    ref = results.get("muon-fp32", {}).get("final_loss")
+    for kind, r in results.items():
+        r["vs_bound"] = r["iteration_ms"] / bound_ms
+        if adamw:
+            r["vs_adamw"] = r["iteration_ms"] / adamw
+        if ref is not None and kind not in ("adamw", "muon-fp32"):
+            r["loss_rel_diff_vs_muon_fp32"] = abs(r["final_loss"] - ref) / abs(ref)

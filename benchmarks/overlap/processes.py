@@ -1,0 +1,107 @@
+"""The processes of `./dmuon bench overlap`: dmuond pinned to the daemon's
+cores, and trainer (trainer.py) and kernel-timing (ns_times.py) processes,
+each pinned to its cores by itself.
+
+dmuond gets one CPU executor and one OpenBLAS thread per core
+(--cpu-executors, --cpu-threads, OPENBLAS_NUM_THREADS) and is pinned by
+inheritance: this process sets its own affinity to the daemon's cores just
+for the fork, so every thread dmuond starts is there from its first
+instruction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@contextlib.contextmanager
+def _pinned(cpus: list[int], env: dict[str, str]):
+    """This process on `cpus` with `env` set, for a fork; restored after."""
+    saved_cpus = os.sched_getaffinity(0)
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.sched_setaffinity(0, cpus)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved_cpus)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def start_daemon(cpus: list[int]):
+    """A private dmuond (dmuon's LocalDaemon: 127.0.0.1, a free port, dies
+    with this process) on `cpus`; stop() it when done."""
+    from models import ROOT  # noqa: F401 (the dmuon package of this checkout)
+
+    from dmuon._daemon import LocalDaemon
+
+    n = str(len(cpus))
+    with _pinned(cpus, {"OPENBLAS_NUM_THREADS": n}):
+        daemon = LocalDaemon(flags=[f"--cpu-executors={n}", f"--cpu-threads={n}"])
+    allowed = thread_cpus(daemon.pid)
+    if not allowed <= set(cpus):
+        daemon.stop()
+        raise RuntimeError(f"dmuond runs threads on cores {sorted(allowed)}, not only on "
+                           f"--daemon-cpus {cpus}")
+    return daemon
+
+
+def thread_cpus(pid: int) -> set[int]:
+    """Every core some thread of process `pid` may run on."""
+    cpus: set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        cpus |= os.sched_getaffinity(int(tid))
+    return cpus
+
+
+def start(script: str, args: list[str]):
+    """benchmarks/overlap/`script` with `args` and --out, started and not
+    waited for (two trainers run at once); finish it with wait()."""
+    tmp = tempfile.TemporaryDirectory(prefix="overlap-")
+    out = os.path.join(tmp.name, "out.json")
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, script), *args,
+                             f"--out={out}"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, out, tmp
+
+
+def wait(started, what: str) -> dict:
+    """The JSON a process of start() wrote; its output's tail if it failed."""
+    proc, out, tmp = started
+    with tmp:
+        log, _ = proc.communicate()
+        if proc.returncode != 0:
+            tail = "\n".join(log.strip().splitlines()[-15:])
+            raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def trainer_args(model: str, tokens: int, cpus: str, warmup: int, steps: int,
+                 optimizer: str = "adamw", mode: str = "run",
+                 server: str | None = None) -> list[str]:
+    args = [f"--model={model}", f"--tokens={tokens}", f"--cpus={cpus}",
+            f"--warmup={warmup}", f"--steps={steps}", f"--optimizer={optimizer}",
+            f"--mode={mode}"]
+    return args + ([f"--server={server}"] if server else [])
+
+
+def run_trainer(args: list[str], what: str) -> dict:
+    return wait(start("trainer.py", args), what)
+
+
+def ns_times(cpus: str, shapes: list[list[int]], repeats: int) -> dict:
+    """Per-shape Newton-Schulz seconds on the daemon's cores (ns_times.py)."""
+    args = [f"--cpus={cpus}", f"--shapes={json.dumps(shapes)}", f"--repeats={repeats}"]
+    return wait(start("ns_times.py", args), "the Newton-Schulz timing")

@@ -1,0 +1,58 @@
+"""`./dmuon bench overlap` end to end on the smallest point (the demo's
+char-GPT, 64 tokens, one measured step): real pinned trainer processes, a
+real pinned dmuond, the profiling pass, the kernel timing, the bound, the
+JSON and the plot. Checks what the harness computes, never how fast
+anything is."""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bound import Trainer  # noqa: E402
+
+
+def test_smallest_point(tmp_path):
+    if len(os.sched_getaffinity(0)) < 2:
+        import pytest
+
+        pytest.skip("needs two cores: one for the trainer, one for dmuond")
+    t, d = sorted(os.sched_getaffinity(0))[:2]
+    out = tmp_path / "o.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "run.py"), "--models=char-gpt", "--tokens=64",
+         "--optimizers=muon-fp32,dmuon-forward", "--warmup=1", "--steps=1",
+         f"--trainer-cpus={t}", f"--daemon-cpus={d}", f"--out={out}"],
+        capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert res["trainer_cpus"] == [t] and res["daemon_cpus"] == [d]
+    assert res["git_revision"] and res["machine"]["cores"] >= 2
+    assert open(tmp_path / "o.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    (p,) = res["points"]
+    assert (p["model"], p["tokens"]) == ("char-gpt", 64)
+    # 4 blocks x (qkv, proj, fc, out), in forward order, each in its segment.
+    mats = p["profile"]["matrices"]
+    assert [m["name"].split(".")[-2] for m in mats] == ["qkv", "proj", "fc", "out"] * 4
+    assert [m["segment"] for m in mats] == list(range(1, 17))
+    assert len(p["profile"]["forward_s"]) == len(p["profile"]["backward_s"]) == 17
+    assert set(p["ns_seconds"]) == {"384x128", "128x128", "512x128", "128x512"}
+    # The bound is at least the trainer's work and the daemon's.
+    work = Trainer(p["profile"]["forward_s"], p["profile"]["backward_s"],
+                   p["profile"]["after_backward_s"]).work()
+    assert p["bound_ms"] >= 1000 * work - 1e-6 and p["bound_ms"] >= p["ns_ms"]
+    r = p["results"]
+    assert set(r) == {"muon-fp32", "dmuon-forward"}
+    for kind, x in r.items():
+        assert x["iteration_ms"] > 0 and len(x["periods_ms"]) == 1
+        assert x["vs_bound"] == x["iteration_ms"] / p["bound_ms"]
+        assert len(x["losses"]) == 3
+    # The same data and initial weights for everyone; DMuon's Muon is
+    # torch's (fp32) to rounding.
+    first = r["muon-fp32"]["losses"][0]
+    assert r["dmuon-forward"]["losses"][0] == first
+    assert r["dmuon-forward"]["loss_rel_diff_vs_muon_fp32"] < 1e-5
+    assert r["dmuon-forward"]["final_loss"] != first  # the updates were applied
