@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
 
     cpus = parse_cpus(args.cpus, "--daemon-cpus")
     pin(cpus[:1])  # one executor's core, one OpenBLAS thread (before it loads)
+    use_dmuonds_kernels()  # may start again, pinned: before OpenBLAS is used
     import numpy as np
     import torch
     from models import ROOT  # puts the dmuon package on the path
@@ -71,6 +72,32 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.out, "w") as f:
         json.dump({"seconds": seconds, "torch_fp32_seconds": torch_seconds,
                    "cpus": cpus[:1], "options": NS, "openblas_core": openblas_core()}, f)
+
+
+# OpenBLAS's generic x86 cores, and what dmuond asks for instead on a CPU
+# that runs better ones (kernels/blas_core.h, BetterBlasCore: the rule this
+# mirrors, so that the kernels timed here are the daemon's).
+_GENERIC = {"katmai", "coppermine", "northwood", "prescott", "banias", "core2",
+            "penryn", "dunnington", "nehalem", "atom", "sandybridge"}
+
+
+def use_dmuonds_kernels() -> None:
+    """Starts this process again with the OPENBLAS_CORETYPE dmuond would set
+    (it does so itself when OpenBLAS picks generic kernels for a CPU model it
+    does not know); an OPENBLAS_CORETYPE already set stands, as there."""
+    if os.environ.get("OPENBLAS_CORETYPE") or openblas_core().lower() not in _GENERIC:
+        return
+    with open("/proc/cpuinfo") as f:
+        flags = set(next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), []))
+    if {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= flags:
+        core = "SkylakeX"
+    elif {"avx2", "fma"} <= flags:
+        core = "Haswell"
+    else:
+        return
+    os.environ["OPENBLAS_CORETYPE"] = core
+    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
 def openblas_core() -> str:
