@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from containers import STATE, Dmuond, Registry, podman
+from containers import STATE, Dmuond, Registry, podman, run_labels
 from dmuon import AdamWOptions, DaemonOptions
 from dmuon.optim import DMuon
 from helpers import MLP, loss_of, mlp_batch, rel_err, train
@@ -57,7 +57,7 @@ def test_labels_and_user(which: str, request: pytest.FixtureRequest, root: Path)
     labels, user, entrypoint = info.strip().split("\t")
     labels = json.loads(labels)
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+                          text=True, check=True, timeout=30).stdout.strip()
     assert labels["org.opencontainers.image.version"] == _version(root)
     assert labels["org.opencontainers.image.revision"].split("-")[0] == head, labels
     assert labels["org.opencontainers.image.source"], labels
@@ -81,17 +81,17 @@ echo "libraries: $(ls /opt/dmuon/lib | wc -l) bundled, $(ls /usr/share/doc/dmuon
 def test_ldd_inside_the_image(which: str, request: pytest.FixtureRequest) -> None:
     ref = request.getfixturevalue(which)
     # /tmp is a tmpfs: the root file system stays read-only.
-    r = podman("run", "--rm", "--network=host", "--read-only", "--tmpfs", "/tmp",
-               "--entrypoint", "sh", ref, "-c", LDD, check=False)
+    r = podman("run", "--rm", *run_labels(), "--network=host", "--read-only", "--tmpfs", "/tmp",
+               "--entrypoint", "sh", ref, "-c", LDD, check=False, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "libraries:" in r.stdout
 
 
-def test_push_and_pull_through_a_registry(image: str, tmp_path: Path) -> None:
+def test_push_and_pull_through_a_registry(image: str, image_ref: str, tmp_path: Path) -> None:
     """deploy/README.md's push, against a real registry on loopback: the
     image pulled back is the image pushed (the same image id)."""
     registry = Registry(tmp_path / "registry")
-    target = f"{registry.address}/dmuon/dmuond:{image.rsplit(':', 1)[1]}"
+    target = f"{registry.address}/dmuon/dmuond:{image_ref.rsplit(':', 1)[1]}"
     try:
         podman("push", "--quiet", "--tls-verify=false", image, target, timeout=300)
         podman("pull", "--quiet", "--tls-verify=false", target, timeout=300)
@@ -99,7 +99,7 @@ def test_push_and_pull_through_a_registry(image: str, tmp_path: Path) -> None:
                for ref in (image, target)]
         assert ids[0] == ids[1], ids
     finally:
-        podman("rmi", target, check=False)
+        podman("rmi", target, check=False, timeout=60)
         registry.close()
 
 
@@ -183,7 +183,7 @@ def test_sigterm_snapshots_and_a_new_container_resumes(image: str, tmp_path: Pat
 
 
 def test_cuda_image_names_the_missing_gpu(cuda_image: str) -> None:
-    r = podman("run", "--rm", "--network=host", "--read-only", cuda_image,
+    r = podman("run", "--rm", *run_labels(), "--network=host", "--read-only", cuda_image,
                "--listen=127.0.0.1:0", "--devices=cuda", check=False, timeout=60)
     out = r.stdout + r.stderr
     assert r.returncode == 2, out
