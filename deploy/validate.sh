@@ -24,7 +24,9 @@
 #  5. checks the Dockerfile (COPY sources and Bazel targets exist) and parses
 #     every dmuond/dmuonctl command line of the chart and the Dockerfile with
 #     the real binaries when they are built (bazel-bin/daemon/, or $DMUOND and
-#     $DMUONCTL), else reports that part as skipped (tools/validate/flags.py).
+#     $DMUONCTL), else reports that part as skipped (tools/validate/flags.py);
+#     runs ./dmuon with only what the Dockerfile copies before its
+#     `RUN ./dmuon setup` (tools/validate/setup_context.py).
 # Everything runs on the project's Python environment (.venv, made by
 # `./dmuon setup` from python/requirements.lock: helm-python-sdk,
 # kubernetes-validate, jsonschema, yamllint, PyYAML, pytest).

@@ -12,7 +12,9 @@
 # and a call finds it and returns at once; a changed recipe makes a new one.
 # --rebuild makes it again (say, for Debian's security updates). The
 # versions installed are listed in <containers cache>/base-<hash>.packages.
-# Needs root (debootstrap). Last line printed: the image reference.
+# Needs root (debootstrap). Two calls at once (two checkouts) make it once:
+# the second waits on a lock in the containers cache and finds it made.
+# Last line printed: the image reference.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=deploy/image/lib.sh
@@ -27,9 +29,25 @@ INCLUDE=()
 key=$(sha256sum "$HERE/make-base.sh" | cut -c1-12)
 ref=localhost/dmuon-base:$SUITE-$key
 log() { printf 'make-base: %s\n' "$*" >&2; }
+rebuild=0
+while (($#)); do
+  case $1 in
+    --rebuild) rebuild=1 ;;
+    *) log "error: unknown argument '$1' (usage: make-base.sh [--rebuild])"; exit 2 ;;
+  esac
+  shift
+done
 
 podman_ info >/dev/null || { log "error: podman does not work (above)"; exit 1; }
-if [[ ${1:-} != --rebuild ]] && podman_ image exists "$ref"; then
+if ((!rebuild)) && podman_ image exists "$ref"; then
+  echo "$ref"
+  exit 0
+fi
+# One maker at a time; one that waited finds the image made.
+mkdir -p "$(containers_cache)"
+exec 9>"$(containers_cache)/base.lock"
+flock 9
+if ((!rebuild)) && podman_ image exists "$ref"; then
   echo "$ref"
   exit 0
 fi

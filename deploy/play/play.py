@@ -34,6 +34,7 @@ model, and "play: N passed, M failed, K skipped"; exit status 1 on a failure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import socket
@@ -67,6 +68,9 @@ STARTUP_CAP_S = 60.0  # the startup probe's budget here, whatever the chart allo
 TRAINER_BIN = "/opt/dmuon/linear_trainer"
 # Pod names are podman-global: a run of another checkout must not collide.
 RUN_ID = uuid.uuid4().hex[:8]
+# play.sh's run id: every pod carries dmuon.run=<it>, and play.sh removes
+# them all on exit, also when this process is killed.
+RUN_LABEL = os.environ.get("DMUON_RUN_ID", f"play-{RUN_ID}")
 TOKENS = {"operator": "play-operator-token", "trainer": "play-trainer-token"}
 
 
@@ -93,10 +97,14 @@ def podman(*args: str, check: bool = False, timeout: float = 120) -> subprocess.
     return subprocess.run(["podman", *args], capture_output=True, text=True, check=check, timeout=timeout)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: every socket is held until all are chosen (one
+    released at once could be chosen again)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def machine_values(image: str) -> dict[str, Any]:
@@ -202,6 +210,7 @@ def play(rep: Report, label: str, objects: list[dict], work: Path,
     """kube play the objects, run `then(pod, ip)`, always take them down."""
     file = work / f"{label.replace(' ', '-')}.yaml"
     pod = next(o for o in objects if o["kind"] == "Pod")
+    pod["metadata"].setdefault("labels", {})["dmuon.run"] = RUN_LABEL
     # Downward API fields podman refuses, filled as the kubelet would.
     pods.fill_field_refs(pod, {"spec.nodeName": socket.gethostname(), "metadata.namespace": "default"})
     secret_dirs(pod, secrets or {}, work)
@@ -245,7 +254,7 @@ def tls_profile(rep: Report, image: str, work: Path, _trainer: Path) -> None:
     """mTLS + role tokens, exec probes (dmuonctl with a client certificate),
     host network on free ports."""
     label = "play tls-exec-probes"
-    grpc_port, metrics_port = free_port(), free_port()
+    grpc_port, metrics_port = free_ports(2)
     extra = pods.deep_merge(machine_values(image), {"ports": {"grpc": grpc_port, "metrics": metrics_port}})
     objs = rendered("tls-exec-probes", extra)
     play_objs, left = pods.split(objs, f"dmuond-play-tls-{RUN_ID}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def _ssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
 def _issue(d: Path, name: str, subject: str, ext: str) -> None:

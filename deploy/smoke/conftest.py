@@ -1,5 +1,6 @@
 """Fixtures of the image smoke test: the images under test ($DMUON_IMAGE,
-$DMUON_CUDA_IMAGE: references `./dmuon image` printed; smoke.sh sets them),
+$DMUON_CUDA_IMAGE: the ids of the images `./dmuon image` printed, and
+$DMUON_IMAGE_REF, the CPU image's reference; smoke.sh sets them),
 the import paths of the dmuon package and of the client tests' oracle
 helpers (client/python/tests: helpers.py, torch_ref.py), which this test
 reuses rather than copies."""
@@ -27,6 +28,13 @@ def _image(var: str) -> str:
 def image() -> str:
     """The CPU image (localhost/dmuond:...)."""
     return _image("DMUON_IMAGE")
+
+
+@pytest.fixture(scope="session")
+def image_ref() -> str:
+    """The CPU image's reference (localhost/dmuond:<version>-<hash>); the
+    tests run `image`, its id, which another checkout's build cannot move."""
+    return _image("DMUON_IMAGE_REF")
 
 
 @pytest.fixture(scope="session")

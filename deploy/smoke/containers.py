@@ -46,6 +46,13 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
                           check=check, timeout=timeout)
 
 
+def run_labels() -> list[str]:
+    """`--label dmuon.run=<id>` of this run (smoke.sh exports $DMUON_RUN_ID
+    and removes every container with it on exit); none when unset."""
+    run_id = os.environ.get("DMUON_RUN_ID")
+    return ["--label", f"dmuon.run={run_id}"] if run_id else []
+
+
 def owned_dir(path: Path) -> Path:
     """`path` made and handed to the image's user (it runs as uid 65532)."""
     path.mkdir(parents=True, exist_ok=True)
@@ -69,9 +76,13 @@ class Dmuond:
         if state is not None:
             mounts += ["-v", f"{owned_dir(state)}:{STATE}"]
             args.append(f"--state-dir={STATE}")
-        podman("run", "-d", "--name", self.name, "--network=host", "--ipc=host",
+        podman("run", "-d", "--name", self.name, *run_labels(), "--network=host", "--ipc=host",
                "--read-only", *mounts, image, *args)
-        self.port = self._wait_port(port_file)
+        try:
+            self.port = self._wait_port(port_file)
+        except BaseException:  # no container left running behind a failed start
+            self.remove()
+            raise
         self.address = f"127.0.0.1:{self.port}"
 
     def _wait_port(self, port_file: Path, timeout: float = 60.0) -> int:
@@ -86,10 +97,10 @@ class Dmuond:
         raise RuntimeError(f"container {self.name} wrote no port in {timeout} s:\n{self.logs()}")
 
     def state(self) -> str:
-        return podman("inspect", "--format", "{{.State.Status}}", self.name).stdout.strip()
+        return podman("inspect", "--format", "{{.State.Status}}", self.name, timeout=60).stdout.strip()
 
     def logs(self) -> str:
-        r = podman("logs", self.name, check=False)
+        r = podman("logs", self.name, check=False, timeout=60)
         return r.stdout + r.stderr
 
     def stop(self, grace: int = 30) -> int:
@@ -98,7 +109,7 @@ class Dmuond:
         return int(podman("inspect", "--format", "{{.State.ExitCode}}", self.name).stdout)
 
     def remove(self) -> None:
-        podman("rm", "-f", self.name, check=False)
+        podman("rm", "-f", self.name, check=False, timeout=60)
 
 
 REGISTRY_CONFIG = """version: 0.1
@@ -114,30 +125,46 @@ class Registry:
     """docker-registry serving on 127.0.0.1 (plain HTTP), its storage in
     `root`; `close()` stops it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, tries: int = 3) -> None:
         binary = shutil.which("docker-registry")
         if binary is None:
             raise RuntimeError("docker-registry is not installed: run ./dmuon setup")
-        with socket.socket() as s:  # a free port; the registry cannot report one
+        root.mkdir(parents=True, exist_ok=True)
+        self.log = root / "registry.log"
+        # The registry cannot report a port it chose: a free one is picked
+        # and released, and another process may bind it first; the
+        # registry then exits at once, and is tried again on another port.
+        for attempt in range(1, tries + 1):
+            self._start(binary, root)
+            why = self._wait()
+            if why is None:
+                return
+            self.close()
+            if attempt == tries or "address already in use" not in why:
+                raise RuntimeError(f"docker-registry did not serve on {self.address} "
+                                   f"(try {attempt} of {tries}):\n{why}")
+
+    def _start(self, binary: str, root: Path) -> None:
+        with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        root.mkdir(parents=True, exist_ok=True)
         config = root / "config.yml"
         config.write_text(REGISTRY_CONFIG.format(root=root / "storage", port=self.port))
-        self.log = root / "registry.log"
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen([binary, "serve", str(config)], stdout=log,
                                             stderr=subprocess.STDOUT)
         self.address = f"127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
+
+    def _wait(self, timeout: float = 30) -> str | None:
+        """None once it serves; its log when it exited or timed out."""
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2).close()
-                return
+                return None
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.close()
-                    raise RuntimeError(f"docker-registry did not serve:\n{self.log.read_text()}")
+                    return self.log.read_text()
                 time.sleep(0.1)
 
     def close(self) -> None:

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # deploy/smoke/smoke.sh: the image smoke test that `./dmuon test` runs.
-# Builds the images (`./dmuon image`'s deploy/image/build.sh: cached, seconds
+# Builds the images (`./dmuon image all`, as a user runs it: cached, seconds
 # when nothing changed), the host's dmuonctl and the Python extension, then
-# runs test_image.py (pytest, the project's .venv) against them.
+# runs test_image.py (pytest, the project's .venv) against them, by image id
+# ($DMUON_IMAGE, $DMUON_CUDA_IMAGE; the references in $DMUON_IMAGE_REF,
+# $DMUON_CUDA_IMAGE_REF).
 #
-# When podman cannot run a container at all (not installed, or the kernel or
-# sandbox refuses it), the suite is reported as skipped with podman's reason,
-# never passed. Last line: "image: N passed, M failed, K skipped"; exit
-# status 1 on a failure.
+# When podman cannot run a container at all (the kernel or sandbox refuses
+# it), the suite is reported as skipped with podman's reason, never passed;
+# podman missing, or any skip under $CI, is a failure (lib.sh's
+# require_podman). Every container it starts carries the label
+# dmuon.run=<this run>, and all are removed on exit, also when a step fails
+# or the run is interrupted. Last line: "image: N passed, M failed, K
+# skipped"; exit status 1 on a failure.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -16,32 +21,30 @@ source "$ROOT/deploy/image/lib.sh"
 summary() { echo "image: $1 passed, $2 failed, $3 skipped"; }
 fail() { echo "FAIL  image: $*"; summary 0 1 0; exit 1; }
 
-skip_all() {
-  echo "skip  image: podman cannot run a container here: ${1##*$'\n'}"
-  summary 0 0 1
-  exit 0
-}
-# Can podman run anything? First podman itself, then the base image (made by
-# debootstrap, no registry), the smallest thing to run; making the base is
-# the project's own work: its failure is a failure, not a skip.
-[[ -f $(containers_conf) ]] || fail "no $(containers_conf): run ./dmuon setup"
-why=$(podman_ info 2>&1 >/dev/null) || skip_all "$why"
-base=$("$ROOT/deploy/image/make-base.sh" | tail -n 1) || fail "making the base image failed"
-if ! why=$(podman_ run --rm --network=host "$base" true 2>&1); then
-  skip_all "$why"
-fi
+require_podman image
+start_run smoke dmuon-smoke-
 
-refs=$("$ROOT/deploy/image/build.sh" all) || fail "./dmuon image failed"
-export DMUON_IMAGE DMUON_CUDA_IMAGE
-DMUON_IMAGE=$(tail -n 1 <<<"$refs")
-DMUON_CUDA_IMAGE=$(grep '/dmuond-cuda:' <<<"$refs" || true)
+# `./dmuon image` itself, as deploy/README.md shows it; its last line is the
+# CPU image's reference.
+refs=$("$ROOT/dmuon" image all) || fail "./dmuon image failed"
+ref=$(tail -n 1 <<<"$refs")
+[[ $ref =~ ^localhost/dmuond: ]] || fail "./dmuon image's last line is '$ref', not localhost/dmuond:..."
+cuda_ref=$(grep '^localhost/dmuond-cuda:' <<<"$refs" || true)
+# The tests run the images by id: a run at another commit may relabel (move)
+# or prune these tags meanwhile; an id stays what was built here.
+image_id() { podman_within 60 image inspect --format '{{.Id}}' "$1"; }
+export DMUON_IMAGE DMUON_IMAGE_REF=$ref DMUON_CUDA_IMAGE="" DMUON_CUDA_IMAGE_REF=$cuda_ref
+DMUON_IMAGE=$(image_id "$ref") || fail "no image $ref after ./dmuon image"
+if [[ -n $cuda_ref ]]; then
+  DMUON_CUDA_IMAGE=$(image_id "$cuda_ref") || fail "no image $cuda_ref after ./dmuon image"
+fi
 out=$(cd "$ROOT" && bazel build //daemon:dmuonctl //client/python:_dmuon.so 2>&1) || {
   printf '%s\n' "$out"
   fail "building dmuonctl and the Python extension failed"
 }
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+RUN_TEMP+=("$log")
 CONTAINERS_CONF=$(containers_conf) "$ROOT/.venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
   "$HERE" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks that the command lines the chart and the Dockerfile give dmuond and
 dmuonctl parse, and that what the Dockerfile copies and builds exists
-(deploy/validate.sh, step 5).
+(deploy/validate.sh, step 5), and that `./dmuon setup` runs with only what
+the Dockerfile copies before it (setup_context.py).
 
     .venv/bin/python deploy/tools/validate/flags.py --root REPO [--dockerfile FILE]
         [--dmuond BIN] [--dmuonctl BIN] RENDERED...
@@ -37,6 +38,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from manifests import as_dict, as_list, is_sidecar_snippet, load_documents, load_one  # noqa: E402
+from setup_context import check_setup_context  # noqa: E402
 
 PROGRAMS = ("dmuond", "dmuonctl")
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
@@ -243,6 +245,18 @@ def check_program(program: str, binary: str | None, lines: CommandLines, report:
             report.say("ok", f"{program} knows every flag {where} passes it ({n})")
 
 
+def check_setup_step(root: Path, dockerfile: Path, shown: str, report: Report) -> None:
+    """The build stage's `RUN ./dmuon setup` in the context it has there."""
+    try:
+        problems, what = check_setup_context(root, dockerfile_instructions(dockerfile.read_text(encoding="utf-8")))
+    except OSError as e:
+        problems, what = [str(e)], ""
+    if problems:
+        report.say("FAIL", f"{shown}: the setup step's context", problems)
+    elif what.startswith("./dmuon"):
+        report.say("ok", f"{shown}: {what}")
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, required=True, help="repository root (the image's build context)")
@@ -268,6 +282,7 @@ def main(argv: list[str]) -> int:
         else:
             report.say("ok", f"{shown}: COPY sources and Bazel targets exist, "
                              "ENTRYPOINT/CMD/HEALTHCHECK in exec form")
+        check_setup_step(args.root, args.dockerfile, shown, report)
     for program in PROGRAMS:
         check_program(program, getattr(args, program), lines, report)
     c = report.counts

@@ -128,3 +128,29 @@ ENTRYPOINT dmuond --listen=0.0.0.0:1
         "  Bazel target //daemon:dmuonctl is not defined in daemon/BUILD",
         "  Bazel package //tools has no BUILD file",
     ]
+
+
+SETUP_DOCKERFILE = """FROM debian:12 AS build
+WORKDIR /src
+COPY dmuon /src/dmuon
+RUN ./dmuon setup --no-venv && rm -rf /var/lib/apt/lists/*
+ENTRYPOINT ["dmuond"]
+"""
+
+
+def test_setup_step_runs_with_only_what_is_copied(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`./dmuon` copied alone must run; one that sources a file the
+    Dockerfile copies later must fail the check, naming the step."""
+    good = (Path(__file__).resolve().parents[3] / "dmuon").read_text(encoding="utf-8")
+    (repo / "dmuon").write_text(good, encoding="utf-8")
+    rc, out = run(repo, capsys, [], SETUP_DOCKERFILE)
+    assert rc == 0, out
+    assert any("./dmuon runs (help, setup's arguments) with only dmuon copied" in line for line in out), out
+    (repo / "lib.sh").write_text("true\n", encoding="utf-8")
+    bad = good.replace("\nlog() {", '\nsource "$ROOT/lib.sh"\nlog() {', 1)
+    assert bad != good
+    (repo / "dmuon").write_text(bad, encoding="utf-8")
+    rc, out = run(repo, capsys, [], SETUP_DOCKERFILE)
+    assert rc == 1
+    assert any(line.startswith("FAIL Dockerfile: the setup step's context") for line in out), out
+    assert any("lib.sh: No such file or directory" in line for line in out), out
