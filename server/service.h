@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/protocol.h"
+#include "base/trace.h"
 #include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
 #include "server/deadline_thread.h"
@@ -133,6 +134,10 @@ struct ServiceOptions {
   // GPU transports (cuda_ipc, nccl); null on a CPU daemon. Sessions use them
   // only when every executor reads device memory (CUDA executors).
   std::shared_ptr<DeviceTransports> device_transports;
+  // The step timeline (server/step_trace.h; null: none); outlives the
+  // service. Recorded only while started (dmuond's --trace-file, or a
+  // Trace RPC's window).
+  TraceRecorder* trace = nullptr;
   // Test-only (empty in dmuond): called in the middle of each piece of
   // heavy per-job work, with none of the service's locks held, naming the
   // job and the work: "momentum" once OpenSession made a new job (its
