@@ -159,26 +159,27 @@ std::vector<TraceEvent> TraceRecorder::TakeEvents() {
 }
 
 std::string TraceRecorder::TakeEventsJson(int pid, bool metadata) {
-  std::string out;
-  auto add = [&out](const std::string& json) {
+  std::string out = metadata ? MetadataJson(pid) : std::string();
+  for (const TraceEvent& e : TakeEvents()) {
     if (!out.empty()) out += ",\n";
-    out += json;
-  };
-  if (metadata) {
-    add(Dump(Metadata("process_name", pid, 0, process_name_)));
-    std::vector<std::shared_ptr<ThreadBuffer>> threads;
-    {
-      absl::MutexLock lock(&mu_);
-      threads = threads_;
-    }
-    for (auto& t : threads) {
-      absl::MutexLock lock(&t->mu);
-      const std::string name =
-          t->name.empty() ? "thread " + std::to_string(t->tid) : t->name;
-      add(Dump(Metadata("thread_name", pid, t->tid, name)));
-    }
+    out += TraceEventJson(e, pid);
   }
-  for (const TraceEvent& e : TakeEvents()) add(TraceEventJson(e, pid));
+  return out;
+}
+
+std::string TraceRecorder::MetadataJson(int pid) {
+  std::string out = Dump(Metadata("process_name", pid, 0, process_name_));
+  std::vector<std::shared_ptr<ThreadBuffer>> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    threads = threads_;
+  }
+  for (auto& t : threads) {
+    absl::MutexLock lock(&t->mu);
+    const std::string name =
+        t->name.empty() ? "thread " + std::to_string(t->tid) : t->name;
+    out += ",\n" + Dump(Metadata("thread_name", pid, t->tid, name));
+  }
   return out;
 }
 

@@ -6,7 +6,7 @@
 //   const int64_t t0 = TraceNowNs();
 //   ...work...
 //   trace.Complete("gather", "step", t0, TraceNowNs(), {{"param", 3}});
-//   std::string events = trace.TakeEventsJson();     // buffers emptied
+//   std::string events = trace.TakeEventsJson(getpid(), false);  // emptied
 //
 // Clock: every timestamp is CLOCK_MONOTONIC in nanoseconds (TraceNowNs),
 // the clock Python's time.monotonic_ns reads on Linux, so a trainer's and
@@ -104,8 +104,12 @@ class TraceRecorder {
   std::vector<TraceEvent> TakeEvents();
   // TakeEvents as comma-separated JSON trace events (no brackets; empty
   // when there were none), preceded by the process and thread name metadata
-  // events when `metadata`. `pid`: the process id the events carry.
+  // events (MetadataJson) when `metadata`. `pid`: the process id the events
+  // carry.
   std::string TakeEventsJson(int pid, bool metadata);
+  // The process's and every thread's name as comma-separated metadata
+  // events ("ph": "M"); nothing is taken.
+  std::string MetadataJson(int pid);
   // A whole trace file: {"traceEvents": [...], "otherData": {...}} of the
   // events taken now (TakeEventsJson(pid, true)).
   std::string TakeFileJson(int pid);

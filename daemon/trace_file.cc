@@ -24,7 +24,8 @@ absl::StatusOr<std::unique_ptr<TraceFile>> TraceFile::Open(
   }
   std::unique_ptr<TraceFile> t(new TraceFile(path, f, trace));
   std::fputs("{\"traceEvents\":[\n", f);
-  std::fflush(f);
+  t->footer_at_ = std::ftell(f);
+  t->Flush(/*always=*/true);  // a whole (empty) trace from the start
   trace->Start();
   t->thread_ =
       std::thread([p = t.get(), flush_every] { p->Loop(flush_every); });
@@ -41,13 +42,24 @@ void TraceFile::Loop(std::chrono::milliseconds every) {
   while (!cv_.wait_for(l, every, [this] { return closing_; })) Flush(false);
 }
 
-void TraceFile::Flush(bool metadata) {
-  const std::string events = trace_->TakeEventsJson(pid_, metadata);
-  if (events.empty()) return;
-  if (wrote_event_) std::fputs(",\n", file_);
-  std::fputs(events.c_str(), file_);
-  wrote_event_ = true;
-  if (std::fflush(file_) != 0) write_failed_ = true;
+void TraceFile::Flush(bool always) {
+  const std::string events = trace_->TakeEventsJson(pid_, /*metadata=*/false);
+  if (events.empty() && !always) return;
+  std::fseek(file_, footer_at_, SEEK_SET);
+  if (!events.empty()) {
+    if (wrote_event_) std::fputs(",\n", file_);
+    std::fputs(events.c_str(), file_);
+    wrote_event_ = true;
+    footer_at_ = std::ftell(file_);
+  }
+  const std::string footer =
+      absl::StrCat(wrote_event_ ? ",\n" : "", trace_->MetadataJson(pid_),
+                   "\n],\n\"otherData\":", trace_->OtherDataJson(), "}\n");
+  std::fputs(footer.c_str(), file_);
+  if (std::fflush(file_) != 0 ||
+      ftruncate(fileno(file_), std::ftell(file_)) != 0) {
+    write_failed_ = true;
+  }
 }
 
 absl::Status TraceFile::Close() {
@@ -60,11 +72,7 @@ absl::Status TraceFile::Close() {
   if (thread_.joinable()) thread_.join();
   trace_->Stop();
   std::lock_guard<std::mutex> l(mu_);
-  Flush(/*metadata=*/true);
-  std::fputs(
-      absl::StrCat("\n],\n\"otherData\":", trace_->OtherDataJson(), "}\n")
-          .c_str(),
-      file_);
+  Flush(/*always=*/true);
   const bool failed = std::fclose(file_) != 0 || write_failed_;
   file_ = nullptr;
   if (failed) {

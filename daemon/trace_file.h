@@ -1,14 +1,15 @@
 // dmuond --trace-file: the daemon's step timeline (server/step_trace.h)
 // streamed to a Chrome trace-event JSON file while the daemon runs.
 //
-// Open truncates the file, writes the head of the "traceEvents" array and
-// starts the recorder; a thread appends what was recorded every
-// `flush_every` (so the recorder's per-thread buffers hold one interval's
-// events, and tracing can stay on for a daemon's life); Close appends the
-// rest, the thread names and the "otherData" footer (the clock, the wall
-// minus monotonic offset, the dropped-event count). A daemon killed before
-// Close leaves an array without its end, which the merge
-// (python -m dmuon.trace merge) still reads.
+// Open truncates the file and starts the recorder; a thread appends what
+// was recorded every `flush_every` (so the recorder's per-thread buffers
+// hold one interval's events, and tracing can stay on for a daemon's life),
+// and Close the rest. Each write goes where the previous one's footer began
+// and ends with the footer again (the thread names, and "otherData": the
+// clock, the wall minus monotonic offset, the dropped-event count), so the
+// file is a whole trace after every flush, readable while dmuond runs or
+// after it was killed. (The merge, python -m dmuon.trace merge, reads a
+// file cut mid-write too.)
 
 #ifndef DMUON_DAEMON_TRACE_FILE_H_
 #define DMUON_DAEMON_TRACE_FILE_H_
@@ -45,14 +46,16 @@ class TraceFile {
  private:
   TraceFile(std::string path, std::FILE* f, TraceRecorder* trace);
   void Loop(std::chrono::milliseconds every);
-  // Appends the recorder's events (and the thread names when `metadata`).
-  void Flush(bool metadata);
+  // Appends the recorder's events (`always`: even when there are none) and
+  // rewrites the footer after them.
+  void Flush(bool always);
 
   const std::string path_;
   std::FILE* file_;
   TraceRecorder* const trace_;
   const int pid_;
   bool wrote_event_ = false;  // a comma goes before the next event
+  long footer_at_ = 0;        // the file offset where the footer begins
   bool write_failed_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
