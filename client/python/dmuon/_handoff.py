@@ -648,7 +648,11 @@ class Handoff:
         # Gradients edited after their hand-off (clipping, unscaling,
         # masking) are taken as they are now: exact, at the cost of
         # computing the step again (client/python/README.md).
+        t0_ns = time.monotonic_ns()
         edited = self.edited_after_handoff()
+        if self.trace is not None:
+            self.trace.complete("check edits", t0_ns, time.monotonic_ns(),
+                                {"step": session.step})
         # So is a momentum changed after its gradients' hand-off (a
         # scheduler stepped between backward and step()): redone with it.
         moved = self.momentum_moved()

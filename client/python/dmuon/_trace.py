@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -61,6 +62,7 @@ class Tracer:
         self._lock = threading.Lock()  # flushes
         self._footer_at = None  # the file offset where the footer begins
         self._wrote_event = False
+        self._written = None  # (thread names, dropped) the file's footer has
 
     # ------------------------------------------------------------ recording
     def _tid(self) -> int:
@@ -122,7 +124,10 @@ class Tracer:
     def flush(self) -> None:
         """Writes the pending events; the file is whole JSON afterwards."""
         with self._lock:
+            if not self._pending and self._written == (len(self._names), self.dropped):
+                return  # the file has it all
             events, self._pending = self._pending, []
+            self._written = (len(self._names), self.dropped)
             lines = [self._event_json(e) for e in events]
             if self._footer_at is None:
                 with open(self.path, "w") as f:
@@ -165,8 +170,16 @@ def from_env(rank: int = 0, world: int = 1) -> Tracer | None:
     if t is None:
         name = "trainer" if world <= 1 else f"trainer (rank {rank})"
         t = _tracers[path] = Tracer(path, f"{name} pid {os.getpid()}")
-        atexit.register(t.flush)
+        atexit.register(_flush_at_exit, t)
     return t
+
+
+def _flush_at_exit(t: Tracer) -> None:
+    try:
+        t.flush()
+    except OSError as e:  # its directory went away: not the exit's error
+        print(f"dmuon: DMUON_TRACE={t.path} could not be written at exit: {e}",
+              file=sys.stderr)
 
 
 def daemon_trace_path(path: str) -> str:
