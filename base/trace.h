@@ -81,6 +81,11 @@ class TraceRecorder {
   // recorded stays until a Take).
   void Start() { enabled_.store(true, std::memory_order_relaxed); }
   void Stop() { enabled_.store(false, std::memory_order_relaxed); }
+  // Start, unless recording already: false then (one window at a time).
+  bool TryStart() {
+    bool off = false;
+    return enabled_.compare_exchange_strong(off, true);
+  }
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
   // Appends `e` to the calling thread's buffer (its tid set here), or drops

@@ -303,6 +303,15 @@ class OptimizerService {
   int Drain() ABSL_LOCKS_EXCLUDED(mu_);
   // Accepts new sessions again (after Drain).
   void Undrain() ABSL_LOCKS_EXCLUDED(mu_);
+  // Records the step timeline (ServiceOptions::trace) for `seconds`, then
+  // returns it as one Chrome trace-event file (service_trace.cc; the Trace
+  // RPC). INVALID_ARGUMENT naming TraceRequest.seconds outside (0,
+  // kMaxTraceSeconds]; FAILED_PRECONDITION when it is recorded already
+  // (--trace-file, or another Trace) or there is no recorder. `cancelled`
+  // is polled: the caller went away (CANCELLED).
+  absl::StatusOr<std::string> CaptureTrace(
+      double seconds, const std::function<bool()>& cancelled);
+  static constexpr double kMaxTraceSeconds = 600;
   // Job id -> owner (principal.h) of every job, for the adapter to hide
   // other principals' job ids in Status.
   std::map<std::string, std::string> JobOwners() const ABSL_LOCKS_EXCLUDED(mu_);

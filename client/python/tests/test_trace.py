@@ -9,11 +9,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 import dmuon
+from dmuon import trace as trace_mod
 from dmuon.optim import DMuon
 from helpers import TinyLM, lm_batch, loss_of
 
@@ -131,8 +133,7 @@ def test_merge_reads_a_file_cut_short(tmp_path):
     cut = whole[:whole.index('"e4"') + 3]  # inside the last event
     path = tmp_path / "cut.json"
     path.write_text(cut)
-    from dmuon import trace
-    doc = trace.load(str(path))
+    doc = trace_mod.load(str(path))
     assert [e["name"] for e in doc["traceEvents"]] == ["e0", "e1", "e2", "e3"]
 
 
@@ -140,3 +141,64 @@ def test_unwritable_trace_file_is_an_error_naming_the_flag(tmp_path):
     bad = tmp_path / "no" / "such" / "dir" / "t.json"
     with pytest.raises(RuntimeError, match="--trace-file"):
         dmuon.LocalDaemon(flags=[f"--trace-file={bad}"])
+
+
+CTL = os.path.join(os.path.dirname(os.path.dirname(PYTHON_DIR)), "bazel-bin", "daemon",
+                   "dmuonctl")
+
+
+def _ctl(d, *args, **kw):
+    return subprocess.Popen([CTL, f"--server={d.address}", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_dmuonctl_trace_records_a_window_of_a_running_daemon(tmp_path):
+    """dmuonctl trace on a daemon without --trace-file: the steps trained
+    while it records are in its file, each matrix's daemon stages in order;
+    a second trace meanwhile is refused, and the file merges with nothing
+    else (one process's tracks)."""
+    d = dmuon.LocalDaemon(stop_grace=5.0)
+    out = tmp_path / "window.json"
+    model = TinyLM()
+    opt = DMuon(model, lr=0.02, daemon_options=dmuon.DaemonOptions(d.address))
+    ctl = _ctl(d, "trace", f"--out={out}", "--seconds=3")
+    step = 0
+    try:
+        deadline = time.monotonic() + 2.0
+        second = None
+        while time.monotonic() < deadline:
+            loss_of(model, lm_batch(step)).backward()
+            opt.step()
+            opt.zero_grad()
+            step += 1
+            if second is None and step == 2:
+                second = _ctl(d, "trace", f"--out={tmp_path / 'second.json'}",
+                              "--seconds=1")
+        _, err2 = second.communicate(timeout=30)
+        stdout, err = ctl.communicate(timeout=30)
+    finally:
+        opt.close()
+        d.stop()
+    assert ctl.returncode == 0, err
+    assert "wrote" in stdout and "dmuon.trace merge" in stdout
+    assert second.returncode == 1 and "recording its step timeline already" in err2, err2
+    chains = _chains(trace_mod.load(str(out))["traceEvents"])
+    complete = [c for c in chains.values()
+                if {"received", "queued", "gather", "ns", "return"} <= set(c)]
+    assert len(complete) >= len(opt._table.muon), sorted(chains)[:5]
+    for c in complete:
+        assert c["received"][0] <= c["queued"][0] <= c["gather"][0]
+        assert c["gather"][1] <= c["ns"][0] < c["ns"][1] <= c["return"][0]
+
+
+def test_dmuonctl_trace_refused_while_trace_file_records(tmp_path):
+    d = dmuon.LocalDaemon(flags=[f"--trace-file={tmp_path / 'd.json'}"], stop_grace=5.0)
+    try:
+        ctl = _ctl(d, "trace", f"--out={tmp_path / 'w.json'}", "--seconds=0.1")
+        _, err = ctl.communicate(timeout=30)
+        bad = _ctl(d, "trace", f"--out={tmp_path / 'w.json'}", "--seconds=0")
+        _, err0 = bad.communicate(timeout=30)
+    finally:
+        d.stop()
+    assert ctl.returncode == 1 and "--trace-file" in err, err
+    assert bad.returncode == 2 and "--seconds" in err0, err0
