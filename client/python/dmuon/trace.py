@@ -1,6 +1,7 @@
-"""Merging step timelines into one picture:
+"""Merging step timelines into one picture, and reading one:
 
     python -m dmuon.trace merge OUT.json TRAINER.json DMUOND.json [...]
+    python -m dmuon.trace summary OUT.json [--matrices]
 
 reads Chrome trace-event files (the trainer's DMUON_TRACE, dmuond's
 --trace-file, `dmuonctl trace`'s) and writes one that opens in Perfetto
@@ -122,6 +123,58 @@ def merge(docs: Sequence[dict[str, Any]], align_wall: bool = False) -> dict[str,
             "otherData": {"merged": [d.get("otherData", {}) for d in docs]}}
 
 
+def _spans(events, name):
+    return [e for e in events if e.get("ph") == "X" and e.get("name") == name]
+
+
+def summary(doc: dict[str, Any], matrices: bool = False) -> str:
+    """Per step: the trainer's forward, backward, step() and the time it
+    waited for updates, dmuond's Newton-Schulz busy time; with `matrices`,
+    per matrix: when its gradient was ready, how long it queued, its NS,
+    when its update was back and applied (ms from the step's first ready)."""
+    events = [e for e in doc["traceEvents"] if e.get("ph") in ("X", "i")]
+    chains: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for e in events:
+        a = e.get("args") or {}
+        if a.get("stage") in STAGES and "param" in a:
+            chains.setdefault((a.get("step"), a["param"]), {})[a["stage"]] = e
+    lines = []
+    for step in sorted({k[0] for k in chains}, key=lambda s: (s is None, s)):
+        def total(name, pred=lambda e: True):
+            return sum(e.get("dur", 0) for e in _spans(events, name)
+                       if (e.get("args") or {}).get("step") == step and pred(e)) / 1000
+        waits = sum(c["wait"]["dur"] for (st, _), c in chains.items()
+                    if st == step and "wait" in c) / 1000
+        batches = {(c["ns"]["pid"], c["ns"]["args"].get("batch")): c["ns"]["dur"]
+                   for (st, _), c in chains.items() if st == step and "ns" in c}
+        lines.append(f"step {step}: forward {total('forward'):.1f} ms, backward "
+                     f"{total('backward'):.1f} ms, step() {total('step()'):.1f} ms; "
+                     f"waited for updates {waits:.1f} ms; dmuond NS "
+                     f"{sum(batches.values()) / 1000:.1f} ms in {len(batches)} batches")
+        if not matrices:
+            continue
+        mine = sorted(((p, c) for (st, p), c in chains.items() if st == step),
+                      key=lambda pc: pc[1].get("ready", pc[1].get("received", {})).get("ts", 0))
+        t0 = min((c[s]["ts"] for _, c in mine for s in c), default=0)
+        lines.append("  matrix (shape): ready, queued for, NS (batch size), back, applied; "
+                     "ms from the step's first event")
+        for p, c in mine:
+            def at(stage, end=False):
+                e = c.get(stage)
+                if e is None:
+                    return "-"
+                return f"{(e['ts'] + (e.get('dur', 0) if end else 0) - t0) / 1000:.1f}"
+            queued = ("-" if "queued" not in c or "gather" not in c else
+                      f"{(c['gather']['ts'] - c['queued']['ts']) / 1000:.1f}")
+            ns = c.get("ns")
+            ns_s = "-" if ns is None else (f"{ns['dur'] / 1000:.1f} "
+                                           f"({ns['args'].get('batch_size')})")
+            any_e = next(iter(c.values()))["args"]
+            lines.append(f"  {any_e.get('name')} ({any_e.get('shape')}): {at('ready')}, "
+                         f"{queued}, {ns_s}, {at('update_received')}, {at('apply')}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dmuon.trace", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,7 +185,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.add_argument("--align", choices=("monotonic", "wall"), default="monotonic",
                    help="monotonic: one host's files as they are (default); wall: "
                         "shift each by its wall-clock offset (several hosts)")
+    sm = sub.add_parser("summary", help="per step (and matrix) where the time went")
+    sm.add_argument("file", help="a trace file (merged: both sides)")
+    sm.add_argument("--matrices", action="store_true", help="a line per matrix too")
     args = p.parse_args(argv)
+    if args.command == "summary":
+        try:
+            print(summary(load(args.file), args.matrices))
+        except (OSError, ValueError) as e:
+            print(f"dmuon.trace summary: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         docs = [load(path) for path in args.inputs]
         merged = merge(docs, align_wall=args.align == "wall")

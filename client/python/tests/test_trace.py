@@ -122,6 +122,17 @@ def test_every_matrix_has_its_causal_chain_across_processes(tmp_path, monkeypatc
     starts = [e for e in events if e.get("ph") == "s"]
     finishes = [e for e in events if e.get("ph") == "f"]
     assert len(starts) == len(finishes) == steps * len(names)
+    # The summary: a line per step, and per matrix with its NS time.
+    text = trace_mod.summary(doc, matrices=True).splitlines()
+    for step in range(1, steps + 1):
+        head = [k for k, line in enumerate(text) if line.startswith(f"step {step}: ")]
+        assert len(head) == 1, text
+        rows = text[head[0] + 2:head[0] + 2 + len(names)]
+        for param, name in enumerate(names):
+            ns = chains[(job, step, param)]["ns"]
+            row = [r for r in rows if r.lstrip().startswith(name + " (")]
+            assert len(row) == 1, (name, rows)
+            assert f", {(ns[1] - ns[0]) / 1000:.1f} (" in row[0], (row, ns)
 
 
 def test_merge_reads_a_file_cut_short(tmp_path):
