@@ -236,9 +236,12 @@ void ParamWork::Finish(absl::Status status) {
         "' at step ", step,
         " has a non-finite value (NaN or Inf; found on the device)"));
   }
-  const int64_t t0 = TraceNowNs();
+  const bool traced = Tracing(pipeline.trace());
+  const int64_t t0 = traced ? TraceNowNs() : 0;
   pipeline.Deliver(job, param, step, status, nonfinite, compute_seconds);
-  TraceStage(pipeline.trace(), *job, param, step, "return", t0, TraceNowNs());
+  if (traced) {
+    TraceStage(pipeline.trace(), *job, param, step, "return", t0, TraceNowNs());
+  }
   // The executor is done with the regions: a closed rank's may go now.
   sessions.clear();
 }

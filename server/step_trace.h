@@ -17,7 +17,7 @@
 // `job`, `step`, `param` (the table index), `name` and `shape` ("RxC"), which
 // the trainer's events carry too (dmuon/_trace.py): the merge
 // (python -m dmuon.trace merge) links a matrix's events across processes by
-// (job, step, param). Each function returns at once when `trace` is null or
+// (job, step, name). Each function returns at once when `trace` is null or
 // not recording.
 
 #ifndef DMUON_SERVER_STEP_TRACE_H_

@@ -16,7 +16,7 @@ Chrome's trace-event JSON (Perfetto, chrome://tracing), what dmuond's
 Matrix events are named "<stage> <parameter name>" and carry the args
 `stage`, `job`, `step`, `param` (the dmuond table index), `name` and `shape`,
 as the daemon's do: `python -m dmuon.trace merge OUT IN...` (dmuon/trace.py)
-links a matrix's events across the two files by (job, step, param).
+links a matrix's events across the files by (job, step, name).
 
 Clock: time.monotonic_ns (CLOCK_MONOTONIC on Linux), the daemon's, so the
 files of one host line up; "otherData" records the wall-clock minus

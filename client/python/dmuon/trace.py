@@ -9,7 +9,9 @@ reads Chrome trace-event files (the trainer's DMUON_TRACE, dmuond's
 side, each Muon matrix's events of a step linked by flow arrows in causal
 order (the trainer's ready, handoff, declare; dmuond's received, queued, gather, ns,
 return; the trainer's update_received, wait, apply), matched by their args
-(job, step, param).
+(job, step, name): a parameter's name is unique in its job, and the same on
+every daemon of a pool (whose table indices, `param`, differ from the
+trainer's).
 
 Files of one host share CLOCK_MONOTONIC and are merged as they are;
 `--align=wall` shifts each file by its recorded wall-clock minus monotonic
@@ -67,13 +69,13 @@ def _repair(text: str, path: str) -> Any:
 
 
 def _flows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Flow events linking each (job, step, param)'s stage events in
+    """Flow events linking each (job, step, name)'s stage events in
     STAGES order (same stage: by time)."""
     chains: dict[tuple, list[dict[str, Any]]] = {}
     for e in events:
         a = e.get("args") or {}
-        if e.get("ph") in ("X", "i") and a.get("stage") in STAGES and "param" in a:
-            chains.setdefault((a.get("job"), a.get("step"), a["param"]), []).append(e)
+        if e.get("ph") in ("X", "i") and a.get("stage") in STAGES and "name" in a:
+            chains.setdefault((a.get("job"), a.get("step"), a["name"]), []).append(e)
     out = []
     for n, key in enumerate(sorted(chains, key=str)):
         chain = sorted(chains[key], key=lambda e: (STAGES.index(e["args"]["stage"]), e["ts"]))
@@ -136,8 +138,8 @@ def summary(doc: dict[str, Any], matrices: bool = False) -> str:
     chains: dict[tuple, dict[str, dict[str, Any]]] = {}
     for e in events:
         a = e.get("args") or {}
-        if a.get("stage") in STAGES and "param" in a:
-            chains.setdefault((a.get("step"), a["param"]), {})[a["stage"]] = e
+        if a.get("stage") in STAGES and "name" in a:
+            chains.setdefault((a.get("step"), a["name"]), {})[a["stage"]] = e
     lines = []
     for step in sorted({k[0] for k in chains}, key=lambda s: (s is None, s)):
         def total(name, pred=lambda e: True):
