@@ -79,22 +79,39 @@ TraceRecorder::TraceRecorder(std::string process_name,
       serial_(next_serial.fetch_add(1)) {}
 
 TraceRecorder::ThreadBuffer* TraceRecorder::Mine() {
-  // (recorder serial, its buffer for this thread). A serial is never reused,
-  // so an entry of a destroyed recorder is never looked at again; the cache
-  // keeps the last few recorders this thread used.
-  thread_local std::vector<std::pair<uint64_t, ThreadBuffer*>> cache;
-  for (const auto& [serial, buf] : cache) {
-    if (serial == serial_) return buf;
+  // (recorder serial, this thread's buffer in it). A serial is never
+  // reused, so an entry of a destroyed recorder is never looked at again;
+  // the cache keeps the last few recorders this thread used. Its buffers
+  // are marked ended when the thread exits (or the entry is evicted: a
+  // later record there makes a new one), and freed by the next Take.
+  struct Cache {
+    std::vector<std::pair<uint64_t, std::shared_ptr<ThreadBuffer>>> entries;
+    ~Cache() {
+      for (auto& e : entries) e.second->ended = true;
+    }
+  };
+  thread_local Cache cache;
+  for (const auto& [serial, buf] : cache.entries) {
+    if (serial == serial_) return buf.get();
   }
   auto buf = std::make_shared<ThreadBuffer>();
   {
     absl::MutexLock lock(&mu_);
     threads_.push_back(buf);
-    buf->tid = static_cast<int>(threads_.size());
+    buf->tid = ++last_tid_;
+    names_[buf->tid] = "thread " + std::to_string(buf->tid);
   }
-  if (cache.size() >= 8) cache.erase(cache.begin());
-  cache.emplace_back(serial_, buf.get());
+  if (cache.entries.size() >= 8) {
+    cache.entries.front().second->ended = true;
+    cache.entries.erase(cache.entries.begin());
+  }
+  cache.entries.emplace_back(serial_, buf);
   return buf.get();
+}
+
+size_t TraceRecorder::buffers() const {
+  absl::MutexLock lock(&mu_);
+  return threads_.size();
 }
 
 void TraceRecorder::Record(TraceEvent e) {
@@ -136,8 +153,8 @@ void TraceRecorder::Instant(std::string name, const char* category,
 
 void TraceRecorder::NameThread(std::string name) {
   ThreadBuffer* t = Mine();
-  absl::MutexLock lock(&t->mu);
-  t->name = std::move(name);
+  absl::MutexLock lock(&mu_);
+  names_[t->tid] = std::move(name);
 }
 
 std::vector<TraceEvent> TraceRecorder::TakeEvents() {
@@ -147,6 +164,7 @@ std::vector<TraceEvent> TraceRecorder::TakeEvents() {
     threads = threads_;
   }
   std::vector<TraceEvent> out;
+  bool any_ended = false;
   for (auto& t : threads) {
     std::vector<TraceEvent> events;
     {
@@ -154,6 +172,20 @@ std::vector<TraceEvent> TraceRecorder::TakeEvents() {
       events.swap(t->events);
     }
     std::move(events.begin(), events.end(), std::back_inserter(out));
+    any_ended = any_ended || t->ended;
+  }
+  if (any_ended) {
+    // An ended thread records no more: its buffer goes once empty (one
+    // that recorded after the swap above and then ended waits for the
+    // next Take).
+    absl::MutexLock lock(&mu_);
+    threads_.erase(std::remove_if(threads_.begin(), threads_.end(),
+                                  [](const std::shared_ptr<ThreadBuffer>& t) {
+                                    if (!t->ended) return false;
+                                    absl::MutexLock buffer_lock(&t->mu);
+                                    return t->events.empty();
+                                  }),
+                   threads_.end());
   }
   return out;
 }
@@ -169,17 +201,9 @@ std::string TraceRecorder::TakeEventsJson(int pid, bool metadata) {
 
 std::string TraceRecorder::MetadataJson(int pid) {
   std::string out = Dump(Metadata("process_name", pid, 0, process_name_));
-  std::vector<std::shared_ptr<ThreadBuffer>> threads;
-  {
-    absl::MutexLock lock(&mu_);
-    threads = threads_;
-  }
-  for (auto& t : threads) {
-    absl::MutexLock lock(&t->mu);
-    const std::string name =
-        t->name.empty() ? "thread " + std::to_string(t->tid) : t->name;
-    out += ",\n" + Dump(Metadata("thread_name", pid, t->tid, name));
-  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [tid, name] : names_)
+    out += ",\n" + Dump(Metadata("thread_name", pid, tid, name));
   return out;
 }
 

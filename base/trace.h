@@ -21,8 +21,9 @@
 // event is dropped and counted (dropped(); the file says how many). When
 // not enabled, Record returns after one relaxed atomic load.
 //
-// Thread-safe. A thread's buffer outlives the thread (its events stay until
-// the next Take).
+// Thread-safe. A thread's buffer outlives the thread until its events are
+// taken, then it is freed (its track's name is kept): threads that come and
+// go (gRPC's) cost nothing once ended.
 
 #ifndef DMUON_BASE_TRACE_H_
 #define DMUON_BASE_TRACE_H_
@@ -31,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -101,6 +103,9 @@ class TraceRecorder {
   // across Takes. Works whether or not recording is enabled.
   void NameThread(std::string name);
 
+  // Buffers held: threads that recorded and have not ended, or whose
+  // events were not taken yet.
+  size_t buffers() const;
   // Events dropped since construction because a thread's buffer was full.
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   const std::string& process_name() const { return process_name_; }
@@ -126,8 +131,8 @@ class TraceRecorder {
   struct ThreadBuffer {
     absl::Mutex mu;
     std::vector<TraceEvent> events ABSL_GUARDED_BY(mu);
-    std::string name ABSL_GUARDED_BY(mu);
-    int tid = 0;  // fixed at creation
+    int tid = 0;                     // fixed at creation
+    std::atomic<bool> ended{false};  // its thread exited
   };
   // The calling thread's buffer in this recorder (made on first use).
   ThreadBuffer* Mine();
@@ -137,8 +142,10 @@ class TraceRecorder {
   const uint64_t serial_;  // this recorder among all (thread caches' key)
   std::atomic<bool> enabled_{false};
   std::atomic<uint64_t> dropped_{0};
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<ThreadBuffer>> threads_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::string> names_ ABSL_GUARDED_BY(mu_);  // by tid, all ever
+  int last_tid_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // {"clock": "CLOCK_MONOTONIC", "wall_minus_monotonic_us": ...}'s members

@@ -3,6 +3,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -146,6 +147,37 @@ TEST(TraceTest, TwoRecordersOnOneThreadKeepTheirOwnEvents) {
     EXPECT_EQ(a.TakeEvents().size(), 1u);
     EXPECT_EQ(b.TakeEvents().size(), 2u);
   }
+}
+
+// Threads that come and go (gRPC's): each ended thread's buffer is freed
+// by the Take after its events, its track's name kept; none of its events
+// is lost, whenever it ended.
+TEST(TraceTest, EndedThreadsBuffersAreFreedAndNamesKept) {
+  TraceRecorder r("p");
+  r.Start();
+  const int n = 100;
+  std::vector<TraceEvent> taken;
+  for (int k = 0; k < n; ++k) {
+    std::thread([&r, k] {
+      r.NameThread("short " + std::to_string(k));
+      r.Instant("e", "c", {{"k", k}});
+    }).join();
+    if (k % 7 == 0) {  // Takes in between, too
+      for (auto& e : r.TakeEvents()) taken.push_back(std::move(e));
+    }
+  }
+  for (auto& e : r.TakeEvents()) taken.push_back(std::move(e));
+  EXPECT_EQ(taken.size(), static_cast<size_t>(n));
+  EXPECT_EQ(r.buffers(), 0u);
+  json file = ParseFile(r);
+  int named = 0;
+  for (const auto& e : file["traceEvents"])
+    named += e["ph"] == "M" && e["name"] == "thread_name";
+  EXPECT_EQ(named, n);
+  std::vector<int> tids;
+  for (const auto& e : taken) tids.push_back(e.tid);
+  std::sort(tids.begin(), tids.end());
+  EXPECT_EQ(std::unique(tids.begin(), tids.end()), tids.end());  // a track each
 }
 
 TEST(TraceTest, EmptyTraceIsValidJson) {

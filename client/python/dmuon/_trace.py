@@ -35,6 +35,7 @@ With several ranks each writes FILE with ".rank<r>" before its suffix.
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import os
 import sys
@@ -50,14 +51,18 @@ _HEAD = '{"traceEvents":[\n'
 
 class Tracer:
     """One process's step timeline, written to `path` (see the module
-    docstring). Thread-safe for recording (list.append under the GIL)."""
+    docstring). Thread-safe for recording."""
 
     def __init__(self, path: str, process_name: str) -> None:
         self.path, self.process_name = path, process_name
         self.pid = os.getpid()
         self.dropped = 0
-        self._pending: list[tuple] = []
-        self._threads: dict[int, int] = {}  # threading ident -> tid
+        # Appended by any thread, taken from the left by flush() (deque ends
+        # are thread-safe: an event recorded during a flush is never lost).
+        self._pending: collections.deque[tuple] = collections.deque()
+        # This thread's tid (per thread object: an ident is reused once its
+        # thread ended, a threading.local is not).
+        self._local = threading.local()
         self._names: dict[int, str] = {}  # tid -> name
         self._lock = threading.Lock()  # flushes
         self._footer_at = None  # the file offset where the footer begins
@@ -66,11 +71,10 @@ class Tracer:
 
     # ------------------------------------------------------------ recording
     def _tid(self) -> int:
-        ident = threading.get_ident()
-        tid = self._threads.get(ident)
+        tid = getattr(self._local, "tid", None)
         if tid is None:
             with self._lock:
-                tid = self._threads.setdefault(ident, len(self._threads) + 1)
+                tid = self._local.tid = len(self._names) + 1
                 t = threading.current_thread()
                 main = t is threading.main_thread()
                 self._names[tid] = "trainer (main thread)" if main else t.name
@@ -126,7 +130,7 @@ class Tracer:
         with self._lock:
             if not self._pending and self._written == (len(self._names), self.dropped):
                 return  # the file has it all
-            events, self._pending = self._pending, []
+            events = [self._pending.popleft() for _ in range(len(self._pending))]
             self._written = (len(self._names), self.dropped)
             lines = [self._event_json(e) for e in events]
             if self._footer_at is None:

@@ -213,3 +213,42 @@ def test_dmuonctl_trace_refused_while_trace_file_records(tmp_path):
         d.stop()
     assert ctl.returncode == 1 and "--trace-file" in err, err
     assert bad.returncode == 2 and "--seconds" in err0, err0
+
+
+def test_tracer_bounded_whole_after_each_flush_and_per_thread(tmp_path, monkeypatch):
+    """The trainer's recorder alone: past MAX_PENDING events are dropped and
+    counted; the file is whole JSON after every flush, each thread on its
+    own named track, its events in its order."""
+    import threading
+
+    from dmuon import _trace
+    monkeypatch.setattr(_trace, "FLUSH_EVERY", 10**9)
+    monkeypatch.setattr(_trace, "MAX_PENDING", 50)
+    path = tmp_path / "t.json"
+    t = _trace.Tracer(str(path), "trainer test")
+
+    def record(k):
+        for j in range(20):
+            t.complete(f"e{k}", j, j + 1, {"j": j})
+
+    threads = [threading.Thread(target=record, args=(k,), name=f"w{k}") for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    t.flush()
+    doc = json.loads(path.read_text())
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == 50 and doc["otherData"]["dropped_events"] == 30
+    names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    by_tid = {}
+    for e in xs:
+        by_tid.setdefault(e["tid"], []).append(e)
+    for tid, es in by_tid.items():
+        assert names[tid] == "w" + es[0]["name"][1:]  # its thread's name
+        assert [e["args"]["j"] for e in es] == sorted(e["args"]["j"] for e in es)
+    t.instant("later", 5)
+    t.flush()
+    doc = json.loads(path.read_text())  # whole again, the new event appended
+    assert sum(e["ph"] in ("X", "i") for e in doc["traceEvents"]) == 51
