@@ -300,6 +300,11 @@ class Session {
   // caller's memory; nccl: the caller must still receive them).
   virtual absl::Status WaitUpdate(int i) = 0;
   virtual bool TryUpdate(int i) = 0;
+  // When update i's UpdatesReady of the current step was read off the
+  // stream: CLOCK_MONOTONIC nanoseconds (base/trace.h TraceNowNs, the step
+  // timeline's clock); 0 before it arrived, or for a session that does not
+  // record it.
+  virtual int64_t update_received_ns(int i) const { return 0; }
   virtual bool skipped(int i) const = 0;
   // Whether parameter i was declared absent this step and the daemon
   // answered it (GradientsAbsent): no update, the parameter is unchanged.

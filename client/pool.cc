@@ -155,6 +155,9 @@ class PoolSession : public Session {
   bool TryUpdate(int i) override {
     return valid(i) && subs_[owner_[i]]->TryUpdate(local_[i]);
   }
+  int64_t update_received_ns(int i) const override {
+    return valid(i) ? subs_[owner_[i]]->update_received_ns(local_[i]) : 0;
+  }
   bool skipped(int i) const override {
     return valid(i) && subs_[owner_[i]]->skipped(local_[i]);
   }

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/protocol.h"
+#include "base/trace.h"
 #include "client/wire.h"
 #include "proto/dmuon.grpc.pb.h"
 
@@ -36,7 +37,8 @@ class SessionImpl final : public Session {
         n_(open_.layout().slots_size()),
         ready_(n_, 0),
         skipped_(n_, 0),
-        absent_(n_, 0) {}
+        absent_(n_, 0),
+        received_ns_(n_, 0) {}
 
   ~SessionImpl() override { (void)Close(); }
 
@@ -216,6 +218,10 @@ class SessionImpl final : public Session {
     std::lock_guard<std::mutex> l(mu_);
     return i >= 0 && i < n_ && ready_[i];
   }
+  int64_t update_received_ns(int i) const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return i >= 0 && i < n_ ? received_ns_[i] : 0;
+  }
   bool skipped(int i) const override {
     std::lock_guard<std::mutex> l(mu_);
     return i >= 0 && i < n_ && skipped_[i];
@@ -236,6 +242,7 @@ class SessionImpl final : public Session {
     announced_.clear();
     announced_returned_ = 0;
     std::fill(ready_.begin(), ready_.end(), 0);
+    std::fill(received_ns_.begin(), received_ns_.end(), 0);
     std::fill(skipped_.begin(), skipped_.end(), 0);
     std::fill(absent_.begin(), absent_.end(), 0);
     absent_announced_ = 0;
@@ -270,6 +277,7 @@ class SessionImpl final : public Session {
       announced_.clear();
       announced_returned_ = 0;
       std::fill(ready_.begin(), ready_.end(), 0);
+      std::fill(received_ns_.begin(), received_ns_.end(), 0);
       std::fill(skipped_.begin(), skipped_.end(), 0);
       std::fill(absent_.begin(), absent_.end(), 0);
       absent_announced_ = 0;
@@ -405,9 +413,11 @@ class SessionImpl final : public Session {
                     u.data().data(), u.data().size());
       } else if (r.has_updates_ready()) {
         std::vector<int> ids;
+        const int64_t now = TraceNowNs();
         for (int i : r.updates_ready().param_ids()) {
           if (i < 0 || i >= n_) continue;
           ready_[i] = 1;
+          received_ns_[i] = now;
           ids.push_back(i);
         }
         if (!ids.empty())
@@ -460,6 +470,8 @@ class SessionImpl final : public Session {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<uint8_t> ready_, skipped_, absent_;
+  // By parameter: when its UpdatesReady was read (update_received_ns).
+  std::vector<int64_t> received_ns_;
   // Absent parameters announced in the current step (NextAnnounced counts
   // them as returned).
   int absent_announced_ = 0;

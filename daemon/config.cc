@@ -131,6 +131,12 @@ ABSL_FLAG(int, summary_every_secs, 60,
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port to this file once serving (for scripts "
           "and tests)");
+ABSL_FLAG(std::string, trace_file, "",
+          "write the step timeline (every matrix's received, queued, gather, "
+          "Newton-Schulz and return, per executor) to this file as Chrome "
+          "trace-event JSON (Perfetto, chrome://tracing) while dmuond runs; "
+          "merge it with the trainer's DMUON_TRACE file: python -m "
+          "dmuon.trace merge OUT IN...");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM server certificate (chain): serve gRPC over TLS (with "
           "--tls-key-file)");
@@ -360,6 +366,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.log_format = absl::GetFlag(FLAGS_log_format);
   c.summary_every_secs = absl::GetFlag(FLAGS_summary_every_secs);
   c.port_file = absl::GetFlag(FLAGS_port_file);
+  c.trace_file = absl::GetFlag(FLAGS_trace_file);
   c.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   c.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   c.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);

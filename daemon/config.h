@@ -70,6 +70,10 @@ struct DaemonConfig {
   std::string log_format = "text";  // text|json
   int summary_every_secs = 60;      // --summary-every-secs, >= 0; 0: never
   std::string port_file;            // --port-file; empty: none
+  // --trace-file: the step timeline's file (daemon/trace_file.h), made or
+  // truncated at start (one that cannot be written: an error naming the
+  // flag); empty: no tracing but a Trace RPC's window.
+  std::string trace_file;
   // Security (docs/security.md). --tls-cert-file and --tls-key-file: PEM
   // server certificate and key (both or neither): TLS on --listen.
   std::string tls_cert_file;

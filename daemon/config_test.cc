@@ -71,6 +71,7 @@ TEST(DaemonConfig, DefaultsAreTheFlagsAndTheServicesDefaults) {
       {"log_format", c.log_format, ""},
       {"summary_every_secs", str(c.summary_every_secs), ""},
       {"port_file", c.port_file, ""},
+      {"trace_file", c.trace_file, ""},
       {"tls_cert_file", c.tls_cert_file, ""},
       {"tls_key_file", c.tls_key_file, ""},
       {"tls_client_ca_file", c.tls_client_ca_file, ""},

@@ -37,6 +37,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "base/protocol.h"
+#include "base/trace.h"
 #include "daemon/auth.h"
 #include "daemon/config.h"
 #include "daemon/flags.h"
@@ -47,6 +48,7 @@
 #include "daemon/prometheus_metrics.h"
 #include "daemon/state_dir.h"
 #include "daemon/tls_files.h"
+#include "daemon/trace_file.h"
 #include "daemon/usable_cpus.h"
 #include "kernels/blas_core.h"
 #include "server/gpu_logic.h"
@@ -570,6 +572,41 @@ void LogBlasKernels() {
   }
 }
 
+// --tls-cert-file's files, or null without TLS.
+absl::StatusOr<std::unique_ptr<TlsFiles>> LoadTls(const DaemonConfig& config) {
+  if (!config.tls()) return nullptr;
+  auto tls = TlsFiles::Create(config.tls_cert_file, config.tls_key_file,
+                              config.tls_client_ca_file);
+  if (!tls.ok()) return tls.status();
+  WarnCertificateValidity("--tls-cert-file", (*tls)->current().cert);
+  return tls;
+}
+
+GrpcOptions GrpcOptionsOf(const DaemonConfig& config) {
+  GrpcOptions o;
+  o.attach_timeout_seconds = config.attach_timeout_seconds;
+  o.max_step_queue_bytes = static_cast<uint64_t>(config.max_step_queue_bytes);
+  o.max_streams_per_peer = config.max_streams_per_peer;
+  return o;
+}
+
+// --trace-file's writer, recording from now on (null without the flag).
+absl::StatusOr<std::unique_ptr<TraceFile>> OpenTraceFile(
+    const DaemonConfig& config, TraceRecorder* trace) {
+  if (config.trace_file.empty()) return nullptr;
+  return TraceFile::Open(config.trace_file, trace);
+}
+
+// Ends --trace-file's file (after the drain: every step's events are in).
+void EndTraceFile(const DaemonConfig& config, TraceFile* file) {
+  if (file == nullptr) return;
+  if (absl::Status st = file->Close(); !st.ok()) {
+    spdlog::error("{}", std::string(st.message()));
+  } else {
+    spdlog::info("step timeline written to {}", config.trace_file);
+  }
+}
+
 }  // namespace
 
 int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
@@ -600,6 +637,13 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   // Signals go to Serve's sigwait, blocked in every thread.
   const sigset_t sigs = BlockStopSignals();
 
+  // The step timeline: recorded while --trace-file is set (from now to the
+  // exit) or a Trace RPC asks.
+  TraceRecorder trace("dmuond");
+  opts.trace = &trace;
+  auto trace_file = OpenTraceFile(config, &trace);
+  if (!trace_file.ok()) return Fail(trace_file.status());
+
   PrometheusMetrics metrics;
   OptimizerService service(
       opts,
@@ -611,14 +655,9 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   auto auth = Authenticator::Create(config.auth_token_file,
                                     !config.tls_client_ca_file.empty());
   if (!auth.ok()) return Fail(auth.status());
-  std::unique_ptr<TlsFiles> tls;
-  if (config.tls()) {
-    auto t = TlsFiles::Create(config.tls_cert_file, config.tls_key_file,
-                              config.tls_client_ca_file);
-    if (!t.ok()) return Fail(t.status());
-    tls = *std::move(t);
-    WarnCertificateValidity("--tls-cert-file", tls->current().cert);
-  }
+  auto tls_or = LoadTls(config);
+  if (!tls_or.ok()) return Fail(tls_or.status());
+  std::unique_ptr<TlsFiles> tls = *std::move(tls_or);
 
   auto metrics_http = StartMetrics(config, metrics, tls.get(), auth->get());
   if (!metrics_http.ok()) return Fail(metrics_http.status());
@@ -627,12 +666,7 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   // refuses (the shutdown's drain stays).
   std::mutex undrain_mu;
   bool stopping = false;
-  GrpcOptions grpc_options;
-  grpc_options.attach_timeout_seconds = config.attach_timeout_seconds;
-  grpc_options.max_step_queue_bytes =
-      static_cast<uint64_t>(config.max_step_queue_bytes);
-  grpc_options.max_streams_per_peer = config.max_streams_per_peer;
-  GrpcOptimizer grpc_service(&service, auth->get(), grpc_options);
+  GrpcOptimizer grpc_service(&service, auth->get(), GrpcOptionsOf(config));
   int port = 0;
   auto server = StartGrpc(config, tls.get(), &grpc_service, &port);
   if (!server.ok()) return Fail(server.status());
@@ -668,6 +702,7 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   }
   const bool saved =
       DrainAndShutdown(config, sig, &service, &health, server->get());
+  EndTraceFile(config, trace_file->get());
   spdlog::info("dmuond exited{}", saved ? "" : " (final snapshot failed)");
   return saved ? 0 : 1;
 }

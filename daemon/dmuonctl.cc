@@ -2,6 +2,7 @@
 //   dmuonctl [--server=HOST:PORT] [--timeout-secs=N] [--token-file=F]
 //   [--tls-ca-file=F [--tls-cert-file=F --tls-key-file=F]]
 //   status [--json] | health | sessions | drain | undrain
+//   | trace --out=FILE [--seconds=N]
 // A flag left out comes from the environment the Python client reads:
 // $DMUON_SERVER, $DMUON_TOKEN or $DMUON_TOKEN_FILE, $DMUON_TLS_CA_FILE,
 // $DMUON_TLS_CERT_FILE, $DMUON_TLS_KEY_FILE, $DMUON_TLS_SERVER_NAME.
@@ -10,6 +11,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +35,10 @@ ABSL_FLAG(std::string, server, "",
           "dmuond address (default: $DMUON_SERVER, else 127.0.0.1:50051)");
 ABSL_FLAG(int, timeout_secs, 5, "deadline of each call");
 ABSL_FLAG(bool, json, false, "status/sessions: print JSON instead of a table");
+ABSL_FLAG(std::string, out, "",
+          "trace: the file to write the step timeline to (Chrome trace-event "
+          "JSON; merge it with the trainer's: python -m dmuon.trace merge)");
+ABSL_FLAG(double, seconds, 5, "trace: how long to record, in (0, 600]");
 ABSL_FLAG(
     std::string, service, "",
     "health: the service to check (\"\" = serving state, NOT_SERVING while "
@@ -358,6 +364,53 @@ int Drain(Optimizer::Stub& stub) {
   return 0;
 }
 
+// Records dmuond's step timeline for --seconds into --out.
+int Trace(Optimizer::Stub& stub) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  if (out.empty()) {
+    std::fprintf(stderr, "dmuonctl: trace needs --out=FILE\n");
+    return 2;
+  }
+  if (!(seconds > 0 && seconds <= 600)) {
+    std::fprintf(stderr, "dmuonctl: --seconds must be in (0, 600], got %g\n",
+                 seconds);
+    return 2;
+  }
+  std::FILE* f = std::fopen(out.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "dmuonctl: --out=%s cannot be written: %s\n",
+                 out.c_str(), std::strerror(errno));
+    return 2;
+  }
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);  // the token; the deadline is the window's plus it
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(
+                       1000 * (seconds + absl::GetFlag(FLAGS_timeout_secs)))));
+  dmuon::v1::TraceRequest req;
+  req.set_seconds(seconds);
+  auto reader = stub.Trace(&ctx, req);
+  dmuon::v1::TraceChunk c;
+  size_t bytes = 0;
+  while (reader->Read(&c)) {
+    bytes += std::fwrite(c.data().data(), 1, c.data().size(), f);
+  }
+  const bool closed = std::fclose(f) == 0;
+  grpc::Status st = reader->Finish();
+  if (!st.ok()) return Failed("Trace", st);
+  if (!closed) {
+    std::fprintf(stderr, "dmuonctl: --out=%s: write failed\n", out.c_str());
+    return 1;
+  }
+  std::printf(
+      "wrote %s (%zu bytes, %g s of dmuond's step timeline); merge it with "
+      "the trainer's DMUON_TRACE file: python -m dmuon.trace merge OUT %s "
+      "TRAINER.json\n",
+      out.c_str(), bytes, seconds, out.c_str());
+  return 0;
+}
+
 int Undrain(Optimizer::Stub& stub) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -376,13 +429,13 @@ int main(int argc, char** argv) {
       "dmuonctl: operator CLI for dmuond.\n"
       "  dmuonctl [--server=HOST:PORT] [--token-file=F] [--tls-ca-file=F "
       "[--tls-cert-file=F --tls-key-file=F]] status [--json] | health | "
-      "sessions | drain | undrain\n"
+      "sessions | drain | undrain | trace --out=FILE [--seconds=N]\n"
       "exit status: 0 ok (health: SERVING), 1 failure or not serving, 2 usage",
       "daemon/dmuonctl.cc");
   if (args.size() != 2) {
     std::fprintf(stderr,
                  "usage: dmuonctl [--server=HOST:PORT] "
-                 "status|health|sessions|drain|undrain\n");
+                 "status|health|sessions|drain|undrain|trace\n");
     return 2;
   }
   const std::string& cmd = args[1];
@@ -394,9 +447,10 @@ int main(int argc, char** argv) {
   if (cmd == "health") return Health(ch);
   if (cmd == "drain") return Drain(*stub);
   if (cmd == "undrain") return Undrain(*stub);
+  if (cmd == "trace") return Trace(*stub);
   std::fprintf(stderr,
                "dmuonctl: unknown command '%s' "
-               "(status|health|sessions|drain|undrain)\n",
+               "(status|health|sessions|drain|undrain|trace)\n",
                cmd.c_str());
   return 2;
 }

@@ -685,4 +685,27 @@ grpc::Status GrpcOptimizer::Undrain(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status GrpcOptimizer::Trace(grpc::ServerContext* ctx,
+                                  const v1::TraceRequest* req,
+                                  grpc::ServerWriter<v1::TraceChunk>* writer) {
+  if (auto caller = Authorize(ctx, "Trace", Role::kOperator); !caller.ok())
+    return Done("Trace", ctx, caller.status());
+  spdlog::info("recording the step timeline for {} s (Trace, requested by {})",
+               req->seconds(), ctx->peer());
+  auto file = service_->CaptureTrace(req->seconds(),
+                                     [ctx] { return ctx->IsCancelled(); });
+  if (!file.ok()) return Done("Trace", ctx, file.status());
+  // Chunks well under any message limit (gRPC's default 4 MiB).
+  constexpr size_t kChunk = 1 << 20;
+  for (size_t at = 0; at < file->size(); at += kChunk) {
+    v1::TraceChunk c;
+    c.set_data(file->substr(at, kChunk));
+    if (!writer->Write(c)) {
+      return Done("Trace", ctx,
+                  absl::CancelledError("the Trace caller went away"));
+    }
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace dmuon::server

@@ -94,6 +94,8 @@ class GrpcOptimizer final
                      v1::DrainResponse* resp) override;
   grpc::Status Undrain(grpc::ServerContext* ctx, const v1::UndrainRequest* req,
                        v1::UndrainResponse* resp) override;
+  grpc::Status Trace(grpc::ServerContext* ctx, const v1::TraceRequest* req,
+                     grpc::ServerWriter<v1::TraceChunk>* writer) override;
 
   // Called with the new draining state (the daemon flips health).
   void set_on_drain(std::function<void()> f) { on_drain_ = std::move(f); }

@@ -12,6 +12,7 @@
 #include "kernels/cost_model.h"
 #include "server/job_state.h"
 #include "server/step_pipeline.h"
+#include "server/step_trace.h"
 
 namespace dmuon::server {
 namespace {
@@ -147,6 +148,26 @@ double ParamWork::flops() const {
 }
 
 absl::StatusOr<ComputeTask> ParamWork::Prepare() {
+  TraceRecorder* trace = pipeline.trace();
+  if (!Tracing(trace)) return Gather();
+  const int64_t t0 = TraceNowNs();
+  absl::StatusOr<ComputeTask> t = Gather();
+  TraceStage(trace, *job, param, step, "gather", t0, TraceNowNs(),
+             {{"ok", t.ok() ? 1 : 0}});
+  return t;
+}
+
+void ParamWork::Ran(const BatchRun& run) {
+  TraceRecorder* trace = pipeline.trace();
+  if (!Tracing(trace)) return;
+  trace->NameThread(absl::StrCat("executor ", run.executor));
+  TraceStage(trace, *job, param, step, "ns", run.start_ns, run.end_ns,
+             {{"executor", run.executor},
+              {"batch", static_cast<int64_t>(run.batch)},
+              {"batch_size", run.size}});
+}
+
+absl::StatusOr<ComputeTask> ParamWork::Gather() {
   const ParamInfo& info = job->table().params[param];
   std::vector<std::shared_ptr<Session>> ranks;
   {
@@ -215,7 +236,12 @@ void ParamWork::Finish(absl::Status status) {
         "' at step ", step,
         " has a non-finite value (NaN or Inf; found on the device)"));
   }
+  const bool traced = Tracing(pipeline.trace());
+  const int64_t t0 = traced ? TraceNowNs() : 0;
   pipeline.Deliver(job, param, step, status, nonfinite, compute_seconds);
+  if (traced) {
+    TraceStage(pipeline.trace(), *job, param, step, "return", t0, TraceNowNs());
+  }
   // The executor is done with the regions: a closed rank's may go now.
   sessions.clear();
 }

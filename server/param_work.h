@@ -25,6 +25,7 @@ struct ParamWork : public Work {
   absl::StatusOr<ComputeTask> Prepare() override;
   void Finish(absl::Status status) override;
   void Computed(double seconds) override { compute_seconds = seconds; }
+  void Ran(const BatchRun& run) override;  // the step timeline's "ns"
 
   StepPipeline& pipeline;
   const std::shared_ptr<Job> job;
@@ -41,6 +42,10 @@ struct ParamWork : public Work {
   // Prepare until Finish so that no region is unmapped (a rank closing
   // mid-step) while the executor reads or writes it.
   std::vector<std::shared_ptr<Session>> sessions;
+
+ private:
+  // Prepare's work, which Prepare times for the step timeline ("gather").
+  absl::StatusOr<ComputeTask> Gather();
 };
 
 }  // namespace dmuon::server

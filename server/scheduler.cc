@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "base/trace.h"
+
 namespace dmuon::server {
 
 Scheduler::Scheduler(std::vector<std::unique_ptr<Executor>> executors,
@@ -108,6 +110,8 @@ void Scheduler::Loop(size_t index) {
   };
   for (;;) {
     std::vector<std::shared_ptr<Work>> picked;
+    BatchRun run;
+    run.executor = static_cast<int>(index);
     {
       absl::MutexLock lock(&mu_);
       std::vector<Queued>& queue = queues_[index];
@@ -138,6 +142,7 @@ void Scheduler::Loop(size_t index) {
         }
       }
       stats_[index].queue_depth = static_cast<int>(queue.size());
+      run.batch = batches_++;
     }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<ComputeTask> tasks;
@@ -151,14 +156,15 @@ void Scheduler::Loop(size_t index) {
       tasks.push_back(*t);
       ready.push_back(work);
     }
-    const auto c0 = std::chrono::steady_clock::now();
+    run.size = static_cast<int>(ready.size());
+    run.start_ns = TraceNowNs();
     absl::Status st = executor.Compute(tasks);
-    const double compute =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - c0)
-            .count();
+    run.end_ns = TraceNowNs();
+    const double compute = static_cast<double>(run.end_ns - run.start_ns) / 1e9;
     double flops = 0;
     for (auto& work : ready) {
       flops += work->flops();
+      work->Ran(run);
       work->Computed(compute / static_cast<double>(ready.size()));
       work->Finish(st);
     }

@@ -24,6 +24,18 @@
 
 namespace dmuon::server {
 
+// One batched Executor::Compute as a worker ran it (Work::Ran): what the
+// step timeline shows of it (server/step_trace.h).
+struct BatchRun {
+  int executor = 0;    // the worker's executor index
+  uint64_t batch = 0;  // the scheduler's count of batches run before it
+  int size = 0;        // matrices in the Compute
+  // TraceNowNs() (base/trace.h: CLOCK_MONOTONIC) just before and after the
+  // Compute call.
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
 // One matrix ready to run. Prepare() gathers the gradient and returns the
 // task (an error, e.g. a non-finite gradient, skips the compute); Finish()
 // delivers the result or the error. All three run on the worker thread:
@@ -41,6 +53,9 @@ class Work {
   // batch's seconds divided evenly among the batch's matrices (they have
   // one shape and one set of hyperparameters, so one cost).
   virtual void Computed(double seconds) {}
+  // The batch it ran in, when it reached Executor::Compute: called just
+  // before Computed().
+  virtual void Ran(const BatchRun& run) {}
 };
 
 struct ExecutorStats {
@@ -119,6 +134,7 @@ class Scheduler {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t batches_ ABSL_GUARDED_BY(mu_) = 0;  // BatchRun::batch
   // By executor index: its ready queue (unsorted; scanned, queues are
   // short) and its counters.
   std::vector<std::vector<Queued>> queues_ ABSL_GUARDED_BY(mu_);

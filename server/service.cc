@@ -45,10 +45,10 @@ OptimizerService::OptimizerService(ServiceOptions options,
             m->SnapshotFailure(kind);
             if (report) report(st);
           }),
-      pipeline_(std::make_unique<StepPipeline>(
-          PipelineContext{options_.skip_nonfinite, options_.max_message_bytes,
-                          options_.snapshot_every, scheduler_.get(),
-                          &snapshots_, metrics_, &stats_, &fallbacks_})) {
+      pipeline_(std::make_unique<StepPipeline>(PipelineContext{
+          options_.skip_nonfinite, options_.max_message_bytes,
+          options_.snapshot_every, scheduler_.get(), &snapshots_, metrics_,
+          &stats_, &fallbacks_, options_.trace})) {
   if (!options_.autotune_cache.empty()) {
     autotuner_ = std::make_unique<kernels::Autotuner>(options_.autotune_cache);
   }

@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/protocol.h"
+#include "base/trace.h"
 #include "kernels/autotune.h"
 #include "proto/dmuon.pb.h"
 #include "server/deadline_thread.h"
@@ -141,6 +142,10 @@ struct ServiceOptions {
   // for the daemon to log once; may be empty. Called with none of the
   // service's locks held.
   FallbackCounter::Log fallback_logged;
+  // The step timeline (server/step_trace.h; null: none); outlives the
+  // service. Recorded only while started (dmuond's --trace-file, or a
+  // Trace RPC's window).
+  TraceRecorder* trace = nullptr;
   // Test-only (empty in dmuond): called in the middle of each piece of
   // heavy per-job work, with none of the service's locks held, naming the
   // job and the work: "momentum" once OpenSession made a new job (its
@@ -309,6 +314,15 @@ class OptimizerService {
   int Drain() ABSL_LOCKS_EXCLUDED(mu_);
   // Accepts new sessions again (after Drain).
   void Undrain() ABSL_LOCKS_EXCLUDED(mu_);
+  // Records the step timeline (ServiceOptions::trace) for `seconds`, then
+  // returns it as one Chrome trace-event file (service_trace.cc; the Trace
+  // RPC). INVALID_ARGUMENT naming TraceRequest.seconds outside (0,
+  // kMaxTraceSeconds]; FAILED_PRECONDITION when it is recorded already
+  // (--trace-file, or another Trace) or there is no recorder. `cancelled`
+  // is polled: the caller went away (CANCELLED).
+  absl::StatusOr<std::string> CaptureTrace(
+      double seconds, const std::function<bool()>& cancelled);
+  static constexpr double kMaxTraceSeconds = 600;
   // Job id -> owner (principal.h) of every job, for the adapter to hide
   // other principals' job ids in Status.
   std::map<std::string, std::string> JobOwners() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -16,6 +16,7 @@
 #include "server/param_work.h"
 #include "server/session_error.h"
 #include "server/step_checks.h"
+#include "server/step_trace.h"
 
 namespace dmuon::server {
 namespace {
@@ -227,6 +228,13 @@ absl::Status StepPipeline::OnGradientsReady(const std::shared_ptr<Session>& s,
     }
   }
   if (!s->region()->moves_data()) {
+    if (Tracing(ctx_.trace)) {
+      ctx_.trace->NameThread("Step streams (gRPC)");
+      for (int id : ids) {
+        TraceStageNow(ctx_.trace, *job, id, g.step(), "received",
+                      {{"rank", s->rank()}});
+      }
+    }
     for (int id : ids) {
       if (s->transport() == v1::TRANSPORT_SHM) {
         st.bytes_in += s->layout().slots[id].bytes;
@@ -270,7 +278,10 @@ void StepPipeline::Submit(const std::shared_ptr<Job>& job, int64_t step,
   std::vector<std::pair<int, std::shared_ptr<Work>>> works;
   works.reserve(params.size());
   for (int id : params) {
-    works.emplace_back(job->plan().executor_of[id],
+    const int executor = job->plan().executor_of[id];
+    TraceStageNow(ctx_.trace, *job, id, step, "queued",
+                  {{"executor", executor}});
+    works.emplace_back(executor,
                        std::make_shared<ParamWork>(*this, job, id, step));
   }
   ctx_.scheduler->SubmitAll(std::move(works));
@@ -293,6 +304,8 @@ void StepPipeline::PullDone(const std::shared_ptr<Job>& job,
     if (s == nullptr || job->broken()) return;
     SessionState& st = s->state(*job);
     for (int id : ids) {
+      TraceStageNow(ctx_.trace, *job, id, step, "received",
+                    {{"rank", s->rank()}});
       st.bytes_in += s->layout().slots[id].bytes;
       ctx_.metrics->BytesReceived(s->layout().slots[id].bytes);
       if (job->Arrive(s->rank(), id) == Job::Arrival::kRun) ready.push_back(id);

@@ -29,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "base/trace.h"
 #include "proto/dmuon.pb.h"
 #include "server/ack_gate.h"
 #include "server/fallbacks.h"
@@ -50,6 +51,9 @@ struct PipelineContext {
   ServiceMetrics* metrics = nullptr;     // never null (NoServiceMetrics)
   StepStats* stats = nullptr;            // latencies and errors by code
   FallbackCounter* fallbacks = nullptr;  // rewinds counted (fallbacks.h)
+  // The step timeline (step_trace.h); null: none. Records only while it is
+  // started (--trace-file, or a Trace RPC's window).
+  TraceRecorder* trace = nullptr;
 };
 
 class StepPipeline {
@@ -80,6 +84,8 @@ class StepPipeline {
                bool absent = false);
   // Counts a failure by its code (stats and metrics).
   void CountError(const absl::Status& st) const;
+  // PipelineContext::trace (ParamWork records its stages there).
+  TraceRecorder* trace() const { return ctx_.trace; }
 
  private:
   // What a Deliver does once the job's lock is released: the snapshot a

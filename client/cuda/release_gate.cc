@@ -97,6 +97,9 @@ class GuardedSession final : public Session {
   }
   absl::Status WaitUpdate(int i) override { return inner_->WaitUpdate(i); }
   bool TryUpdate(int i) override { return inner_->TryUpdate(i); }
+  int64_t update_received_ns(int i) const override {
+    return inner_->update_received_ns(i);
+  }
   bool skipped(int i) const override { return inner_->skipped(i); }
   bool absent(int i) const override { return inner_->absent(i); }
   absl::Status FinishStep() override { return inner_->FinishStep(); }

@@ -688,6 +688,12 @@ void AddSessionCalls(py::class_<PySession>& cls) {
           "try_update", [](PySession& s, int i) { return s.s().TryUpdate(i); },
           py::arg("i"))
       .def(
+          "update_received_ns",
+          [](PySession& s, int i) { return s.s().update_received_ns(i); },
+          py::arg("i"),
+          "When update i of the current step arrived (time.monotonic_ns()'s "
+          "clock, CLOCK_MONOTONIC); 0 before it did.")
+      .def(
           "skipped", [](PySession& s, int i) { return s.s().skipped(i); },
           py::arg("i"))
       .def(

@@ -177,10 +177,11 @@ class LocalDaemon:
         port = ""
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                tail = self.log_tail()  # before stop() removes the log
                 self.stop()
                 raise RuntimeError(
                     f"dmuon: the private dmuond ({self.binary}) exited with code "
-                    f"{self.process.returncode} while starting: {self.log_tail()}"
+                    f"{self.process.returncode} while starting: {tail}"
                 )
             try:
                 with open(port_file) as f:
@@ -191,10 +192,11 @@ class LocalDaemon:
                 break
             time.sleep(0.01)
         if not port:
+            tail = self.log_tail()
             self.stop()
             raise TimeoutError(
                 f"dmuon: the private dmuond ({self.binary}) did not start within "
-                f"{start_timeout:.0f} s: {self.log_tail()}"
+                f"{start_timeout:.0f} s: {tail}"
             )
         self.address = f"127.0.0.1:{port}"
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from . import (_dcp, _ddp, _dtensor, _durability, _errors, _fallbacks, _groups, _native,
-               _parts, _routing, _wiring)
+               _parts, _routing, _trace, _trace_hooks, _wiring)
 from ._recovery import deferred_sigint
 
 
@@ -80,6 +80,9 @@ class Handoff:
         # a checkpoint was loaded): _dcp's test of a fresh optimizer.
         self.trained = [False] * len(table.muon)
         self.pending_step = None  # the session's step when it committed
+        # The step timeline (dmuon/_trace.py Tracer; None: not tracing) and
+        # its model hooks (dmuon/_trace_hooks.py), set by open().
+        self.trace, self.trace_hooks = None, None
         self.reset_step()
 
     def reset_step(self):
@@ -100,6 +103,9 @@ class Handoff:
         if self.accumulating or (self.ddp is not None
                                   and not self.ddp.require_backward_grad_sync):
             return
+        if self.trace is not None:
+            self.trace.instant(f"ready {self.table.muon[i].name}", time.monotonic_ns(),
+                               self.trace_args(i, "ready"))
         # The backwards that produced Muon gradients since the last step()
         # (plan_next_handoff): one, and the next step hands off during
         # backward; several, and it hands off at step().
@@ -198,7 +204,7 @@ class Handoff:
         # This step's momentum when it is not the session's (a scheduler that
         # cycles it): sent with the declaration (protocol minor 2).
         beta = self.momentum_to_send(i)
-        t0 = time.perf_counter()
+        t0, t0_ns = time.perf_counter(), time.monotonic_ns()
         buf = self.link.grad[i]
         if grad is None:
             # torch.optim.Muon skips it: declared absent, dmuond computes
@@ -210,6 +216,7 @@ class Handoff:
         if grad is not None:
             self.trained[i] = True
             self.sent[i] = (grad, grad._version)
+        sent_ns = time.monotonic_ns()  # copied out; declared from here on
         # Declared and recorded together: a Ctrl-C in between would leave
         # dmuond and _handed disagreeing (_recovery rolls back by _handed).
         with deferred_sigint():
@@ -230,7 +237,34 @@ class Handoff:
             self.handed[i] = True
             self.sent_beta[i] = float(self.groups[self.table.group_of[i]]["momentum"])
         self.stats["handoff_seconds"] += time.perf_counter() - t0
+        if self.trace is not None:
+            # The copy, then the declaration (the gRPC write of
+            # GradientsReady): dmuond's "received" follows the latter's start.
+            args = self.trace_args(i, "handoff")
+            args["absent"] = int(grad is None)
+            self.trace.complete(f"handoff {r.name}", t0_ns, sent_ns, args)
+            self.trace.complete(f"declare {r.name}", sent_ns, time.monotonic_ns(),
+                                self.trace_args(i, "declare"))
 
+    def trace_args(self, i, stage):
+        """The args of entry i's timeline events (dmuon/_trace.py): what the
+        daemon's carry too, so the merge links them."""
+        r = self.table.muon[i]
+        rows, cols = r.matrix
+        return {"stage": stage, "job": self.link.job_id, "step": self.link.session.step,
+                "param": i, "name": r.name, "shape": f"{rows}x{cols}"}
+
+    def trace_apply(self, i, t0_ns, waited_ns):
+        """Entry i's wait (t0_ns to waited_ns), its update's arrival (the
+        client's reader thread read UpdatesReady) and its apply (to now)."""
+        name = self.table.muon[i].name
+        self.trace.complete(f"wait {name}", t0_ns, waited_ns, self.trace_args(i, "wait"))
+        got = self.link.session.update_received_ns(i)
+        if got:
+            self.trace.instant(f"update_received {name}", got,
+                               self.trace_args(i, "update_received"))
+        self.trace.complete(f"apply {name}", waited_ns, time.monotonic_ns(),
+                            self.trace_args(i, "apply"))
     def _declare_ready(self, i, beta):
         if beta is None:
             self.link.session.gradient_ready(i)
@@ -369,11 +403,12 @@ class Handoff:
         r = self.table.muon[i]
         if self.restage(i, _dtensor.local(_routing.param(r))):  # interrupted after staging
             return
-        t0 = time.perf_counter()
+        t0, t0_ns = time.perf_counter(), time.monotonic_ns()
         if self.link.region is not None and self.link.region.kind == "nccl":
             self._receive_until(i)
         self.link.session.wait_update(i)
         self.wait += time.perf_counter() - t0
+        waited_ns = time.monotonic_ns()
         lr, wd = self.step_lr[i]
         p = _dtensor.local(_routing.param(r))  # a DTensor's local shard, a part's view
         with torch.no_grad():
@@ -397,8 +432,12 @@ class Handoff:
                 new = p.mul(1 - lr * wd) if wd != 0 else p.clone()
                 new.add_(u.view(p.shape), alpha=-lr)
                 self.stage(i, p, new)
+                if self.trace is not None:
+                    self.trace_apply(i, t0_ns, waited_ns)
                 return
         self.applied[i] = True
+        if self.trace is not None:
+            self.trace_apply(i, t0_ns, waited_ns)
 
     def _receive_until(self, i):
         """nccl: posts the update receives in the order dmuond announces them
@@ -555,7 +594,11 @@ class Handoff:
         """One step()'s stats: its seconds, those blocked on dmuond (wait),
         and the step count, once it returned."""
         t0, self.wait = time.perf_counter(), 0.0
+        t0_ns = time.monotonic_ns()
+        step = self.link.session.step if self.link.session is not None else None
         yield
+        if self.trace is not None:
+            self.trace.complete("step()", t0_ns, time.monotonic_ns(), {"step": step})
         self.stats["steps"] += 1
         self.stats["last_wait_seconds"] = self.wait
         self.stats["wait_seconds"] += self.wait
@@ -618,7 +661,11 @@ class Handoff:
         # Gradients edited after their hand-off (clipping, unscaling,
         # masking) are taken as they are now: exact, at the cost of
         # computing the step again (client/python/README.md).
+        t0_ns = time.monotonic_ns()
         edited = self.edited_after_handoff()
+        if self.trace is not None:
+            self.trace.complete("check edits", t0_ns, time.monotonic_ns(),
+                                {"step": session.step})
         # So is a momentum changed after its gradients' hand-off (a
         # scheduler stepped between backward and step()): redone with it.
         moved = self.momentum_moved()
@@ -641,7 +688,11 @@ class Handoff:
             return
         _groups.adamw_beta1(self.groups)  # a cycled 'momentum' is AdamW's beta1
         with deferred_sigint():
+            t0_ns = time.monotonic_ns()
             adamw_step()
+            if self.trace is not None:
+                self.trace.complete("adamw step", t0_ns, time.monotonic_ns(),
+                                    {"step": self.link.session.step})
             self.commit()
         self.after_commit()
 
@@ -665,6 +716,11 @@ class Handoff:
         self.link.open(self.server, job_id, flags, self.table, resume=resume)
         self.hooks.install(self.table, self.module, self.ddp, self.pg, self.world,
                            self.overlap_forward)
+        self.trace = _trace.from_env(self.rank, self.world)
+        if self.trace is not None and self.module is not None:
+            self.trace_hooks = _trace_hooks.TraceHooks(
+                self.trace, self.module, [r.param for r in self.table.muon],
+                lambda: self.link.session.step if self.link.session is not None else None)
 
     def load_momentum(self, state):
         """load_state_dict(): dmuond's momentum and step count replaced by
@@ -701,4 +757,8 @@ class Handoff:
 
     def close(self):
         self.hooks.remove()
+        if self.trace_hooks is not None:
+            self.trace_hooks.remove()
         self.link.close()
+        if self.trace is not None:
+            self.trace.flush()

@@ -12,7 +12,7 @@ import weakref
 
 import torch
 
-from . import _ddp, _gpu, _native
+from . import _ddp, _gpu, _native, _trace
 from ._daemon import LocalDaemon
 
 _ext = _native.load()
@@ -21,8 +21,13 @@ _ext = _native.load()
 def private_flags(flags, world):
     """A private daemon's flags: unless told otherwise, it computes on the cores
     this host's trainers leave free (all ranks' torch threads), else on as
-    many threads as one trainer uses (what in-process Muon would use)."""
+    many threads as one trainer uses (what in-process Muon would use).
+    DMUON_TRACE=FILE: it writes its side of the step timeline beside FILE
+    (dmuon/_trace.py daemon_trace_path)."""
     flags = list(flags)
+    if os.environ.get("DMUON_TRACE") and not any(
+            f.startswith("--trace-file") for f in flags):
+        flags.append("--trace-file=" + _trace.daemon_trace_path(os.environ["DMUON_TRACE"]))
     if not any(f.startswith("--cpu-threads") for f in flags):
         import torch
 

@@ -1,0 +1,216 @@
+"""Merging step timelines into one picture, and reading one:
+
+    python -m dmuon.trace merge OUT.json TRAINER.json DMUOND.json [...]
+    python -m dmuon.trace summary OUT.json [--matrices]
+
+reads Chrome trace-event files (the trainer's DMUON_TRACE, dmuond's
+--trace-file, `dmuonctl trace`'s) and writes one that opens in Perfetto
+(ui.perfetto.dev) or chrome://tracing with every process's tracks side by
+side, each Muon matrix's events of a step linked by flow arrows in causal
+order (the trainer's ready, handoff, declare; dmuond's received, queued, gather, ns,
+return; the trainer's update_received, wait, apply), matched by their args
+(job, step, name): a parameter's name is unique in its job, and the same on
+every daemon of a pool (whose table indices, `param`, differ from the
+trainer's).
+
+Files of one host share CLOCK_MONOTONIC and are merged as they are;
+`--align=wall` shifts each file by its recorded wall-clock minus monotonic
+offset ("otherData"), for files of several hosts (as good as their clock
+sync). A file cut short (a process killed mid-write) is read up to its last
+whole event. Processes whose ids collide (two hosts) are renumbered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+# A matrix's stages in causal order, across the trainer and dmuond.
+STAGES = ("ready", "handoff", "declare", "received", "queued", "gather", "ns", "return",
+          "update_received", "wait", "apply")
+
+
+def load(path: str) -> dict[str, Any]:
+    """A trace file as {"traceEvents": [...], "otherData": {...}}; the JSON
+    array form and a file cut short after its last whole event are read too."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = _repair(text, path)
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ValueError(f"{path}: not a Chrome trace (no traceEvents array)")
+    doc.setdefault("otherData", {})
+    return doc
+
+
+def _repair(text: str, path: str) -> Any:
+    """The events of a file whose end is missing: cut after the last "}"
+    that closes a whole event, then close the array and the object."""
+    start = text.find("[")
+    if start < 0:
+        raise ValueError(f"{path}: not a Chrome trace (no '[')")
+    end = len(text)
+    while True:
+        end = text.rfind("}", start, end)
+        if end < 0:
+            return {"traceEvents": []}
+        try:
+            events = json.loads(text[start:end + 1] + "]")
+            return {"traceEvents": events, "otherData": {"truncated": True}}
+        except json.JSONDecodeError:
+            continue
+
+
+def _flows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flow events linking each (job, step, name)'s stage events in
+    STAGES order (same stage: by time)."""
+    chains: dict[tuple, list[dict[str, Any]]] = {}
+    for e in events:
+        a = e.get("args") or {}
+        if e.get("ph") in ("X", "i") and a.get("stage") in STAGES and "name" in a:
+            chains.setdefault((a.get("job"), a.get("step"), a["name"]), []).append(e)
+    out = []
+    for n, key in enumerate(sorted(chains, key=str)):
+        chain = sorted(chains[key], key=lambda e: (STAGES.index(e["args"]["stage"]), e["ts"]))
+        if len(chain) < 2:
+            continue
+        for k, e in enumerate(chain):
+            ph = "s" if k == 0 else "f" if k == len(chain) - 1 else "t"
+            flow = {"ph": ph, "id": n + 1, "cat": "matrix", "name": f"step {key[1]}",
+                    "pid": e["pid"], "tid": e["tid"], "ts": e["ts"]}
+            if ph != "s":
+                flow["bp"] = "e"  # bound to the slice enclosing ts
+            out.append(flow)
+    return out
+
+
+def merge(docs: Sequence[dict[str, Any]], align_wall: bool = False) -> dict[str, Any]:
+    """One trace of `docs` (load()'s): events, thread and process names,
+    and flows linking each matrix's stages."""
+    events: list[dict[str, Any]] = []
+    used: set[int] = set()
+    base = None
+    for doc in docs:
+        other = doc.get("otherData", {})
+        shift = 0.0
+        if align_wall:
+            offset = other.get("wall_minus_monotonic_us")
+            if offset is None:
+                raise ValueError("--align=wall: a file has no wall_minus_monotonic_us")
+            base = offset if base is None else base
+            shift = float(offset - base)
+        pids: dict[Any, int] = {}
+        for e in doc["traceEvents"]:
+            e = dict(e)
+            pid = e.get("pid", 0)
+            if pid not in pids:
+                new = pid
+                while new in used:  # another file's process: renumbered
+                    new += 1_000_000
+                pids[pid] = new
+                used.add(new)
+            e["pid"] = pids[pid]
+            if "ts" in e and shift:
+                e["ts"] = e["ts"] + shift
+            events.append(e)
+    events += _flows(events)
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"merged": [d.get("otherData", {}) for d in docs]}}
+
+
+def _spans(events, name):
+    return [e for e in events if e.get("ph") == "X" and e.get("name") == name]
+
+
+def summary(doc: dict[str, Any], matrices: bool = False) -> str:
+    """Per step: the trainer's forward, backward, step() and the time it
+    waited for updates, dmuond's Newton-Schulz busy time; with `matrices`,
+    per matrix: when its gradient was ready, how long it queued, its NS,
+    when its update was back and applied (ms from the step's first ready)."""
+    events = [e for e in doc["traceEvents"] if e.get("ph") in ("X", "i")]
+    chains: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for e in events:
+        a = e.get("args") or {}
+        if a.get("stage") in STAGES and "name" in a:
+            chains.setdefault((a.get("step"), a["name"]), {})[a["stage"]] = e
+    lines = []
+    for step in sorted({k[0] for k in chains}, key=lambda s: (s is None, s)):
+        def total(name, pred=lambda e: True):
+            return sum(e.get("dur", 0) for e in _spans(events, name)
+                       if (e.get("args") or {}).get("step") == step and pred(e)) / 1000
+        waits = sum(c["wait"]["dur"] for (st, _), c in chains.items()
+                    if st == step and "wait" in c) / 1000
+        batches = {(c["ns"]["pid"], c["ns"]["args"].get("batch")): c["ns"]["dur"]
+                   for (st, _), c in chains.items() if st == step and "ns" in c}
+        lines.append(f"step {step}: forward {total('forward'):.1f} ms, backward "
+                     f"{total('backward'):.1f} ms, step() {total('step()'):.1f} ms; "
+                     f"waited for updates {waits:.1f} ms; dmuond NS "
+                     f"{sum(batches.values()) / 1000:.1f} ms in {len(batches)} batches")
+        if not matrices:
+            continue
+        mine = sorted(((p, c) for (st, p), c in chains.items() if st == step),
+                      key=lambda pc: pc[1].get("ready", pc[1].get("received", {})).get("ts", 0))
+        t0 = min((c[s]["ts"] for _, c in mine for s in c), default=0)
+        lines.append("  matrix (shape): ready, queued for, NS (batch size), back, applied; "
+                     "ms from the step's first event")
+        for p, c in mine:
+            def at(stage, end=False):
+                e = c.get(stage)
+                if e is None:
+                    return "-"
+                return f"{(e['ts'] + (e.get('dur', 0) if end else 0) - t0) / 1000:.1f}"
+            queued = ("-" if "queued" not in c or "gather" not in c else
+                      f"{(c['gather']['ts'] - c['queued']['ts']) / 1000:.1f}")
+            ns = c.get("ns")
+            ns_s = "-" if ns is None else (f"{ns['dur'] / 1000:.1f} "
+                                           f"({ns['args'].get('batch_size')})")
+            any_e = next(iter(c.values()))["args"]
+            lines.append(f"  {any_e.get('name')} ({any_e.get('shape')}): {at('ready')}, "
+                         f"{queued}, {ns_s}, {at('update_received')}, {at('apply')}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dmuon.trace", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("merge", help="merge trace files into one")
+    m.add_argument("out", help="the merged file to write")
+    m.add_argument("inputs", nargs="+", help="trace files (trainer, dmuond, ...)")
+    m.add_argument("--align", choices=("monotonic", "wall"), default="monotonic",
+                   help="monotonic: one host's files as they are (default); wall: "
+                        "shift each by its wall-clock offset (several hosts)")
+    sm = sub.add_parser("summary", help="per step (and matrix) where the time went")
+    sm.add_argument("file", help="a trace file (merged: both sides)")
+    sm.add_argument("--matrices", action="store_true", help="a line per matrix too")
+    args = p.parse_args(argv)
+    if args.command == "summary":
+        try:
+            print(summary(load(args.file), args.matrices))
+        except (OSError, ValueError) as e:
+            print(f"dmuon.trace summary: {e}", file=sys.stderr)
+            return 2
+        return 0
+    try:
+        docs = [load(path) for path in args.inputs]
+        merged = merge(docs, align_wall=args.align == "wall")
+    except (OSError, ValueError) as e:
+        print(f"dmuon.trace merge: {e}", file=sys.stderr)
+        return 2
+    with open(args.out, "w") as f:
+        json.dump(merged, f)
+    n = sum(1 for e in merged["traceEvents"] if e.get("ph") in ("X", "i"))
+    print(f"{args.out}: {n} events from {len(docs)} files; open it in "
+          "https://ui.perfetto.dev or chrome://tracing")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
