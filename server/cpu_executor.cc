@@ -16,6 +16,8 @@ class CpuExecutor : public Executor {
     kernels::SetCpuThreads(threads);
   }
   std::string device() const override { return absl::StrCat("cpu:", index_); }
+  // Compute loops over the batch (kernels::OrthogonalizeBatch on the CPU).
+  bool batching_saves_time() const override { return false; }
 
   absl::Status Compute(absl::Span<const ComputeTask> batch) override {
     if (batch.empty()) return absl::OkStatus();

@@ -112,6 +112,13 @@ class Executor {
   // internal or a device fault (out of memory, a lost device); momentum may
   // then have advanced for some tasks of the batch.
   virtual absl::Status Compute(absl::Span<const ComputeTask> batch) = 0;
+  // Whether Compute runs k same-shape matrices in less time than k calls of
+  // one (the CUDA executor: one launch, one graph). A batch's updates leave
+  // together when it ends; an executor that only loops over the batch (the
+  // CPU executor) gains nothing from it and would hold the next forward's
+  // first update behind later layers' matrices, so the scheduler gives it
+  // one matrix at a time, in forward order (scheduler.h).
+  virtual bool batching_saves_time() const { return true; }
 
   // See the header comment. The defaults are those of an executor working on
   // host state (CPU): nothing to copy.

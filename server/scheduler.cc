@@ -105,6 +105,7 @@ void Scheduler::Shutdown() {
 
 void Scheduler::Loop(size_t index) {
   Executor& executor = *workers_[index].executor;
+  const int max_batch = executor.batching_saves_time() ? max_batch_ : 1;
   auto earlier = [](const Queued& a, const Queued& b) {
     return a.order != b.order ? a.order < b.order : a.seq < b.seq;
   };
@@ -128,7 +129,7 @@ void Scheduler::Loop(size_t index) {
       // Same shape and hyperparameters, earliest first, up to max_batch.
       std::sort(queue.begin(), queue.end(), earlier);
       for (auto it = queue.begin();
-           it != queue.end() && static_cast<int>(picked.size()) < max_batch_;) {
+           it != queue.end() && static_cast<int>(picked.size()) < max_batch;) {
         ComputeTask x, y;
         x.shape = head->shape();
         x.muon = head->muon();

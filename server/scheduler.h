@@ -2,7 +2,10 @@
 // by forward order (earliest first, then arrival), so the next forward's
 // first layers are served first. A worker takes the earliest ready matrix
 // and every other ready one in its queue with the same shape and
-// hyperparameters (up to max_batch) as one batched launch.
+// hyperparameters (up to max_batch) as one batched launch, where batching
+// saves time (Executor::batching_saves_time: the CUDA executor); else one
+// matrix at a time (the CPU executor), so that each update leaves as soon as
+// it is computed and none waits behind later layers' same-shape matrices.
 //
 // Which executor a matrix goes to is the planner's decision (planner.h); the
 // scheduler only runs queues.

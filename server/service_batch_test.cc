@@ -22,9 +22,14 @@ namespace {
 // A CPU executor that records the size of every batch it is given.
 class BatchRecorder : public Executor {
  public:
-  explicit BatchRecorder(std::unique_ptr<Executor> inner)
-      : inner_(std::move(inner)) {}
+  // `as_inner`: batching_saves_time() is the inner executor's; else the
+  // default (a batching device).
+  explicit BatchRecorder(std::unique_ptr<Executor> inner, bool as_inner = false)
+      : inner_(std::move(inner)), as_inner_(as_inner) {}
   std::string device() const override { return inner_->device(); }
+  bool batching_saves_time() const override {
+    return as_inner_ ? inner_->batching_saves_time() : true;
+  }
   absl::Status Compute(absl::Span<const ComputeTask> batch) override {
     {
       absl::MutexLock lock(&mu_);
@@ -39,48 +44,70 @@ class BatchRecorder : public Executor {
 
  private:
   std::unique_ptr<Executor> inner_;
+  const bool as_inner_;
   mutable absl::Mutex mu_;
   std::vector<int> sizes_ ABSL_GUARDED_BY(mu_);
 };
 
-TEST(Batching, EveryStepBatchesADeclarationWhole) {
-  constexpr int kParams = 8, kSteps = 60;
-  auto rec = std::make_unique<BatchRecorder>(NewCpuExecutor(0, 1));
+// Trains `params` same-shape matrices for `steps` steps through a service
+// whose one executor is `recorder`'s, each update checked against the fp64
+// reference; returns the batch sizes the executor was given.
+std::vector<int> BatchesOfSteps(std::unique_ptr<BatchRecorder> rec, int params,
+                                int steps) {
   BatchRecorder* recorder = rec.get();
   std::vector<std::unique_ptr<Executor>> ex;
   ex.push_back(std::move(rec));
   OptimizerService svc(ServiceOptions{},
-                       std::make_unique<Scheduler>(std::move(ex), kParams),
+                       std::make_unique<Scheduler>(std::move(ex), params),
                        nullptr);
-  std::vector<Param> params;
-  for (int i = 0; i < kParams; ++i)
-    params.push_back(
+  std::vector<Param> ps;
+  for (int i = 0; i < params; ++i)
+    ps.push_back(
         {"layer" + std::to_string(i) + ".w", 24, 40, v1::SHARDING_REPLICATED});
   Rank r;
-  ASSERT_TRUE(
-      r.Open(svc, Request("batches", 0, 1, v1::TRANSPORT_SHM, params)).ok());
+  EXPECT_TRUE(
+      r.Open(svc, Request("batches", 0, 1, v1::TRANSPORT_SHM, ps)).ok());
   std::mt19937_64 rng(std::random_device{}());
-  std::vector<Reference> ref(params.size());
-  for (int step = 1; step <= kSteps; ++step) {
-    const auto grads = RandomGradients(params, rng);
-    ASSERT_TRUE(r.Send(svc, step, grads).ok());
+  std::vector<Reference> ref(ps.size());
+  for (int step = 1; step <= steps; ++step) {
+    const auto grads = RandomGradients(ps, rng);
+    EXPECT_TRUE(r.Send(svc, step, grads).ok());
     const auto msgs = r.sink->WaitStep(step);
-    ASSERT_FALSE(msgs.empty());
-    ASSERT_TRUE(msgs.back().has_step_complete()) << "step " << step;
+    if (msgs.empty() || !msgs.back().has_step_complete()) {
+      ADD_FAILURE() << "step " << step << " did not complete";
+      break;
+    }
     // The batched updates are still each matrix's own (fp64 reference).
-    for (int i = 0; i < kParams; ++i) {
+    for (int i = 0; i < params; ++i) {
       const std::vector<double> g(grads[i].begin(), grads[i].end());
-      const auto want = ref[i].Step(g, {params[i].rows, params[i].cols});
+      const auto want = ref[i].Step(g, {ps[i].rows, ps[i].cols});
       EXPECT_LT(RelErr(r.Update(i, msgs), want), 1e-4)
           << "parameter " << i << " at step " << step;
     }
   }
-  const std::vector<int> sizes = recorder->sizes();
+  return recorder->sizes();
+}
+
+TEST(Batching, EveryStepBatchesADeclarationWhole) {
+  constexpr int kParams = 8, kSteps = 60;
+  const std::vector<int> sizes = BatchesOfSteps(
+      std::make_unique<BatchRecorder>(NewCpuExecutor(0, 1)), kParams, kSteps);
   ASSERT_EQ(sizes.size(), static_cast<size_t>(kSteps))
       << "a declaration of " << kParams
       << " same-shape matrices was split into several batches";
   for (size_t k = 0; k < sizes.size(); ++k)
     EXPECT_EQ(sizes[k], kParams) << "batch " << k;
+}
+
+// The CPU executor only loops over a batch: it gets one matrix at a time,
+// so each update leaves when it is computed, not when its batch ends (the
+// next forward's first matrix never waits behind later layers' ones).
+TEST(Batching, TheCpuExecutorRunsOneMatrixAtATime) {
+  constexpr int kParams = 8, kSteps = 5;
+  const std::vector<int> sizes = BatchesOfSteps(
+      std::make_unique<BatchRecorder>(NewCpuExecutor(0, 1), true), kParams,
+      kSteps);
+  EXPECT_EQ(sizes, std::vector<int>(kParams * kSteps, 1));
 }
 
 }  // namespace
