@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -20,6 +22,19 @@ std::string Sha256(const std::string& s) {
   unsigned char d[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d);
   return std::string(reinterpret_cast<const char*>(d), sizeof(d));
+}
+
+// `field` is "weight=<w>": a number in [kMinWeight, kMaxWeight].
+absl::Status ParseWeight(absl::string_view field, int line, double* weight) {
+  const absl::string_view v = absl::StripPrefix(field, "weight=");
+  double w = 0;
+  if (!absl::SimpleAtod(v, &w) || !(w >= kMinWeight && w <= kMaxWeight)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("line ", line, ": weight '", v, "' is not a number in [",
+                     kMinWeight, ", ", kMaxWeight, "]"));
+  }
+  *weight = w;
+  return absl::OkStatus();
 }
 
 Role ParseRole(absl::string_view s) {
@@ -71,6 +86,7 @@ const char* RoleName(Role role) {
 absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
     const std::string& text) {
   std::map<std::string, TokenEntry> out;
+  std::map<std::string, double> weights;  // by principal
   int n = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++n;
@@ -78,12 +94,17 @@ absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
     if (line.empty() || line[0] == '#') continue;
     std::vector<absl::string_view> f =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    if (f.size() < 2 || f.size() > 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("line ", n, ": expected '<role> <token> [name]', got ",
-                       f.size(), " fields"));
-    }
     TokenEntry e;
+    if (f.size() >= 3 && absl::StartsWith(f.back(), "weight=")) {
+      if (absl::Status st = ParseWeight(f.back(), n, &e.weight); !st.ok())
+        return st;
+      f.pop_back();
+    }
+    if (f.size() < 2 || f.size() > 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", n, ": expected '<role> <token> [name] [weight=<w>]', got ",
+          f.size(), " fields"));
+    }
     e.role = ParseRole(f[0]);
     if (e.role == Role::kNone) {
       return absl::InvalidArgumentError(
@@ -103,6 +124,13 @@ absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
                            : "token-" + absl::BytesToHexString(
                                             Sha256("dmuon principal\n" + token))
                                             .substr(0, 16);
+    auto w = weights.emplace(e.name, e.weight);
+    if (w.first->second != e.weight) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", n, ": weight ", e.weight, " of principal '",
+                       e.name, "' differs from its weight ", w.first->second,
+                       " on an earlier line (a principal has one weight)"));
+    }
     if (!out.emplace(digest, std::move(e)).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("line ", n, ": the same token twice"));
@@ -164,6 +192,7 @@ absl::StatusOr<Caller> Authenticator::Check(const grpc::ServerContextBase& ctx,
     c.role = t->second.role;
     c.principal.name = t->second.name;
     c.principal.any_job = c.role == Role::kOperator;
+    c.principal.weight = t->second.weight;
     c.token_digest = digest;
   } else if (mtls_) {
     // TLS verified the certificate against --tls-client-ca-file.

@@ -378,6 +378,7 @@ class OptimizerService {
     uint64_t serial = 0;
     uint64_t reserved = 0;
     std::string owner;
+    double weight = 1;  // the opener's (Principal::weight), a new job's
     // The snapshot it resumes from, taken from pending_ (moved into the job
     // by BuildJob), and its summary: the file is pending again when the
     // open fails.

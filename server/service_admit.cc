@@ -254,6 +254,7 @@ absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
   a->created = true;
   a->serial = next_job_serial_++;
   a->owner = pending ? pending->head.header().owner() : who.name;
+  a->weight = who.weight > 0 ? who.weight : 1;
   if (pending) {
     a->resumed = Summarize(pending->head.header());
     a->snapshot = pending_.Take(req.job_id());
