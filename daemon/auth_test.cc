@@ -63,6 +63,22 @@ TEST(ParseTokens, Weights) {
   EXPECT_EQ(by_name.begin()->first.rfind("token-", 0), 0u);
 }
 
+TEST(ParseTokens, Quotas) {
+  auto t = ParseTokens(
+      "trainer a team-a max_state_bytes=4096 max_jobs=2 weight=2\n"
+      "trainer b team-b\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (const auto& [digest, e] : *t) {
+    if (e.name == "team-a") {
+      EXPECT_EQ(e.quotas.max_jobs, 2);
+      EXPECT_EQ(e.quotas.max_state_bytes, 4096u);
+      EXPECT_EQ(e.weight, 2);
+    } else {
+      EXPECT_EQ(e.quotas, Quotas{});
+    }
+  }
+}
+
 TEST(ParseTokens, ErrorsNameTheLine) {
   for (const auto& [text, want] :
        std::vector<std::pair<std::string, std::string>>{
@@ -74,7 +90,14 @@ TEST(ParseTokens, ErrorsNameTheLine) {
            {"trainer a team weight=nan\n", "line 1: weight 'nan' is not"},
            {"trainer a team weight=2 x\n", "line 1: expected"},
            {"trainer a team weight=2\nreader b team weight=3\n",
-            "line 2: weight 3 of principal 'team' differs"},
+            "line 2: the weight or quotas of principal 'team' differ"},
+           {"trainer a team max_jobs=2\nreader b team\n",
+            "line 2: the weight or quotas of principal 'team' differ"},
+           {"trainer a team max_jobs=0\n",
+            "line 1: max_jobs '0' is not a positive integer"},
+           {"trainer a team max_state_bytes=1G\n",
+            "line 1: max_state_bytes '1G' is not a positive integer"},
+           {"trainer a team color=red\n", "line 1: unknown option 'color'"},
            {"reader\n", "line 1: expected"},
            {"reader a b c\n", "line 1: expected"},
            {"reader a\ntrainer a\n", "line 2: the same token twice"},

@@ -38,6 +38,7 @@
 #include "server/fallbacks.h"
 #include "server/limits.h"
 #include "server/principal.h"
+#include "server/quota.h"
 #include "server/read_budget.h"
 #include "server/scheduler.h"
 #include "server/service_metrics.h"
@@ -514,6 +515,10 @@ class OptimizerService {
                                    const Table& table) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckSessionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the jobs of principal `owner` hold, created or being created
+  // (quota.h). (service_admit.cc)
+  QuotaUse QuotaUseLocked(const std::string& owner) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The request's Resume as this daemon honours it (protocol 1.0 knew
   // none). (service_admit.cc)
   static v1::Resume ResumeOf(const v1::OpenSessionRequest& req);
@@ -584,7 +589,12 @@ class OptimizerService {
   // check, the region): their ids (another open of the id waits until the
   // job is published or abandoned) and their momentum bytes, which
   // --max-state-bytes counts as held.
-  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
+  // By job id: the owner and reserved bytes of a job being created (quotas).
+  struct Creating {
+    std::string owner;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, Creating> creating_ ABSL_GUARDED_BY(mu_);
   uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Snapshots the next job of their id resumes from (LoadSnapshots, and
   // each idle job dropped with a snapshot), read by LoadPendingSnapshot.
