@@ -143,6 +143,27 @@ std::vector<JobShareStats> Scheduler::JobStats(int index) const {
   return out;
 }
 
+std::map<uint64_t, JobShareStats> Scheduler::JobTotals() const {
+  absl::MutexLock lock(&mu_);
+  std::map<uint64_t, JobShareStats> out;
+  for (const Lane& lane : lanes_) {
+    for (const auto& [id, q] : lane.jobs) {
+      JobShareStats& t = out[id];
+      t.job = id;
+      t.weight = q.stats.weight;
+      t.busy_seconds += q.stats.busy_seconds;
+      t.cost += q.stats.cost;
+      t.batches += q.stats.batches;
+      t.matrices += q.stats.matrices;
+      t.queue_depth += q.stats.queue_depth;
+      t.wait_seconds += q.stats.wait_seconds;
+      t.max_wait_seconds =
+          std::max(t.max_wait_seconds, q.stats.max_wait_seconds);
+    }
+  }
+  return out;
+}
+
 std::vector<int> Scheduler::Healthy() const {
   std::vector<int> out;
   for (size_t i = 0; i < workers_.size(); ++i)

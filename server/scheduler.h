@@ -117,6 +117,9 @@ class Scheduler {
   std::vector<ExecutorStats> Stats() const;
   // Per job, its use of executor `index` (modulo the count), by job.
   std::vector<JobShareStats> JobStats(int index) const;
+  // Per job serial, its use of every executor summed (queue_depth summed,
+  // max_wait_seconds the largest).
+  std::map<uint64_t, JobShareStats> JobTotals() const;
   // Indices of the executors that are healthy now (Executor::healthy()).
   std::vector<int> Healthy() const;
 
