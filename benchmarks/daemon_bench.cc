@@ -4,11 +4,13 @@
 // the same number of threads, measured alternately in one run; plus the shm
 // transport's copy rate against a plain memcpy of the same bytes.
 
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +26,7 @@
 #include "client/client.h"
 #include "kernels/cost_model.h"
 #include "kernels/kernels.h"
+#include "proto/dmuon.grpc.pb.h"
 
 ABSL_FLAG(std::string, dmuond, "bazel-bin/daemon/dmuond", "the daemon binary");
 ABSL_FLAG(int, scale, 4, "divide GPT-2-small's dimensions by this");
@@ -31,6 +34,8 @@ ABSL_FLAG(int, layers, 12, "transformer layers (4 matrices each)");
 ABSL_FLAG(int, steps, 7, "timed steps per configuration (after one warm-up)");
 ABSL_FLAG(int, threads, 0, "BLAS threads on both sides (0: all cores)");
 ABSL_FLAG(std::string, out, "", "JSON results path");
+ABSL_FLAG(double, tenant_seconds, 4,
+          "two-tenant table: seconds each configuration runs");
 
 extern char** environ;
 
@@ -39,9 +44,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<ParamSpec> Table() {
-  const int64_t h = 768 / absl::GetFlag(FLAGS_scale),
-                f = 3072 / absl::GetFlag(FLAGS_scale);
+std::vector<ParamSpec> Table(int scale) {
+  const int64_t h = 768 / scale, f = 3072 / scale;
   std::vector<ParamSpec> t;
   for (int l = 0; l < absl::GetFlag(FLAGS_layers); ++l) {
     const std::string p = absl::StrCat("h.", l, ".");
@@ -68,7 +72,8 @@ struct Daemon {
   }
 };
 
-absl::Status Start(Daemon& d, int threads) {
+absl::Status Start(Daemon& d, int threads,
+                   const std::vector<std::string>& extra = {}) {
   const std::string port_file =
       absl::StrCat("/tmp/dmuon-bench-port.", getpid());
   std::remove(port_file.c_str());
@@ -76,6 +81,7 @@ absl::Status Start(Daemon& d, int threads) {
       absl::GetFlag(FLAGS_dmuond), "--listen=127.0.0.1:0",
       "--port-file=" + port_file,  "--log-level=warn",
       "--summary-every-secs=0",    absl::StrCat("--cpu-threads=", threads)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
   std::vector<char*> a;
   for (auto& s : argv) a.push_back(s.data());
   a.push_back(nullptr);
@@ -104,7 +110,7 @@ absl::Status Run(std::vector<Row>& rows) {
   if (threads <= 0)
     threads = static_cast<int>(std::thread::hardware_concurrency());
   kernels::SetCpuThreads(threads);
-  const auto table = Table();
+  const auto table = Table(absl::GetFlag(FLAGS_scale));
   std::mt19937_64 rng(7);
   std::normal_distribution<float> d;
   std::vector<std::vector<float>> grads, mom, upd;
@@ -228,6 +234,138 @@ absl::Status Run(std::vector<Row>& rows) {
   return absl::OkStatus();
 }
 
+// One tenant of the two-tenant table: a trainer thread running steps of
+// `table` on its own job as `token` until `stop`, its step times kept.
+struct Tenant {
+  std::string job, token;
+  std::vector<ParamSpec> table;
+  std::vector<double> step_seconds;
+  absl::Status status;
+};
+
+void RunTenant(const std::string& address, Tenant& t,
+               const std::atomic<bool>& stop) {
+  ClientOptions o;
+  o.token = t.token;
+  auto client = Client::Connect(address, o);
+  if (!client.ok()) {
+    t.status = client.status();
+    return;
+  }
+  SessionSpec spec;
+  spec.job_id = t.job;
+  spec.params = t.table;
+  auto s = (*client)->OpenSession(spec);
+  if (!s.ok()) {
+    t.status = s.status();
+    return;
+  }
+  std::vector<int> ids;
+  for (size_t i = 0; i < t.table.size(); ++i) {
+    for (float& x : (*s)->gradient(static_cast<int>(i))) x = 0.01f * (i + 1);
+    ids.push_back(static_cast<int>(i));
+  }
+  while (!stop && t.status.ok()) {
+    const auto t0 = Clock::now();
+    t.status = (*s)->GradientsReady(ids);
+    if (t.status.ok()) t.status = (*s)->FinishStep();
+    t.step_seconds.push_back(Seconds(t0));
+  }
+  (void)(*s)->Close();
+}
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * (v.size() - 1))];
+}
+
+// Two tenants (principals of weights wa:wb) on one executor for
+// --tenant-seconds; prints a line per tenant: steps, p50/p99 step time and
+// its share of the executor from Status. `b` empty: `a` alone.
+absl::Status TwoTenants(const std::string& label, double wa, double wb,
+                        Tenant a, Tenant b, int threads, int max_batch) {
+  const std::string tokens = absl::StrCat("/tmp/dmuon-bench-tokens.", getpid());
+  std::ofstream(tokens) << "trainer a-token alice weight=" << wa << "\n"
+                        << "trainer b-token bob weight=" << wb << "\n";
+  Daemon daemon;
+  absl::Status st = Start(daemon, threads,
+                          {"--auth-token-file=" + tokens, "--cpu-executors=1",
+                           absl::StrCat("--max-batch=", max_batch)});
+  if (!st.ok()) return st;
+  a.token = "a-token";
+  b.token = "b-token";
+  std::atomic<bool> stop{false};
+  std::thread ta(RunTenant, daemon.address, std::ref(a), std::cref(stop));
+  std::thread tb;
+  if (!b.table.empty())
+    tb = std::thread(RunTenant, daemon.address, std::ref(b), std::cref(stop));
+  std::this_thread::sleep_for(
+      std::chrono::duration<double>(absl::GetFlag(FLAGS_tenant_seconds)));
+  // Shares: each tenant's device seconds over both, as Status tells them
+  // (the operator-free way: each principal sees its own job's).
+  std::map<std::string, double> seconds;
+  for (Tenant* t : {&a, &b}) {
+    if (t->table.empty()) continue;
+    auto stub = v1::Optimizer::NewStub(grpc::CreateChannel(
+        daemon.address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + t->token);
+    v1::StatusResponse s;
+    if (grpc::Status g = stub->Status(&ctx, v1::StatusRequest(), &s); !g.ok())
+      return absl::UnavailableError("Status: " + g.error_message());
+    for (const auto& j : s.jobs())
+      if (j.job_id() == t->job) seconds[t->job] = j.device_seconds();
+  }
+  stop = true;
+  ta.join();
+  if (tb.joinable()) tb.join();
+  std::remove(tokens.c_str());
+  double all = 0;
+  for (auto& [job, s] : seconds) all += s;
+  for (Tenant* t : {&a, &b}) {
+    if (t->table.empty()) continue;
+    if (!t->status.ok()) return t->status;
+    std::printf("%-22s %-8s %6zu %10.1f %10.1f %8.1f%%\n", label.c_str(),
+                t->job.c_str(), t->step_seconds.size(),
+                Quantile(t->step_seconds, 0.5) * 1e3,
+                Quantile(t->step_seconds, 0.99) * 1e3,
+                all > 0 ? 100 * seconds[t->job] / all : 0.0);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunTwoTenants() {
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0)
+    threads = static_cast<int>(std::thread::hardware_concurrency());
+  // Twice --scale: steps short enough for several in --tenant-seconds.
+  const std::vector<ParamSpec> big = Table(2 * absl::GetFlag(FLAGS_scale));
+  // The small tenant: one matrix of c_proj's shape, about 1/100 of the
+  // big tenant's step.
+  std::vector<ParamSpec> small = {big[1]};
+  small[0].name = "small.w";
+  std::printf(
+      "\ntwo tenants on one executor (--cpu-executors=1), closed loop, "
+      "%.0f s each\n%-22s %-8s %6s %10s %10s %9s\n",
+      absl::GetFlag(FLAGS_tenant_seconds), "weights", "tenant", "steps",
+      "p50_ms", "p99_ms", "share");
+  // Big+big with --max-batch=1: a step is 48 batches, so a tenant stays
+  // backlogged through its step (with 4 batches a step, the client's
+  // turn-around caps the heavier tenant's share).
+  for (auto [wa, wb] : {std::pair<double, double>{1, 1}, {3, 1}}) {
+    absl::Status st = TwoTenants(absl::StrCat(wa, ":", wb, " big+big mb1"), wa,
+                                 wb, {"big-a", "", big, {}, {}},
+                                 {"big-b", "", big, {}, {}}, threads, 1);
+    if (!st.ok()) return st;
+  }
+  absl::Status st = TwoTenants("small alone", 1, 1,
+                               {"small", "", small, {}, {}}, {}, threads, 16);
+  if (!st.ok()) return st;
+  return TwoTenants("1:1 small+big", 1, 1, {"small", "", small, {}, {}},
+                    {"big", "", big, {}, {}}, threads, 16);
+}
+
 }  // namespace
 }  // namespace dmuon::bench
 
@@ -244,6 +382,11 @@ int main(int argc, char** argv) {
       "ratio: against the in-process run (ratio = in-process time / this "
       "time)\n");
   dmuon::bench::PrintTable(rows);
+  if (absl::Status st = dmuon::bench::RunTwoTenants(); !st.ok()) {
+    std::fprintf(stderr, "daemon_bench: two tenants: %s\n",
+                 st.ToString().c_str());
+    return 1;
+  }
   const std::string cmd =
       absl::StrCat("./dmuon bench daemon --scale=", absl::GetFlag(FLAGS_scale),
                    " --steps=", absl::GetFlag(FLAGS_steps));

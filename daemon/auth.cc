@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -20,6 +21,41 @@ std::string Sha256(const std::string& s) {
   unsigned char d[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d);
   return std::string(reinterpret_cast<const char*>(d), sizeof(d));
+}
+
+// `field` is one `key=value` option of a token line (auth.h): weight=<w>
+// in [kMinWeight, kMaxWeight], max_jobs=<n>, max_state_bytes=<n> (n >= 1).
+absl::Status ParseOption(absl::string_view field, int line, TokenEntry* e) {
+  const std::pair<absl::string_view, absl::string_view> kv =
+      absl::StrSplit(field, absl::MaxSplits('=', 1));
+  const absl::string_view key = kv.first, v = kv.second;
+  if (key == "weight") {
+    double w = 0;
+    if (!absl::SimpleAtod(v, &w) || !(w >= kMinWeight && w <= kMaxWeight)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", line, ": weight '", v, "' is not a number in [",
+                       kMinWeight, ", ", kMaxWeight, "]"));
+    }
+    e->weight = w;
+    return absl::OkStatus();
+  }
+  if (key == "max_jobs" || key == "max_state_bytes") {
+    uint64_t n = 0;
+    if (!absl::SimpleAtoi(v, &n) || n == 0 ||
+        (key == "max_jobs" && n > (1u << 30))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", line, ": ", key, " '", v, "' is not a positive integer"));
+    }
+    if (key == "max_jobs") {
+      e->quotas.max_jobs = static_cast<int64_t>(n);
+    } else {
+      e->quotas.max_state_bytes = n;
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("line ", line, ": unknown option '", key,
+                   "' (weight, max_jobs, max_state_bytes)"));
 }
 
 Role ParseRole(absl::string_view s) {
@@ -71,6 +107,7 @@ const char* RoleName(Role role) {
 absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
     const std::string& text) {
   std::map<std::string, TokenEntry> out;
+  std::map<std::string, TokenEntry> principals;  // by name: its first
   int n = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++n;
@@ -78,12 +115,19 @@ absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
     if (line.empty() || line[0] == '#') continue;
     std::vector<absl::string_view> f =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    if (f.size() < 2 || f.size() > 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("line ", n, ": expected '<role> <token> [name]', got ",
-                       f.size(), " fields"));
-    }
     TokenEntry e;
+    // Options: the trailing `key=value` fields after the token.
+    while (f.size() >= 3 && absl::StrContains(f.back(), '=')) {
+      if (absl::Status st = ParseOption(f.back(), n, &e); !st.ok()) return st;
+      f.pop_back();
+    }
+    if (f.size() < 2 || f.size() > 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", n,
+          ": expected '<role> <token> [name] [weight=<w>] [max_jobs=<n>] "
+          "[max_state_bytes=<n>]', got ",
+          f.size(), " fields"));
+    }
     e.role = ParseRole(f[0]);
     if (e.role == Role::kNone) {
       return absl::InvalidArgumentError(
@@ -103,6 +147,13 @@ absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
                            : "token-" + absl::BytesToHexString(
                                             Sha256("dmuon principal\n" + token))
                                             .substr(0, 16);
+    auto first = principals.emplace(e.name, e);
+    if (!first.second && (first.first->second.weight != e.weight ||
+                          !(first.first->second.quotas == e.quotas))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", n, ": the weight or quotas of principal '", e.name,
+          "' differ from an earlier line's (a principal has one of each)"));
+    }
     if (!out.emplace(digest, std::move(e)).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("line ", n, ": the same token twice"));
@@ -164,6 +215,8 @@ absl::StatusOr<Caller> Authenticator::Check(const grpc::ServerContextBase& ctx,
     c.role = t->second.role;
     c.principal.name = t->second.name;
     c.principal.any_job = c.role == Role::kOperator;
+    c.principal.weight = t->second.weight;
+    c.principal.quotas = t->second.quotas;
     c.token_digest = digest;
   } else if (mtls_) {
     // TLS verified the certificate against --tls-client-ca-file.

@@ -11,7 +11,12 @@
 // lines starting with '#' are skipped. `name` is the principal that owns
 // the jobs the token creates; without one it is "token-" and 16 hex digits
 // of a SHA-256 of the token (tokens sharing a name share their jobs).
-// Tokens are kept only as SHA-256 digests.
+// Tokens are kept only as SHA-256 digests. Optional trailing `key=value`
+// fields are the principal's: `weight=<w>` ([0.01, 1000], default 1), its
+// jobs' share of the executors against other backlogged jobs
+// (server/scheduler.h); `max_jobs=<n>` and `max_state_bytes=<n>`, its
+// quotas (server/quota.h; default none). Tokens sharing a name must give
+// the same ones. mTLS principals have weight 1 and no quotas.
 
 #ifndef DMUON_DAEMON_AUTH_H_
 #define DMUON_DAEMON_AUTH_H_
@@ -35,8 +40,12 @@ const char* RoleName(Role role);
 
 struct TokenEntry {
   Role role = Role::kNone;
-  std::string name;  // the principal
+  std::string name;   // the principal
+  double weight = 1;  // `weight=`, Principal::weight
+  Quotas quotas;      // `max_jobs=`, `max_state_bytes=`, Principal::quotas
 };
+inline constexpr double kMinWeight = 0.01;
+inline constexpr double kMaxWeight = 1000;
 
 // SHA-256 digest (raw bytes) of the token -> its entry. Errors name the
 // line ("line 3: ...").

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -46,10 +47,57 @@ TEST(ParseTokens, UnnamedTokensGetDistinctStableNames) {
   EXPECT_TRUE(names.count(b->begin()->second.name));
 }
 
+TEST(ParseTokens, Weights) {
+  auto t = ParseTokens(
+      "trainer a team-a weight=3\nreader b team-a weight=3\n"
+      "trainer c team-b\ntrainer d weight=0.5\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::map<std::string, double> by_name;
+  for (const auto& [digest, e] : *t) by_name[e.name] = e.weight;
+  ASSERT_EQ(by_name.size(), 3u);
+  EXPECT_EQ(by_name["team-a"], 3);
+  EXPECT_EQ(by_name["team-b"], 1);  // the default
+  by_name.erase("team-a");
+  by_name.erase("team-b");
+  EXPECT_EQ(by_name.begin()->second, 0.5);  // unnamed: token-<hex>
+  EXPECT_EQ(by_name.begin()->first.rfind("token-", 0), 0u);
+}
+
+TEST(ParseTokens, Quotas) {
+  auto t = ParseTokens(
+      "trainer a team-a max_state_bytes=4096 max_jobs=2 weight=2\n"
+      "trainer b team-b\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (const auto& [digest, e] : *t) {
+    if (e.name == "team-a") {
+      EXPECT_EQ(e.quotas.max_jobs, 2);
+      EXPECT_EQ(e.quotas.max_state_bytes, 4096u);
+      EXPECT_EQ(e.weight, 2);
+    } else {
+      EXPECT_EQ(e.quotas, Quotas{});
+    }
+  }
+}
+
 TEST(ParseTokens, ErrorsNameTheLine) {
   for (const auto& [text, want] :
        std::vector<std::pair<std::string, std::string>>{
            {"reader a\nadmin b\n", "line 2: role 'admin'"},
+           {"trainer a team weight=fast\n",
+            "line 1: weight 'fast' is not a number in [0.01, 1000]"},
+           {"trainer a team weight=0\n", "line 1: weight '0' is not"},
+           {"trainer a team weight=1e9\n", "line 1: weight '1e9' is not"},
+           {"trainer a team weight=nan\n", "line 1: weight 'nan' is not"},
+           {"trainer a team weight=2 x\n", "line 1: expected"},
+           {"trainer a team weight=2\nreader b team weight=3\n",
+            "line 2: the weight or quotas of principal 'team' differ"},
+           {"trainer a team max_jobs=2\nreader b team\n",
+            "line 2: the weight or quotas of principal 'team' differ"},
+           {"trainer a team max_jobs=0\n",
+            "line 1: max_jobs '0' is not a positive integer"},
+           {"trainer a team max_state_bytes=1G\n",
+            "line 1: max_state_bytes '1G' is not a positive integer"},
+           {"trainer a team color=red\n", "line 1: unknown option 'color'"},
            {"reader\n", "line 1: expected"},
            {"reader a b c\n", "line 1: expected"},
            {"reader a\ntrainer a\n", "line 2: the same token twice"},

@@ -241,6 +241,44 @@ void PrintCounts(const char* title,
   std::printf("\n");
 }
 
+// The jobs table of `dmuonctl status`.
+void PrintJobs(const dmuon::v1::StatusResponse& s) {
+  // DROP_IN_S: a job with no open rank is dropped (its momentum freed,
+  // snapshotted first with --state-dir) in that many seconds; "-" while a
+  // rank is open.
+  // SHARE: of the executors' time spent on the listed jobs (the
+  // scheduler's accounting); WAIT_MS: a matrix's mean and longest queue
+  // wait; WEIGHT: its principal's (docs/design.md, sharing).
+  std::printf("\n%-24s %6s %6s %8s %12s %10s %10s %6s %6s %15s\n", "JOB",
+              "RANKS", "OPEN", "PARAMS", "STATE_MB", "STEPS", "DROP_IN_S",
+              "WEIGHT", "SHARE", "WAIT_MS(AVG/MAX)");
+  for (const auto& j : s.jobs()) {
+    char drop[32] = "-";
+    if (j.on_disk())
+      std::snprintf(drop, sizeof(drop), "on disk");  // resumes when opened
+    else if (j.ranks_open() == 0)
+      std::snprintf(drop, sizeof(drop), "%.0f", j.drop_in_seconds());
+    char wait[40];
+    std::snprintf(wait, sizeof(wait), "%.1f/%.1f",
+                  j.queue_wait_mean_seconds() * 1e3,
+                  j.queue_wait_max_seconds() * 1e3);
+    std::printf("%-24s %6d %6d %8d %12.1f %10lld %10s %6.2f %5.1f%% %15s\n",
+                Safe(j.job_id()).c_str(), j.world_size(), j.ranks_open(),
+                j.parameters(), j.state_bytes() / 1e6,
+                static_cast<long long>(j.completed_steps()), drop, j.weight(),
+                j.device_share() * 100, wait);
+    if (j.rewind_waiting_ranks_size() > 0) {
+      std::string ranks;
+      for (int r : j.rewind_waiting_ranks())
+        absl::StrAppend(&ranks, ranks.empty() ? "" : ", ", r);
+      std::printf(
+          "  rank(s) %s asked to rewind step %lld and wait for the "
+          "others\n",
+          ranks.c_str(), static_cast<long long>(j.rewind_step()));
+    }
+  }
+}
+
 int Status(Optimizer::Stub& stub, bool sessions_only) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -286,31 +324,7 @@ int Status(Optimizer::Stub& stub, bool sessions_only) {
             static_cast<unsigned long long>(e.graph_fallbacks()));
       }
     }
-    // DROP_IN_S: a job with no open rank is dropped (its momentum freed,
-    // snapshotted first with --state-dir) in that many seconds; "-" while a
-    // rank is open.
-    std::printf("\n%-24s %6s %6s %8s %12s %10s %10s\n", "JOB", "RANKS", "OPEN",
-                "PARAMS", "STATE_MB", "STEPS", "DROP_IN_S");
-    for (const auto& j : s.jobs()) {
-      char drop[32] = "-";
-      if (j.on_disk())
-        std::snprintf(drop, sizeof(drop), "on disk");  // resumes when opened
-      else if (j.ranks_open() == 0)
-        std::snprintf(drop, sizeof(drop), "%.0f", j.drop_in_seconds());
-      std::printf("%-24s %6d %6d %8d %12.1f %10lld %10s\n",
-                  Safe(j.job_id()).c_str(), j.world_size(), j.ranks_open(),
-                  j.parameters(), j.state_bytes() / 1e6,
-                  static_cast<long long>(j.completed_steps()), drop);
-      if (j.rewind_waiting_ranks_size() > 0) {
-        std::string ranks;
-        for (int r : j.rewind_waiting_ranks())
-          absl::StrAppend(&ranks, ranks.empty() ? "" : ", ", r);
-        std::printf(
-            "  rank(s) %s asked to rewind step %lld and wait for the "
-            "others\n",
-            ranks.c_str(), static_cast<long long>(j.rewind_step()));
-      }
-    }
+    PrintJobs(s);
     PrintCounts("ERRORS", s.errors());
     // Every fallback kind (docs/design.md "Fallbacks"); a daemon from
     // before them sends none.

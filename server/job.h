@@ -143,6 +143,11 @@ class Job {
   // after, so read without the lock.
   const std::string& owner() const { return owner_; }
   void set_owner(std::string owner) { owner_ = std::move(owner); }
+  // Its share of the executors against other backlogged jobs (scheduler.h):
+  // the weight of the principal that made it, as of then. Set once, like
+  // the owner, before the job is published.
+  double weight() const { return weight_; }
+  void set_weight(double weight) { weight_ = weight; }
   // The executors hold the momentum and keep a step-start copy of it
   // (Executor::keeps_step_start): the job can be rolled back mid-step. Set
   // once, like the owner, before the job is published.
@@ -372,6 +377,7 @@ class Job {
   const planner::Plan plan_;
   const bool host_momentum_;
   std::string owner_;              // set before publication (owner())
+  double weight_ = 1;              // set before publication (weight())
   bool keeps_step_start_ = false;  // set before publication
 
   mutable absl::Mutex mu_;

@@ -22,6 +22,8 @@ struct ParamWork : public Work {
   kernels::Shape shape() const override;
   const MuonParams* muon() const override;
   double flops() const override;
+  uint64_t job_serial() const override { return job->serial(); }
+  double weight() const override { return job->weight(); }
   absl::StatusOr<ComputeTask> Prepare() override;
   void Finish(absl::Status status) override;
   void Computed(double seconds) override { compute_seconds = seconds; }

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "server/quota.h"
 
 namespace dmuon::server {
 
@@ -26,6 +27,12 @@ struct Principal {
   // Where the call came from (the adapter's peer string, e.g.
   // "ipv4:10.0.0.7:41234"): for messages only, never for a decision.
   std::string peer = "";
+  // Its jobs' share of the executors against other backlogged jobs
+  // (scheduler.h): the token file's `weight=` (daemon/auth.h), else 1.
+  double weight = 1;
+  // Its jobs' quotas (quota.h): the token file's `max_jobs=` and
+  // `max_state_bytes=`, else none.
+  Quotas quotas = Quotas{};
 };
 
 // OK when `who` may use job `job_id` owned by `owner`, else

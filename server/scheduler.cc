@@ -21,7 +21,7 @@ Scheduler::Scheduler(std::vector<std::unique_ptr<Executor>> executors,
       ExecutorStats stats;
       stats.device = e->device();
       stats_.push_back(stats);
-      queues_.emplace_back();
+      lanes_.emplace_back();
       workers_.push_back(Worker{std::move(e), std::thread()});
     }
   }
@@ -40,12 +40,88 @@ void Scheduler::Submit(int index, std::shared_ptr<Work> work) {
 
 void Scheduler::SubmitAll(
     std::vector<std::pair<int, std::shared_ptr<Work>>> works) {
+  const auto now = std::chrono::steady_clock::now();
   absl::MutexLock lock(&mu_);
   for (auto& [index, work] : works) {
     const size_t i = static_cast<size_t>(index) % workers_.size();
-    queues_[i].push_back({work->forward_order(), seq_++, std::move(work)});
-    stats_[i].queue_depth = static_cast<int>(queues_[i].size());
+    Lane& lane = lanes_[i];
+    JobQueue& q = lane.jobs[work->job_serial()];
+    if (q.ready.empty()) {
+      // Becoming backlogged: start at the least virtual time of the
+      // backlogged jobs (none saved while idle), see the sharing rule.
+      bool any = false;
+      double least = 0;
+      for (const auto& [id, other] : lane.jobs) {
+        if (other.ready.empty()) continue;
+        least = any ? std::min(least, other.vtime) : other.vtime;
+        any = true;
+      }
+      if (any) q.vtime = least;
+    }
+    q.stats.job = work->job_serial();
+    q.stats.weight = work->weight() > 0 ? work->weight() : 1;
+    q.dropped = false;
+    q.ready.push_back({work->forward_order(), seq_++, now, std::move(work)});
+    q.stats.queue_depth = static_cast<int>(q.ready.size());
+    stats_[i].queue_depth = ++lane.depth;
   }
+}
+
+std::vector<Scheduler::Queued> Scheduler::PickBatch(Lane& lane, int max_batch,
+                                                    uint64_t& job) {
+  // The backlogged job of least virtual time; ties: least recently served.
+  JobQueue* q = nullptr;
+  for (auto& [id, other] : lane.jobs) {
+    if (other.ready.empty()) continue;
+    if (q == nullptr || other.vtime < q->vtime ||
+        (other.vtime == q->vtime && other.last_pick < q->last_pick)) {
+      q = &other;
+      job = id;
+    }
+  }
+  auto earlier = [](const Queued& a, const Queued& b) {
+    return a.order != b.order ? a.order < b.order : a.seq < b.seq;
+  };
+  std::vector<Queued>& queue = q->ready;
+  std::sort(queue.begin(), queue.end(), earlier);
+  std::vector<Queued> picked;
+  picked.push_back(std::move(queue.front()));
+  queue.erase(queue.begin());
+  // Same shape and hyperparameters, earliest first, up to max_batch.
+  ComputeTask x;
+  x.shape = picked.front().work->shape();
+  x.muon = picked.front().work->muon();
+  for (auto it = queue.begin();
+       it != queue.end() && static_cast<int>(picked.size()) < max_batch;) {
+    ComputeTask y;
+    y.shape = it->work->shape();
+    y.muon = it->work->muon();
+    if (SameBatchKey(x, y)) {
+      picked.push_back(std::move(*it));
+      it = queue.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Charged now, at the pick (the cost is predicted, not measured): the
+  // next pick already sees it.
+  double cost = 0;
+  for (const Queued& p : picked) cost += p.work->flops();
+  q->vtime += cost / q->stats.weight;
+  q->last_pick = ++lane.picks;
+  q->stats.cost += cost;
+  q->stats.batches += 1;
+  q->stats.matrices += picked.size();
+  q->stats.queue_depth = static_cast<int>(queue.size());
+  const auto now = std::chrono::steady_clock::now();
+  for (const Queued& p : picked) {
+    const double wait =
+        std::chrono::duration<double>(now - p.submitted).count();
+    q->stats.wait_seconds += wait;
+    q->stats.max_wait_seconds = std::max(q->stats.max_wait_seconds, wait);
+  }
+  lane.depth -= static_cast<int>(picked.size());
+  return picked;
 }
 
 std::vector<ExecutorStats> Scheduler::Stats() const {
@@ -58,6 +134,35 @@ std::vector<ExecutorStats> Scheduler::Stats() const {
     out.back().memory_bytes = e.memory_bytes();
     out.back().last_error = e.last_error();
     out.back().graph_fallbacks = e.graph_fallbacks();
+  }
+  return out;
+}
+
+std::vector<JobShareStats> Scheduler::JobStats(int index) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<JobShareStats> out;
+  const Lane& lane = lanes_[static_cast<size_t>(index) % lanes_.size()];
+  for (const auto& [id, q] : lane.jobs) out.push_back(q.stats);
+  return out;
+}
+
+std::map<uint64_t, JobShareStats> Scheduler::JobTotals() const {
+  absl::MutexLock lock(&mu_);
+  std::map<uint64_t, JobShareStats> out;
+  for (const Lane& lane : lanes_) {
+    for (const auto& [id, q] : lane.jobs) {
+      JobShareStats& t = out[id];
+      t.job = id;
+      t.weight = q.stats.weight;
+      t.busy_seconds += q.stats.busy_seconds;
+      t.cost += q.stats.cost;
+      t.batches += q.stats.batches;
+      t.matrices += q.stats.matrices;
+      t.queue_depth += q.stats.queue_depth;
+      t.wait_seconds += q.stats.wait_seconds;
+      t.max_wait_seconds =
+          std::max(t.max_wait_seconds, q.stats.max_wait_seconds);
+    }
   }
   return out;
 }
@@ -90,6 +195,17 @@ absl::Status Scheduler::ReadStepStart(int index, const StateKey& key,
 
 void Scheduler::DropJob(uint64_t job) {
   for (auto& w : workers_) w.executor->DropJob(job);
+  // Its accounting goes with it (now, or once its queued matrices ran).
+  absl::MutexLock lock(&mu_);
+  for (Lane& lane : lanes_) {
+    auto it = lane.jobs.find(job);
+    if (it == lane.jobs.end()) continue;
+    if (it->second.ready.empty()) {
+      lane.jobs.erase(it);
+    } else {
+      it->second.dropped = true;
+    }
+  }
 }
 
 void Scheduler::Shutdown() {
@@ -106,56 +222,35 @@ void Scheduler::Shutdown() {
 void Scheduler::Loop(size_t index) {
   Executor& executor = *workers_[index].executor;
   const int max_batch = executor.batching_saves_time() ? max_batch_ : 1;
-  auto earlier = [](const Queued& a, const Queued& b) {
-    return a.order != b.order ? a.order < b.order : a.seq < b.seq;
-  };
   for (;;) {
-    std::vector<std::shared_ptr<Work>> picked;
+    std::vector<Queued> picked;
+    uint64_t job = 0;
     BatchRun run;
     run.executor = static_cast<int>(index);
     {
       absl::MutexLock lock(&mu_);
-      std::vector<Queued>& queue = queues_[index];
-      auto ready = [this, &queue] {
+      Lane& lane = lanes_[index];
+      auto ready = [this, &lane] {
         mu_.AssertHeld();
-        return stopping_ || !queue.empty();
+        return stopping_ || lane.depth > 0;
       };
       mu_.Await(absl::Condition(&ready));
-      if (queue.empty()) return;  // stopping, and nothing left to run
-      auto first = std::min_element(queue.begin(), queue.end(), earlier);
-      std::shared_ptr<Work> head = first->work;
-      queue.erase(first);
-      picked.push_back(head);
-      // Same shape and hyperparameters, earliest first, up to max_batch.
-      std::sort(queue.begin(), queue.end(), earlier);
-      for (auto it = queue.begin();
-           it != queue.end() && static_cast<int>(picked.size()) < max_batch;) {
-        ComputeTask x, y;
-        x.shape = head->shape();
-        x.muon = head->muon();
-        y.shape = it->work->shape();
-        y.muon = it->work->muon();
-        if (SameBatchKey(x, y)) {
-          picked.push_back(it->work);
-          it = queue.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      stats_[index].queue_depth = static_cast<int>(queue.size());
+      if (lane.depth == 0) return;  // stopping, and nothing left to run
+      picked = PickBatch(lane, max_batch, job);
+      stats_[index].queue_depth = lane.depth;
       run.batch = batches_++;
     }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<ComputeTask> tasks;
     std::vector<std::shared_ptr<Work>> ready;
-    for (auto& work : picked) {
-      absl::StatusOr<ComputeTask> t = work->Prepare();
+    for (auto& p : picked) {
+      absl::StatusOr<ComputeTask> t = p.work->Prepare();
       if (!t.ok()) {
-        work->Finish(t.status());
+        p.work->Finish(t.status());
         continue;
       }
       tasks.push_back(*t);
-      ready.push_back(work);
+      ready.push_back(p.work);
     }
     run.size = static_cast<int>(ready.size());
     run.start_ns = TraceNowNs();
@@ -172,11 +267,23 @@ void Scheduler::Loop(size_t index) {
     const double busy =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
-    absl::MutexLock lock(&mu_);
-    ExecutorStats& stats = stats_[index];
-    stats.busy_seconds += busy;
-    stats.matrices += ready.size();
-    if (st.ok()) stats.flops += flops;
+    Account(index, job, busy, ready.size(), st.ok() ? flops : 0);
+  }
+}
+
+// After a batch: the executor's counters and its job's busy time.
+void Scheduler::Account(size_t index, uint64_t job, double busy,
+                        size_t matrices, double flops) {
+  absl::MutexLock lock(&mu_);
+  ExecutorStats& stats = stats_[index];
+  stats.busy_seconds += busy;
+  stats.matrices += matrices;
+  stats.flops += flops;
+  Lane& lane = lanes_[index];
+  auto it = lane.jobs.find(job);
+  if (it != lane.jobs.end()) {
+    it->second.stats.busy_seconds += busy;
+    if (it->second.dropped && it->second.ready.empty()) lane.jobs.erase(it);
   }
 }
 

@@ -1,11 +1,34 @@
-// Scheduler: one worker thread per executor, each with a ready queue ordered
-// by forward order (earliest first, then arrival), so the next forward's
-// first layers are served first. A worker takes the earliest ready matrix
-// and every other ready one in its queue with the same shape and
-// hyperparameters (up to max_batch) as one batched launch, where batching
-// saves time (Executor::batching_saves_time: the CUDA executor); else one
-// matrix at a time (the CPU executor), so that each update leaves as soon as
-// it is computed and none waits behind later layers' same-shape matrices.
+// Scheduler: one worker thread per executor, each with a ready queue per
+// job. Between jobs a worker shares the executor by weight; within a job it
+// takes the earliest ready matrix by forward order (then arrival), so the
+// next forward's first layers are served first, and every other ready one
+// of that job with the same shape and hyperparameters (up to max_batch) as
+// one batched launch, where batching saves time
+// (Executor::batching_saves_time: the CUDA executor); else one matrix at a
+// time (the CPU executor), so that each update leaves as soon as it is
+// computed and none waits behind later layers' same-shape matrices.
+//
+// Sharing rule (weighted fair queuing on predicted cost, the virtual-time
+// form of deficit round robin): each job on an executor has a virtual time,
+// the predicted cost it was served (Work::flops(), the planner's cost)
+// divided by its weight (Work::weight(), its principal's, default 1). The
+// worker serves one batch of the backlogged job with the least virtual
+// time (ties: the one served least recently), then charges the job the
+// batch's cost. A job that becomes backlogged starts at the least virtual
+// time of the jobs backlogged then (no credit saved while idle, none lost).
+// So backlogged jobs get the executor's time in proportion to their
+// weights (as far as the predicted cost follows the time), interleaved per
+// batch, and:
+//
+//   Bound: a job that becomes backlogged runs its first batch right after
+//   the batch in flight; a job whose ready matrices fit one batch waits at
+//   most one batch of another job's work. In general a job of weight w
+//   whose step costs s waits at most the batch in flight plus, per other
+//   backlogged job j, w_j / w * s and one batch of j.
+//
+// A batch never mixes jobs: each job is charged exactly its own launch, and
+// a small job's batch is never lengthened by another job's matrices. (The
+// price: two jobs with equal shapes are no longer batched together.)
 //
 // Which executor a matrix goes to is the planner's decision (planner.h); the
 // scheduler only runs queues.
@@ -13,7 +36,9 @@
 #ifndef DMUON_SERVER_SCHEDULER_H_
 #define DMUON_SERVER_SCHEDULER_H_
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,6 +75,10 @@ class Work {
   virtual kernels::Shape shape() const = 0;
   virtual const MuonParams* muon() const = 0;
   virtual double flops() const = 0;
+  // The job it belongs to (its serial) and the job's weight (> 0): the
+  // unit of fair sharing (above). One job's works all give one weight.
+  virtual uint64_t job_serial() const { return 0; }
+  virtual double weight() const { return 1; }
   virtual absl::StatusOr<ComputeTask> Prepare() = 0;
   virtual void Finish(absl::Status status) = 0;
   // This matrix's share of its batch's Executor::Compute wall time: the
@@ -77,6 +106,20 @@ struct ExecutorStats {
   double measured_step_seconds = 0;
 };
 
+// One job's use of one executor, from the scheduler's own accounting.
+struct JobShareStats {
+  uint64_t job = 0;
+  double weight = 1;
+  double busy_seconds = 0;  // its batches' Prepare+Compute+Finish time
+  double cost = 0;          // predicted cost served (sum of Work::flops())
+  uint64_t batches = 0;
+  uint64_t matrices = 0;
+  int queue_depth = 0;
+  // Queue wait: from Submit until the matrix's batch was taken.
+  double wait_seconds = 0;      // summed over its matrices
+  double max_wait_seconds = 0;  // the longest
+};
+
 class Scheduler {
  public:
   Scheduler(std::vector<std::unique_ptr<Executor>> executors, int max_batch);
@@ -90,6 +133,11 @@ class Scheduler {
   // batched alike at every step, however the threads interleave.
   void SubmitAll(std::vector<std::pair<int, std::shared_ptr<Work>>> works);
   std::vector<ExecutorStats> Stats() const;
+  // Per job, its use of executor `index` (modulo the count), by job.
+  std::vector<JobShareStats> JobStats(int index) const;
+  // Per job serial, its use of every executor summed (queue_depth summed,
+  // max_wait_seconds the largest).
+  std::map<uint64_t, JobShareStats> JobTotals() const;
   // Indices of the executors that are healthy now (Executor::healthy()).
   std::vector<int> Healthy() const;
 
@@ -115,8 +163,30 @@ class Scheduler {
   struct Queued {
     int32_t order;
     uint64_t seq;
+    std::chrono::steady_clock::time_point submitted;
     std::shared_ptr<Work> work;
   };
+  // One job on one executor: its ready queue (unsorted; scanned, queues are
+  // short), its virtual time and counters.
+  struct JobQueue {
+    std::vector<Queued> ready;
+    double vtime = 0;        // cost served / weight, see the sharing rule
+    uint64_t last_pick = 0;  // the worker's pick count when last served
+    bool dropped = false;    // DropJob came while matrices were queued
+    JobShareStats stats;
+  };
+  struct Lane {
+    std::map<uint64_t, JobQueue> jobs;  // by job serial
+    uint64_t picks = 0;
+    int depth = 0;  // ready matrices over all jobs
+  };
+  // Takes the next batch of an executor's lane (sharing rule above), at
+  // most `max_batch` matrices; sets `job` to its job's serial.
+  std::vector<Queued> PickBatch(Lane& lane, int max_batch, uint64_t& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a batch: executor `index`'s counters and job `job`'s busy time.
+  void Account(size_t index, uint64_t job, double busy, size_t matrices,
+               double flops) ABSL_LOCKS_EXCLUDED(mu_);
   // An executor and its thread: fixed once the constructor returns.
   struct Worker {
     std::unique_ptr<Executor> executor;
@@ -138,9 +208,8 @@ class Scheduler {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t batches_ ABSL_GUARDED_BY(mu_) = 0;  // BatchRun::batch
-  // By executor index: its ready queue (unsorted; scanned, queues are
-  // short) and its counters.
-  std::vector<std::vector<Queued>> queues_ ABSL_GUARDED_BY(mu_);
+  // By executor index: its jobs' ready queues and its counters.
+  std::vector<Lane> lanes_ ABSL_GUARDED_BY(mu_);
   std::vector<ExecutorStats> stats_ ABSL_GUARDED_BY(mu_);
 };
 

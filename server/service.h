@@ -39,6 +39,7 @@
 #include "server/fallbacks.h"
 #include "server/limits.h"
 #include "server/principal.h"
+#include "server/quota.h"
 #include "server/read_budget.h"
 #include "server/scheduler.h"
 #include "server/service_metrics.h"
@@ -392,6 +393,7 @@ class OptimizerService {
     uint64_t serial = 0;
     uint64_t reserved = 0;
     std::string owner;
+    double weight = 1;  // the opener's (Principal::weight), a new job's
     // The snapshot it resumes from, taken from pending_ (moved into the job
     // by BuildJob), and its summary: the file is pending again when the
     // open fails.
@@ -527,6 +529,10 @@ class OptimizerService {
                                    const Table& table) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckSessionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the jobs of principal `owner` hold, created or being created
+  // (quota.h). (service_admit.cc)
+  QuotaUse QuotaUseLocked(const std::string& owner) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The request's Resume as this daemon honours it (protocol 1.0 knew
   // none). (service_admit.cc)
   static v1::Resume ResumeOf(const v1::OpenSessionRequest& req);
@@ -597,7 +603,12 @@ class OptimizerService {
   // check, the region): their ids (another open of the id waits until the
   // job is published or abandoned) and their momentum bytes, which
   // --max-state-bytes counts as held.
-  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
+  // By job id: the owner and reserved bytes of a job being created (quotas).
+  struct Creating {
+    std::string owner;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, Creating> creating_ ABSL_GUARDED_BY(mu_);
   uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Snapshots the next job of their id resumes from (LoadSnapshots, and
   // each idle job dropped with a snapshot), read by LoadPendingSnapshot.

@@ -189,6 +189,21 @@ absl::Status OptimizerService::CheckCapacityLocked(
   return absl::OkStatus();
 }
 
+QuotaUse OptimizerService::QuotaUseLocked(const std::string& owner) const {
+  QuotaUse use;
+  for (const auto& [id, j] : jobs_) {
+    if (j->owner() != owner) continue;
+    use.jobs += 1;
+    use.state_bytes += MomentumBytes(j->table());
+  }
+  for (const auto& [id, c] : creating_) {
+    if (c.owner != owner) continue;
+    use.jobs += 1;
+    use.state_bytes += c.bytes;
+  }
+  return use;
+}
+
 absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
                                            const Table& table,
                                            const Principal& who,
@@ -251,16 +266,25 @@ absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
   // Admitted: the job is made without mu_ (BuildJob); until it is
   // published other opens of the id wait, and its bytes count as held.
   // A resumed job keeps its snapshot's owner; a new one is `who`'s.
+  const std::string owner = pending ? pending->head.header().owner() : who.name;
+  if (!owner.empty() && owner == who.name) {
+    if (auto st = CheckQuota(owner, who.quotas, QuotaUseLocked(owner),
+                             MomentumBytes(table));
+        !st.ok()) {
+      return st;
+    }
+  }
   a->created = true;
   a->serial = next_job_serial_++;
-  a->owner = pending ? pending->head.header().owner() : who.name;
+  a->owner = owner;
+  a->weight = who.weight > 0 ? who.weight : 1;
   if (pending) {
     a->resumed = Summarize(pending->head.header());
     a->snapshot = pending_.Take(req.job_id());
   }
   a->reserved = MomentumBytes(table);
   creating_bytes_ += a->reserved;
-  creating_.insert(req.job_id());
+  creating_[req.job_id()] = Creating{a->owner, a->reserved};
   a->ranks.assign(req.world_size(), nullptr);
   return absl::OkStatus();
 }

@@ -32,6 +32,22 @@ void AddJobLoad(const Job& job, const std::vector<ExecutorStats>& devices,
   }
 }
 
+// Fills `out`'s use of the executors from the scheduler's accounting
+// (`shares`, by job serial; `all_seconds`: every listed job's seconds).
+void SetShare(const Job& job, const std::map<uint64_t, JobShareStats>& shares,
+              double all_seconds, v1::JobStatus* out) {
+  out->set_weight(job.weight());
+  auto it = shares.find(job.serial());
+  if (it == shares.end()) return;
+  const JobShareStats& s = it->second;
+  out->set_device_seconds(s.busy_seconds);
+  out->set_device_share(all_seconds > 0 ? s.busy_seconds / all_seconds : 0);
+  if (s.matrices > 0)
+    out->set_queue_wait_mean_seconds(s.wait_seconds /
+                                     static_cast<double>(s.matrices));
+  out->set_queue_wait_max_seconds(s.max_wait_seconds);
+}
+
 }  // namespace
 
 std::vector<ExecutorStats> OptimizerService::ExecutorStatsWithLoad() const {
@@ -69,11 +85,17 @@ v1::StatusResponse OptimizerService::Status() const {
           .count());
   const auto now = std::chrono::steady_clock::now();
   std::vector<ExecutorStats> stats = scheduler_->Stats();
+  const std::map<uint64_t, JobShareStats> shares = scheduler_->JobTotals();
   std::vector<double> predicted(stats.size(), 0.0);
   std::vector<double> measured(stats.size(), 0.0);
   {
     absl::MutexLock lock(&mu_);
     r.set_serving(!draining_);
+    double all_seconds = 0;  // every listed job's device seconds
+    for (const auto& [id, job] : jobs_) {
+      auto it = shares.find(job->serial());
+      if (it != shares.end()) all_seconds += it->second.busy_seconds;
+    }
     for (const auto& [id, job] : jobs_) {
       absl::MutexLock jl(&job->mu());
       auto* j = r.add_jobs();
@@ -86,6 +108,7 @@ v1::StatusResponse OptimizerService::Status() const {
         bytes += p.shape.elements() * sizeof(float);
       j->set_state_bytes(bytes);
       j->set_completed_steps(job->completed_steps());
+      SetShare(*job, shares, all_seconds, j);
       if (job->open_ranks() == 0 &&
           job->drop_at() != std::chrono::steady_clock::time_point::max()) {
         j->set_drop_in_seconds(std::max(

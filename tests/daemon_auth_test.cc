@@ -492,6 +492,30 @@ TEST(Auth, SighupRereadsTheTokens) {
       << d.log();
 }
 
+// A principal's quotas come with its token file entry and follow a SIGHUP:
+// over max_jobs, OpenSession is RESOURCE_EXHAUSTED naming the quota.
+TEST(Auth, QuotasFromTheTokenFileFollowSighup) {
+  const std::string file = TokenFile("trainer q-token team-q max_jobs=1\n");
+  Daemon d({"--auth-token-file=" + file});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+  ASSERT_TRUE(Open(stub.get(), "q-token", OneMatrixJob("q1", 0, 1)).ok());
+  const grpc::Status st = Open(stub.get(), "q-token", OneMatrixJob("q2", 0, 1));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(st.error_message().rfind(
+                "principal 'team-q' is at its quota of 1 jobs (max_jobs)", 0),
+            0u)
+      << st.error_message();
+  Write(file, "trainer q-token team-q max_jobs=2\n");
+  d.process().Signal(SIGHUP);
+  bool ok = false;
+  for (int i = 0; i < 100 && !ok; ++i) {
+    ok = Open(stub.get(), "q-token", OneMatrixJob("q2", 0, 1)).ok();
+    if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(ok) << d.log();
+}
+
 // Refused calls are logged at most 20 at once and then 1 a second per peer
 // host, the rest counted on the next line (issue 27: an unauthenticated peer
 // wrote about 45 MB of log a minute); every one is still counted in Status.

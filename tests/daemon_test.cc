@@ -119,7 +119,8 @@ TEST(Daemon, HealthStatusMetricsAndDrain) {
   EXPECT_EQ(code, 0);
   EXPECT_NE(table.find("cpu:0"), std::string::npos) << table;
   for (const char* column :
-       {"STEP_PRED_MS", "STEP_MEAS_MS", "MEAS/PRED", "DROP_IN_S"})
+       {"STEP_PRED_MS", "STEP_MEAS_MS", "MEAS/PRED", "DROP_IN_S", "WEIGHT",
+        "SHARE", "WAIT_MS(AVG/MAX)"})
     EXPECT_NE(table.find(column), std::string::npos) << column << "\n" << table;
   Ctl(d.address(), {"drain"}, &code);
   EXPECT_EQ(code, 0);
