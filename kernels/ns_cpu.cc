@@ -1,6 +1,7 @@
 // CPU Newton–Schulz: fp32 (the product path) and fp64 (the test oracle), one
 // templated implementation over kernels/blas_ops.h.
 
+#include <array>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -71,10 +72,28 @@ void WriteBack(const T* x, Shape s, T* out) {
   }
 }
 
+// The working matrices of one call, kept by the calling thread between
+// calls (an executor's worker runs every matrix of its queue). A fresh
+// std::vector per call was fresh pages: above malloc's mmap threshold each
+// was mapped, zero-filled and unmapped again, about 2,000 page faults for a
+// 1536x384 matrix (19,000 per step of a 4-layer d=384 GPT in dmuond, and
+// its Newton-Schulz up to 1.5x slower than the same kernels in a loop).
+// Slot k holds one role's matrix; every element is written before it is
+// read (beta = 0 products, copies), so the old contents never matter.
+template <typename T>
+std::vector<T>& Scratch(int slot, int64_t size) {
+  thread_local std::array<std::vector<T>, 7> slots;
+  std::vector<T>& v = slots[static_cast<size_t>(slot)];
+  v.resize(static_cast<size_t>(size));
+  return v;
+}
+
 // Direct: per step A = X X^T, B = b A + c A A, X <- a X + B X.
 template <typename T>
 void Direct(const NsOptions& o, int64_t m, int64_t n, std::vector<T>& x) {
-  std::vector<T> y(m * n), a(m * m), b(m * m);
+  std::vector<T>& y = Scratch<T>(1, m * n);
+  std::vector<T>& a = Scratch<T>(2, m * m);
+  std::vector<T>& b = Scratch<T>(3, m * m);
   for (const StepCoefficients& k : o.schedule.steps) {
     blas::SymRankK<T>(x.data(), m, n, T(1), T(0), a.data());
     b = a;
@@ -93,7 +112,12 @@ template <typename T>
 void Gram(const NsOptions& o, int64_t m, int64_t n, std::vector<T>& x) {
   const int steps = static_cast<int>(o.schedule.steps.size());
   const int restart = o.gram_restart_after;
-  std::vector<T> r(m * m), z(m * m), q(m * m), t(m * m), p2(m * m), y(m * n);
+  std::vector<T>& y = Scratch<T>(1, m * n);
+  std::vector<T>& r = Scratch<T>(2, m * m);
+  std::vector<T>& z = Scratch<T>(3, m * m);
+  std::vector<T>& q = Scratch<T>(4, m * m);
+  std::vector<T>& t = Scratch<T>(5, m * m);
+  std::vector<T>& p2 = Scratch<T>(6, m * m);
   bool have_q = false;  // false: Q is the identity
   auto apply_q = [&] {
     blas::Gemm<T>(q.data(), x.data(), m, n, T(1), T(0), y.data());
@@ -132,7 +156,7 @@ absl::Status RunOne(const MatrixRef<const T>& in, const MatrixRef<T>& out,
                     const NsOptions& o, Method method) {
   const Shape s = in.shape;
   const int64_t m = s.m(), n = s.n();
-  std::vector<T> x(m * n);
+  std::vector<T>& x = Scratch<T>(0, m * n);
   Normalize(in.data.data(), s, o, x.data());
   if (method == Method::kGram) {
     Gram(o, m, n, x);

@@ -1,7 +1,7 @@
 """The daemon's side of the critical-path bound: Newton-Schulz time per
 matrix shape with dmuond's own CPU kernels (the extension's orthogonalize:
-kernels::Orthogonalize, the method the cost model picks, as dmuond's "auto"
-does), in a process pinned to one of the daemon's cores with one OpenBLAS
+kernels::Orthogonalize, with the method the bench's DMuon asks dmuond for:
+DMUON_METHOD below), in a process pinned to one of the daemon's cores with one OpenBLAS
 thread, as each of dmuond's --cpu-executors runs (the bench gives the
 daemon one executor and one OpenBLAS thread per core).
 
@@ -27,8 +27,14 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The Newton-Schulz method the bench's DMuon asks dmuond for
+# (optimizers.py), and so the one timed here for the bound: "auto" (per
+# shape, the cheaper of direct and Gram NS by the cost model). DMuon's own
+# default is "direct"; the final loss against fp32 torch Muon's is checked
+# either way.
+DMUON_METHOD = "auto"
 # torch.optim.Muon's defaults, which DMuon sends (char_gpt.MUON keeps them).
-NS = dict(steps=5, coefficients=(3.4445, -4.775, 2.0315), method="auto", eps=1e-7)
+NS = dict(steps=5, coefficients=(3.4445, -4.775, 2.0315), method=DMUON_METHOD, eps=1e-7)
 
 
 def main(argv: list[str] | None = None) -> None:

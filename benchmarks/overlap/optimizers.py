@@ -21,6 +21,7 @@ import os
 import sys
 
 from models import ROOT, char_gpt
+from ns_times import DMUON_METHOD  # the method the bound is timed with
 
 LABELS = {
     "adamw": "AdamW",
@@ -71,7 +72,7 @@ def make(kind: str, model, server: str | None = None):
 
         if not server:
             raise ValueError(f"optimizer {kind}: needs the address of a dmuond")
-        return DMuon(model, **char_gpt.MUON,
+        return DMuon(model, **char_gpt.MUON, method=DMUON_METHOD,
                      adamw_options=AdamWOptions(**char_gpt.ADAMW),
                      daemon_options=DaemonOptions(server),
                      routing_options=RoutingOptions(adamw=[model.head]),
