@@ -35,7 +35,9 @@ ABSL_FLAG(int, cpu_threads, 0,
 ABSL_FLAG(
     int, cpu_executors, 1,
     "CPU executors (each a queue and a thread; threads are split among them)");
-ABSL_FLAG(int, max_batch, 16, "most same-shape matrices in one batched launch");
+ABSL_FLAG(int, max_batch, 16,
+          "most same-shape matrices in one batched launch (GPU executors; a "
+          "CPU executor runs one matrix at a time)");
 ABSL_FLAG(int, metrics_port, 0,
           "Prometheus /metrics port on the --listen host (0 disables)");
 ABSL_FLAG(

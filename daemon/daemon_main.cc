@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "base/protocol.h"
@@ -57,8 +59,11 @@
 namespace dmuon::server {
 namespace {
 
-// Set across UseBestBlasKernels' exec: the kernels OpenBLAS first chose.
+// Set across UseBestBlasKernels' exec: the kernels OpenBLAS first chose;
+// set when its exec failed: why. The operator's switch to turn it off.
 constexpr char kBlasCoreWas[] = "DMUON_BLAS_CORE_WAS";
+constexpr char kBlasExecError[] = "DMUON_BLAS_EXEC_ERROR";
+constexpr char kNoBlasReexec[] = "DMUON_NO_BLAS_REEXEC";
 
 constexpr char kUsage[] =
     "dmuond: the dmuon optimizer daemon. It owns the Muon momentum state and "
@@ -536,11 +541,19 @@ void LimitMallocArenas() {
 
 // OpenBLAS picked its kernels when it loaded; a generic choice on a CPU that
 // runs better ones (kernels/blas_core.h) is corrected by starting again
-// with OPENBLAS_CORETYPE set, before any thread or file exists. An
-// OPENBLAS_CORETYPE already set is the operator's choice (or this one's,
-// after the exec) and stands.
+// with OPENBLAS_CORETYPE set, before any file or socket is opened (the
+// pthread OpenBLAS has started its own idle workers; the exec ends them).
+// An OPENBLAS_CORETYPE already set is the operator's choice (or this one's,
+// after the exec) and stands; DMUON_NO_BLAS_REEXEC=1 turns the exec off
+// (under a debugger or valgrind, or when dmuond is started through the
+// dynamic loader: /proc/self/exe is then not dmuond), and so does an exec
+// that fails (errno kept for LogBlasKernels).
 void UseBestBlasKernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  if (const char* off = std::getenv(kNoBlasReexec);
+      off != nullptr && std::string(off) != "0") {
+    return;
+  }
   const std::string chosen = kernels::BlasCoreName();
   const std::optional<std::string> better =
       kernels::BetterBlasCore(chosen, kernels::HostCpuFeatures());
@@ -548,27 +561,43 @@ void UseBestBlasKernels(char** argv) {
   setenv("OPENBLAS_CORETYPE", better->c_str(), 1);
   setenv(kBlasCoreWas, chosen.c_str(), 1);
   execv("/proc/self/exe", argv);
+  const int err = errno;
   unsetenv("OPENBLAS_CORETYPE");  // no exec: the weaker kernels, said below
   unsetenv(kBlasCoreWas);
+  setenv(kBlasExecError, std::strerror(err), 1);
 }
 
 // After logging is set up: what UseBestBlasKernels did, or could not do.
+// The kernels named are the ones loaded (openblas_get_corename), so an
+// OPENBLAS_CORETYPE that OpenBLAS ignored shows as the generic core still.
 void LogBlasKernels() {
   const std::string now = kernels::BlasCoreName();
+  const char* asked = std::getenv("OPENBLAS_CORETYPE");
+  const std::optional<std::string> better =
+      kernels::BetterBlasCore(now, kernels::HostCpuFeatures());
   if (const char* was = std::getenv(kBlasCoreWas); was != nullptr) {
     spdlog::info(
         "OpenBLAS chose its {} kernels (this CPU's model is not in its "
-        "table); dmuond started again with OPENBLAS_CORETYPE={}, which the "
-        "CPU supports (set OPENBLAS_CORETYPE to choose)",
-        was, now);
+        "table); dmuond started again with OPENBLAS_CORETYPE={} and runs its "
+        "{} kernels (set OPENBLAS_CORETYPE to choose, "
+        "{}=1 to keep OpenBLAS's choice)",
+        was, asked == nullptr ? "" : asked, now, kNoBlasReexec);
     unsetenv(kBlasCoreWas);
-  } else if (auto better =
-                 kernels::BetterBlasCore(now, kernels::HostCpuFeatures());
-             better && std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+  }
+  // OPENBLAS_CORETYPE naming the kernels loaded: the operator's choice.
+  if (better && !(asked != nullptr && absl::EqualsIgnoreCase(asked, now))) {
+    const char* exec_error = std::getenv(kBlasExecError);
     spdlog::warn(
-        "OpenBLAS runs its {} kernels though this CPU supports {}: "
+        "OpenBLAS runs its {} kernels though this CPU supports {}{}: "
         "Newton-Schulz is several times slower; set OPENBLAS_CORETYPE={}",
-        now, *better, *better);
+        now, *better,
+        exec_error != nullptr
+            ? std::string(" (starting again failed: ") + exec_error + ")"
+        : asked != nullptr ? std::string(" (OPENBLAS_CORETYPE=") + asked +
+                                 " was not applied by this OpenBLAS)"
+                           : std::string(),
+        *better);
+    unsetenv(kBlasExecError);
   }
 }
 

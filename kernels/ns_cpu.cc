@@ -79,13 +79,37 @@ void WriteBack(const T* x, Shape s, T* out) {
 // 1536x384 matrix (19,000 per step of a 4-layer d=384 GPT in dmuond, and
 // its Newton-Schulz up to 1.5x slower than the same kernels in a loop).
 // Slot k holds one role's matrix; every element is written before it is
-// read (beta = 0 products, copies), so the old contents never matter.
+// read (beta = 0 products, which never read their output, and copies), so
+// the old contents never matter. At most kKeepScratchBytes stay with a
+// thread between calls (TrimScratch): the working set of a large matrix
+// (about 470 MB for 4096x4096) would otherwise stay with every thread that
+// ever ran one, and its page faults cost little beside its products.
+constexpr size_t kKeepScratchBytes = size_t{64} << 20;
+
+template <typename T>
+std::array<std::vector<T>, 7>& ScratchSlots() {
+  thread_local std::array<std::vector<T>, 7> slots;
+  return slots;
+}
+
 template <typename T>
 std::vector<T>& Scratch(int slot, int64_t size) {
-  thread_local std::array<std::vector<T>, 7> slots;
-  std::vector<T>& v = slots[static_cast<size_t>(slot)];
+  std::vector<T>& v = ScratchSlots<T>()[static_cast<size_t>(slot)];
   v.resize(static_cast<size_t>(size));
   return v;
+}
+
+template <typename T>
+void ReleaseScratch() {
+  for (std::vector<T>& v : ScratchSlots<T>()) std::vector<T>().swap(v);
+}
+
+template <typename T>
+void TrimScratch() {
+  size_t bytes = 0;
+  for (const std::vector<T>& v : ScratchSlots<T>())
+    bytes += v.capacity() * sizeof(T);
+  if (bytes > kKeepScratchBytes) ReleaseScratch<T>();
 }
 
 // Direct: per step A = X X^T, B = b A + c A A, X <- a X + B X.
@@ -167,9 +191,11 @@ absl::Status RunOne(const MatrixRef<const T>& in, const MatrixRef<T>& out,
   // so that a NaN never leaves the library.
   if (absl::Status st = CheckFinite(x.data(), Shape{m, n}, "result");
       !st.ok()) {
+    ReleaseScratch<T>();  // no NaN kept for the next call
     return absl::InternalError(st.message());
   }
   WriteBack(x.data(), s, out.data.data());
+  TrimScratch<T>();
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "client/client.h"
 #include "kernels/blas_core.h"
 #include "proto/dmuon.grpc.pb.h"
@@ -175,8 +176,35 @@ TEST(Daemon, RunsTheBestOpenBlasKernelsTheCpuSupports) {
         << core << "\n"
         << log;
   } else {
-    EXPECT_EQ(core, std::getenv("OPENBLAS_CORETYPE")) << log;
+    EXPECT_TRUE(absl::EqualsIgnoreCase(core, std::getenv("OPENBLAS_CORETYPE")))
+        << log;
   }
+}
+
+// DMUON_NO_BLAS_REEXEC=1 keeps OpenBLAS's own choice, and a choice weaker
+// than the CPU allows is then said at start.
+TEST(Daemon, KeepsOpenBlasChoiceWhenToldAndSaysItIsSlower) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP();
+  setenv("DMUON_NO_BLAS_REEXEC", "1", 1);
+  std::string log;
+  {
+    Daemon d;
+    unsetenv("DMUON_NO_BLAS_REEXEC");
+    for (int i = 0; i < 500 && log.find("serving on") == std::string::npos;
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      log = d.log();
+    }
+  }
+  const std::string mine = kernels::BlasCoreName();  // this test's choice
+  EXPECT_NE(log.find(" OpenBLAS threads on " + mine + " kernels"),
+            std::string::npos)
+      << log;
+  const bool weaker =
+      kernels::BetterBlasCore(mine, kernels::HostCpuFeatures()).has_value();
+  EXPECT_EQ(log.find("though this CPU supports") != std::string::npos, weaker)
+      << log;
+  EXPECT_EQ(log.find("started again"), std::string::npos) << log;
 }
 
 TEST(Daemon, PrometheusMetrics) {
