@@ -77,10 +77,12 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="measured steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
     ap.add_argument("--repeats", type=int, default=5, help="runs of each (alternating)")
-    ap.add_argument("--out", default=os.path.join(RESULTS, "trace-overhead.json"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "trace-overhead.json"),
+                    help="the JSON of the on/off figures")
     ap.add_argument("--example", default=os.path.join(RESULTS, "trace-example.json"),
                     help="the merged example timeline written ('' for none)")
-    ap.add_argument("--example-steps", type=int, default=3)
+    ap.add_argument("--example-steps", type=int, default=3,
+                    help="steps of the example timeline")
     args = ap.parse_args()
     corpus = char_gpt.Corpus(device="cpu")
     t0 = time.perf_counter()
