@@ -29,8 +29,13 @@ namespace {
 
 // Matrices per step, each of its own shape: one batch each, so that a
 // trainer's step keeps its job backlogged for 48 batches (a step of one
-// batch would let a job use only what its one batch in flight asks).
+// batch would let a job use only what its one batch in flight asks). Each
+// step costs the executor about 100 ms: the client's turn-around between
+// steps (its job is then not backlogged and the other gets the executor)
+// must be small beside it, also on a loaded machine (with 10 ms steps a CI
+// run measured 64/36 at 1:1).
 constexpr int kMatrices = 48;
+constexpr int kCols = 256;
 
 // Runs steps of job `job` as `token` until `stop`; counts them in `steps`.
 void Trainer(const std::string& address, const std::string& token,
@@ -46,7 +51,7 @@ void Trainer(const std::string& address, const std::string& token,
   SessionSpec spec;
   spec.job_id = job;
   for (int i = 0; i < kMatrices; ++i)
-    spec.params.push_back({"w" + std::to_string(i), 48 + 2 * i, 96,
+    spec.params.push_back({"w" + std::to_string(i), 96 + 4 * i, kCols,
                            Sharding::kReplicated, 0, 0, i, 0});
   auto s = (*client)->OpenSession(spec);
   if (!s.ok()) {
@@ -114,7 +119,7 @@ double ShareOfA(double weight_a, double weight_b) {
   both_past(2);  // both opened and running
   const auto first = DeviceSeconds(*stub);
   const int a0 = steps_a, b0 = steps_b;
-  both_past(std::max(a0, b0) + 12);
+  both_past(std::max(a0, b0) + 8);
   const auto last = DeviceSeconds(*stub);
   stop = true;
   a.join();
