@@ -131,6 +131,16 @@ TEST(Daemon, HealthStatusMetricsAndDrain) {
   EXPECT_EQ(refused->Wait(30), 3);
 }
 
+// What dmuond `d` logged up to its "serving on" line (5 s at most).
+std::string StartLog(const Daemon& d) {
+  std::string log;
+  for (int i = 0; i < 500 && log.find("serving on") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    log = d.log();
+  }
+  return log;
+}
+
 // --cpu-threads=0 means the cores dmuond may use, not the machine's: pinned
 // to one core (taskset, a cpuset), it runs one OpenBLAS thread instead of
 // one per core of the node fighting over that core.
@@ -144,11 +154,7 @@ TEST(Daemon, DefaultThreadsFollowTheAffinityMask) {
   ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
   Daemon d;  // inherits the one-core mask
   ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
-  std::string log;
-  for (int i = 0; i < 500 && log.find("serving on") == std::string::npos; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    log = d.log();
-  }
+  const std::string log = StartLog(d);
   EXPECT_NE(log.find(", 1 OpenBLAS threads on "), std::string::npos) << log;
 }
 
@@ -160,11 +166,7 @@ TEST(Daemon, RunsTheBestOpenBlasKernelsTheCpuSupports) {
   std::string log;
   {
     Daemon d;
-    for (int i = 0; i < 500 && log.find("serving on") == std::string::npos;
-         ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      log = d.log();
-    }
+    log = StartLog(d);
   }
   const size_t at = log.find(" OpenBLAS threads on ");
   ASSERT_NE(at, std::string::npos) << log;
@@ -190,11 +192,7 @@ TEST(Daemon, KeepsOpenBlasChoiceWhenToldAndSaysItIsSlower) {
   {
     Daemon d;
     unsetenv("DMUON_NO_BLAS_REEXEC");
-    for (int i = 0; i < 500 && log.find("serving on") == std::string::npos;
-         ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      log = d.log();
-    }
+    log = StartLog(d);
   }
   const std::string mine = kernels::BlasCoreName();  // this test's choice
   EXPECT_NE(log.find(" OpenBLAS threads on " + mine + " kernels"),
