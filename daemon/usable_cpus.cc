@@ -7,8 +7,10 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -39,20 +41,75 @@ int AffinityCpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-std::optional<int> QuotaCores() {
-  // The process's own cgroup is the namespace's root inside a container
-  // (cgroup v2 with a private cgroup namespace, as Kubernetes and podman
-  // set up); outside one, the mount root shows the machine's, which has no
-  // quota: either way /sys/fs/cgroup/ is the one that limits this process
-  // or a parent that does not.
-  if (auto v2 = ReadSmall("/sys/fs/cgroup/cpu.max")) return QuotaCoresV2(*v2);
-  auto q = ReadSmall("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
-  auto p = ReadSmall("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
-  if (q && p) return QuotaCoresV1(*q, *p);
-  return std::nullopt;
+// The ancestors of `path` ("/a/b": "/a/b", "/a", ""), nearest first.
+std::vector<std::string> UpFrom(absl::string_view path) {
+  std::vector<std::string> dirs;
+  std::string p(absl::StripSuffix(path, "/"));
+  while (true) {
+    dirs.push_back(p);
+    const size_t slash = p.rfind('/');
+    if (p.empty() || slash == std::string::npos) break;
+    p.resize(slash);
+  }
+  return dirs;
+}
+
+std::optional<int> Tighter(std::optional<int> a, std::optional<int> b) {
+  if (!a) return b;
+  if (!b) return a;
+  return std::min(*a, *b);
+}
+
+std::optional<int> QuotaV2(const std::string& root, absl::string_view path) {
+  std::optional<int> cores;
+  for (const std::string& dir : UpFrom(path)) {
+    if (auto max = ReadSmall(root + dir + "/cpu.max")) {
+      cores = Tighter(cores, QuotaCoresV2(*max));
+    }
+  }
+  return cores;
+}
+
+std::optional<int> QuotaV1(const std::string& root, absl::string_view mount,
+                           absl::string_view path) {
+  std::optional<int> cores;
+  const std::string base = absl::StrCat(root, "/", mount);
+  for (const std::string& dir : UpFrom(path)) {
+    auto q = ReadSmall(base + dir + "/cpu.cfs_quota_us");
+    auto p = ReadSmall(base + dir + "/cpu.cfs_period_us");
+    if (q && p) cores = Tighter(cores, QuotaCoresV1(*q, *p));
+  }
+  return cores;
 }
 
 }  // namespace
+
+std::optional<int> QuotaCoresOnPath(const std::string& cgroup_root,
+                                    const std::string& proc_self_cgroup) {
+  // v2 first: on a hybrid host the v1 cpu controller, if mounted, is the one
+  // that applies only when v2 has no cpu.max along the path.
+  for (absl::string_view line : absl::StrSplit(proc_self_cgroup, '\n')) {
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() == 3 && f[0] == "0" && f[1].empty()) {
+      if (auto cores = QuotaV2(cgroup_root, f[2])) return cores;
+    }
+  }
+  for (absl::string_view line : absl::StrSplit(proc_self_cgroup, '\n')) {
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3) continue;
+    std::vector<absl::string_view> controllers = absl::StrSplit(f[1], ',');
+    if (std::find(controllers.begin(), controllers.end(), "cpu") ==
+        controllers.end()) {
+      continue;
+    }
+    for (absl::string_view mount : {f[1], absl::string_view("cpu")}) {
+      if (auto cores = QuotaV1(cgroup_root, mount, f[2])) return cores;
+    }
+  }
+  return std::nullopt;
+}
 
 std::optional<int> QuotaCoresV2(const std::string& cpu_max) {
   std::vector<absl::string_view> f = absl::StrSplit(
@@ -77,7 +134,8 @@ std::optional<int> QuotaCoresV1(const std::string& quota_us,
 
 int UsableCpus() {
   const int affinity = AffinityCpus();
-  const std::optional<int> quota = QuotaCores();
+  const std::optional<int> quota = QuotaCoresOnPath(
+      "/sys/fs/cgroup", ReadSmall("/proc/self/cgroup").value_or(""));
   return quota ? std::min(affinity, *quota) : affinity;
 }
 

@@ -2,6 +2,9 @@
 
 #include <sched.h>
 
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -24,6 +27,66 @@ TEST(QuotaCores, V1) {
   EXPECT_EQ(QuotaCoresV1("-1\n", "100000\n"), std::nullopt);
   EXPECT_EQ(QuotaCoresV1("250000\n", "100000\n"), 3);
   EXPECT_EQ(QuotaCoresV1("x", "100000"), std::nullopt);
+}
+
+// A cgroup tree under a temporary directory: `files` maps paths below it to
+// contents.
+class FakeCgroups {
+ public:
+  FakeCgroups() {
+    root_ = std::filesystem::path(::testing::TempDir()) /
+            ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_);
+  }
+  void Write(const std::string& rel, const std::string& text) {
+    const std::filesystem::path p = root_ / rel;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  }
+  std::string root() const { return root_.string(); }
+
+ private:
+  std::filesystem::path root_;
+};
+
+// The defect this replaced: only the hierarchy's root file was read, so a
+// quota on the process's own cgroup (a systemd service, a pod's container
+// without a cgroup namespace) or on a parent was missed.
+TEST(QuotaCoresOnPath, V2ReadsTheOwnCgroupAndEveryParent) {
+  FakeCgroups fs;
+  fs.Write("cpu.max", "max 100000\n");
+  fs.Write("kubepods/cpu.max", "max 100000\n");
+  fs.Write("kubepods/pod1/cpu.max", "300000 100000\n");  // the pod: 3
+  fs.Write("kubepods/pod1/ctr/cpu.max", "max 100000\n");
+  EXPECT_EQ(QuotaCoresOnPath(fs.root(), "0::/kubepods/pod1/ctr\n"), 3);
+  fs.Write("kubepods/pod1/ctr/cpu.max", "150000 100000\n");  // tighter: 2
+  EXPECT_EQ(QuotaCoresOnPath(fs.root(), "0::/kubepods/pod1/ctr\n"), 2);
+  // A cgroup namespace: the process's cgroup is the mount's root.
+  fs.Write("cpu.max", "100000 100000\n");
+  EXPECT_EQ(QuotaCoresOnPath(fs.root(), "0::/\n"), 1);
+  // No file anywhere on the path, or none limited: no quota.
+  EXPECT_EQ(QuotaCoresOnPath(fs.root(), "0::/elsewhere/x\n"), 1);
+  FakeCgroups empty;
+  EXPECT_EQ(QuotaCoresOnPath(empty.root(), "0::/a/b\n"), std::nullopt);
+  EXPECT_EQ(QuotaCoresOnPath(empty.root(), ""), std::nullopt);
+  EXPECT_EQ(QuotaCoresOnPath(empty.root(), "garbage"), std::nullopt);
+}
+
+TEST(QuotaCoresOnPath, V1FindsTheCpuControllersMount) {
+  FakeCgroups fs;
+  fs.Write("cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+  fs.Write("cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  fs.Write("cpu,cpuacct/svc/cpu.cfs_quota_us", "250000\n");
+  fs.Write("cpu,cpuacct/svc/cpu.cfs_period_us", "100000\n");
+  const std::string self =
+      "4:memory:/svc\n3:cpu,cpuacct:/svc/unit\n0::/svc/unit\n";
+  EXPECT_EQ(QuotaCoresOnPath(fs.root(), self), 3);  // the parent's 2.5
+  // Mounted as "cpu" (a symlink on most hosts, the only name on some).
+  FakeCgroups plain;
+  plain.Write("cpu/cpu.cfs_quota_us", "200000\n");
+  plain.Write("cpu/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(QuotaCoresOnPath(plain.root(), "2:cpu,cpuacct:/\n"), 2);
 }
 
 // Pinned to one core, the process may use one core, however many the
