@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -148,9 +147,7 @@ absl::StatusOr<TuneResult> Autotuner::Choose(const TuneKey& key,
   return r;
 }
 
-std::string CpuDeviceName() {
-  return absl::StrCat("cpu:", std::thread::hardware_concurrency(), "t");
-}
+std::string CpuDeviceName() { return absl::StrCat("cpu:", CpuThreads(), "t"); }
 
 Autotuner::MeasureFn CpuMeasure(Shape shape, int64_t batch,
                                 const NsOptions& options, int reps) {

@@ -78,7 +78,9 @@ class Autotuner {
 // against the fp64 path of the direct method on the same inputs.
 Autotuner::MeasureFn CpuMeasure(Shape shape, int64_t batch,
                                 const NsOptions& options, int reps = 3);
-// "cpu:<threads>t".
+// "cpu:<threads>t", the threads OpenBLAS uses now (CpuThreads): a choice
+// measured with 2 threads is not reused by a daemon given 1 (--cpu-threads,
+// or the cores it may use), whatever the machine's core count.
 std::string CpuDeviceName();
 
 }  // namespace dmuon::kernels

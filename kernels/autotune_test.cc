@@ -7,6 +7,9 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "kernels/kernels.h"
+
 namespace dmuon::kernels {
 namespace {
 
@@ -115,6 +118,16 @@ TEST(Autotuner, CpuMeasureRealKernels) {
   auto r = t.Choose(k, measure, 1e-3);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->candidates.size(), 2u);
+}
+
+// The key names the threads the kernels will run with, not the machine's
+// cores: a daemon given one core must not reuse a choice timed on two.
+TEST(CpuDeviceName, NamesTheBlasThreadsInUse) {
+  const int before = CpuThreads();
+  SetCpuThreads(1);
+  EXPECT_EQ(CpuDeviceName(), "cpu:1t");
+  SetCpuThreads(before);
+  EXPECT_EQ(CpuDeviceName(), absl::StrCat("cpu:", before, "t"));
 }
 
 }  // namespace

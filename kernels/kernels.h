@@ -69,6 +69,9 @@ absl::StatusOr<LrAdjust> ParseLrAdjust(std::string_view name);
 
 // Threads OpenBLAS may use for one product (process-wide). <= 0: all cores.
 void SetCpuThreads(int threads);
+// The threads OpenBLAS uses now (what SetCpuThreads set, else its start-up
+// choice: OPENBLAS_NUM_THREADS or the cores).
+int CpuThreads();
 
 }  // namespace dmuon::kernels
 

@@ -259,11 +259,14 @@ absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixD> in,
 }  // namespace dmuon::kernels
 
 extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" int openblas_get_num_threads(void);
 
 namespace dmuon::kernels {
 
 void SetCpuThreads(int threads) {
   openblas_set_num_threads(threads > 0 ? threads : 0);
 }
+
+int CpuThreads() { return openblas_get_num_threads(); }
 
 }  // namespace dmuon::kernels
