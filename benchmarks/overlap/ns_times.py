@@ -103,7 +103,9 @@ def use_dmuonds_kernels() -> None:
     else:
         return
     os.environ["OPENBLAS_CORETYPE"] = core
-    os.execv(sys.executable, [sys.executable, *sys.argv])
+    # orig_argv keeps the interpreter's own flags (-m, -X, -O), which argv
+    # drops: a `python -m ...` run re-executes as itself.
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 def openblas_core() -> str:
