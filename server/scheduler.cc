@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "base/trace.h"
+#include "server/share_cap.h"
 
 namespace dmuon::server {
 
@@ -60,6 +61,8 @@ void Scheduler::SubmitAll(
     }
     q.stats.job = work->job_serial();
     q.stats.weight = work->weight() > 0 ? work->weight() : 1;
+    q.principal = work->principal();
+    q.max_share = work->max_share();
     q.dropped = false;
     q.ready.push_back({work->forward_order(), seq_++, now, std::move(work)});
     q.stats.queue_depth = static_cast<int>(q.ready.size());
@@ -107,7 +110,7 @@ std::vector<Scheduler::Queued> Scheduler::PickBatch(Lane& lane, int max_batch,
   // next pick already sees it.
   double cost = 0;
   for (const Queued& p : picked) cost += p.work->flops();
-  q->vtime += cost / q->stats.weight;
+  q->vtime += cost / ChargedWeight(lane, job);
   q->last_pick = ++lane.picks;
   q->stats.cost += cost;
   q->stats.batches += 1;
@@ -122,6 +125,18 @@ std::vector<Scheduler::Queued> Scheduler::PickBatch(Lane& lane, int max_batch,
   }
   lane.depth -= static_cast<int>(picked.size());
   return picked;
+}
+
+double Scheduler::ChargedWeight(const Lane& lane, uint64_t job) {
+  std::vector<ShareClaim> claims;
+  size_t index = 0;
+  for (const auto& [id, other] : lane.jobs) {
+    // The picked job counts as backlogged: its batch is charged now.
+    if (other.ready.empty() && id != job) continue;
+    if (id == job) index = claims.size();
+    claims.push_back({&other.principal, other.stats.weight, other.max_share});
+  }
+  return CappedWeights(claims)[index];
 }
 
 std::vector<ExecutorStats> Scheduler::Stats() const {

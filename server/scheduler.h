@@ -26,6 +26,13 @@
 //   whose step costs s waits at most the batch in flight plus, per other
 //   backlogged job j, w_j / w * s and one batch of j.
 //
+// Principal cap (share_cap.h, a principal's `max_device_share=`): the
+// weight a job is charged with is its weight scaled so that the backlogged
+// jobs of one principal together get at most its cap of the executor's time
+// while another principal's jobs are backlogged there (recomputed at each
+// pick over the jobs backlogged then). Work-conserving: a principal alone
+// uses the whole executor. The bound above holds with these weights.
+//
 // A batch never mixes jobs: each job is charged exactly its own launch, and
 // a small job's batch is never lengthened by another job's matrices. (The
 // price: two jobs with equal shapes are no longer batched together.)
@@ -79,6 +86,11 @@ class Work {
   // unit of fair sharing (above). One job's works all give one weight.
   virtual uint64_t job_serial() const { return 0; }
   virtual double weight() const { return 1; }
+  // Its principal (the job's owner; empty: anonymous) and that principal's
+  // cap on its jobs' combined share of an executor under contention, in
+  // (0, 1] (1: none). One job's works all give the same.
+  virtual std::string principal() const { return ""; }
+  virtual double max_share() const { return 1; }
   virtual absl::StatusOr<ComputeTask> Prepare() = 0;
   virtual void Finish(absl::Status status) = 0;
   // This matrix's share of its batch's Executor::Compute wall time: the
@@ -171,6 +183,8 @@ class Scheduler {
   struct JobQueue {
     std::vector<Queued> ready;
     double vtime = 0;        // cost served / weight, see the sharing rule
+    std::string principal;   // Work::principal()
+    double max_share = 1;    // Work::max_share()
     uint64_t last_pick = 0;  // the worker's pick count when last served
     bool dropped = false;    // DropJob came while matrices were queued
     JobShareStats stats;
@@ -184,6 +198,9 @@ class Scheduler {
   // most `max_batch` matrices; sets `job` to its job's serial.
   std::vector<Queued> PickBatch(Lane& lane, int max_batch, uint64_t& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The weight job `job` of `lane` is charged with now: its weight under
+  // its principal's cap against the lane's backlogged jobs (share_cap.h).
+  static double ChargedWeight(const Lane& lane, uint64_t job);
   // After a batch: executor `index`'s counters and job `job`'s busy time.
   void Account(size_t index, uint64_t job, double busy, size_t matrices,
                double flops) ABSL_LOCKS_EXCLUDED(mu_);
