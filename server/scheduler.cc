@@ -57,7 +57,7 @@ void Scheduler::SubmitAll(
         least = any ? std::min(least, other.vtime) : other.vtime;
         any = true;
       }
-      if (any) q.vtime = least;
+      if (any) q.vtime = std::min(least, lane.last_start);
     }
     q.stats.job = work->job_serial();
     q.stats.weight = work->weight() > 0 ? work->weight() : 1;
@@ -110,6 +110,7 @@ std::vector<Scheduler::Queued> Scheduler::PickBatch(Lane& lane, int max_batch,
   // next pick already sees it.
   double cost = 0;
   for (const Queued& p : picked) cost += p.work->flops();
+  lane.last_start = q->vtime;
   q->vtime += cost / ChargedWeight(lane, job);
   q->last_pick = ++lane.picks;
   q->stats.cost += cost;
@@ -177,6 +178,8 @@ std::map<uint64_t, JobShareStats> Scheduler::JobTotals() const {
       t.wait_seconds += q.stats.wait_seconds;
       t.max_wait_seconds =
           std::max(t.max_wait_seconds, q.stats.max_wait_seconds);
+      t.max_batch_seconds =
+          std::max(t.max_batch_seconds, q.stats.max_batch_seconds);
     }
   }
   return out;
@@ -298,6 +301,8 @@ void Scheduler::Account(size_t index, uint64_t job, double busy,
   auto it = lane.jobs.find(job);
   if (it != lane.jobs.end()) {
     it->second.stats.busy_seconds += busy;
+    it->second.stats.max_batch_seconds =
+        std::max(it->second.stats.max_batch_seconds, busy);
     if (it->second.dropped && it->second.ready.empty()) lane.jobs.erase(it);
   }
 }

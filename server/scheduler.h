@@ -15,16 +15,23 @@
 // worker serves one batch of the backlogged job with the least virtual
 // time (ties: the one served least recently), then charges the job the
 // batch's cost. A job that becomes backlogged starts at the least virtual
-// time of the jobs backlogged then (no credit saved while idle, none lost).
+// time of the jobs backlogged then, or at the start tag of the batch taken
+// last (its job's virtual time before that batch was charged) when that is
+// less: start-time fair queuing. No credit is saved while idle and none
+// lost, but a job arriving during another's batch counts as having arrived
+// when that batch started.
 // So backlogged jobs get the executor's time in proportion to their
 // weights (as far as the predicted cost follows the time), interleaved per
 // batch, and:
 //
 //   Bound: a job that becomes backlogged runs its first batch right after
-//   the batch in flight; a job whose ready matrices fit one batch waits at
-//   most one batch of another job's work. In general a job of weight w
-//   whose step costs s waits at most the batch in flight plus, per other
-//   backlogged job j, w_j / w * s and one batch of j.
+//   the batch in flight, and then runs up to w / w_j times that batch's
+//   predicted cost of its own work before job j's next batch. So a job of
+//   weight w whose step costs s <= (w / w_j) * (the batch in flight's cost)
+//   waits at most that one batch of another job's work, however many
+//   batches its step takes (the small-tenant bound, tests/
+//   small_tenant_test.cc). In general it waits at most the batch in flight
+//   plus, per other backlogged job j, w_j / w * s and one batch of j.
 //
 // Principal cap (share_cap.h, a principal's `max_device_share=`): the
 // weight a job is charged with is its weight scaled so that the backlogged
@@ -128,8 +135,9 @@ struct JobShareStats {
   uint64_t matrices = 0;
   int queue_depth = 0;
   // Queue wait: from Submit until the matrix's batch was taken.
-  double wait_seconds = 0;      // summed over its matrices
-  double max_wait_seconds = 0;  // the longest
+  double wait_seconds = 0;       // summed over its matrices
+  double max_wait_seconds = 0;   // the longest
+  double max_batch_seconds = 0;  // its longest batch (busy time)
 };
 
 class Scheduler {
@@ -193,6 +201,9 @@ class Scheduler {
     std::map<uint64_t, JobQueue> jobs;  // by job serial
     uint64_t picks = 0;
     int depth = 0;  // ready matrices over all jobs
+    // The start tag of the batch taken last: its job's virtual time before
+    // the batch was charged (see the sharing rule).
+    double last_start = 0;
   };
   // Takes the next batch of an executor's lane (sharing rule above), at
   // most `max_batch` matrices; sets `job` to its job's serial.

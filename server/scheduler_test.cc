@@ -162,8 +162,9 @@ TEST(FairShare, WeightsThreeToOne) {
 
 // The bound of scheduler.h: a small job (4 matrices, one batch) arriving
 // beside a backlogged job 100x its size starts right after the big job's
-// batch in flight, and when its step needs two batches, waits one more
-// batch of the big job at most.
+// batch in flight; a step of two batches costing no more than that batch
+// (start-time fair queuing) still waits only it; a step costing more than
+// it waits one more batch of the big job at most.
 void SmallBesideBig(int small_matrices, uint64_t max_big_batches) {
   std::vector<std::unique_ptr<Executor>> ex;
   ex.push_back(std::make_unique<SleepExecutor>());
@@ -207,7 +208,13 @@ void SmallBesideBig(int small_matrices, uint64_t max_big_batches) {
 
 TEST(FairShare, SmallJobWaitsOnlyTheBatchInFlight) { SmallBesideBig(4, 0); }
 
-TEST(FairShare, SmallJobOfTwoBatchesWaitsOneMoreBatch) { SmallBesideBig(8, 1); }
+TEST(FairShare, SmallJobOfTwoBatchesWaitsOnlyTheBatchInFlight) {
+  SmallBesideBig(8, 0);
+}
+
+TEST(FairShare, SmallJobCostingMoreThanABatchWaitsOneMoreBatch) {
+  SmallBesideBig(48, 1);  // 48 units beside big batches of 40
+}
 
 // Returns at once: the served predicted cost (JobShareStats::cost) is the
 // clock, so shares do not depend on how busy the machine is.

@@ -30,6 +30,7 @@ struct JobMetrics {
   double device_share = 0;
   double queue_wait_mean_seconds = 0;
   double queue_wait_max_seconds = 0;
+  double device_batch_max_seconds = 0;  // Status only, not exported
   LatencySnapshot exposed;
 };
 

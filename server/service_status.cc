@@ -64,6 +64,7 @@ JobMetrics MetricsOf(const Job& job,
     m.queue_wait_mean_seconds =
         s.wait_seconds / static_cast<double>(s.matrices);
   m.queue_wait_max_seconds = s.max_wait_seconds;
+  m.device_batch_max_seconds = s.max_batch_seconds;
   return m;
 }
 
@@ -78,6 +79,7 @@ void SetShare(const Job& job, const std::map<uint64_t, JobShareStats>& shares,
   out->set_device_share(m.device_share);
   out->set_queue_wait_mean_seconds(m.queue_wait_mean_seconds);
   out->set_queue_wait_max_seconds(m.queue_wait_max_seconds);
+  out->set_device_batch_max_seconds(m.device_batch_max_seconds);
   if (m.exposed.count > 0)
     job.exposed_latency().Fill(out->mutable_exposed_latency());
 }
