@@ -981,18 +981,6 @@ TEST(Auth, SighupReloadsTheCertificates) {
   EXPECT_EQ(daemon.process().Wait(0.1), -1) << "SIGHUP must not stop dmuond";
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t n = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // curl `url` with `args`: "<HTTP code>\n<body>" ("000" when no HTTP answer).
 std::string Curl(const std::string& url, const std::string& args) {
   const std::string out = TempDir("curl") + "/out";

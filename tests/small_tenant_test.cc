@@ -5,7 +5,8 @@
 // the big job's work (the longest the scheduler ran, from Status) plus a
 // slack for a loaded 2-core machine (kSlack). Without the sharing rule the
 // small job would wait for the big job's whole step (50 batches), printed
-// beside it. Trainers are client threads of this process over shm; the
+// beside it. Also: both jobs' series in /metrics, and the big one's gone
+// once it is dropped. Trainers are client threads of this process over shm; the
 // daemon is a process.
 
 #include <grpcpp/grpcpp.h>
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -102,8 +104,19 @@ v1::JobStatus StatusOf(v1::Optimizer::Stub& stub, const std::string& id) {
   return {};
 }
 
+// The value of `series` in /metrics text `text`; -1 when absent.
+double Metric(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::strtod(text.c_str() + at + series.size() + 2, nullptr);
+}
+
 TEST(SmallTenant, P99WithinSoloPlusOneBigBatch) {
-  Daemon d({"--cpu-executors=1", "--cpu-threads=1"});
+  const int mport = FreePort();
+  // Retention 0: a job whose ranks closed is dropped at once (its /metrics
+  // series with it).
+  Daemon d({"--cpu-executors=1", "--cpu-threads=1", "--job-retention-seconds=0",
+            "--metrics-port=" + std::to_string(mport)});
   ASSERT_NE(d.port(), 0) << d.log();
   auto stub = v1::Optimizer::NewStub(
       grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
@@ -142,8 +155,29 @@ TEST(SmallTenant, P99WithinSoloPlusOneBigBatch) {
   EXPECT_GT(batch, 0);
   EXPECT_LE(shared, solo + batch + kSlack);
   EXPECT_GT(StatusOf(*stub, "small").exposed_latency().count(), 0u);
-  (void)small.session->Close();
+
+  // Per job in /metrics, until the job is dropped.
+  const std::string small_labels = "{job=\"small\",principal=\"\"}";
+  const std::string big_labels = "{job=\"big\",principal=\"\"}";
+  std::string m = HttpGet(mport, "/metrics");
+  EXPECT_GE(Metric(m, "dmuon_job_exposed_latency_seconds_count" + small_labels),
+            2 * kSteps)
+      << m;
+  // The two jobs' shares of the executor's time (since each was made).
+  EXPECT_GT(Metric(m, "dmuon_job_device_share" + big_labels), 0) << m;
+  EXPECT_NEAR(Metric(m, "dmuon_job_device_share" + big_labels) +
+                  Metric(m, "dmuon_job_device_share" + small_labels),
+              1, 1e-6)
+      << m;
+  EXPECT_GT(Metric(m, "dmuon_job_queue_wait_max_seconds" + small_labels), 0);
   (void)big.session->Close();
+  for (int i = 0; i < 100 && m.find("job=\"big\"") != std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m = HttpGet(mport, "/metrics");
+  }
+  EXPECT_EQ(m.find("job=\"big\""), std::string::npos) << m;
+  EXPECT_GE(Metric(m, "dmuon_job_device_share" + small_labels), 0) << m;
+  (void)small.session->Close();
 }
 
 }  // namespace
