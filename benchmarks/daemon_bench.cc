@@ -36,6 +36,8 @@ ABSL_FLAG(int, threads, 0, "BLAS threads on both sides (0: all cores)");
 ABSL_FLAG(std::string, out, "", "JSON results path");
 ABSL_FLAG(double, tenant_seconds, 4,
           "two-tenant table: seconds each configuration runs");
+ABSL_FLAG(bool, tenants_only, false,
+          "run the two-tenant table only (no step table, no JSON)");
 
 extern char** environ;
 
@@ -304,7 +306,7 @@ absl::Status TwoTenants(const std::string& label, double wa, double wb,
       std::chrono::duration<double>(absl::GetFlag(FLAGS_tenant_seconds)));
   // Shares: each tenant's device seconds over both, as Status tells them
   // (the operator-free way: each principal sees its own job's).
-  std::map<std::string, double> seconds;
+  std::map<std::string, double> seconds, batch;
   for (Tenant* t : {&a, &b}) {
     if (t->table.empty()) continue;
     auto stub = v1::Optimizer::NewStub(grpc::CreateChannel(
@@ -314,8 +316,11 @@ absl::Status TwoTenants(const std::string& label, double wa, double wb,
     v1::StatusResponse s;
     if (grpc::Status g = stub->Status(&ctx, v1::StatusRequest(), &s); !g.ok())
       return absl::UnavailableError("Status: " + g.error_message());
-    for (const auto& j : s.jobs())
-      if (j.job_id() == t->job) seconds[t->job] = j.device_seconds();
+    for (const auto& j : s.jobs()) {
+      if (j.job_id() != t->job) continue;
+      seconds[t->job] = j.device_seconds();
+      batch[t->job] = j.device_batch_max_seconds();
+    }
   }
   stop = true;
   ta.join();
@@ -326,13 +331,31 @@ absl::Status TwoTenants(const std::string& label, double wa, double wb,
   for (Tenant* t : {&a, &b}) {
     if (t->table.empty()) continue;
     if (!t->status.ok()) return t->status;
-    std::printf("%-22s %-8s %6zu %10.1f %10.1f %8.1f%%\n", label.c_str(),
+    std::printf("%-22s %-8s %6zu %10.1f %10.1f %8.1f%% %13.1f\n", label.c_str(),
                 t->job.c_str(), t->step_seconds.size(),
                 Quantile(t->step_seconds, 0.5) * 1e3,
                 Quantile(t->step_seconds, 0.99) * 1e3,
-                all > 0 ? 100 * seconds[t->job] / all : 0.0);
+                all > 0 ? 100 * seconds[t->job] / all : 0.0,
+                batch[t->job] * 1e3);
   }
   return absl::OkStatus();
+}
+
+// tests/small_tenant_test's jobs: 4 matrices of 64x128 beside 50 of
+// 256x256 (100x the elements), alone and together.
+absl::Status SmallTenantRows(int threads) {
+  std::vector<ParamSpec> small4, big100;
+  for (int i = 0; i < 4; ++i)
+    small4.push_back(
+        {absl::StrCat("s", i), 64, 128, Sharding::kReplicated, 0, 0, i, 0});
+  for (int i = 0; i < 50; ++i)
+    big100.push_back(
+        {absl::StrCat("b", i), 256, 256, Sharding::kReplicated, 0, 0, i, 0});
+  absl::Status st = TwoTenants("small4 alone", 1, 1,
+                               {"small4", "", small4, {}, {}}, {}, threads, 1);
+  if (!st.ok()) return st;
+  return TwoTenants("1:1 small4+big100x", 1, 1, {"small4", "", small4, {}, {}},
+                    {"big100x", "", big100, {}, {}}, threads, 1);
 }
 
 absl::Status RunTwoTenants() {
@@ -347,9 +370,9 @@ absl::Status RunTwoTenants() {
   small[0].name = "small.w";
   std::printf(
       "\ntwo tenants on one executor (--cpu-executors=1), closed loop, "
-      "%.0f s each\n%-22s %-8s %6s %10s %10s %9s\n",
+      "%.0f s each\n%-22s %-8s %6s %10s %10s %9s %13s\n",
       absl::GetFlag(FLAGS_tenant_seconds), "weights", "tenant", "steps",
-      "p50_ms", "p99_ms", "share");
+      "p50_ms", "p99_ms", "share", "max_batch_ms");
   // Big+big with --max-batch=1: a step is 48 batches, so a tenant stays
   // backlogged through its step (with 4 batches a step, the client's
   // turn-around caps the heavier tenant's share).
@@ -362,8 +385,10 @@ absl::Status RunTwoTenants() {
   absl::Status st = TwoTenants("small alone", 1, 1,
                                {"small", "", small, {}, {}}, {}, threads, 16);
   if (!st.ok()) return st;
-  return TwoTenants("1:1 small+big", 1, 1, {"small", "", small, {}, {}},
-                    {"big", "", big, {}, {}}, threads, 16);
+  st = TwoTenants("1:1 small+big", 1, 1, {"small", "", small, {}, {}},
+                  {"big", "", big, {}, {}}, threads, 16);
+  if (!st.ok()) return st;
+  return SmallTenantRows(threads);
 }
 
 }  // namespace
@@ -371,6 +396,13 @@ absl::Status RunTwoTenants() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_tenants_only)) {
+    absl::Status st = dmuon::bench::RunTwoTenants();
+    if (!st.ok())
+      std::fprintf(stderr, "daemon_bench: two tenants: %s\n",
+                   st.ToString().c_str());
+    return st.ok() ? 0 : 1;
+  }
   std::vector<dmuon::bench::Row> rows;
   if (absl::Status st = dmuon::bench::Run(rows); !st.ok()) {
     std::fprintf(stderr, "daemon_bench: %s\n", st.ToString().c_str());

@@ -23,39 +23,18 @@ std::string Sha256(const std::string& s) {
   return std::string(reinterpret_cast<const char*>(d), sizeof(d));
 }
 
-// `field` is one `key=value` option of a token line (auth.h): weight=<w>
-// in [kMinWeight, kMaxWeight], max_jobs=<n>, max_state_bytes=<n> (n >= 1).
+// `field` is one `key=value` option of a token line (auth.h, parsed as
+// the quotas file's: quotas_file.h) into `e`.
 absl::Status ParseOption(absl::string_view field, int line, TokenEntry* e) {
-  const std::pair<absl::string_view, absl::string_view> kv =
-      absl::StrSplit(field, absl::MaxSplits('=', 1));
-  const absl::string_view key = kv.first, v = kv.second;
-  if (key == "weight") {
-    double w = 0;
-    if (!absl::SimpleAtod(v, &w) || !(w >= kMinWeight && w <= kMaxWeight)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("line ", line, ": weight '", v, "' is not a number in [",
-                       kMinWeight, ", ", kMaxWeight, "]"));
-    }
-    e->weight = w;
-    return absl::OkStatus();
-  }
-  if (key == "max_jobs" || key == "max_state_bytes") {
-    uint64_t n = 0;
-    if (!absl::SimpleAtoi(v, &n) || n == 0 ||
-        (key == "max_jobs" && n > (1u << 30))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "line ", line, ": ", key, " '", v, "' is not a positive integer"));
-    }
-    if (key == "max_jobs") {
-      e->quotas.max_jobs = static_cast<int64_t>(n);
-    } else {
-      e->quotas.max_state_bytes = n;
-    }
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("line ", line, ": unknown option '", key,
-                   "' (weight, max_jobs, max_state_bytes)"));
+  PrincipalLimits limits;
+  if (auto st = ParseLimitOption(field, line, &limits); !st.ok()) return st;
+  Principal p;
+  p.weight = e->weight;
+  p.quotas = e->quotas;
+  limits.ApplyTo(&p);
+  e->weight = p.weight;
+  e->quotas = p.quotas;
+  return absl::OkStatus();
 }
 
 Role ParseRole(absl::string_view s) {
@@ -125,7 +104,7 @@ absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
       return absl::InvalidArgumentError(absl::StrCat(
           "line ", n,
           ": expected '<role> <token> [name] [weight=<w>] [max_jobs=<n>] "
-          "[max_state_bytes=<n>]', got ",
+          "[max_state_bytes=<n>] [max_device_share=<s>]', got ",
           f.size(), " fields"));
     }
     e.role = ParseRole(f[0]);
@@ -163,9 +142,9 @@ absl::StatusOr<std::map<std::string, TokenEntry>> ParseTokens(
 }
 
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
-    std::string token_file, bool mtls) {
+    std::string token_file, bool mtls, const QuotasFile* quotas) {
   std::unique_ptr<Authenticator> a(
-      new Authenticator(std::move(token_file), mtls));
+      new Authenticator(std::move(token_file), mtls, quotas));
   if (!a->token_file_.empty()) {
     auto n = a->Reload();
     if (!n.ok()) return n.status();
@@ -218,6 +197,7 @@ absl::StatusOr<Caller> Authenticator::Check(const grpc::ServerContextBase& ctx,
     c.principal.weight = t->second.weight;
     c.principal.quotas = t->second.quotas;
     c.token_digest = digest;
+    if (quotas_ != nullptr) quotas_->ApplyTo(&c.principal);
   } else if (mtls_) {
     // TLS verified the certificate against --tls-client-ca-file.
     auto auth = ctx.auth_context();
@@ -242,6 +222,7 @@ absl::StatusOr<Caller> Authenticator::Check(const grpc::ServerContextBase& ctx,
     }
     c.role = Role::kOperator;
     c.principal.name = id;
+    if (quotas_ != nullptr) quotas_->ApplyTo(&c.principal);
   } else {
     c.role = Role::kOperator;  // anonymous: no auth configured
     return c;

@@ -14,9 +14,11 @@
 // Tokens are kept only as SHA-256 digests. Optional trailing `key=value`
 // fields are the principal's: `weight=<w>` ([0.01, 1000], default 1), its
 // jobs' share of the executors against other backlogged jobs
-// (server/scheduler.h); `max_jobs=<n>` and `max_state_bytes=<n>`, its
-// quotas (server/quota.h; default none). Tokens sharing a name must give
-// the same ones. mTLS principals have weight 1 and no quotas.
+// (server/scheduler.h); `max_jobs=<n>`, `max_state_bytes=<n>` and
+// `max_device_share=<s>`, its quotas (server/quota.h; default none).
+// Tokens sharing a name must give the same ones. --quotas-file
+// (quotas_file.h) overrides them by principal name, and is the only source
+// of them for mTLS principals (weight 1 and no quotas otherwise).
 
 #ifndef DMUON_DAEMON_AUTH_H_
 #define DMUON_DAEMON_AUTH_H_
@@ -31,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/quotas_file.h"
 #include "server/principal.h"
 
 namespace dmuon::server {
@@ -44,8 +47,6 @@ struct TokenEntry {
   double weight = 1;  // `weight=`, Principal::weight
   Quotas quotas;      // `max_jobs=`, `max_state_bytes=`, Principal::quotas
 };
-inline constexpr double kMinWeight = 0.01;
-inline constexpr double kMaxWeight = 1000;
 
 // SHA-256 digest (raw bytes) of the token -> its entry. Errors name the
 // line ("line 3: ...").
@@ -67,8 +68,10 @@ class Authenticator {
   // certificates are required and verified by TLS (--tls-client-ca-file).
   // Neither: every caller is anonymous and may call everything. An
   // unreadable or malformed token file is an error naming the flag.
+  // `quotas` (--quotas-file; may be null, else outlives this): overrides
+  // each authenticated principal's weight and quotas by its name.
   static absl::StatusOr<std::unique_ptr<Authenticator>> Create(
-      std::string token_file, bool mtls);
+      std::string token_file, bool mtls, const QuotasFile* quotas = nullptr);
 
   // Re-reads the token file (SIGHUP); on an error the tokens stay as they
   // were. Returns the number of tokens now.
@@ -91,10 +94,11 @@ class Authenticator {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  Authenticator(std::string token_file, bool mtls)
-      : token_file_(std::move(token_file)), mtls_(mtls) {}
+  Authenticator(std::string token_file, bool mtls, const QuotasFile* quotas)
+      : token_file_(std::move(token_file)), mtls_(mtls), quotas_(quotas) {}
   const std::string token_file_;
   const bool mtls_;
+  const QuotasFile* const quotas_;
   mutable absl::Mutex mu_;
   std::map<std::string, TokenEntry> tokens_ ABSL_GUARDED_BY(mu_);
 };

@@ -152,6 +152,11 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "on SIGHUP, which ends the open streams of a token it drops "
           "(UNAUTHENTICATED) or lowers below their role (PERMISSION_DENIED); "
           "mTLS certificates are not revoked");
+ABSL_FLAG(std::string, quotas_file, "",
+          "file of '<principal> [weight=W] [max_jobs=N] [max_state_bytes=B] "
+          "[max_device_share=S]' lines: each principal's weight and quotas, "
+          "over the token file's; re-read on SIGHUP (a bad file keeps the "
+          "one in force); needs --auth-token-file or --tls-client-ca-file");
 ABSL_FLAG(bool, metrics_tls, false,
           "serve /metrics over HTTPS with --tls-cert-file and --tls-key-file "
           "(re-read on SIGHUP with them)");
@@ -324,6 +329,12 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
     return Invalid("--metrics-tls needs --tls-cert-file and --tls-key-file");
   if (c.metrics_auth && c.auth_token_file.empty())
     return Invalid("--metrics-auth needs --auth-token-file");
+  if (!c.quotas_file.empty() && !c.authenticated()) {
+    return Invalid(
+        "--quotas-file needs --auth-token-file or --tls-client-ca-file: "
+        "without authentication every caller is anonymous and no line of "
+        "it could apply");
+  }
   if (c.exposed_insecurely() && !c.insecure) {
     return Invalid(
         "--listen=" + c.listen +
@@ -373,6 +384,7 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   c.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   c.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  c.quotas_file = absl::GetFlag(FLAGS_quotas_file);
   c.metrics_tls = absl::GetFlag(FLAGS_metrics_tls);
   c.metrics_auth = absl::GetFlag(FLAGS_metrics_auth);
   c.insecure = absl::GetFlag(FLAGS_insecure);

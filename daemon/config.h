@@ -84,6 +84,10 @@ struct DaemonConfig {
   // --auth-token-file: `<role> <token> [name]` lines (daemon/auth.h);
   // clients send `authorization: Bearer <token>`. Re-read on SIGHUP.
   std::string auth_token_file;
+  // --quotas-file: `<principal> [weight=W] [max_jobs=N] [max_state_bytes=B]
+  // [max_device_share=S]` lines (daemon/quotas_file.h), over the token
+  // file's. Re-read on SIGHUP. Needs authentication (authenticated()).
+  std::string quotas_file;
   // --metrics-tls: /metrics over HTTPS with --tls-cert-file and
   // --tls-key-file (re-read on SIGHUP with them). Needs them.
   bool metrics_tls = false;

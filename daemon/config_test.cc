@@ -76,6 +76,7 @@ TEST(DaemonConfig, DefaultsAreTheFlagsAndTheServicesDefaults) {
       {"tls_key_file", c.tls_key_file, ""},
       {"tls_client_ca_file", c.tls_client_ca_file, ""},
       {"auth_token_file", c.auth_token_file, ""},
+      {"quotas_file", c.quotas_file, ""},
       {"metrics_tls", c.metrics_tls ? "true" : "false", ""},
       {"metrics_auth", c.metrics_auth ? "true" : "false", ""},
       {"insecure", c.insecure ? "true" : "false", ""},
@@ -91,6 +92,18 @@ TEST(DaemonConfig, DefaultsAreTheFlagsAndTheServicesDefaults) {
   // --max-state-bytes stays 0 by default: derived, never a fixed number.
   EXPECT_EQ(c.max_state_bytes, 0);
   EXPECT_EQ(o.max_state_bytes, 0u);
+}
+
+TEST(DaemonConfig, QuotasFileWithAuthenticationIsAccepted) {
+  DaemonConfig c;
+  c.quotas_file = "/etc/dmuon/quotas";
+  c.auth_token_file = "/etc/dmuon/tokens";
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.auth_token_file.clear();
+  c.tls_cert_file = "/c.pem";
+  c.tls_key_file = "/k.pem";
+  c.tls_client_ca_file = "/ca.pem";  // mTLS principals get quotas by name
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
 }
 
 TEST(DaemonConfig, ListenHost) {
@@ -124,6 +137,8 @@ TEST(DaemonConfig, EachBadValueIsRefusedNamingItsFlag) {
       {"--cpu-executors", [](DaemonConfig& c) { c.cpu_executors = 0; }},
       {"--metrics-tls", [](DaemonConfig& c) { c.metrics_tls = true; }},
       {"--metrics-auth", [](DaemonConfig& c) { c.metrics_auth = true; }},
+      {"--quotas-file needs --auth-token-file or --tls-client-ca-file",
+       [](DaemonConfig& c) { c.quotas_file = "/etc/dmuon/quotas"; }},
       {"--max-world-size", [](DaemonConfig& c) { c.max_world_size = 0; }},
       {"--max-job-parameters",
        [](DaemonConfig& c) { c.max_job_parameters = 0; }},

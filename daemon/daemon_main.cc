@@ -48,6 +48,7 @@
 #include "daemon/logging.h"
 #include "daemon/metrics_http.h"
 #include "daemon/prometheus_metrics.h"
+#include "daemon/quotas_file.h"
 #include "daemon/state_dir.h"
 #include "daemon/tls_files.h"
 #include "daemon/trace_file.h"
@@ -487,13 +488,40 @@ void WarnCertificateValidity(const char* when, const std::string& cert_pem) {
   if (!w.empty()) spdlog::warn("{}: {}", when, w);
 }
 
-// SIGHUP: re-reads the TLS files (and gives /metrics the new ones with
-// --metrics-tls) and the token file; a file that fails keeps what was in
-// force, logged. Open streams of a token the new file revokes (or whose role
-// it lowers below theirs) are ended (GrpcOptimizer::EndRevokedStreams).
-// `tls`, `metrics` may be null (not in use).
+// --quotas-file (into `quotas`, null without it), then the authenticator
+// that applies it.
+absl::StatusOr<std::unique_ptr<Authenticator>> MakeAuthenticator(
+    const DaemonConfig& config, std::unique_ptr<QuotasFile>* quotas) {
+  if (!config.quotas_file.empty()) {
+    auto q = QuotasFile::Create(config.quotas_file);
+    if (!q.ok()) return q.status();
+    *quotas = *std::move(q);
+  }
+  return Authenticator::Create(config.auth_token_file,
+                               !config.tls_client_ca_file.empty(),
+                               quotas->get());
+}
+
+// SIGHUP: re-reads --quotas-file (`quotas`, may be null), the TLS files
+// (and gives /metrics the new ones with --metrics-tls) and the token file;
+// a file that fails keeps what was in force, logged. Open streams of a token
+// the new file revokes (or whose role it lowers below theirs) are ended
+// (GrpcOptimizer::EndRevokedStreams). `tls`, `metrics` may be null (not in
+// use).
 void Reload(const DaemonConfig& config, TlsFiles* tls, MetricsHttp* metrics,
-            Authenticator* auth, GrpcOptimizer* grpc_service) {
+            Authenticator* auth, GrpcOptimizer* grpc_service,
+            QuotasFile* quotas) {
+  if (quotas != nullptr) {
+    if (auto n = quotas->Reload(); n.ok()) {
+      spdlog::info(
+          "SIGHUP: --quotas-file re-read: {} principal(s); new jobs get its "
+          "weights and quotas",
+          *n);
+    } else {
+      spdlog::error("SIGHUP: {}; the quotas stay as they were",
+                    std::string(n.status().message()));
+    }
+  }
   if (tls != nullptr) {
     auto cert = tls->Reload();
     if (cert.ok() && metrics != nullptr && config.metrics_tls) {
@@ -681,8 +709,8 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   if (absl::Status st = StartService(config, &service); !st.ok())
     return Fail(st);
 
-  auto auth = Authenticator::Create(config.auth_token_file,
-                                    !config.tls_client_ca_file.empty());
+  std::unique_ptr<QuotasFile> quotas;
+  auto auth = MakeAuthenticator(config, &quotas);
   if (!auth.ok()) return Fail(auth.status());
   auto tls_or = LoadTls(config);
   if (!tls_or.ok()) return Fail(tls_or.status());
@@ -723,7 +751,8 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
       *metrics_http ? host + ":" + std::to_string(config.metrics_port) : "off");
 
   const int sig = Serve(config, service, sigs, [&] {
-    Reload(config, tls.get(), metrics_http->get(), auth->get(), &grpc_service);
+    Reload(config, tls.get(), metrics_http->get(), auth->get(), &grpc_service,
+           quotas.get());
   });
   {
     std::lock_guard<std::mutex> l(undrain_mu);

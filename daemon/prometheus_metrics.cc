@@ -24,14 +24,7 @@ class ExecutorCollectable : public prometheus::Collectable {
       std::lock_guard<std::mutex> lock(mu_);
       if (source_) stats = source_();
     }
-    auto family = [](const char* name, const char* help,
-                     prometheus::MetricType type) {
-      prometheus::MetricFamily f;
-      f.name = name;
-      f.help = help;
-      f.type = type;
-      return f;
-    };
+    const auto family = MetricFamilyOf;
     auto busy = family("dmuon_executor_busy_seconds_total",
                        "Seconds each executor spent computing",
                        prometheus::MetricType::Counter);
@@ -147,6 +140,7 @@ PrometheusMetrics::PrometheusMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       executors_(std::make_shared<ExecutorCollectable>()),
       fallbacks_(std::make_shared<FallbackCollectable>()),
+      jobs_source_(std::make_shared<JobCollectable>()),
       sessions_(BuildGauge()
                     .Name("dmuon_sessions")
                     .Help("Open sessions")
@@ -238,10 +232,16 @@ void PrometheusMetrics::SetFallbackSource(
   static_cast<FallbackCollectable*>(fallbacks_.get())->Set(std::move(counts));
 }
 
+void PrometheusMetrics::SetJobSource(
+    std::function<std::vector<JobMetrics>()> jobs) {
+  jobs_source_->Set(std::move(jobs));
+}
+
 std::string PrometheusMetrics::Render() const {
   std::vector<prometheus::MetricFamily> all = registry_->Collect();
   for (auto& f : executors_->Collect()) all.push_back(f);
   for (auto& f : fallbacks_->Collect()) all.push_back(f);
+  for (auto& f : jobs_source_->Collect()) all.push_back(f);
   return prometheus::TextSerializer().Serialize(all);
 }
 

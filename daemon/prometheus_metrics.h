@@ -1,7 +1,8 @@
 // Prometheus metrics of dmuond (prometheus-cpp): the ServiceMetrics of the
 // process, served at /metrics (metrics_http.h, with Render()). Names are
-// prefixed dmuon_ and carry their unit. Executor metrics are read from the
-// scheduler at scrape time (a Collectable), so the hot path never touches them.
+// prefixed dmuon_ and carry their unit. Executor and per-job metrics are read
+// from the service at scrape time (Collectables), so the hot path never
+// touches them.
 
 #ifndef DMUON_DAEMON_PROMETHEUS_METRICS_H_
 #define DMUON_DAEMON_PROMETHEUS_METRICS_H_
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/prometheus_jobs.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -48,6 +50,9 @@ class PrometheusMetrics : public ServiceMetrics {
   // Serves dmuon_fallbacks_total{kind} from `counts` at scrape time.
   void SetFallbackSource(
       std::function<std::map<std::string, uint64_t>()> counts) override;
+  // Serves the dmuon_job_* series (prometheus_jobs.h) from `jobs` at
+  // scrape time.
+  void SetJobSource(std::function<std::vector<JobMetrics>()> jobs) override;
 
   // The text exposition format: what /metrics serves (MetricsHttp), once
   // per scrape.
@@ -57,6 +62,7 @@ class PrometheusMetrics : public ServiceMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> executors_;
   std::shared_ptr<prometheus::Collectable> fallbacks_;
+  std::shared_ptr<JobCollectable> jobs_source_;
   prometheus::Gauge& sessions_;
   prometheus::Gauge& jobs_;
   prometheus::Counter& bytes_received_;

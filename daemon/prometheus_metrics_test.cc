@@ -174,5 +174,61 @@ TEST(PrometheusMetrics, FallbacksByKindFromTheSourceAtScrapeTime) {
   EXPECT_EQ(MetricValue(m.Render(), series("rewind")), 0);
 }
 
+// dmuon_job_*{job,principal}: each job the source lists, read at each
+// scrape; a job the source no longer lists (dropped) has no series left.
+TEST(PrometheusMetrics, JobsFromTheSourceAtScrapeTime) {
+  PrometheusMetrics m;
+  const std::string a = "{job=\"run-a\",principal=\"team-a\"}";
+  const std::string b = "{job=\"run-b\",principal=\"\"}";
+  JobMetrics ja;
+  ja.job_id = "run-a";
+  ja.principal = "team-a";
+  ja.weight = 3;
+  ja.max_device_share = 0.5;
+  ja.device_seconds = 12.5;
+  ja.device_share = 0.75;
+  ja.queue_wait_mean_seconds = 0.002;
+  ja.queue_wait_max_seconds = 0.04;
+  LatencyWindow w(16);
+  for (double x : {0.01, 0.02, 0.03, 0.5}) w.Add(x);
+  ja.exposed = w.Snapshot();
+  JobMetrics jb;
+  jb.job_id = "run-b";  // no step completed yet: a count of 0, no quantiles
+  std::vector<JobMetrics> jobs = {ja, jb};
+  int reads = 0;
+  m.SetJobSource([&] {
+    ++reads;
+    return jobs;
+  });
+  EXPECT_EQ(reads, 0) << "read at scrape time only";
+  std::string text = m.Render();
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(MetricValue(text, "dmuon_job_device_seconds_total" + a), 12.5)
+      << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_job_device_share" + a), 0.75);
+  EXPECT_EQ(MetricValue(text, "dmuon_job_weight" + a), 3);
+  EXPECT_EQ(MetricValue(text, "dmuon_job_max_device_share" + a), 0.5);
+  EXPECT_EQ(MetricValue(text, "dmuon_job_queue_wait_mean_seconds" + a), 0.002);
+  EXPECT_EQ(MetricValue(text, "dmuon_job_queue_wait_max_seconds" + a), 0.04);
+  const std::string q99 =
+      "{job=\"run-a\",principal=\"team-a\",quantile=\"0.99\"}";
+  EXPECT_EQ(MetricValue(text, "dmuon_job_exposed_latency_seconds" + q99), 0.5)
+      << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_job_exposed_latency_seconds_count" + a),
+            4);
+  EXPECT_NEAR(MetricValue(text, "dmuon_job_exposed_latency_seconds_sum" + a),
+              0.56, 1e-12);
+  EXPECT_EQ(MetricValue(text, "dmuon_job_exposed_latency_seconds_count" + b),
+            0);
+  EXPECT_NE(text.find("# TYPE dmuon_job_exposed_latency_seconds summary"),
+            std::string::npos);
+  jobs.erase(jobs.begin());  // run-a dropped
+  text = m.Render();
+  EXPECT_EQ(text.find("run-a"), std::string::npos) << text;
+  EXPECT_EQ(MetricValue(text, "dmuon_job_weight" + b), 1);
+  m.SetJobSource(nullptr);
+  EXPECT_EQ(m.Render().find("run-b"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dmuon::server

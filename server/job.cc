@@ -139,6 +139,7 @@ bool Job::RollBack() {
     p.has_step_momentum = false;
   }
   params_done_ = 0;
+  handed_off_ = 0;
   rewind_step_ = 0;
   std::fill(compute_seconds_.begin(), compute_seconds_.end(), 0.0);
   for (auto& r : ranks_) {
@@ -163,6 +164,8 @@ Job::Arrival Job::Arrive(int rank, int param, bool absent) {
   p.absent_count += absent;
   if (++p.arrived_count == world_size_ && open_ranks() == world_size_) {
     p.running = true;
+    if (++handed_off_ == num_params())
+      last_hand_off_ = std::chrono::steady_clock::now();
     // Every rank absent: nothing is computed and the momentum is not
     // touched, so the parameter does not count as `ran`.
     if (p.absent_count == world_size_) return Arrival::kAbsent;
@@ -223,9 +226,15 @@ void Job::AddComputeSeconds(int param, double seconds) {
   }
 }
 
-bool Job::FinishParam(int64_t step) {
+bool Job::FinishParam(int64_t step,
+                      std::chrono::steady_clock::time_point delivered) {
   if (++params_done_ < static_cast<int>(params_.size())) return false;
   params_done_ = 0;
+  if (handed_off_ == num_params()) {
+    exposed_.Add(
+        std::chrono::duration<double>(delivered - last_hand_off_).count());
+  }
+  handed_off_ = 0;
   completed_steps_ = step;
   for (auto& p : params_) {
     p.prev_ran = host_momentum_ && p.ran && p.has_step_start;

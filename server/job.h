@@ -24,6 +24,7 @@
 #include "planner/planner.h"
 #include "proto/dmuon.pb.h"
 #include "server/deadline_thread.h"
+#include "server/latency_window.h"
 #include "server/limits.h"
 #include "server/step_sink.h"
 #include "server/table.h"
@@ -148,6 +149,11 @@ class Job {
   // the owner, before the job is published.
   double weight() const { return weight_; }
   void set_weight(double weight) { weight_ = weight; }
+  // Its principal's cap on its jobs' share of an executor under contention
+  // (quota.h Quotas::max_device_share, share_cap.h), as of its creation,
+  // like the weight; 1: none.
+  double max_device_share() const { return max_device_share_; }
+  void set_max_device_share(double s) { max_device_share_ = s; }
   // The executors hold the momentum and keep a step-start copy of it
   // (Executor::keeps_step_start): the job can be rolled back mid-step. Set
   // once, like the owner, before the job is published.
@@ -265,10 +271,14 @@ class Job {
   // executor in the step in progress.
   void AddComputeSeconds(int param, double seconds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A parameter's update of `step` went to every rank. True when it was the
-  // step's last: the step is complete (completed_steps() == step) and its
-  // measured load is the last step's.
-  bool FinishParam(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A parameter's update of `step` went to every rank (`delivered`: read
+  // just before it was announced to the first). True when it was the
+  // step's last: the step is complete (completed_steps() == step), its
+  // measured load is the last step's, and its exposed latency ends at
+  // `delivered`.
+  bool FinishParam(int64_t step,
+                   std::chrono::steady_clock::time_point delivered)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rewind (protocol minor 1): undoes the last completed step `step`, after
   // its step_complete and before any arrival of the next one. Every
   // parameter's momentum goes back to before `step` (its pre-step copy) and
@@ -329,6 +339,15 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return last_step_compute_seconds_;
   }
+  // Exposed latency (docs/design.md "Exposed latency"), per completed step:
+  // from the step's last hand-off (the Arrive that made its last parameter
+  // run or absent on every rank) to its completion (FinishParam), over the
+  // last kExposedWindow steps. A rolled-back step is not measured.
+  static constexpr size_t kExposedWindow = 1024;
+  const LatencyWindow& exposed_latency() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return exposed_;
+  }
 
   // --- Idle drop (service_reap.cc).
   // When the job, without an open rank, is dropped: set when its last rank
@@ -378,6 +397,7 @@ class Job {
   const bool host_momentum_;
   std::string owner_;              // set before publication (owner())
   double weight_ = 1;              // set before publication (weight())
+  double max_device_share_ = 1;    // the same (max_device_share())
   bool keeps_step_start_ = false;  // set before publication
 
   mutable absl::Mutex mu_;
@@ -412,6 +432,11 @@ class Job {
   // and of the last completed one.
   std::vector<double> compute_seconds_ ABSL_GUARDED_BY(mu_);
   std::vector<double> last_step_compute_seconds_ ABSL_GUARDED_BY(mu_);
+  // Parameters of the step in progress whose gradients every rank handed
+  // off (Arrive said kRun or kAbsent), and when the last of them did.
+  int handed_off_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point last_hand_off_ ABSL_GUARDED_BY(mu_);
+  LatencyWindow exposed_ ABSL_GUARDED_BY(mu_){kExposedWindow};
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   std::chrono::steady_clock::time_point drop_at_ ABSL_GUARDED_BY(mu_) =
       std::chrono::steady_clock::time_point::max();

@@ -6,6 +6,7 @@
 #define DMUON_SERVER_PARAM_WORK_H_
 
 #include <memory>
+#include <string>
 
 #include "server/job.h"
 #include "server/scheduler.h"
@@ -24,6 +25,8 @@ struct ParamWork : public Work {
   double flops() const override;
   uint64_t job_serial() const override { return job->serial(); }
   double weight() const override { return job->weight(); }
+  std::string principal() const override { return job->owner(); }
+  double max_share() const override { return job->max_device_share(); }
   absl::StatusOr<ComputeTask> Prepare() override;
   void Finish(absl::Status status) override;
   void Computed(double seconds) override { compute_seconds = seconds; }

@@ -30,8 +30,8 @@ struct Principal {
   // Its jobs' share of the executors against other backlogged jobs
   // (scheduler.h): the token file's `weight=` (daemon/auth.h), else 1.
   double weight = 1;
-  // Its jobs' quotas (quota.h): the token file's `max_jobs=` and
-  // `max_state_bytes=`, else none.
+  // Its jobs' quotas (quota.h): the token file's or the quotas file's
+  // `max_jobs=`, `max_state_bytes=` and `max_device_share=`, else none.
   Quotas quotas = Quotas{};
 };
 

@@ -1,5 +1,6 @@
 // Per-principal quotas (issue 28): how many jobs and how many bytes of
-// momentum the jobs a principal owns may hold in this daemon. They come
+// momentum the jobs a principal owns may hold in this daemon, and the share
+// of an executor's time they may take under contention. They come
 // with the principal (Principal::quotas; the token file's `max_jobs=` and
 // `max_state_bytes=`, daemon/auth.h) and are checked when a job is created
 // (a new job or a resumed snapshot; joining a job is not creating one).
@@ -22,8 +23,13 @@ namespace dmuon::server {
 struct Quotas {
   int64_t max_jobs = 0;          // 0: no quota
   uint64_t max_state_bytes = 0;  // fp32 momentum bytes; 0: no quota
+  // Its jobs' combined share of an executor's time while another
+  // principal's jobs are backlogged there, in [0.01, 1]; 1: no quota. Not
+  // checked at admission: the scheduler holds it (share_cap.h).
+  double max_device_share = 1;
   bool operator==(const Quotas& o) const {
-    return max_jobs == o.max_jobs && max_state_bytes == o.max_state_bytes;
+    return max_jobs == o.max_jobs && max_state_bytes == o.max_state_bytes &&
+           max_device_share == o.max_device_share;
   }
 };
 

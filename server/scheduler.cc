@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "base/trace.h"
+#include "server/share_cap.h"
 
 namespace dmuon::server {
 
@@ -56,10 +57,12 @@ void Scheduler::SubmitAll(
         least = any ? std::min(least, other.vtime) : other.vtime;
         any = true;
       }
-      if (any) q.vtime = least;
+      if (any) q.vtime = std::min(least, lane.last_start);
     }
     q.stats.job = work->job_serial();
     q.stats.weight = work->weight() > 0 ? work->weight() : 1;
+    q.principal = work->principal();
+    q.max_share = work->max_share();
     q.dropped = false;
     q.ready.push_back({work->forward_order(), seq_++, now, std::move(work)});
     q.stats.queue_depth = static_cast<int>(q.ready.size());
@@ -107,7 +110,8 @@ std::vector<Scheduler::Queued> Scheduler::PickBatch(Lane& lane, int max_batch,
   // next pick already sees it.
   double cost = 0;
   for (const Queued& p : picked) cost += p.work->flops();
-  q->vtime += cost / q->stats.weight;
+  lane.last_start = q->vtime;
+  q->vtime += cost / ChargedWeight(lane, job);
   q->last_pick = ++lane.picks;
   q->stats.cost += cost;
   q->stats.batches += 1;
@@ -122,6 +126,18 @@ std::vector<Scheduler::Queued> Scheduler::PickBatch(Lane& lane, int max_batch,
   }
   lane.depth -= static_cast<int>(picked.size());
   return picked;
+}
+
+double Scheduler::ChargedWeight(const Lane& lane, uint64_t job) {
+  std::vector<ShareClaim> claims;
+  size_t index = 0;
+  for (const auto& [id, other] : lane.jobs) {
+    // The picked job counts as backlogged: its batch is charged now.
+    if (other.ready.empty() && id != job) continue;
+    if (id == job) index = claims.size();
+    claims.push_back({&other.principal, other.stats.weight, other.max_share});
+  }
+  return CappedWeights(claims)[index];
 }
 
 std::vector<ExecutorStats> Scheduler::Stats() const {
@@ -162,6 +178,8 @@ std::map<uint64_t, JobShareStats> Scheduler::JobTotals() const {
       t.wait_seconds += q.stats.wait_seconds;
       t.max_wait_seconds =
           std::max(t.max_wait_seconds, q.stats.max_wait_seconds);
+      t.max_batch_seconds =
+          std::max(t.max_batch_seconds, q.stats.max_batch_seconds);
     }
   }
   return out;
@@ -283,6 +301,8 @@ void Scheduler::Account(size_t index, uint64_t job, double busy,
   auto it = lane.jobs.find(job);
   if (it != lane.jobs.end()) {
     it->second.stats.busy_seconds += busy;
+    it->second.stats.max_batch_seconds =
+        std::max(it->second.stats.max_batch_seconds, busy);
     if (it->second.dropped && it->second.ready.empty()) lane.jobs.erase(it);
   }
 }

@@ -15,16 +15,30 @@
 // worker serves one batch of the backlogged job with the least virtual
 // time (ties: the one served least recently), then charges the job the
 // batch's cost. A job that becomes backlogged starts at the least virtual
-// time of the jobs backlogged then (no credit saved while idle, none lost).
+// time of the jobs backlogged then, or at the start tag of the batch taken
+// last (its job's virtual time before that batch was charged) when that is
+// less: start-time fair queuing. No credit is saved while idle and none
+// lost, but a job arriving during another's batch counts as having arrived
+// when that batch started.
 // So backlogged jobs get the executor's time in proportion to their
 // weights (as far as the predicted cost follows the time), interleaved per
 // batch, and:
 //
 //   Bound: a job that becomes backlogged runs its first batch right after
-//   the batch in flight; a job whose ready matrices fit one batch waits at
-//   most one batch of another job's work. In general a job of weight w
-//   whose step costs s waits at most the batch in flight plus, per other
-//   backlogged job j, w_j / w * s and one batch of j.
+//   the batch in flight, and then runs up to w / w_j times that batch's
+//   predicted cost of its own work before job j's next batch. So a job of
+//   weight w whose step costs s <= (w / w_j) * (the batch in flight's cost)
+//   waits at most that one batch of another job's work, however many
+//   batches its step takes (the small-tenant bound, tests/
+//   small_tenant_test.cc). In general it waits at most the batch in flight
+//   plus, per other backlogged job j, w_j / w * s and one batch of j.
+//
+// Principal cap (share_cap.h, a principal's `max_device_share=`): the
+// weight a job is charged with is its weight scaled so that the backlogged
+// jobs of one principal together get at most its cap of the executor's time
+// while another principal's jobs are backlogged there (recomputed at each
+// pick over the jobs backlogged then). Work-conserving: a principal alone
+// uses the whole executor. The bound above holds with these weights.
 //
 // A batch never mixes jobs: each job is charged exactly its own launch, and
 // a small job's batch is never lengthened by another job's matrices. (The
@@ -79,6 +93,11 @@ class Work {
   // unit of fair sharing (above). One job's works all give one weight.
   virtual uint64_t job_serial() const { return 0; }
   virtual double weight() const { return 1; }
+  // Its principal (the job's owner; empty: anonymous) and that principal's
+  // cap on its jobs' combined share of an executor under contention, in
+  // (0, 1] (1: none). One job's works all give the same.
+  virtual std::string principal() const { return ""; }
+  virtual double max_share() const { return 1; }
   virtual absl::StatusOr<ComputeTask> Prepare() = 0;
   virtual void Finish(absl::Status status) = 0;
   // This matrix's share of its batch's Executor::Compute wall time: the
@@ -116,8 +135,9 @@ struct JobShareStats {
   uint64_t matrices = 0;
   int queue_depth = 0;
   // Queue wait: from Submit until the matrix's batch was taken.
-  double wait_seconds = 0;      // summed over its matrices
-  double max_wait_seconds = 0;  // the longest
+  double wait_seconds = 0;       // summed over its matrices
+  double max_wait_seconds = 0;   // the longest
+  double max_batch_seconds = 0;  // its longest batch (busy time)
 };
 
 class Scheduler {
@@ -171,6 +191,8 @@ class Scheduler {
   struct JobQueue {
     std::vector<Queued> ready;
     double vtime = 0;        // cost served / weight, see the sharing rule
+    std::string principal;   // Work::principal()
+    double max_share = 1;    // Work::max_share()
     uint64_t last_pick = 0;  // the worker's pick count when last served
     bool dropped = false;    // DropJob came while matrices were queued
     JobShareStats stats;
@@ -179,11 +201,17 @@ class Scheduler {
     std::map<uint64_t, JobQueue> jobs;  // by job serial
     uint64_t picks = 0;
     int depth = 0;  // ready matrices over all jobs
+    // The start tag of the batch taken last: its job's virtual time before
+    // the batch was charged (see the sharing rule).
+    double last_start = 0;
   };
   // Takes the next batch of an executor's lane (sharing rule above), at
   // most `max_batch` matrices; sets `job` to its job's serial.
   std::vector<Queued> PickBatch(Lane& lane, int max_batch, uint64_t& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The weight job `job` of `lane` is charged with now: its weight under
+  // its principal's cap against the lane's backlogged jobs (share_cap.h).
+  static double ChargedWeight(const Lane& lane, uint64_t job);
   // After a batch: executor `index`'s counters and job `job`'s busy time.
   void Account(size_t index, uint64_t job, double busy, size_t matrices,
                double flops) ABSL_LOCKS_EXCLUDED(mu_);

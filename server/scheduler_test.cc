@@ -162,8 +162,9 @@ TEST(FairShare, WeightsThreeToOne) {
 
 // The bound of scheduler.h: a small job (4 matrices, one batch) arriving
 // beside a backlogged job 100x its size starts right after the big job's
-// batch in flight, and when its step needs two batches, waits one more
-// batch of the big job at most.
+// batch in flight; a step of two batches costing no more than that batch
+// (start-time fair queuing) still waits only it; a step costing more than
+// it waits one more batch of the big job at most.
 void SmallBesideBig(int small_matrices, uint64_t max_big_batches) {
   std::vector<std::unique_ptr<Executor>> ex;
   ex.push_back(std::make_unique<SleepExecutor>());
@@ -207,7 +208,84 @@ void SmallBesideBig(int small_matrices, uint64_t max_big_batches) {
 
 TEST(FairShare, SmallJobWaitsOnlyTheBatchInFlight) { SmallBesideBig(4, 0); }
 
-TEST(FairShare, SmallJobOfTwoBatchesWaitsOneMoreBatch) { SmallBesideBig(8, 1); }
+TEST(FairShare, SmallJobOfTwoBatchesWaitsOnlyTheBatchInFlight) {
+  SmallBesideBig(8, 0);
+}
+
+TEST(FairShare, SmallJobCostingMoreThanABatchWaitsOneMoreBatch) {
+  SmallBesideBig(48, 1);  // 48 units beside big batches of 40
+}
+
+// Returns at once: the served predicted cost (JobShareStats::cost) is the
+// clock, so shares do not depend on how busy the machine is.
+class InstantExecutor : public Executor {
+ public:
+  std::string device() const override { return "fake:0"; }
+  absl::Status Compute(absl::Span<const ComputeTask>) override {
+    return absl::OkStatus();
+  }
+};
+
+// A FakeWork of a principal with a share cap (Work::max_share).
+class CappedWork : public FakeWork {
+ public:
+  CappedWork(uint64_t job, std::string principal, double weight, double cap,
+             int order, std::function<void()> on_finish = nullptr)
+      : FakeWork(job, weight, 2, order, nullptr, std::move(on_finish)),
+        principal_(std::move(principal)),
+        cap_(cap) {}
+  std::string principal() const override { return principal_; }
+  double max_share() const override { return cap_; }
+
+ private:
+  const std::string principal_;
+  const double cap_;
+};
+
+// Principal "a" (jobs 1 and 2, weights 2 and 1: 3/4 by weight) capped at
+// `cap`, beside principal "b" (job 3, weight 1), all backlogged on one
+// executor: a's jobs' share of the cost served between a's 30th and 120th
+// finished matrices (b still backlogged).
+double CappedShareOfA(double cap) {
+  std::vector<std::unique_ptr<Executor>> ex;
+  ex.push_back(std::make_unique<InstantExecutor>());
+  Scheduler s(std::move(ex), 1);
+  std::map<uint64_t, JobShareStats> at_from, at_to;
+  std::atomic<int> done_a{0};
+  auto mark = [&] {
+    const int n = ++done_a;
+    if (n == 30) at_from = ByJob(s);
+    if (n == 120) at_to = ByJob(s);
+  };
+  std::vector<std::pair<int, std::shared_ptr<Work>>> works;
+  for (int i = 0; i < 400; ++i) {
+    works.emplace_back(0,
+                       std::make_shared<CappedWork>(1, "a", 2, cap, i, mark));
+    works.emplace_back(0,
+                       std::make_shared<CappedWork>(2, "a", 1, cap, i, mark));
+    works.emplace_back(0, std::make_shared<CappedWork>(3, "b", 1, 1, i));
+  }
+  s.SubmitAll(std::move(works));
+  s.Shutdown();
+  EXPECT_LT(at_to[3].matrices, 400u) << "b was not backlogged";
+  auto served = [&](uint64_t job) {
+    return at_to[job].cost - at_from[job].cost;
+  };
+  EXPECT_NEAR(served(1) / served(2), 2, 0.1) << "a's jobs keep their 2:1";
+  return (served(1) + served(2)) / (served(1) + served(2) + served(3));
+}
+
+TEST(FairShare, PrincipalCapHoldsUnderContention) {
+  const double share = CappedShareOfA(0.25);
+  EXPECT_GE(share, 0.24);
+  EXPECT_LE(share, 0.26);
+}
+
+TEST(FairShare, PrincipalCapThatDoesNotBindLeavesTheWeights) {
+  const double share = CappedShareOfA(0.9);
+  EXPECT_GE(share, 0.74);
+  EXPECT_LE(share, 0.76);
+}
 
 TEST(FairShare, BatchesNeverMixJobsAndKeepForwardOrder) {
   auto owned = std::make_unique<SleepExecutor>();

@@ -55,6 +55,7 @@ OptimizerService::OptimizerService(ServiceOptions options,
   // The destructor removes the source before the service goes away.
   metrics_->SetExecutorSource([this] { return ExecutorStatsWithLoad(); });
   metrics_->SetFallbackSource([this] { return Fallbacks(); });
+  metrics_->SetJobSource([this] { return JobMetricsNow(); });
   if (options_.attach_timeout_seconds > 0) {
     attach_reaper_.Start(
         [this] { return ExpireUnattached(std::chrono::steady_clock::now()); });
@@ -68,6 +69,7 @@ OptimizerService::~OptimizerService() {
   scheduler_->Shutdown();
   metrics_->SetExecutorSource(nullptr);
   metrics_->SetFallbackSource(nullptr);
+  metrics_->SetJobSource(nullptr);
   std::vector<std::unique_ptr<transport::Region>> gpu;
   {
     absl::MutexLock lock(&mu_);

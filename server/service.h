@@ -394,6 +394,7 @@ class OptimizerService {
     uint64_t reserved = 0;
     std::string owner;
     double weight = 1;  // the opener's (Principal::weight), a new job's
+    double max_device_share = 1;  // the opener's quota, a new job's
     // The snapshot it resumes from, taken from pending_ (moved into the job
     // by BuildJob), and its summary: the file is pending again when the
     // open fails.
@@ -554,6 +555,9 @@ class OptimizerService {
   // the jobs' locks. (service_status.cc)
   std::vector<ExecutorStats> ExecutorStatsWithLoad() const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Every job in memory with its share, queue wait and exposed latency, for
+  // /metrics. Takes mu_ and the jobs' locks. (service_status.cc)
+  std::vector<JobMetrics> JobMetricsNow() const ABSL_LOCKS_EXCLUDED(mu_);
   // Resolves method "auto" by measurement and returns each parameter's
   // planner cost in seconds (measured, or the cost model at a nominal rate).
   // (service_open_request.cc)

@@ -278,6 +278,7 @@ absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
   a->serial = next_job_serial_++;
   a->owner = owner;
   a->weight = who.weight > 0 ? who.weight : 1;
+  a->max_device_share = who.quotas.max_device_share;
   if (pending) {
     a->resumed = Summarize(pending->head.header());
     a->snapshot = pending_.Take(req.job_id());

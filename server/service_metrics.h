@@ -13,9 +13,26 @@
 #include <string>
 #include <vector>
 
+#include "server/latency_window.h"
 #include "server/scheduler.h"
 
 namespace dmuon::server {
+
+// One job in memory, as /metrics shows it (labels: job, principal): its
+// use of the executors (JobStatus' fields of the same names) and its
+// exposed latency (Job::exposed_latency).
+struct JobMetrics {
+  std::string job_id;
+  std::string principal;  // its owner; empty: anonymous
+  double weight = 1;
+  double max_device_share = 1;
+  double device_seconds = 0;
+  double device_share = 0;
+  double queue_wait_mean_seconds = 0;
+  double queue_wait_max_seconds = 0;
+  double device_batch_max_seconds = 0;  // Status only, not exported
+  LatencySnapshot exposed;
+};
 
 class ServiceMetrics {
  public:
@@ -50,6 +67,12 @@ class ServiceMetrics {
   // Thread-safe.
   virtual void SetFallbackSource(
       std::function<std::map<std::string, uint64_t>()> /*counts*/) {}
+  // Every job in memory (OptimizerService::JobMetricsNow), read when the
+  // metrics are exported: a dropped job is gone from the next export, so
+  // the series are bounded by the jobs in memory. Null detaches the
+  // source. Thread-safe.
+  virtual void SetJobSource(std::function<std::vector<JobMetrics>()> /*jobs*/) {
+  }
 };
 
 // Observes nothing (a test double may override what it watches).

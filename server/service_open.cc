@@ -304,6 +304,7 @@ void OptimizerService::BuildJob(const v1::OpenSessionRequest& req,
   job->set_keeps_step_start(scheduler_->keeps_step_start());
   job->set_owner(a->owner);
   job->set_weight(a->weight);
+  job->set_max_device_share(a->max_device_share);
   if (a->snapshot) {
     absl::MutexLock jl(&job->mu());  // not published: nobody waits for it
     job->SetCompletedSteps(a->snapshot->head.header().completed_steps());

@@ -32,20 +32,56 @@ void AddJobLoad(const Job& job, const std::vector<ExecutorStats>& devices,
   }
 }
 
-// Fills `out`'s use of the executors from the scheduler's accounting
-// (`shares`, by job serial; `all_seconds`: every listed job's seconds).
-void SetShare(const Job& job, const std::map<uint64_t, JobShareStats>& shares,
-              double all_seconds, v1::JobStatus* out) {
-  out->set_weight(job.weight());
+// Every listed job's device seconds (the denominator of device_share).
+double AllSeconds(const std::map<std::string, std::shared_ptr<Job>>& jobs,
+                  const std::map<uint64_t, JobShareStats>& shares) {
+  double all = 0;
+  for (const auto& [id, job] : jobs) {
+    auto it = shares.find(job->serial());
+    if (it != shares.end()) all += it->second.busy_seconds;
+  }
+  return all;
+}
+
+// `job`'s use of the executors from the scheduler's accounting (`shares`,
+// by job serial; `all_seconds`: AllSeconds), and its exposed latency.
+JobMetrics MetricsOf(const Job& job,
+                     const std::map<uint64_t, JobShareStats>& shares,
+                     double all_seconds)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+  JobMetrics m;
+  m.job_id = job.id();
+  m.principal = job.owner();
+  m.weight = job.weight();
+  m.max_device_share = job.max_device_share();
+  m.exposed = job.exposed_latency().Snapshot();
   auto it = shares.find(job.serial());
-  if (it == shares.end()) return;
+  if (it == shares.end()) return m;
   const JobShareStats& s = it->second;
-  out->set_device_seconds(s.busy_seconds);
-  out->set_device_share(all_seconds > 0 ? s.busy_seconds / all_seconds : 0);
+  m.device_seconds = s.busy_seconds;
+  m.device_share = all_seconds > 0 ? s.busy_seconds / all_seconds : 0;
   if (s.matrices > 0)
-    out->set_queue_wait_mean_seconds(s.wait_seconds /
-                                     static_cast<double>(s.matrices));
-  out->set_queue_wait_max_seconds(s.max_wait_seconds);
+    m.queue_wait_mean_seconds =
+        s.wait_seconds / static_cast<double>(s.matrices);
+  m.queue_wait_max_seconds = s.max_wait_seconds;
+  m.device_batch_max_seconds = s.max_batch_seconds;
+  return m;
+}
+
+// Fills `out`'s use of the executors and exposed latency (MetricsOf).
+void SetShare(const Job& job, const std::map<uint64_t, JobShareStats>& shares,
+              double all_seconds, v1::JobStatus* out)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+  const JobMetrics m = MetricsOf(job, shares, all_seconds);
+  out->set_weight(m.weight);
+  out->set_max_device_share(m.max_device_share);
+  out->set_device_seconds(m.device_seconds);
+  out->set_device_share(m.device_share);
+  out->set_queue_wait_mean_seconds(m.queue_wait_mean_seconds);
+  out->set_queue_wait_max_seconds(m.queue_wait_max_seconds);
+  out->set_device_batch_max_seconds(m.device_batch_max_seconds);
+  if (m.exposed.count > 0)
+    job.exposed_latency().Fill(out->mutable_exposed_latency());
 }
 
 }  // namespace
@@ -66,6 +102,18 @@ std::vector<ExecutorStats> OptimizerService::ExecutorStatsWithLoad() const {
     stats[i].measured_step_seconds = measured[i];
   }
   return stats;
+}
+
+std::vector<JobMetrics> OptimizerService::JobMetricsNow() const {
+  const std::map<uint64_t, JobShareStats> shares = scheduler_->JobTotals();
+  std::vector<JobMetrics> out;
+  absl::MutexLock lock(&mu_);
+  const double all_seconds = AllSeconds(jobs_, shares);
+  for (const auto& [id, job] : jobs_) {
+    absl::MutexLock jl(&job->mu());
+    out.push_back(MetricsOf(*job, shares, all_seconds));
+  }
+  return out;
 }
 
 std::vector<SnapshotStore::Error> OptimizerService::SnapshotErrors() const {
@@ -91,11 +139,7 @@ v1::StatusResponse OptimizerService::Status() const {
   {
     absl::MutexLock lock(&mu_);
     r.set_serving(!draining_);
-    double all_seconds = 0;  // every listed job's device seconds
-    for (const auto& [id, job] : jobs_) {
-      auto it = shares.find(job->serial());
-      if (it != shares.end()) all_seconds += it->second.busy_seconds;
-    }
+    const double all_seconds = AllSeconds(jobs_, shares);
     for (const auto& [id, job] : jobs_) {
       absl::MutexLock jl(&job->mu());
       auto* j = r.add_jobs();

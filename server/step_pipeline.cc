@@ -353,12 +353,15 @@ void StepPipeline::Deliver(const std::shared_ptr<Job>& job, int param,
       if (auto e = WriteHostUpdates(*job, param, step, skip); !e.ok())
         return Fail(*job, param, step, e);
     }
+    // Before the first announcement: no rank can have seen the update
+    // earlier (the exposed latency's end, Job::FinishParam).
+    const auto delivered = std::chrono::steady_clock::now();
     for (auto& s : job->ranks()) {
       if (s) Acknowledge(job, *s, param, step, status, skip, absent, acks);
     }
     // Nothing of the next step can have started: every rank's step ends in
     // this critical section, so the state copied here is consistent.
-    if (job->FinishParam(step) && ctx_.snapshots->enabled() &&
+    if (job->FinishParam(step, delivered) && ctx_.snapshots->enabled() &&
         ctx_.snapshot_every > 0 &&
         job->completed_steps() % ctx_.snapshot_every == 0) {
       if (auto bytes = SnapshotBytes(*ctx_.scheduler, *job); bytes.ok()) {

@@ -1,5 +1,5 @@
-// Step latency and error counts for Status: a ring of the last step
-// latencies (their quantiles) and a count of errors by status code.
+// Step latency and error counts for Status: a window of the last step
+// latencies (latency_window.h) and a count of errors by status code.
 
 #ifndef DMUON_SERVER_STEP_STATS_H_
 #define DMUON_SERVER_STEP_STATS_H_
@@ -8,11 +8,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/dmuon.pb.h"
+#include "server/latency_window.h"
 
 namespace dmuon::server {
 
@@ -29,16 +29,13 @@ class StepStats {
   void RecordLatency(double seconds) ABSL_LOCKS_EXCLUDED(mu_);
   // An error, by absl::StatusCodeToString of its code.
   void CountError(const std::string& code) ABSL_LOCKS_EXCLUDED(mu_);
-  // Fills `out`'s step_latency (count of every step recorded; p50, p90,
-  // p99 and max of the window, absent before the first) and errors.
+  // Fills `out`'s step_latency (count of every step recorded; mean, p50,
+  // p90, p99 and max of the window, absent before the first) and errors.
   void Fill(v1::StatusResponse* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  const size_t window_;
   mutable absl::Mutex mu_;
-  std::vector<double> latencies_ ABSL_GUARDED_BY(mu_);  // ring
-  size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // the ring's slot written next
-  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+  LatencyWindow latencies_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> errors_ ABSL_GUARDED_BY(mu_);
 };
 

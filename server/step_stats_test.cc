@@ -36,6 +36,7 @@ TEST(StepStats, TheRingKeepsTheLastWindowAndCountsEverything) {
   EXPECT_EQ(r.step_latency().count(), 6u);
   EXPECT_EQ(r.step_latency().max_seconds(), 4.0);  // 100 and 200 overwritten
   EXPECT_EQ(r.step_latency().p50_seconds(), 3.0);
+  EXPECT_EQ(r.step_latency().mean_seconds(), 2.5);  // of the window
 }
 
 TEST(StepStats, CountsErrorsByCode) {

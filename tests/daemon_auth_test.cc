@@ -492,6 +492,27 @@ TEST(Auth, SighupRereadsTheTokens) {
       << d.log();
 }
 
+// q-token's job "q2" is refused: principal team-q holds its one job.
+void ExpectAtQuotaOfOneJob(v1::Optimizer::Stub* stub) {
+  const grpc::Status st = Open(stub, "q-token", OneMatrixJob("q2", 0, 1));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(st.error_message().rfind(
+                "principal 'team-q' is at its quota of 1 jobs (max_jobs)", 0),
+            0u)
+      << st.error_message();
+}
+
+// Sends `d` SIGHUP, then tries q-token's job "q2" until it opens (5 s at
+// most): whether it did.
+bool OpensAfterSighup(Daemon& d, v1::Optimizer::Stub* stub) {
+  d.process().Signal(SIGHUP);
+  for (int i = 0; i < 100; ++i) {
+    if (Open(stub, "q-token", OneMatrixJob("q2", 0, 1)).ok()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
 // A principal's quotas come with its token file entry and follow a SIGHUP:
 // over max_jobs, OpenSession is RESOURCE_EXHAUSTED naming the quota.
 TEST(Auth, QuotasFromTheTokenFileFollowSighup) {
@@ -500,20 +521,50 @@ TEST(Auth, QuotasFromTheTokenFileFollowSighup) {
   ASSERT_NE(d.port(), 0) << d.log();
   auto stub = Stub(d.address());
   ASSERT_TRUE(Open(stub.get(), "q-token", OneMatrixJob("q1", 0, 1)).ok());
-  const grpc::Status st = Open(stub.get(), "q-token", OneMatrixJob("q2", 0, 1));
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(st.error_message().rfind(
-                "principal 'team-q' is at its quota of 1 jobs (max_jobs)", 0),
-            0u)
-      << st.error_message();
+  ExpectAtQuotaOfOneJob(stub.get());
   Write(file, "trainer q-token team-q max_jobs=2\n");
+  EXPECT_TRUE(OpensAfterSighup(d, stub.get())) << d.log();
+}
+
+// --quotas-file overrides the token file's quotas by principal and is
+// re-read on SIGHUP; a bad file on SIGHUP keeps the one in force and is
+// logged naming its line; a bad file at start stops dmuond naming the flag
+// and the line.
+TEST(Auth, QuotasFileOverridesTheTokenFileAndFollowsSighup) {
+  const std::string tokens =
+      TokenFile("trainer q-token team-q max_jobs=5 weight=2\n");
+  const std::string quotas = tokens + ".quotas";
+  Write(quotas, "# team-q is held to one job here\nteam-q max_jobs=1\n");
+  Daemon d({"--auth-token-file=" + tokens, "--quotas-file=" + quotas});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto stub = Stub(d.address());
+  ASSERT_TRUE(Open(stub.get(), "q-token", OneMatrixJob("q1", 0, 1)).ok());
+  ExpectAtQuotaOfOneJob(stub.get());
+  Write(quotas, "team-q max_jobs=2\nteam-r weight=lots\n");  // bad: kept
   d.process().Signal(SIGHUP);
-  bool ok = false;
-  for (int i = 0; i < 100 && !ok; ++i) {
-    ok = Open(stub.get(), "q-token", OneMatrixJob("q2", 0, 1)).ok();
-    if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 100 && d.log().find("quotas stay") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_TRUE(ok) << d.log();
+  EXPECT_NE(d.log().find("--quotas-file=" + quotas +
+                         ": line 2: weight 'lots' is not a number"),
+            std::string::npos)
+      << d.log();
+  ExpectAtQuotaOfOneJob(stub.get());
+  Write(quotas, "team-q max_jobs=2\n");
+  EXPECT_TRUE(OpensAfterSighup(d, stub.get())) << d.log();
+
+  const std::string log = TempDir("quotas-bad") + "/log";
+  Write(quotas, "team-q max_device_share=2\n");
+  Process bad({Runfile("daemon/dmuond"), "--listen=127.0.0.1:0",
+               "--auth-token-file=" + tokens, "--quotas-file=" + quotas},
+              log);
+  EXPECT_NE(bad.Wait(30), 0);
+  EXPECT_NE(Read(log).find("--quotas-file=" + quotas +
+                           ": line 1: max_device_share '2' is not a number "
+                           "in [0.01, 1]"),
+            std::string::npos)
+      << Read(log);
 }
 
 // Refused calls are logged at most 20 at once and then 1 a second per peer
@@ -928,18 +979,6 @@ TEST(Auth, SighupReloadsTheCertificates) {
       SetZeroState(old_conn.get(), "alice-token", session.session_id()).ok())
       << daemon.log();
   EXPECT_EQ(daemon.process().Wait(0.1), -1) << "SIGHUP must not stop dmuond";
-}
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t n = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 // curl `url` with `args`: "<HTTP code>\n<body>" ("000" when no HTTP answer).

@@ -91,13 +91,20 @@ std::map<std::string, double> DeviceSeconds(v1::Optimizer::Stub& stub) {
 
 // a's share of the executor's time over a window of both trainers' steps
 // (-1: no daemon).
-double ShareOfA(double weight_a, double weight_b) {
+// `quotas`: --quotas-file's text (empty: none).
+double ShareOfA(double weight_a, double weight_b,
+                const std::string& quotas = "") {
   const std::string tokens = TempDir("share") + "/tokens";
   std::ofstream(tokens) << "operator op-token\n"
                         << "trainer a-token alice weight=" << weight_a << "\n"
                         << "trainer b-token bob weight=" << weight_b << "\n";
-  Daemon d(
-      {"--auth-token-file=" + tokens, "--cpu-executors=1", "--cpu-threads=1"});
+  std::vector<std::string> flags = {"--auth-token-file=" + tokens,
+                                    "--cpu-executors=1", "--cpu-threads=1"};
+  if (!quotas.empty()) {
+    std::ofstream(tokens + ".quotas") << quotas;
+    flags.push_back("--quotas-file=" + tokens + ".quotas");
+  }
+  Daemon d(flags);
   if (d.port() == 0) {
     ADD_FAILURE() << "dmuond did not start: " << d.log();
     return -1;
@@ -143,6 +150,14 @@ TEST(FairShare, WeightsThreeToOne) {
   const double share = ShareOfA(3, 1);
   EXPECT_GE(share, 0.70);
   EXPECT_LE(share, 0.80);
+}
+
+// alice's weight is 3 (75 % by weight), but the quotas file caps her
+// share at 30 % while bob's job is backlogged.
+TEST(FairShare, DeviceShareQuotaCapsAPrincipal) {
+  const double share = ShareOfA(3, 1, "alice max_device_share=0.3\n");
+  EXPECT_GE(share, 0.25);
+  EXPECT_LE(share, 0.35);
 }
 
 }  // namespace

@@ -57,6 +57,8 @@ std::string Ctl(const std::string& address,
                 const std::vector<std::string>& args, int* code);
 // GET http://127.0.0.1:port/path, the body ("" on failure).
 std::string HttpGet(int port, const std::string& path);
+// A TCP port free right now on 127.0.0.1 (the kernel's pick).
+int FreePort();
 
 }  // namespace dmuon::testing
 

@@ -74,6 +74,17 @@ class RecordingMetrics : public ServiceMetrics {
                             : std::map<std::string, uint64_t>{};
   }
 
+  void SetJobSource(std::function<std::vector<JobMetrics>()> jobs) override {
+    absl::MutexLock lock(&source_mu_);
+    job_source_ = std::move(jobs);
+  }
+  // The per-job metrics an exporter would read now; empty when no source
+  // is attached.
+  std::vector<JobMetrics> Jobs() const {
+    absl::MutexLock lock(&source_mu_);
+    return job_source_ ? job_source_() : std::vector<JobMetrics>{};
+  }
+
   // The executor statistics an exporter would read now; empty when no
   // source is attached.
   std::vector<ExecutorStats> Executors() const {
@@ -135,6 +146,8 @@ class RecordingMetrics : public ServiceMetrics {
   std::function<std::vector<ExecutorStats>()> source_
       ABSL_GUARDED_BY(source_mu_);
   std::function<std::map<std::string, uint64_t>()> fallback_source_
+      ABSL_GUARDED_BY(source_mu_);
+  std::function<std::vector<JobMetrics>()> job_source_
       ABSL_GUARDED_BY(source_mu_);
 };
 
