@@ -374,5 +374,31 @@ TEST(Marks, SurviveARestartAsFiles) {
   std::filesystem::remove_all(dir);
 }
 
+// A mark whose file cannot be written (its name taken by a directory) is
+// kept in memory; not_durable and Status's snapshot errors say why.
+TEST(Marks, AMarkThatCannotBeWrittenIsKeptInMemorySayingWhy) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Grads grads = StepsOfGradients(kTable, 2, rng);
+  std::string dir = "/tmp/dmuon-marks-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  std::filesystem::create_directory(dir + "/job-6e.dmst.mark-2");
+  ServiceOptions o;
+  o.state_dir = dir;
+  auto svc = NewService(o);
+  std::vector<Rank> ranks;
+  ASSERT_TRUE(OpenAll(*svc, ranks, "n", 1, 0, v1::RESUME_FRESH).ok());
+  RunSteps(*svc, ranks, 1, 2, grads);
+  auto m = svc->Mark(MarkReq(ranks[0]));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_NE(m->not_durable().find("job-6e.dmst.mark-2"), std::string::npos)
+      << m->not_durable();
+  EXPECT_EQ(std::vector<int64_t>(m->marks().begin(), m->marks().end()),
+            std::vector<int64_t>{2});
+  const v1::StatusResponse status = svc->Status();
+  ASSERT_EQ(status.snapshot_errors_size(), 1);
+  EXPECT_NE(status.snapshot_errors(0).find("mark-2"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace dmuon::server::testing
