@@ -328,8 +328,9 @@ TEST(Marks, AJobHeldOnlyAsMarksResumesAtOne) {
 }
 
 // With --state-dir a mark is a file: a daemon started again on the
-// directory lists it (its job only on disk) and resumes at it, at another
-// world size; a new run of the id (resume=fresh) removes it.
+// directory lists it (its job only on disk); the job reopens at its
+// snapshot's step with 3 ranks instead of 2, then at the mark with 1; a
+// new run of the id (resume=replace) removes the mark.
 TEST(Marks, SurviveARestartAsFiles) {
   std::mt19937_64 rng(std::random_device{}());
   const Grads grads = StepsOfGradients(kTable, 5, rng);
@@ -337,13 +338,14 @@ TEST(Marks, SurviveARestartAsFiles) {
   ASSERT_NE(mkdtemp(dir.data()), nullptr);
   ServiceOptions o;
   o.state_dir = dir;
-  Momentum at2;
+  Momentum at2, at4;
   {
     auto svc = NewService(o);
     std::vector<Rank> ranks;
     OpenStepAndMark(*svc, ranks, "d", 2, grads);
     at2 = Read(*svc, ranks[0].open.session_id());
     RunSteps(*svc, ranks, 3, 4, grads);
+    at4 = Read(*svc, ranks[0].open.session_id());
     ASSERT_TRUE(svc->SnapshotAll().ok());  // step 4 on disk too
   }
   auto svc = NewService(o);
@@ -356,7 +358,14 @@ TEST(Marks, SurviveARestartAsFiles) {
                                  status.jobs(0).marks().end()),
             std::vector<int64_t>{2});
   EXPECT_EQ(status.jobs(0).mark_bytes(), 0u);  // on disk until resumed
+  // Its snapshot's own step, at another world size (3 ranks, not 2).
   std::vector<Rank> ranks;
+  ASSERT_TRUE(OpenAll(*svc, ranks, "d", 3, 0).ok());
+  EXPECT_EQ(ranks[2].open.next_step(), 5);
+  EXPECT_EQ(Read(*svc, ranks[1].open.session_id()), at4);
+  CloseAll(*svc, ranks);
+  // Then (idle in memory now) at the mark with 1 rank: the step-4
+  // snapshot of the run it leaves is kept aside, not resumed again.
   ASSERT_TRUE(OpenAll(*svc, ranks, "d", 1, 2).ok());
   EXPECT_EQ(ranks[0].open.next_step(), 3);
   EXPECT_EQ(Read(*svc, ranks[0].open.session_id()), at2);
@@ -365,6 +374,11 @@ TEST(Marks, SurviveARestartAsFiles) {
   CloseAll(*svc, ranks);
   const std::string file = dir + "/job-64.dmst.mark-2";
   EXPECT_TRUE(std::filesystem::exists(file));
+  bool kept_aside = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    kept_aside |=
+        e.path().filename().string().rfind("job-64.dmst.replaced-", 0) == 0;
+  EXPECT_TRUE(kept_aside);
   // A new run of the id drops the old run's marks, files and all.
   ASSERT_TRUE(OpenAll(*svc, ranks, "d2", 1, 0, v1::RESUME_FRESH).ok());
   std::vector<Rank> fresh(1);
