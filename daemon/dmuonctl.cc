@@ -250,10 +250,13 @@ void PrintJobs(const dmuon::v1::StatusResponse& s) {
   // scheduler's accounting); WAIT_MS: a matrix's mean and longest queue
   // wait; WEIGHT: its principal's (docs/design.md, sharing);
   // EXPOSED_P99_MS: its exposed latency's p99 over its last 1024 steps
-  // (docs/design.md, exposed latency), "-" before a step completed.
-  std::printf("\n%-24s %6s %6s %8s %12s %10s %10s %6s %6s %15s %14s\n", "JOB",
-              "RANKS", "OPEN", "PARAMS", "STATE_MB", "STEPS", "DROP_IN_S",
-              "WEIGHT", "SHARE", "WAIT_MS(AVG/MAX)", "EXPOSED_P99_MS");
+  // (docs/design.md, exposed latency), "-" before a step completed. MARKS:
+  // the steps it may be resumed at besides its own (docs/protocol.md
+  // "Marks").
+  std::printf("\n%-24s %6s %6s %8s %12s %10s %10s %6s %6s %15s %14s %s\n",
+              "JOB", "RANKS", "OPEN", "PARAMS", "STATE_MB", "STEPS",
+              "DROP_IN_S", "WEIGHT", "SHARE", "WAIT_MS(AVG/MAX)",
+              "EXPOSED_P99_MS", "MARKS");
   for (const auto& j : s.jobs()) {
     char drop[32] = "-";
     if (j.on_disk())
@@ -268,12 +271,15 @@ void PrintJobs(const dmuon::v1::StatusResponse& s) {
     if (j.exposed_latency().count() > 0)
       std::snprintf(exposed, sizeof(exposed), "%.1f",
                     j.exposed_latency().p99_seconds() * 1e3);
+    std::string marks = j.marks_size() > 0 ? "" : "-";
+    for (int64_t m : j.marks())
+      absl::StrAppend(&marks, marks.empty() ? "" : ",", m);
     std::printf(
-        "%-24s %6d %6d %8d %12.1f %10lld %10s %6.2f %5.1f%% %15s %14s\n",
+        "%-24s %6d %6d %8d %12.1f %10lld %10s %6.2f %5.1f%% %15s %14s %s\n",
         Safe(j.job_id()).c_str(), j.world_size(), j.ranks_open(),
         j.parameters(), j.state_bytes() / 1e6,
         static_cast<long long>(j.completed_steps()), drop, j.weight(),
-        j.device_share() * 100, wait, exposed);
+        j.device_share() * 100, wait, exposed, marks.c_str());
     if (j.rewind_waiting_ranks_size() > 0) {
       std::string ranks;
       for (int r : j.rewind_waiting_ranks())

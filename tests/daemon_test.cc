@@ -121,7 +121,7 @@ TEST(Daemon, HealthStatusMetricsAndDrain) {
   EXPECT_NE(table.find("cpu:0"), std::string::npos) << table;
   for (const char* column :
        {"STEP_PRED_MS", "STEP_MEAS_MS", "MEAS/PRED", "DROP_IN_S", "WEIGHT",
-        "SHARE", "WAIT_MS(AVG/MAX)", "EXPOSED_P99_MS"})
+        "SHARE", "WAIT_MS(AVG/MAX)", "EXPOSED_P99_MS", "MARKS"})
     EXPECT_NE(table.find(column), std::string::npos) << column << "\n" << table;
   Ctl(d.address(), {"drain"}, &code);
   EXPECT_EQ(code, 0);

@@ -2,7 +2,8 @@
 // hostile or broken client could send them through the gRPC adapter:
 // OpenSession tables, Step stream messages (gradients_ready, gradient
 // chunks) in any order, GetState, SetState chunk streams, Detach, Close,
-// Status and idle-job reaping, on the real OptimizerService with a
+// Status, idle-job reaping and Mark (resuming at a mark: an OpenSession's
+// resume_step), on the real OptimizerService with a
 // FastExecutor (no Newton–Schulz). Any crash, sanitizer report or leak is a
 // bug; errors are expected and ignored.
 //
@@ -37,8 +38,9 @@ enum Op : uint8_t {
   kDetach = 6,      // payload[0]: session
   kClose = 7,       // payload[0]: session
   kStatus = 8,
-  kReap = 9,  // ReapIdleJobs as if an hour had passed
-  kOps = 10,
+  kReap = 9,   // ReapIdleJobs as if an hour had passed
+  kMark = 10,  // payload[0]: session, payload[1] (if any): the step
+  kOps = 11,
 };
 
 class NullSink final : public StepSink {
@@ -132,6 +134,13 @@ void Run(const uint8_t* data, size_t size) {
         (void)svc.ReapIdleJobs(std::chrono::steady_clock::now() +
                                std::chrono::hours(1));
         break;
+      case kMark: {
+        v1::MarkRequest req;
+        req.set_session_id(session(p, len));
+        req.set_step(len > 1 ? p[1] : 0);
+        (void)svc.Mark(req);
+        break;
+      }
     }
   }
   for (const std::string& s : sessions) {

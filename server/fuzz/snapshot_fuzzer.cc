@@ -8,6 +8,10 @@
 // job reopens with][the rest: the file]. Flag bit 0 rewrites the file's last
 // four bytes with the CRC-32 of the rest, as the daemon writes it
 // (docs/protocol.md "Snapshots"), so that inputs get past the checksum.
+// Flag bit 1 writes the file as a mark of the job instead (docs/protocol.md
+// "Marks": <snapshot file>.mark-<step>, the step the request resumes at, or
+// 1), which LoadSnapshots lists by its header and an open at that step
+// reads whole.
 
 #include <unistd.h>
 #include <zlib.h>
@@ -58,8 +62,11 @@ void Run(const uint8_t* data, size_t size) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   {
-    // Where the service looks for the job's snapshot.
-    std::ofstream out(SnapshotStore(dir, nullptr).PathOf(req.job_id()),
+    // Where the service looks for the job's snapshot, or for its mark.
+    const SnapshotStore store(dir, nullptr);
+    const int64_t step = req.resume_step() > 0 ? req.resume_step() : 1;
+    std::ofstream out((flags & 2) ? store.MarkPathOf(req.job_id(), step)
+                                  : store.PathOf(req.job_id()),
                       std::ios::binary);
     out.write(file.data(), static_cast<std::streamsize>(file.size()));
   }
