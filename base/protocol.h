@@ -21,7 +21,9 @@ namespace dmuon {
 //   3: SHARDING_BLOCKS (ParameterSpec.row_runs/col_runs): a rank's local
 //      tensor as any product of row and column runs (DTensor placements).
 //   4: OpenSessionRequest.resume_step (resume at a given completed step).
-inline constexpr uint32_t kProtocolMinor = 4;
+//   5: Mark (MarkRequest, JobStatus.marks); resume_step may name a mark, and
+//      a job with no open rank may be reopened at another world size.
+inline constexpr uint32_t kProtocolMinor = 5;
 
 // The minor version this binary speaks: kProtocolMinor. Defined weak, so that
 // a test binary can link a strong definition that speaks an older minor

@@ -93,6 +93,12 @@ ABSL_FLAG(int, max_idle_jobs, dmuon::server::kDefaultMaxIdleJobs,
           "most jobs kept without an open rank (--job-retention-seconds); "
           "past it the oldest idle ones are dropped first (snapshotted with "
           "--state-dir)");
+ABSL_FLAG(int, marks_per_job, dmuon::server::kDefaultMarksPerJob,
+          "marks (a job's momentum at a checkpointed step, Mark) kept per "
+          "job; past it the job's oldest is dropped");
+ABSL_FLAG(int64_t, mark_bytes, dmuon::server::kDefaultMarkBytes,
+          "bytes of momentum every job's marks together may hold in memory; "
+          "past it the oldest marks of any job are dropped (0: no marks)");
 ABSL_FLAG(int, attach_timeout_seconds,
           dmuon::server::kDefaultAttachTimeoutSeconds,
           "a session whose Step stream has not attached this many seconds "
@@ -287,6 +293,9 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   }
   if (c.max_job_id_bytes < 1) return Invalid("--max-job-id-bytes must be >= 1");
   if (c.max_idle_jobs < 0) return Invalid("--max-idle-jobs must be >= 0");
+  if (c.marks_per_job < 1) return Invalid("--marks-per-job must be >= 1");
+  if (c.mark_bytes < 0)
+    return Invalid("--mark-bytes must be >= 0 (0: no marks are kept)");
   if (c.attach_timeout_seconds < 1)
     return Invalid("--attach-timeout-seconds must be >= 1");
   if (c.max_streams_per_peer < 1)
@@ -357,6 +366,8 @@ absl::StatusOr<DaemonConfig> ConfigFromFlags() {
   c.max_ns_steps = absl::GetFlag(FLAGS_max_ns_steps);
   c.max_job_id_bytes = absl::GetFlag(FLAGS_max_job_id_bytes);
   c.max_idle_jobs = absl::GetFlag(FLAGS_max_idle_jobs);
+  c.marks_per_job = absl::GetFlag(FLAGS_marks_per_job);
+  c.mark_bytes = absl::GetFlag(FLAGS_mark_bytes);
   c.attach_timeout_seconds = absl::GetFlag(FLAGS_attach_timeout_seconds);
   c.max_step_queue_bytes = absl::GetFlag(FLAGS_max_step_queue_bytes);
   c.max_streams_per_peer = absl::GetFlag(FLAGS_max_streams_per_peer);

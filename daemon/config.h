@@ -52,6 +52,8 @@ struct DaemonConfig {
   int max_ns_steps = kDefaultMaxNsSteps;         // --max-ns-steps, >= 1
   int max_job_id_bytes = kDefaultMaxJobIdBytes;  // --max-job-id-bytes, >= 1
   int max_idle_jobs = kDefaultMaxIdleJobs;       // --max-idle-jobs, >= 0
+  int marks_per_job = kDefaultMarksPerJob;       // --marks-per-job, >= 1
+  int64_t mark_bytes = kDefaultMarkBytes;        // --mark-bytes, >= 0
   // --attach-timeout-seconds, >= 1
   int attach_timeout_seconds = kDefaultAttachTimeoutSeconds;
   // --max-step-queue-bytes, >= 1: a session's Step responses queued for

@@ -201,6 +201,8 @@ ServiceOptions ServiceOptionsOf(const DaemonConfig& config) {
       static_cast<uint64_t>(config.max_state_read_bytes);
   opts.max_job_id_bytes = config.max_job_id_bytes;
   opts.max_idle_jobs = config.max_idle_jobs;
+  opts.marks_per_job = config.marks_per_job;
+  opts.mark_bytes = static_cast<uint64_t>(config.mark_bytes);
   opts.attach_timeout_seconds = config.attach_timeout_seconds;
   opts.snapshot_failed = [](const absl::Status& st) {
     spdlog::error("snapshot: {}", LogSafe(st.ToString(), 1024));

@@ -248,10 +248,11 @@ void PrintJobs(const dmuon::v1::StatusResponse& s) {
   // rank is open.
   // SHARE: of the executors' time spent on the listed jobs (the
   // scheduler's accounting); WAIT_MS: a matrix's mean and longest queue
-  // wait; WEIGHT: its principal's (docs/design.md, sharing).
-  std::printf("\n%-24s %6s %6s %8s %12s %10s %10s %6s %6s %15s\n", "JOB",
+  // wait; WEIGHT: its principal's (docs/design.md, sharing). MARKS: the
+  // steps it may be resumed at besides its own (docs/protocol.md "Marks").
+  std::printf("\n%-24s %6s %6s %8s %12s %10s %10s %6s %6s %15s %s\n", "JOB",
               "RANKS", "OPEN", "PARAMS", "STATE_MB", "STEPS", "DROP_IN_S",
-              "WEIGHT", "SHARE", "WAIT_MS(AVG/MAX)");
+              "WEIGHT", "SHARE", "WAIT_MS(AVG/MAX)", "MARKS");
   for (const auto& j : s.jobs()) {
     char drop[32] = "-";
     if (j.on_disk())
@@ -262,11 +263,14 @@ void PrintJobs(const dmuon::v1::StatusResponse& s) {
     std::snprintf(wait, sizeof(wait), "%.1f/%.1f",
                   j.queue_wait_mean_seconds() * 1e3,
                   j.queue_wait_max_seconds() * 1e3);
-    std::printf("%-24s %6d %6d %8d %12.1f %10lld %10s %6.2f %5.1f%% %15s\n",
+    std::string marks = j.marks_size() > 0 ? "" : "-";
+    for (int64_t m : j.marks())
+      absl::StrAppend(&marks, marks.empty() ? "" : ",", m);
+    std::printf("%-24s %6d %6d %8d %12.1f %10lld %10s %6.2f %5.1f%% %15s %s\n",
                 Safe(j.job_id()).c_str(), j.world_size(), j.ranks_open(),
                 j.parameters(), j.state_bytes() / 1e6,
                 static_cast<long long>(j.completed_steps()), drop, j.weight(),
-                j.device_share() * 100, wait);
+                j.device_share() * 100, wait, marks.c_str());
     if (j.rewind_waiting_ranks_size() > 0) {
       std::string ranks;
       for (int r : j.rewind_waiting_ranks())

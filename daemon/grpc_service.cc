@@ -626,6 +626,22 @@ grpc::Status GrpcOptimizer::CloseSession(grpc::ServerContext* ctx,
   return Done("CloseSession", ctx, st);
 }
 
+grpc::Status GrpcOptimizer::Mark(grpc::ServerContext* ctx,
+                                 const v1::MarkRequest* req,
+                                 v1::MarkResponse* resp) {
+  auto caller = Authorize(ctx, "Mark", Role::kTrainer);
+  if (!caller.ok()) return Done("Mark", ctx, caller.status());
+  auto r = service_->Mark(*req, caller->principal);
+  if (r.ok()) {
+    *resp = std::move(*r);
+    if (!resp->not_durable().empty()) {
+      spdlog::warn("mark of step {} kept in memory only: {}", resp->step(),
+                   LogSafe(resp->not_durable(), kMaxLoggedStatus));
+    }
+  }
+  return Done("Mark", ctx, r.status());
+}
+
 grpc::Status GrpcOptimizer::Status(grpc::ServerContext* ctx,
                                    const v1::StatusRequest*,
                                    v1::StatusResponse* resp) {

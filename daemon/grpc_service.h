@@ -88,6 +88,8 @@ class GrpcOptimizer final
   grpc::Status CloseSession(grpc::ServerContext* ctx,
                             const v1::CloseSessionRequest* req,
                             v1::CloseSessionResponse* resp) override;
+  grpc::Status Mark(grpc::ServerContext* ctx, const v1::MarkRequest* req,
+                    v1::MarkResponse* resp) override;
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest* req,
                       v1::StatusResponse* resp) override;
   grpc::Status Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,

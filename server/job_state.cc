@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/job.h"
+#include "server/limits.h"
 #include "server/snapshot_store.h"
 
 namespace dmuon::server {
@@ -103,6 +104,76 @@ absl::StatusOr<std::string> SnapshotBytes(Scheduler& scheduler, Job& job) {
   // Mid-step (host momentum): each parameter that ran this step as of
   // before it, i.e. the whole job at its last completed step.
   return EncodeSnapshot(StateHeaderOf(job), job.last_complete_momentum());
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> CopyMomentum(
+    Scheduler& scheduler, Job& job) {
+  if (auto st = PullState(scheduler, job); !st.ok()) return st;
+  std::vector<std::vector<float>> out(job.num_params());
+  for (int i = 0; i < job.num_params(); ++i) {
+    const std::vector<float>& m = job.param(i).momentum;
+    if (m.empty()) {
+      out[i].assign(job.table().params[i].shape.elements(), 0.0f);
+    } else {
+      out[i] = m;
+    }
+  }
+  return out;
+}
+
+absl::Status CheckSnapshot(const std::string& id, const Table& table,
+                           const v1::StateHeader& h) {
+  if (h.completed_steps() < 0 || h.completed_steps() > kMaxCompletedSteps) {
+    return absl::DataLossError(absl::StrCat(
+        "job '", id, "' has a snapshot in --state-dir with completed_steps ",
+        h.completed_steps(),
+        ", outside [0, 2^62]: remove the file to start the job afresh"));
+  }
+  if (h.parameters_size() != static_cast<int>(table.params.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", id, "' has a snapshot in --state-dir with ",
+                     h.parameters_size(), " parameters; this table has ",
+                     table.params.size()));
+  }
+  for (int i = 0; i < h.parameters_size(); ++i) {
+    const ParamInfo& p = table.params[i];
+    const auto& sp = h.parameters(i);
+    if (sp.name() != p.name || sp.shape(0) != p.shape.rows ||
+        sp.shape(1) != p.shape.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job '", id, "' snapshot parameter ", i, " is '", sp.name(), "' [",
+          sp.shape(0), ",", sp.shape(1), "], the table says '", p.name, "' ",
+          kernels::ShapeString(p.shape)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameMatrices(const std::string& id, const Table& held,
+                               const Table& table) {
+  if (held.params.size() != table.params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", id, "' has ", held.params.size(),
+        " parameters; this table has ", table.params.size(),
+        ": a job reopened at another world size (or at a mark) keeps its "
+        "whole-matrix table"));
+  }
+  for (size_t i = 0; i < held.params.size(); ++i) {
+    const ParamInfo& a = held.params[i];
+    const ParamInfo& b = table.params[i];
+    if (a.name != b.name || a.shape != b.shape || a.group != b.group ||
+        a.dtype != b.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job '", id, "' parameter ", i, " is '", a.name, "' ",
+          kernels::ShapeString(a.shape), " of group ", a.group,
+          "; this table says '", b.name, "' ", kernels::ShapeString(b.shape),
+          " of group ", b.group,
+          ": a job reopened at another world size (or at a mark) keeps its "
+          "whole matrices (names, shapes, groups); only the shardings may "
+          "change"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool WaitUntilNotRunning(Job& job, absl::Duration timeout) {

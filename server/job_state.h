@@ -5,6 +5,7 @@
 #define DMUON_SERVER_JOB_STATE_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -42,6 +43,23 @@ v1::StateHeader StateHeaderOf(const Job& job)
 // copy.
 absl::StatusOr<std::string> SnapshotBytes(Scheduler& scheduler, Job& job)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
+
+// The job's momentum by parameter, whole (fp32), copied out of its host
+// buffers or the executors that hold it (zeros where none was made yet).
+// Only meaningful between steps (no parameter of the next step ran).
+absl::StatusOr<std::vector<std::vector<float>>> CopyMomentum(
+    Scheduler& scheduler, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu());
+
+// Whether a snapshot (or a mark) of job `id` with header `h` fits `table`:
+// its step in range (DATA_LOSS), its parameters' names and whole shapes
+// (INVALID_ARGUMENT naming the parameter).
+absl::Status CheckSnapshot(const std::string& id, const Table& table,
+                           const v1::StateHeader& h);
+// Whether `table` has the whole matrices of `held` (a job reopened at
+// another world size, or at a mark): names, whole shapes, groups, dtypes;
+// shardings may differ. INVALID_ARGUMENT naming the parameter.
+absl::Status CheckSameMatrices(const std::string& id, const Table& held,
+                               const Table& table);
 
 // How long a snapshot of a job waits for its running computations (each
 // one executor call) to end.

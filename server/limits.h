@@ -34,6 +34,10 @@ inline constexpr int64_t kDefaultMaxStateReadBytes = int64_t{512} << 20;
 inline constexpr int kDefaultMaxJobIdBytes = 256;
 inline constexpr int kDefaultMaxIdleJobs = 64;
 inline constexpr int kDefaultAttachTimeoutSeconds = 60;
+// Marks (mark_store.h): per job, and the momentum bytes of every job's
+// marks in memory together.
+inline constexpr int kDefaultMarksPerJob = 4;
+inline constexpr int64_t kDefaultMarkBytes = int64_t{4} << 30;
 // The gRPC adapter's (GrpcOptions): a session's Step responses queued for
 // its client.
 inline constexpr int64_t kDefaultMaxStepQueueBytes = int64_t{64} << 20;

@@ -38,6 +38,7 @@
 #include "server/device_transport.h"
 #include "server/fallbacks.h"
 #include "server/limits.h"
+#include "server/mark_store.h"
 #include "server/principal.h"
 #include "server/quota.h"
 #include "server/read_budget.h"
@@ -122,6 +123,11 @@ struct ServiceOptions {
   // OpenSession is closed and its region freed (ExpireUnattached); 0: never.
   // --attach-timeout-seconds.
   int attach_timeout_seconds = kDefaultAttachTimeoutSeconds;
+  // Marks (mark_store.h, docs/protocol.md "Marks"): kept per job (the
+  // oldest dropped first; >= 1), and the bytes of every job's marks in
+  // memory together (the oldest daemon-wide dropped first; 0: no marks).
+  int marks_per_job = kDefaultMarksPerJob;  // --marks-per-job
+  uint64_t mark_bytes = kDefaultMarkBytes;  // --mark-bytes
   std::vector<std::string> devices;
   // Autotuner cache file: parameters with method "auto" get the method
   // measured fastest for their shape by `tuning` (once; then cached), and
@@ -340,6 +346,17 @@ class OptimizerService {
   // (each file's momentum is read when its job is reopened; a bad file is
   // reported here, DATA_LOSS, and ignored).
   absl::Status LoadSnapshots() ABSL_LOCKS_EXCLUDED(mu_);
+  // Mark (protocol minor 5; docs/protocol.md "Marks"): keeps a copy of the
+  // momentum of the session's job at its completed step `req.step()` (0:
+  // the step it is at), which must be the step the job is at and not yet
+  // computed past (FAILED_PRECONDITION naming the job's step otherwise).
+  // Marking a step held already answers as the first Mark did. With
+  // --state-dir the mark is also a file, written and fsynced before this
+  // returns (a failed write: `not_durable` says why; the mark is kept in
+  // memory). (service_marks.cc)
+  absl::StatusOr<v1::MarkResponse> Mark(const v1::MarkRequest& req,
+                                        const Principal& who = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Counts an error by code (the adapter calls this for every failed RPC).
   void CountError(const absl::Status& st) const;
 
@@ -404,6 +421,13 @@ class OptimizerService {
     std::vector<std::shared_ptr<Session>> ranks;
     // resume=replace: the idle job dropped, let go of without mu_.
     std::shared_ptr<Job> replaced;
+    // Made anew (protocol minor 5; service_rebuild.cc): from the job's mark
+    // of step `mark_step` (> 0), or from `rebuild_from`, the idle job of
+    // the id at another world size, held (its rank 0 joining) until the new
+    // job is published (then dropped: `replaced`) or the open abandoned.
+    bool rebuilt = false;
+    int64_t mark_step = 0;
+    std::shared_ptr<Job> rebuild_from;
   };
 
   // What a section under mu_ lets go of, let go of once mu_ is released:
@@ -494,6 +518,29 @@ class OptimizerService {
                                      OpenAdmission* a,
                                      v1::OpenSessionResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rebuilt jobs (service_rebuild.cc). Whether `req` resumes at a mark of
+  // its job (not at the step the job holds in memory or in its snapshot).
+  bool ResumesAtMarkLocked(const v1::OpenSessionRequest& req) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admits the job made anew from `old` (the idle job in memory, held by
+  // the caller) or, `old` null, from its mark of `mark_step` (its owner
+  // checked against `who`, its table against `table`).
+  absl::Status AdmitRebuildLocked(const v1::OpenSessionRequest& req,
+                                  const Table& table, const Principal& who,
+                                  std::shared_ptr<Job> old, int64_t mark_step,
+                                  OpenAdmission* a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Without mu_: `a->snapshot` becomes the mark's momentum (its file read
+  // when it is only on disk) or a copy of the old job's, for BuildJob.
+  absl::Status LoadRebuildState(const v1::OpenSessionRequest& req,
+                                OpenAdmission* a) ABSL_LOCKS_EXCLUDED(mu_);
+  // Under mu_, as the new job is published: a mark's run replaces the
+  // job's snapshot (SnapshotStore::Replace); the old job is dropped.
+  absl::Status PublishRebuildLocked(OpenAdmission* a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_, the open failed: the old job is let go of (kept as it was).
+  void AbandonRebuildLocked(OpenAdmission* a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Under mu_: an admitted open failed: its reservation, joining mark and
   // taken snapshot are given back; a job made for nothing goes to `gone`.
   void AbandonLocked(const v1::OpenSessionRequest& req, OpenAdmission* a,
@@ -514,6 +561,13 @@ class OptimizerService {
   absl::Status LoadPendingSnapshot(const std::string& job_id,
                                    const Principal& who, int64_t resume_step)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks (service_marks.cc): those found in --state-dir (by
+  // LoadSnapshots), listed with no momentum read; every mark of `job_id`
+  // dropped, files and all (a new run of the id); "marks of steps 3, 5"
+  // or "no marks", for errors.
+  void LoadMarks() ABSL_LOCKS_EXCLUDED(mu_);
+  void DropMarks(const std::string& job_id);
+  std::string MarksHeld(const std::string& job_id) const;
   // LoadPendingSnapshot's switch to the previous snapshot for an open asking
   // for step `want` of a job whose snapshot holds `held`. (state.cc)
   // `head`: the snapshot's header (its step and owner).
@@ -575,6 +629,8 @@ class OptimizerService {
   // under mu_ and the replaced job's lock: nothing holding the store's lock
   // waits for either, and the rename must happen with the job's drop.)
   SnapshotStore snapshots_;
+  // Marks (mark_store.h); its lock is a leaf.
+  MarkStore marks_{options_.marks_per_job, options_.mark_bytes};
   mutable StepStats stats_;  // its lock is a leaf
   // A step's path (step_pipeline.h): messages in, work out, updates back.
   const std::unique_ptr<StepPipeline> pipeline_;

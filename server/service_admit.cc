@@ -15,48 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "base/protocol.h"
 #include "server/job.h"
+#include "server/job_state.h"
 #include "server/resume_step.h"
 #include "server/service.h"
 
 namespace dmuon::server {
 namespace {
-// The fp32 momentum a job of `table` holds (whole matrices).
-uint64_t MomentumBytes(const Table& table) {
-  uint64_t n = 0;
-  for (const ParamInfo& p : table.params)
-    n += static_cast<uint64_t>(p.shape.elements()) * sizeof(float);
-  return n;
-}
-
-// Whether a snapshot of job `id` fits `table`.
-absl::Status CheckSnapshot(const std::string& id, const Table& table,
-                           const v1::StateHeader& h) {
-  if (h.completed_steps() < 0 || h.completed_steps() > kMaxCompletedSteps) {
-    return absl::DataLossError(absl::StrCat(
-        "job '", id, "' has a snapshot in --state-dir with completed_steps ",
-        h.completed_steps(),
-        ", outside [0, 2^62]: remove the file to start the job afresh"));
-  }
-  if (h.parameters_size() != static_cast<int>(table.params.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job '", id, "' has a snapshot in --state-dir with ",
-                     h.parameters_size(), " parameters; this table has ",
-                     table.params.size()));
-  }
-  for (int i = 0; i < h.parameters_size(); ++i) {
-    const ParamInfo& p = table.params[i];
-    const auto& sp = h.parameters(i);
-    if (sp.name() != p.name || sp.shape(0) != p.shape.rows ||
-        sp.shape(1) != p.shape.cols) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job '", id, "' snapshot parameter ", i, " is '", sp.name(), "' [",
-          sp.shape(0), ",", sp.shape(1), "], the table says '", p.name, "' ",
-          kernels::ShapeString(p.shape)));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Whether rank req.rank() with `table` may join the existing `job`.
 absl::Status CheckJoin(const Job& job, const v1::OpenSessionRequest& req,
                        const Table& table)
@@ -109,6 +73,16 @@ absl::Status CheckJoin(const Job& job, const v1::OpenSessionRequest& req,
     }
   }
   return absl::OkStatus();
+}
+
+// The job's ranks open or being opened, as "0,2".
+std::string OpenRanks(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
+  std::string ranks;
+  for (int r = 0; r < job.world_size(); ++r) {
+    if (job.ranks()[r] || job.joining(r))
+      absl::StrAppend(&ranks, ranks.empty() ? "" : ",", r);
+  }
+  return ranks;
 }
 
 // FRESH on a job holding momentum: ALREADY_EXISTS, naming the job, its step,
@@ -169,8 +143,8 @@ absl::Status OptimizerService::CheckCapacityLocked(
   if (options_.max_state_bytes > 0 && jobs_.count(req.job_id()) == 0 &&
       creating_.count(req.job_id()) == 0) {
     uint64_t held = creating_bytes_;
-    for (const auto& [id, j] : jobs_) held += MomentumBytes(j->table());
-    const uint64_t want = MomentumBytes(table);
+    for (const auto& [id, j] : jobs_) held += MomentumBytesOf(j->table());
+    const uint64_t want = MomentumBytesOf(table);
     if (held + want > options_.max_state_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "a new job of ", want,
@@ -194,7 +168,7 @@ QuotaUse OptimizerService::QuotaUseLocked(const std::string& owner) const {
   for (const auto& [id, j] : jobs_) {
     if (j->owner() != owner) continue;
     use.jobs += 1;
-    use.state_bytes += MomentumBytes(j->table());
+    use.state_bytes += MomentumBytesOf(j->table());
   }
   for (const auto& [id, c] : creating_) {
     if (c.owner != owner) continue;
@@ -212,8 +186,10 @@ absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
   if (auto it = jobs_.find(req.job_id()); it != jobs_.end()) {
     if (auto st = AdmitToJobLocked(req, table, who, it->second, a); !st.ok())
       return st;
-    if (a->job) return absl::OkStatus();  // joined
+    if (a->job || a->rebuilt) return absl::OkStatus();  // joined, rebuilt
     // Replaced: made anew below, from zero.
+  } else if (ResumesAtMarkLocked(req)) {
+    return AdmitRebuildLocked(req, table, who, nullptr, ResumeStepOf(req), a);
   } else if (resume == v1::RESUME_REPLACE && snapshots_.enabled()) {
     const SnapshotFile* old = pending_.Find(req.job_id());
     if (auto st =
@@ -248,7 +224,8 @@ absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
       want > 0 && pending_done > 0 && want != pending_done) {
     return ResumeStepError(req.job_id(), want, pending_done,
                            "in its snapshot, read for an open of another "
-                           "rank");
+                           "rank",
+                           MarksHeld(req.job_id()));
   }
   if (resume == v1::RESUME_CONTINUE && pending_done <= 0) {
     absl::Status none =
@@ -269,7 +246,7 @@ absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
   const std::string owner = pending ? pending->head.header().owner() : who.name;
   if (!owner.empty() && owner == who.name) {
     if (auto st = CheckQuota(owner, who.quotas, QuotaUseLocked(owner),
-                             MomentumBytes(table));
+                             MomentumBytesOf(table));
         !st.ok()) {
       return st;
     }
@@ -282,7 +259,7 @@ absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
     a->resumed = Summarize(pending->head.header());
     a->snapshot = pending_.Take(req.job_id());
   }
-  a->reserved = MomentumBytes(table);
+  a->reserved = MomentumBytesOf(table);
   creating_bytes_ += a->reserved;
   creating_[req.job_id()] = Creating{a->owner, a->reserved};
   a->ranks.assign(req.world_size(), nullptr);
@@ -311,10 +288,29 @@ absl::Status OptimizerService::AdmitToJobLocked(
   }
   if (resume == v1::RESUME_CONTINUE && done == 0)
     return NothingToContinueError(job->id(), options_.state_dir);
-  if (const int64_t want = ResumeStepOf(req); want > 0 && want != done) {
+  const int64_t want = ResumeStepOf(req);
+  const bool at_mark = want != done && ResumesAtMarkLocked(req);
+  if (want > 0 && want != done && !at_mark) {
     return ResumeStepError(job->id(), want, done,
                            "in this dmuond's memory, which it resumes from "
-                           "while it holds the job");
+                           "while it holds the job",
+                           MarksHeld(job->id()));
+  }
+  // Protocol minor 5: made anew at the mark, or at another world size.
+  if (at_mark || (SpeaksMinor(5) && open == 0 && resume != v1::RESUME_REPLACE &&
+                  req.world_size() != job->world_size())) {
+    if (open > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job->id(), "' cannot resume at its mark of step ", want,
+          ": rank", open > 1 ? "s " : " ", OpenRanks(*job), " of it ",
+          open > 1 ? "are" : "is", " open, past completed step ", done,
+          ". Close every session of the job first (stop those trainers)"));
+    }
+    if (auto st = CheckSameMatrices(job->id(), job->table(), table); !st.ok())
+      return st;
+    if (job->broken()) return CheckJoin(*job, req, table);  // its refusal
+    job->BeginJoin(0);  // held until the new job is published
+    return AdmitRebuildLocked(req, table, who, job, at_mark ? want : 0, a);
   }
   if (resume != v1::RESUME_REPLACE || (open > 0 && done == 0)) {
     // Joined (REPLACE too: the other ranks of a job just started, at step
@@ -326,15 +322,10 @@ absl::Status OptimizerService::AdmitToJobLocked(
     return absl::OkStatus();
   }
   if (open > 0) {
-    std::string ranks;
-    for (int r = 0; r < job->world_size(); ++r) {
-      if (job->ranks()[r] || job->joining(r))
-        absl::StrAppend(&ranks, ranks.empty() ? "" : ",", r);
-    }
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job->id(), "' cannot be replaced (resume=replace): rank",
-        open > 1 ? "s " : " ", ranks, " of it ", open > 1 ? "are" : "is",
-        " open, past completed step ", done,
+        open > 1 ? "s " : " ", OpenRanks(*job), " of it ",
+        open > 1 ? "are" : "is", " open, past completed step ", done,
         ". Close every session of the job first (stop those trainers), "
         "then open it again with resume=replace; or use another job_id"));
   }
@@ -359,6 +350,7 @@ void OptimizerService::AbandonLocked(const v1::OpenSessionRequest& req,
     creating_.erase(req.job_id());
     creating_bytes_ -= a->reserved;
     a->reserved = 0;
+    AbandonRebuildLocked(a);
     // The snapshot it took is read again by the next open of the id.
     if (a->resumed && snapshots_.enabled()) {
       const std::string path = snapshots_.PathOf(req.job_id());

@@ -147,7 +147,7 @@ absl::Status OptimizerService::AdmitWithSnapshot(
       // another owner, over its own snapshot.
       // (resume=replace discards it anyway, unread when it cannot be read.)
       if (jobs_.count(req.job_id()) > 0 || !pending_.unread(req.job_id()) ||
-          ResumeOf(req) == v1::RESUME_REPLACE) {
+          ResumeOf(req) == v1::RESUME_REPLACE || ResumesAtMarkLocked(req)) {
         if (auto st = CheckCapacityLocked(req, table); !st.ok()) return st;
         return AdmitLocked(req, table, who, a);
       }
@@ -205,7 +205,11 @@ absl::StatusOr<v1::OpenSessionResponse> OptimizerService::OpenChecked(
   std::shared_ptr<Session> s;
   absl::Status failed = MakeSession(req, who, table, tuned, std::move(shards),
                                     std::move(layout), &a, &s, &resp);
-  if (failed.ok()) return resp;
+  if (failed.ok()) {
+    // Rebuilt: the old job is let go of without mu_.
+    if (a.replaced) gone.Bury(std::move(a.replaced), /*drop_state=*/true);
+    return resp;
+  }
   if (s && s->transport() == v1::TRANSPORT_SHM && s->region())
     (void)transport::UnlinkShm(s->region()->name());
   gone.Bury(std::move(s));
@@ -221,6 +225,9 @@ absl::Status OptimizerService::MakeSession(
     v1::OpenSessionResponse* resp) {
   if (a->created) {
     if (auto st = TakeUnhealthyFallback(req.job_id()); !st.ok()) return st;
+    if (a->rebuilt) {
+      if (auto st = LoadRebuildState(req, a); !st.ok()) return st;
+    }
     BuildJob(req, table, tuned, a);
   }
   const std::string& id = req.job_id();
@@ -331,6 +338,9 @@ absl::StatusOr<bool> OptimizerService::PublishLocked(
     const std::shared_ptr<Session>& s, OpenAdmission* a,
     v1::OpenSessionResponse* resp) {
   if (auto st = CheckSessionsLocked(); !st.ok()) return st;
+  if (a->rebuilt) {
+    if (auto st = PublishRebuildLocked(a); !st.ok()) return st;
+  }
   Job& job = *a->job;
   absl::MutexLock jl(&job.mu());
   if (!a->created) {
@@ -354,6 +364,8 @@ absl::StatusOr<bool> OptimizerService::PublishLocked(
     creating_bytes_ -= a->reserved;
     a->reserved = 0;
     jobs_[job.id()] = a->job;
+    // A new run of the id (at step 1): the old run's marks go.
+    if (job.completed_steps() == 0) DropMarks(job.id());
     // Starts from zero although a snapshot of the id was found: say why.
     if (std::string aside = pending_.TakeMovedAside(job.id()); !aside.empty())
       resp->set_notice(absl::StrCat("job '", job.id(),

@@ -48,6 +48,25 @@ void SetShare(const Job& job, const std::map<uint64_t, JobShareStats>& shares,
   out->set_queue_wait_max_seconds(s.max_wait_seconds);
 }
 
+// Each listed job's marks (JobStatus.marks), and a job held only as marks
+// (no momentum in memory nor snapshot: resumable at a mark alone) listed
+// with its marks and nothing else.
+void FillMarks(std::map<std::string, MarkList> marks, v1::StatusResponse* r) {
+  for (auto& j : *r->mutable_jobs()) {
+    auto it = marks.find(j.job_id());
+    if (it == marks.end()) continue;
+    for (int64_t step : it->second.steps) j.add_marks(step);
+    j.set_mark_bytes(it->second.bytes);
+    marks.erase(it);
+  }
+  for (const auto& [id, list] : marks) {
+    auto* j = r->add_jobs();
+    j->set_job_id(id);
+    for (int64_t step : list.steps) j->add_marks(step);
+    j->set_mark_bytes(list.bytes);
+  }
+}
+
 }  // namespace
 
 std::vector<ExecutorStats> OptimizerService::ExecutorStatsWithLoad() const {
@@ -147,6 +166,7 @@ v1::StatusResponse OptimizerService::Status() const {
       j->set_state_bytes(disk.state_bytes);
       j->set_completed_steps(disk.completed_steps);
     }
+    FillMarks(marks_.All(), &r);
   }
   for (size_t i = 0; i < stats.size(); ++i) {
     stats[i].predicted_step_seconds = predicted[i];

@@ -32,6 +32,32 @@ std::string StampedName(const std::string& path, const char* suffix) {
 
 }  // namespace
 
+absl::Status WriteSynced(const std::string& tmp, const std::string& bytes) {
+  // Nothing half-written stays behind: the temporary file goes on failure.
+  auto fail = [&tmp](const std::string& what, int err) {
+    ::unlink(tmp.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("snapshot: ", what, ": ", strerror(err)));
+  };
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return fail(absl::StrCat("cannot create ", tmp), errno);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      return fail(absl::StrCat("writing ", tmp), err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const int sync_err = errno;
+  ::close(fd);
+  if (!synced) return fail(absl::StrCat("cannot sync ", tmp), sync_err);
+  return absl::OkStatus();
+}
+
 SnapshotStore::SnapshotStore(std::string dir,
                              std::function<void(double)> written, Failed failed)
     : dir_(std::move(dir)),
@@ -298,31 +324,14 @@ absl::Status SnapshotStore::WriteLocked(const std::string& job_id,
   }
   const auto t0 = std::chrono::steady_clock::now();
   const std::string tmp = TempPathOf(job_id);
-  // Nothing half-written stays behind: the temporary file goes on failure.
-  auto fail = [&tmp](const std::string& what, int err) {
+  if (auto st = WriteSynced(tmp, bytes); !st.ok()) return st;
+  KeepPreviousLocked(job_id, completed_steps);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
     ::unlink(tmp.c_str());
     return absl::UnavailableError(
-        absl::StrCat("snapshot: ", what, ": ", strerror(err)));
-  };
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0) return fail(absl::StrCat("cannot create ", tmp), errno);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      ::close(fd);
-      return fail(absl::StrCat("writing ", tmp), err);
-    }
-    done += static_cast<size_t>(n);
+        absl::StrCat("snapshot: cannot commit ", path, ": ", strerror(err)));
   }
-  const bool synced = ::fsync(fd) == 0;
-  const int sync_err = errno;
-  ::close(fd);
-  if (!synced) return fail(absl::StrCat("cannot sync ", tmp), sync_err);
-  KeepPreviousLocked(job_id, completed_steps);
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    return fail(absl::StrCat("cannot commit ", path), errno);
   SyncDir();
   newest_[job_id] = {job_serial, completed_steps};
   if (written_) {

@@ -50,6 +50,10 @@ std::string EncodeSnapshot(
     const v1::StateHeader& header,
     const std::vector<const std::vector<float>*>& momentum);
 
+// Writes `bytes` to the new file `tmp` and fsyncs it (the caller renames it
+// into place); on failure UNAVAILABLE naming the file, and `tmp` is removed.
+absl::Status WriteSynced(const std::string& tmp, const std::string& bytes);
+
 // What went wrong with a snapshot (SnapshotStore's `failed` callback and
 // the dmuon_snapshot_failures_total{kind} metric).
 inline constexpr char kSnapshotWriteFailed[] = "write";  // I/O error
@@ -154,6 +158,30 @@ class SnapshotStore {
                                           int64_t completed_steps,
                                           const std::string& owner)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Marks (mark_store.h; docs/protocol.md "Marks") as files (mark_files.cc),
+  // in the snapshot format: <PathOf(job id)>.mark-<step> (Scan skips them:
+  // not a .dmst name).
+  std::string MarkPathOf(const std::string& job_id, int64_t step) const;
+  // Writes a mark's `bytes` (EncodeSnapshot) atomically and durably (a
+  // temporary file fsynced, renamed, the directory fsynced) before it
+  // returns. A failure is recorded in errors() (kind "write") and
+  // returned; nothing is left behind.
+  absl::Status WriteMark(const std::string& job_id, int64_t step,
+                         const std::string& bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes a mark's file (a mark dropped); a failure other than "gone" is
+  // recorded in errors().
+  void RemoveMark(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
+  // The mark files of the directory, each read as far as its header (the
+  // momentum is read, CRC and all, only when the mark is resumed: Read).
+  // One whose header cannot be read or is not its name's job and step is
+  // moved aside (MoveAside) and left out.
+  struct MarkFile {
+    std::string job_id;
+    v1::StateHeader header;
+    std::string path;
+  };
+  std::vector<MarkFile> ScanMarks() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The last failures (at most kMaxErrors, oldest first), for Status, each
   // with the job it concerns ("" when a file's name names none), so that

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/protocol.h"
 #include "server/job.h"
 #include "server/job_state.h"
 #include "server/resume_step.h"
@@ -407,6 +408,7 @@ absl::Status OptimizerService::LoadSnapshots() {
   // only when its job is reopened (LoadPendingSnapshot, streamed again).
   auto scan = snapshots_.Scan();
   if (!scan.ok()) return scan.status();
+  LoadMarks();  // their headers only
   // Their headers (from the check) describe them in Status until opened.
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < scan->good.size(); ++i) {
@@ -426,7 +428,7 @@ absl::Status OptimizerService::UsePreviousSnapshot(
     return ResumeStepError(
         job_id, want, held,
         absl::StrCat("in its snapshot under --state-dir ", options_.state_dir),
-        std::string(kept.status().message()));
+        absl::StrCat(kept.status().message(), "; ", MarksHeld(job_id)));
   }
   return kept.status();
 }
@@ -451,8 +453,15 @@ absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id,
   // is left to Read, which reports the file and moves it aside.)
   if (auto head = SnapshotStore::ReadHeader(*path); head.ok()) {
     absl::Status st = CheckJobOwner(who, head->owner(), job_id);
-    if (st.ok() && resume_step > 0 && head->completed_steps() != resume_step)
-      st = UsePreviousSnapshot(job_id, resume_step, *head);
+    const bool other_step =
+        st.ok() && resume_step > 0 && head->completed_steps() != resume_step;
+    // Resumed at a mark (service_rebuild.cc): the file stays unread.
+    if (other_step && SpeaksMinor(5) && marks_.Has(job_id, resume_step)) {
+      absl::MutexLock lock(&mu_);
+      pending_.AbortRead(job_id);
+      return absl::OkStatus();
+    }
+    if (other_step) st = UsePreviousSnapshot(job_id, resume_step, *head);
     if (!st.ok()) {
       absl::MutexLock lock(&mu_);
       pending_.AbortRead(job_id);

@@ -45,6 +45,14 @@ struct Table {
   std::vector<v1::HyperparameterGroup> groups;  // as sent (for GetState)
 };
 
+// The fp32 momentum a job of `table` holds (whole matrices), in bytes.
+inline uint64_t MomentumBytesOf(const Table& table) {
+  uint64_t n = 0;
+  for (const ParamInfo& p : table.params)
+    n += static_cast<uint64_t>(p.shape.elements()) * sizeof(float);
+  return n;
+}
+
 // Validates the request's table. Errors are INVALID_ARGUMENT naming the
 // parameter (or group) and the field; an unsupported dtype is UNIMPLEMENTED.
 // `shards` receives which elements this rank holds, per parameter (the

@@ -1,0 +1,133 @@
+// A job made anew by an open (protocol minor 5; docs/protocol.md "Marks",
+// "Any world size"): resumed at one of its marks, or reopened, with no rank
+// open, at another world size (and shardings) than it had. Its momentum is
+// always whole matrices, so it carries over: the new job is made
+// (BuildJob) from the mark's momentum or the old job's, like a job resumed
+// from its snapshot. The old job in memory, if any, is held meanwhile
+// (Job::BeginJoin of its rank 0: the reaper and resume=replace leave it)
+// and dropped when the new one is published; an open that fails leaves it
+// as it was.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/protocol.h"
+#include "server/job.h"
+#include "server/job_state.h"
+#include "server/resume_step.h"
+#include "server/service.h"
+
+namespace dmuon::server {
+
+bool OptimizerService::ResumesAtMarkLocked(
+    const v1::OpenSessionRequest& req) const {
+  const int64_t want = ResumeStepOf(req);
+  if (want <= 0 || !SpeaksMinor(5) || !marks_.Has(req.job_id(), want))
+    return false;
+  if (jobs_.count(req.job_id()) > 0) return true;  // AdmitToJobLocked's
+  if (const SnapshotFile* read = pending_.Find(req.job_id()))
+    return read->head.header().completed_steps() != want;
+  const auto disk = pending_.OnDisk();
+  auto it = disk.find(req.job_id());
+  return it == disk.end() || it->second.completed_steps != want;
+}
+
+absl::Status OptimizerService::AdmitRebuildLocked(
+    const v1::OpenSessionRequest& req, const Table& table, const Principal& who,
+    std::shared_ptr<Job> old, int64_t mark_step, OpenAdmission* a) {
+  const std::string& id = req.job_id();
+  if (old) {
+    a->owner = old->owner();
+    a->weight = old->weight();
+  } else {
+    auto head = marks_.Header(id, mark_step);
+    if (!head) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", id, "': its mark of step ", mark_step,
+                       " was dropped meanwhile; ", MarksHeld(id)));
+    }
+    if (auto st = CheckJobOwner(who, head->owner(), id); !st.ok()) return st;
+    if (auto st = CheckSnapshot(id, table, *head); !st.ok()) return st;
+    a->owner = head->owner();
+    a->weight = who.weight > 0 ? who.weight : 1;
+  }
+  a->mark_step = mark_step;
+  a->rebuild_from = std::move(old);
+  a->rebuilt = true;
+  a->created = true;
+  a->serial = next_job_serial_++;
+  // The old job's bytes stay counted (it is in jobs_ until published).
+  a->reserved = 0;
+  creating_[id] = Creating{a->owner, 0};
+  a->ranks.assign(req.world_size(), nullptr);
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerService::LoadRebuildState(
+    const v1::OpenSessionRequest& req, OpenAdmission* a) {
+  const std::string& id = req.job_id();
+  SnapshotFile state;
+  if (a->mark_step > 0) {
+    std::optional<server::Mark> mark = marks_.Get(id, a->mark_step);
+    if (!mark) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", id, "': its mark of step ", a->mark_step,
+                       " was dropped meanwhile; ", MarksHeld(id)));
+    }
+    if (mark->momentum.empty()) {  // on disk only: read now, CRC and all
+      auto file = SnapshotStore::Read(mark->path);
+      if (!file.ok()) return file.status();
+      if (file->head.header().job_id() != id ||
+          file->head.header().completed_steps() != a->mark_step) {
+        return absl::DataLossError(
+            absl::StrCat("mark ", mark->path, " holds step ",
+                         file->head.header().completed_steps(), " of job '",
+                         file->head.header().job_id(), "', not step ",
+                         a->mark_step, " of job '", id, "'"));
+      }
+      mark->momentum = std::move(file->momentum);
+    }
+    *state.head.mutable_header() = std::move(mark->header);
+    state.momentum = std::move(mark->momentum);
+  } else {
+    Job& old = *a->rebuild_from;
+    absl::MutexLock jl(&old.mu());
+    auto copy = CopyMomentum(*scheduler_, old);
+    if (!copy.ok()) return copy.status();
+    *state.head.mutable_header() = StateHeaderOf(old);
+    state.momentum = *std::move(copy);
+  }
+  a->snapshot = std::move(state);
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerService::PublishRebuildLocked(OpenAdmission* a) {
+  const std::string& id = a->job->id();
+  if (a->mark_step > 0 && snapshots_.enabled()) {
+    // The job's snapshot (a later step of the run resumed from) is kept
+    // aside: the new run's snapshots go on from the mark's step.
+    if (auto moved = snapshots_.Replace(id, a->serial); !moved.ok())
+      return moved.status();
+    if (!pending_.reading(id)) pending_.Drop(id);
+  }
+  if (std::shared_ptr<Job> old = std::move(a->rebuild_from)) {
+    absl::MutexLock jl(&old->mu());
+    old->EndJoin(0);
+    old->MarkDropped();
+    a->replaced = std::move(old);
+  }
+  return absl::OkStatus();
+}
+
+void OptimizerService::AbandonRebuildLocked(OpenAdmission* a) {
+  std::shared_ptr<Job> old = std::move(a->rebuild_from);
+  if (!old) return;
+  absl::MutexLock jl(&old->mu());
+  old->EndJoin(0);
+  // Idle again: its drop may be due (the reaper skipped it meanwhile).
+  if (old->open_ranks() == 0 && old->joining() == 0) reaper_.Kick();
+}
+
+}  // namespace dmuon::server
