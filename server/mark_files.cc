@@ -61,8 +61,9 @@ absl::Status SnapshotStore::WriteMark(const std::string& job_id, int64_t step,
 }
 
 void SnapshotStore::RemoveMark(const std::string& path) {
+  // Without mu_ (nothing it guards changes): a caller holding the
+  // service's lock never waits for a snapshot being written.
   if (path.empty()) return;
-  absl::MutexLock lock(&mu_);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     Record(JobOfPath(path), absl::UnavailableError(absl::StrCat(
                                 "mark dropped but its file ", path,

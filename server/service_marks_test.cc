@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -24,6 +25,8 @@ namespace {
 
 const std::vector<Param> kTable = {{"a", 24, 40, v1::SHARDING_ROWS},
                                    {"b", 40, 24, v1::SHARDING_REPLICATED}};
+// One mark of the table: its fp32 momentum.
+constexpr uint64_t kMarkBytes = (24 * 40 + 40 * 24) * 4u;
 using Grads = std::vector<std::vector<std::vector<float>>>;
 using Momentum = std::vector<std::vector<float>>;
 
@@ -115,7 +118,7 @@ TEST(Marks, HoldTheJobsMomentumAndRefuseAnotherStep) {
   EXPECT_EQ(m->step(), 3);
   EXPECT_EQ(std::vector<int64_t>(m->marks().begin(), m->marks().end()),
             std::vector<int64_t>{3});
-  EXPECT_EQ(m->mark_bytes(), (24 * 40 + 40 * 24) * 4u);
+  EXPECT_EQ(m->mark_bytes(), kMarkBytes);
   EXPECT_EQ(m->not_durable(), "");
   // Another rank marking the same step: the same answer.
   auto again = svc->Mark(MarkReq(ranks[0], 3));
@@ -154,7 +157,7 @@ TEST(Marks, HoldTheJobsMomentumAndRefuseAnotherStep) {
 TEST(Marks, AreDroppedByCountAndByBytes) {
   std::mt19937_64 rng(std::random_device{}());
   const Grads grads = StepsOfGradients(kTable, 5, rng);
-  const uint64_t one = (24 * 40 + 40 * 24) * 4u;
+  const uint64_t one = kMarkBytes;
   ServiceOptions o;
   o.marks_per_job = 3;
   o.mark_bytes = 4 * one + one / 2;  // four marks fit
@@ -289,6 +292,41 @@ TEST(Marks, AnIdleJobReopensAtAnotherWorldSizeWithItsTable) {
   ExpectReference(Read(*svc, ranks[0].open.session_id()), grads, 4);
 }
 
+// A job dropped idle without --state-dir keeps its marks: Status lists it
+// with them, and it resumes at one (a new job then, whose bytes count
+// against --max-state-bytes like any new job's).
+TEST(Marks, AJobHeldOnlyAsMarksResumesAtOne) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Grads grads = StepsOfGradients(kTable, 4, rng);
+  ServiceOptions o;
+  o.job_retention_seconds = 0;
+  o.max_state_bytes = kMarkBytes;  // one job
+  auto svc = NewService(o);
+  std::vector<Rank> ranks;
+  OpenStepAndMark(*svc, ranks, "m", 2, grads);
+  const Momentum at2 = Read(*svc, ranks[0].open.session_id());
+  CloseAll(*svc, ranks);
+  const auto later = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  ASSERT_EQ(svc->ReapIdleJobs(later).dropped.size(), 1u);
+  v1::StatusResponse status = svc->Status();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).job_id(), "m");
+  EXPECT_EQ(status.jobs(0).marks_size(), 1);
+  // Another job takes the daemon's state budget: the resume is refused as
+  // a new job would be, naming the flag.
+  std::vector<Rank> other(1);
+  ASSERT_TRUE(other[0].Open(*svc, Req("other", 0, 1)).ok());
+  ExpectHas(OpenAll(*svc, ranks, "m", 1, 2),
+            absl::StatusCode::kResourceExhausted, {"--max-state-bytes"});
+  ASSERT_TRUE(svc->CloseSession(other[0].open.session_id()).ok());
+  ASSERT_EQ(svc->ReapIdleJobs(later).dropped.size(), 1u);
+  ASSERT_TRUE(OpenAll(*svc, ranks, "m", 1, 2).ok());
+  EXPECT_EQ(ranks[0].open.next_step(), 3);
+  EXPECT_EQ(Read(*svc, ranks[0].open.session_id()), at2);
+  RunSteps(*svc, ranks, 3, 4, grads);
+  ExpectReference(Read(*svc, ranks[0].open.session_id()), grads, 4);
+}
+
 // With --state-dir a mark is a file: a daemon started again on the
 // directory lists it (its job only on disk) and resumes at it, at another
 // world size; a new run of the id (resume=fresh) removes it.
@@ -333,6 +371,32 @@ TEST(Marks, SurviveARestartAsFiles) {
   auto req = Req("d", 0, 1, v1::RESUME_REPLACE);
   ASSERT_TRUE(fresh[0].Open(*svc, req).ok());
   EXPECT_FALSE(std::filesystem::exists(file));
+  std::filesystem::remove_all(dir);
+}
+
+// A mark whose file cannot be written (its name taken by a directory) is
+// kept in memory; not_durable and Status's snapshot errors say why.
+TEST(Marks, AMarkThatCannotBeWrittenIsKeptInMemorySayingWhy) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Grads grads = StepsOfGradients(kTable, 2, rng);
+  std::string dir = "/tmp/dmuon-marks-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  std::filesystem::create_directory(dir + "/job-6e.dmst.mark-2");
+  ServiceOptions o;
+  o.state_dir = dir;
+  auto svc = NewService(o);
+  std::vector<Rank> ranks;
+  ASSERT_TRUE(OpenAll(*svc, ranks, "n", 1, 0, v1::RESUME_FRESH).ok());
+  RunSteps(*svc, ranks, 1, 2, grads);
+  auto m = svc->Mark(MarkReq(ranks[0]));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_NE(m->not_durable().find("job-6e.dmst.mark-2"), std::string::npos)
+      << m->not_durable();
+  EXPECT_EQ(std::vector<int64_t>(m->marks().begin(), m->marks().end()),
+            std::vector<int64_t>{2});
+  const v1::StatusResponse status = svc->Status();
+  ASSERT_EQ(status.snapshot_errors_size(), 1);
+  EXPECT_NE(status.snapshot_errors(0).find("mark-2"), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

@@ -52,15 +52,25 @@ absl::Status OptimizerService::AdmitRebuildLocked(
     if (auto st = CheckSnapshot(id, table, *head); !st.ok()) return st;
     a->owner = head->owner();
     a->weight = who.weight > 0 ? who.weight : 1;
+    // A job the daemon does not hold: its bytes count as a new job's
+    // (--max-state-bytes was checked by CheckCapacityLocked; the quota here).
+    if (!a->owner.empty() && a->owner == who.name) {
+      if (auto st = CheckQuota(a->owner, who.quotas, QuotaUseLocked(a->owner),
+                               MomentumBytesOf(table));
+          !st.ok()) {
+        return st;
+      }
+    }
+    a->reserved = MomentumBytesOf(table);
   }
   a->mark_step = mark_step;
   a->rebuild_from = std::move(old);
   a->rebuilt = true;
   a->created = true;
   a->serial = next_job_serial_++;
-  // The old job's bytes stay counted (it is in jobs_ until published).
-  a->reserved = 0;
-  creating_[id] = Creating{a->owner, 0};
+  // An old job's bytes stay counted (it is in jobs_ until published).
+  creating_bytes_ += a->reserved;
+  creating_[id] = Creating{a->owner, a->reserved};
   a->ranks.assign(req.world_size(), nullptr);
   return absl::OkStatus();
 }

@@ -170,8 +170,9 @@ class SnapshotStore {
   absl::Status WriteMark(const std::string& job_id, int64_t step,
                          const std::string& bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes a mark's file (a mark dropped); a failure other than "gone" is
-  // recorded in errors().
-  void RemoveMark(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
+  // recorded in errors(). Takes no lock but errors()' (a leaf): callable
+  // with the service's lock held.
+  void RemoveMark(const std::string& path);
   // The mark files of the directory, each read as far as its header (the
   // momentum is read, CRC and all, only when the mark is resumed: Read).
   // One whose header cannot be read or is not its name's job and step is

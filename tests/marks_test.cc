@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "base/protocol.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "tests/muon_job.h"
 #include "tests/process.h"
@@ -35,12 +37,12 @@ const std::vector<ParamSpec> kWhole = {{"rows", 24, 40, Sharding::kRows},
 class StubRank {
  public:
   StubRank(const std::string& address, const std::string& id, int rank,
-           int world, int minor = 5)
+           int world, int minor = static_cast<int>(kProtocolMinor))
       : stub_(v1::Optimizer::NewStub(
             grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
         rank_(rank) {
     req_.set_protocol_version(v1::PROTOCOL_VERSION_1);
-    req_.set_protocol_minor(minor);
+    req_.set_protocol_minor(static_cast<uint32_t>(minor));
     req_.set_job_id(id);
     req_.set_rank(rank);
     req_.set_world_size(world);
@@ -214,13 +216,13 @@ TEST(Marks, SurviveADaemonKillAndResumeAtAnyWorldSize) {
   }
 }
 
-// A dmuond of the previous minor (4: before marks) refuses Mark naming the
+// A dmuond of the previous minor (before marks) refuses Mark naming the
 // minor it needs and its own, and an open at a step it does not hold is
 // refused as before (it knows no marks).
 TEST(Marks, ADaemonOfThePreviousMinorRefusesMarkNamingBoth) {
   Daemon prev({}, "daemon/dmuond_prev");
   ASSERT_NE(prev.port(), 0) << prev.log();
-  StubRank r(prev.address(), "prev", 0, 1, /*minor=*/4);
+  StubRank r(prev.address(), "prev", 0, 1, kProtocolMinor - 1);
   ASSERT_TRUE(r.Open(0).ok()) << prev.log();
   const uint64_t seed = std::random_device{}();
   r.Send(seed, 1);
@@ -230,7 +232,9 @@ TEST(Marks, ADaemonOfThePreviousMinorRefusesMarkNamingBoth) {
   EXPECT_NE(m.status().message().find("Mark needs protocol minor 5"),
             std::string::npos)
       << m.status();
-  EXPECT_NE(m.status().message().find("speaks protocol 1.4"), std::string::npos)
+  EXPECT_NE(m.status().message().find(
+                absl::StrCat("speaks protocol 1.", kProtocolMinor - 1)),
+            std::string::npos)
       << m.status();
 }
 
