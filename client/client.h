@@ -231,6 +231,16 @@ struct State {
   std::vector<std::vector<float>> momentum;  // whole matrices, fp32
 };
 
+// What dmuond answered a Mark (Session::Mark; MarkResponse).
+struct MarkInfo {
+  int64_t step = 0;            // the step marked
+  std::vector<int64_t> marks;  // the job's marks after it, oldest first
+  uint64_t mark_bytes = 0;     // their bytes in the daemon's memory
+  // Empty: on disk (with --state-dir; without it marks live as long as the
+  // daemon). Else why the mark could not be written (it is held in memory).
+  std::string not_durable;
+};
+
 class Session {
  public:
   virtual ~Session() = default;
@@ -339,6 +349,21 @@ class Session {
 
   virtual absl::StatusOr<State> GetState() = 0;
   virtual absl::Status SetState(const State& state) = 0;
+  // Asks dmuond to keep the momentum of the job's completed step `step` (0:
+  // the step the job is at) as a mark, so that a later OpenSession with
+  // resume_step = that step, at any world size, continues from exactly it
+  // (protocol minor 5, docs/protocol.md "Marks"). Between steps, from any
+  // rank: a step other than the job's, or one whose successor is already
+  // being computed, is FAILED_PRECONDITION naming the job's step; marking a
+  // marked step again answers as the first time. A negative step:
+  // INVALID_ARGUMENT, nothing sent. A daemon older than minor 5 (it does
+  // not know Mark): FAILED_PRECONDITION naming both versions, nothing sent.
+  // A pool session marks on every daemon; `marks` are the steps every one
+  // holds, `mark_bytes` their sum.
+  virtual absl::StatusOr<MarkInfo> Mark(int64_t step) = 0;
+  // The protocol minor of the daemon that opened this session
+  // (Capabilities.protocol_minor); a pool session's: its oldest daemon's.
+  virtual uint32_t daemon_protocol_minor() const = 0;
   // Ends the session: CloseSession (a step in progress breaks the job), then
   // the Step stream. The daemon answers once it has released the session's
   // region (region_released()), waiting up to the deadline for a step

@@ -9,6 +9,8 @@
 // them through, since its session is that daemon's.
 
 #include <algorithm>
+#include <cstdint>
+#include <iterator>
 #include <memory>
 #include <vector>
 
@@ -203,6 +205,39 @@ class PoolSession : public Session {
       all.momentum.push_back(std::move(p.momentum[local_[i]]));
     }
     return all;
+  }
+  absl::StatusOr<MarkInfo> Mark(int64_t step) override {
+    MarkInfo all;
+    for (size_t d = 0; d < subs_.size(); ++d) {
+      absl::StatusOr<MarkInfo> m = subs_[d]->Mark(step);
+      if (!m.ok()) return m.status();
+      if (d == 0) {
+        all = *std::move(m);
+        continue;
+      }
+      if (m->step != all.step) {
+        return absl::InternalError(absl::StrCat(
+            "Mark: the pool's daemons marked different steps (", all.step,
+            " and ", m->step, "): their jobs are not at one step"));
+      }
+      std::vector<int64_t> both;  // a step every daemon can resume
+      std::set_intersection(all.marks.begin(), all.marks.end(),
+                            m->marks.begin(), m->marks.end(),
+                            std::back_inserter(both));
+      all.marks = std::move(both);
+      all.mark_bytes += m->mark_bytes;
+      if (!m->not_durable.empty()) {
+        absl::StrAppend(&all.not_durable, all.not_durable.empty() ? "" : "; ",
+                        m->not_durable);
+      }
+    }
+    return all;
+  }
+  uint32_t daemon_protocol_minor() const override {
+    uint32_t oldest = UINT32_MAX;
+    for (const auto& s : subs_)
+      oldest = std::min(oldest, s->daemon_protocol_minor());
+    return subs_.empty() ? 0 : oldest;
   }
   absl::Status SetState(const State& s) override {
     if (s.momentum.size() != owner_.size() || s.names.size() != owner_.size() ||

@@ -323,6 +323,43 @@ class SessionImpl final : public Session {
     return s;
   }
 
+  absl::StatusOr<MarkInfo> Mark(int64_t step) override {
+    if (step < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Mark: step must be a completed step >= 1, or 0 for the step the "
+          "job is at; got ",
+          step));
+    }
+    if (absl::Status v = CheckFeatureMinor(
+            open_, kMarkMinor,
+            step == 0 ? std::string("Mark (of the step the job is at)")
+                      : absl::StrCat("Mark (of step ", step, ")"),
+            address_);
+        !v.ok()) {
+      return v;
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);
+    v1::MarkRequest req;
+    req.set_session_id(open_.session_id());
+    req.set_step(step);
+    v1::MarkResponse resp;
+    if (absl::Status st = FromGrpc(stub_->Mark(&ctx, req, &resp), address_);
+        !st.ok()) {
+      return st;
+    }
+    MarkInfo m;
+    m.step = resp.step();
+    m.marks.assign(resp.marks().begin(), resp.marks().end());
+    m.mark_bytes = resp.mark_bytes();
+    m.not_durable = resp.not_durable();
+    return m;
+  }
+
+  uint32_t daemon_protocol_minor() const override {
+    return open_.capabilities().protocol_minor();
+  }
+
   absl::Status SetState(const State& s) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + options_.deadline);

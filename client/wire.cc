@@ -229,6 +229,20 @@ absl::Status CheckDaemonMinor(const v1::OpenSessionRequest& req,
       "closed unused"));
 }
 
+absl::Status CheckFeatureMinor(const v1::OpenSessionResponse& open,
+                               uint32_t need, absl::string_view feature,
+                               const std::string& address) {
+  const uint32_t has = open.capabilities().protocol_minor();
+  if (has >= need) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "dmuond at ", address, " (version ", open.capabilities().version(),
+      ") speaks protocol 1.", has, "; this client (version ", kDmuonVersion,
+      ", protocol 1.", ProtocolMinor(), ") asked for ", feature,
+      ", which needs protocol 1.", need,
+      " (an older daemon does not know it): upgrade dmuond. Nothing was "
+      "sent"));
+}
+
 absl::Status ExplainOpenError(const v1::OpenSessionRequest& req,
                               const absl::Status& status) {
   const v1::ParameterSpec* b = FirstBlocks(req);

@@ -52,6 +52,16 @@ absl::Status CheckDaemonMinor(const v1::OpenSessionRequest& req,
                               const v1::OpenSessionResponse& resp,
                               const std::string& address);
 
+// The protocol minor Session::Mark needs (base/protocol.h: 5).
+inline constexpr uint32_t kMarkMinor = 5;
+
+// FAILED_PRECONDITION naming both versions when the daemon that answered
+// `open` speaks a minor older than `need`, the minor `feature` (what the
+// caller asked for, in words) needs; OK otherwise.
+absl::Status CheckFeatureMinor(const v1::OpenSessionResponse& open,
+                               uint32_t need, absl::string_view feature,
+                               const std::string& address);
+
 // `status` (OpenSession's error) with what to do when it is a daemon older
 // than RequiredMinor(req) refusing a feature it does not know (a
 // SHARDING_BLOCKS parameter: "sharding 4 is unknown"); else `status`.

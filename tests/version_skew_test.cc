@@ -7,8 +7,8 @@
 // its minor lacks is refused naming both versions: this client by
 // dmuond_prev (the previous minor) at OpenSession, and client-side a
 // SHARDING_BLOCKS parameter (minor 3), a per-step momentum (minor 2), a
-// resume mode, an absent parameter or a Rewind (minor 1) sent to
-// dmuond_minor0 (a 1.0 daemon, which refuses nobody).
+// resume mode, an absent parameter or a Rewind (minor 1), and a Mark (minor
+// 5) sent to dmuond_minor0 (a 1.0 daemon, which refuses nobody).
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -233,17 +233,25 @@ TEST(VersionSkew, BlocksAgainstAMinor0DaemonAreRefusedSayingWhatToDo) {
   EXPECT_TRUE(c->OpenSession(spec).ok());
 }
 
-// The other minor-1 messages are refused by this client before they reach a
-// minor-0 daemon, which would ignore them: an absent parameter would be
-// waited for forever, a rewind read as an unknown message.
-TEST(VersionSkew, AbsentAndRewindAgainstAMinor0DaemonAreRefusedClientSide) {
+// The other minor-1 messages, and a Mark (minor 5), are refused by this
+// client before they reach a minor-0 daemon, which would ignore them: an
+// absent parameter would be waited for forever, a rewind read as an unknown
+// message, a Mark answered UNIMPLEMENTED without naming versions.
+TEST(VersionSkew, AbsentRewindAndMarkAgainstAMinor0DaemonAreRefusedClientSide) {
   Daemon prev({}, "daemon/dmuond_minor0");
   ASSERT_NE(prev.port(), 0) << prev.log();
   auto c = Connect(prev);
   ASSERT_TRUE(c);
   auto s = Open(*c, "minor0", Resume::kAuto);
   ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->daemon_protocol_minor(), 0u);
   Step(**s, 11);
+  ExpectHas((*s)->Mark(0).status(), absl::StatusCode::kFailedPrecondition,
+            {"Mark (of the step the job is at)", "needs protocol 1.5",
+             prev.address(), "speaks protocol 1.0",
+             absl::StrCat("protocol 1.", kProtocolMinor), "upgrade dmuond"});
+  ExpectHas((*s)->Mark(-1).status(), absl::StatusCode::kInvalidArgument,
+            {"step must be", "got -1"});
   ExpectHas((*s)->Rewind(), absl::StatusCode::kFailedPrecondition,
             {"Rewind needs protocol minor 1", prev.address(), "upgrade it"});
   const int last = static_cast<int>(kTable.size()) - 1;

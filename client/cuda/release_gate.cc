@@ -110,6 +110,12 @@ class GuardedSession final : public Session {
   absl::Status SetState(const State& state) override {
     return inner_->SetState(state);
   }
+  absl::StatusOr<MarkInfo> Mark(int64_t step) override {
+    return inner_->Mark(step);
+  }
+  uint32_t daemon_protocol_minor() const override {
+    return inner_->daemon_protocol_minor();
+  }
   absl::Status Close() override {
     std::lock_guard<std::mutex> l(mu_);
     absl::Status st = inner_->Close();

@@ -728,6 +728,36 @@ void AddSessionStateCalls(py::class_<PySession>& cls) {
             Released([&] { return s.s().SetState(state); });
           },
           py::arg("state"))
+      .def(
+          "mark",
+          [](PySession& s, int64_t step) {
+            absl::StatusOr<MarkInfo> m;
+            {
+              py::gil_scoped_release release;
+              m = s.s().Mark(step);
+            }
+            if (!m.ok()) Throw(m.status());
+            py::dict d;
+            d["step"] = m->step;
+            d["marks"] = m->marks;
+            d["mark_bytes"] = m->mark_bytes;
+            d["not_durable"] = m->not_durable;
+            return d;
+          },
+          py::arg("step") = 0,
+          "Asks dmuond to keep the momentum of the job's completed step "
+          "`step` (0: the step the job is at) as a mark, so that a later "
+          "open_session(resume=step), at any world size, continues from "
+          "exactly it (protocol 1.5). Between steps. Returns dict(step, "
+          "marks=[the job's marked steps, oldest first], mark_bytes, "
+          "not_durable='' or why the mark is not on disk). "
+          "FailedPreconditionError naming the job's step for another step, "
+          "or naming both versions on a daemon older than protocol 1.5.")
+      .def_property_readonly(
+          "protocol_minor",
+          [](PySession& s) { return s.s().daemon_protocol_minor(); },
+          "The protocol minor of the dmuond that opened this session (a "
+          "pool's: its oldest); mark() needs 5.")
       .def("close",
            [](PySession& s) { Released([&] { return s.s().Close(); }); })
       .def("__enter__", [](py::object self) { return self; })

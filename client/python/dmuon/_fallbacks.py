@@ -20,6 +20,10 @@ The kinds (a fixed set; every one is in the dict from the start, at 0):
 - ``rewind``: a second backward before ``step()`` (accumulation without
   ``no_sync()``, a skipped step): dmuond's step of the first is rewound.
   Strict: raised from the backward hook before the rewind.
+- ``unmarked``: ``state_dict()`` on a dmuond older than protocol 1.5, which
+  cannot mark the step (dmuon/_marks.py): the checkpoint is taken unmarked
+  (``checkpoint_momentum="reference"``: with the momentum in full). Strict:
+  raised before the checkpoint is taken.
 
 dmuond counts its own kinds (graph_eager, unhealthy_executor, and every
 rewind it performs) in its Status and /metrics; these stay on this side:
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import warnings
 
-KINDS = ("host_staging", "private_daemon", "redo", "rewind")
+KINDS = ("host_staging", "private_daemon", "redo", "rewind", "unmarked")
 
 # What to change so that each kind is not taken (strict mode's message).
 REMEDIES = {
@@ -47,6 +51,8 @@ REMEDIES = {
     "rewind": "run every backward but the last of a step inside `with "
               "optimizer.no_sync():`, or pass overlap_options=OverlapOptions("
               "backward=False)",
+    "unmarked": "upgrade dmuond to protocol 1.5 or newer (`dmuonctl status` "
+                "shows its version)",
 }
 
 

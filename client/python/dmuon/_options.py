@@ -84,7 +84,15 @@ class DaemonOptions:
     with --state-dir, of the snapshotted step before it (so a trainer whose
     dmuond was killed after writing a step's snapshot but before the trainer
     got that step's step_complete continues exactly), and refuses any other
-    step naming the steps it holds (dmuond 1.4, protocol minor 4).
+    step naming the steps it holds (dmuond 1.4, protocol minor 4); dmuond
+    1.5 also holds the steps marked (DMuon.mark(), state_dict()) and resumes
+    them at any world size.
+    checkpoint_momentum: what state_dict() carries of the Muon momentum.
+    "full" (default): dmuond's momentum, as torch.optim.Muon's
+    momentum_buffer. "reference": each Muon parameter's "step" only, the
+    momentum staying on dmuond as the mark of that step (state_dict() marks
+    it), and "dmuon": {"momentum_ref": {"job_id", "step"}}; loading such a
+    checkpoint needs this job opened with resume=that step (dmuon/_marks.py).
     """
 
     server: str | Sequence[str] = "auto"
@@ -95,6 +103,7 @@ class DaemonOptions:
     job_id: str | None = None
     flags: Sequence[str] = ()
     resume: bool | str | int = "fresh"
+    checkpoint_momentum: str = "full"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,6 +47,9 @@ import torch
 from . import _dtensor, _groups, _parts, _routing
 
 FORMAT = 2  # state_dict()["dmuon"]["format"]; load_state_dict() reads 1 and 2
+# _loadable_momentum's answer for a checkpoint whose momentum is dmuond's
+# mark (checkpoint_momentum="reference", dmuon/_marks.py): nothing to set.
+REFERENCE = object()
 # What opt.state[p] of a Muon parameter lists and reads from dmuond.
 _LAZY = ("momentum_buffer", "step")
 
@@ -156,8 +159,9 @@ class StateView:
     opt.state[p] of its Muon parameters, state_dict()'s Muon entries and
     load_state_dict()'s checks."""
 
-    def __init__(self, handoff):
+    def __init__(self, handoff, marks):
         self._handoff = handoff
+        self.marks = marks  # dmuon/_marks.py: reference checkpoints
         # (session, its step, {table name: momentum}, completed steps): read
         # once per step, for opt.state[p].
         self.cache = None
@@ -268,19 +272,26 @@ class StateView:
                 if p.requires_grad and not state.get(p):
                     state[p] = _adamw_initial(p, group)
 
-    def add_muon_state(self, sd):
+    def add_muon_state(self, sd, reference=False):
         """Adds dmuond's Muon state to sd (local_state_dict()'s) in torch's
-        layout, and the "dmuon" entry (the module docstring)."""
-        st = self.session.get_state()
-        momentum = dict(zip(st["names"], st["momentum"]))
-        done = int(st["completed_steps"])
+        layout, and the "dmuon" entry (the module docstring). reference:
+        each Muon parameter's "step" only, and "momentum_ref" naming the
+        job's mark of the step (dmuon/_marks.py), no GetState."""
+        if reference:
+            momentum, done = None, self.daemon_steps()
+        else:
+            st = self.session.get_state()
+            momentum = dict(zip(st["names"], st["momentum"]))
+            done = int(st["completed_steps"])
         key = {id(p): k for g, saved in zip(self._handoff.groups, sd["param_groups"])
                for p, k in zip(g["params"], saved["params"])}
         whole = {}
         for p, idx in self._table.by_param:
             k, r = key[id(p)], self._table.muon[idx[0]]
             entry = {n: v for n, v in sd["state"].get(k, {}).items() if n not in _LAZY}
-            if _is_row_sharded(r):
+            if momentum is None:
+                pass  # a reference: the momentum stays on dmuond
+            elif _is_row_sharded(r):
                 whole[r.name] = torch.from_numpy(momentum[self.session.names[idx[0]]])
             else:
                 entry["momentum_buffer"] = self._momentum_of(  # a fresh GetState's
@@ -288,6 +299,9 @@ class StateView:
             entry["step"] = _step_tensor(done)
             sd["state"][k] = entry
         sd["dmuon"] = {"format": FORMAT, "completed_steps": done}
+        if reference:
+            sd["dmuon"]["momentum_ref"] = {"job_id": self._handoff.link.job_id,
+                                           "step": done}
         if whole:
             sd["dmuon"]["row_sharded_momentum"] = whole
         return sd
@@ -305,7 +319,9 @@ class StateView:
         zero). Returns the rest, for torch's load_state_dict: the Muon
         parameters' state without "momentum_buffer" and "step", no "dmuon"."""
         daemon_state = self.check_loadable(state_dict)
-        if self.session is not None and daemon_state is None:
+        if daemon_state is REFERENCE:
+            daemon_state = None  # dmuond's job is at the checkpoint's step
+        elif self.session is not None and daemon_state is None:
             self._warn_without_momentum(state_dict)
         if daemon_state is not None:
             self._handoff.load_momentum(daemon_state)  # first: it can still fail
@@ -420,6 +436,11 @@ class StateView:
             if isinstance(mb, Mapping) and not mb:
                 mb = None  # DCP's flattened state: {} for a key it does not have
             found[id(p)] = (k, st, mb)
+        if self._is_reference(dm, found):
+            self.marks.check_reference_load(
+                state_dict, [st["step"] for _, st, _ in found.values()
+                             if st is not None and "step" in st] or [0])
+            return REFERENCE
         torch_layout = dm is None
         if torch_layout and not any(mb is not None or (st and "step" in st)
                                     for _, st, mb in found.values()):
@@ -482,6 +503,18 @@ class StateView:
         return {"completed_steps": done, "names": names,
                 "momentum": [momentum[n].detach().to("cpu", torch.float32)
                              .contiguous().numpy() for n in names]}
+
+    def _is_reference(self, dm, found):
+        """Whether the checkpoint's Muon momentum is a reference to dmuond's
+        mark: its "dmuon" entry says so (momentum_ref), or, without one (DCP
+        drops it), this optimizer's checkpoint_momentum is "reference" and no
+        Muon parameter has a momentum_buffer but some have a "step"."""
+        if isinstance(dm, Mapping) and "momentum_ref" in dm:
+            return True
+        if dm is not None or self.marks.mode != "reference":
+            return False
+        return (not any(mb is not None for _, _, mb in found.values())
+                and any(st is not None and "step" in st for _, st, _ in found.values()))
 
     def _checked_buffer(self, p, r, k, mb):
         """A loaded momentum_buffer as a CPU fp32 tensor in p's shape."""

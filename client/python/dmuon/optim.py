@@ -50,6 +50,7 @@ from ._adamw import AdamWHalf
 from ._groups import CLASSIC
 from ._handoff import Handoff
 from ._layout import Layout
+from ._marks import Marks
 from ._options import AdamWOptions, DaemonOptions, OverlapOptions, RoutingOptions
 from ._recovery import Recovery
 from ._state import StateView
@@ -172,9 +173,10 @@ class DMuon(torch.optim.Optimizer):
                                 ddp=layout.ddp, module=layout.module, server=dd.server,
                                 overlap=oo.backward, overlap_forward=oo.forward, strict=strict)
         self.stats = self._handoff.stats
+        self._marks = Marks(self._handoff, dd.checkpoint_momentum)  # checked first
         if table.muon:
             self._handoff.open(dd.job_id, dd.flags, resume)
-        self._muon_state = StateView(self._handoff)  # opt.state's Muon half, checks
+        self._muon_state = StateView(self._handoff, self._marks)  # opt.state's Muon half
         self._muon_state.install(self.state)
         if link.rank == 0:
             print(self.routing_table if verbose else _routing.format_summary(
@@ -254,15 +256,29 @@ class DMuon(torch.optim.Optimizer):
         torch.distributed.checkpoint): every Muon parameter's momentum as
         state[k]["momentum_buffer"] (dmuond's, fp32) and its "step", AdamW's
         state, every group, and "dmuon": {"format": 2, "completed_steps"}
-        (dmuon/_state.py). Raises dmuon.Error naming the daemon if the
-        momentum cannot be fetched; local_state_dict() is the rest without it."""
+        (dmuon/_state.py). Rank 0 marks the step on dmuond first (once per
+        step: mark()); DaemonOptions(checkpoint_momentum="reference"): no
+        momentum_buffer, and "dmuon" names the mark ("momentum_ref"). Raises
+        dmuon.Error naming the daemon if the momentum cannot be fetched;
+        local_state_dict() is the rest without it."""
         with _errors.fetching_momentum(self._handoff.link):
             self._handoff.at_boundary("state_dict")
             self._muon_state.init_adamw_state(self.state)  # a destination for dcp.load
             sd = self.local_state_dict()
             if self.session is not None:
-                self._muon_state.add_muon_state(sd)
+                self._marks.auto_mark()
+                self._muon_state.add_muon_state(sd, reference=self._marks.reference())
         return sd
+
+    def mark(self) -> int:
+        """Asks dmuond to keep the momentum of the step the job is at (a
+        mark), so that a trainer restarted from this step's model weights,
+        at any world size, continues exactly with DaemonOptions(job_id=...,
+        resume=step) (dmuon/_marks.py). Between steps, on every rank (rank 0
+        asks dmuond; the others get its answer). Returns the step marked.
+        state_dict() marks its step itself."""
+        with _errors.explained(self._handoff.link):
+            return self._marks.mark()
 
     def local_state_dict(self) -> dict[str, Any]:
         """The state this process holds: AdamW's state and every parameter

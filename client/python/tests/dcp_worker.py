@@ -7,6 +7,9 @@ model and get_optimizer_state_dict() to --ckpt.
 --mode=load (fsdp_load, fsdp_tp_load): a fresh DMuon; get_*_state_dict() as dcp.load's
 destination, dcp.load, set_*_state_dict, then trains --steps more steps
 from --start.
+--reference: checkpoint_momentum="reference" on job --job (the momentum is
+dmuond's mark of the saved step; load opens the job with resume=--start);
+--past=n: save trains n more steps after saving (the job moves past it).
 
 Writes {"params", "momentum" (dmuond's, by table name),
 "completed": {when: completed_steps}, "error"} to --out."""
@@ -24,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
     set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
+from dmuon import DaemonOptions  # noqa: E402
 from dmuon.optim import DMuon  # noqa: E402
 from helpers import TinyLM, lm_batch, loss_of  # noqa: E402
 from ranks import worker_args, worker_main  # noqa: E402
@@ -47,11 +51,23 @@ def daemon_momentum(opt):
     return {n: torch.from_numpy(m).clone() for n, m in zip(st["names"], st["momentum"])}
 
 
+def daemon(args):
+    """DMuon's daemon keywords: --reference, a reference checkpoint
+    (checkpoint_momentum="reference") of job --job, loaded with
+    resume=--start; else the server alone."""
+    if not args.reference:
+        return dict(server=args.server)
+    load = args.mode.endswith("load")
+    return dict(daemon_options=DaemonOptions(
+        args.server, job_id=args.job, checkpoint_momentum="reference",
+        resume=args.start if load else "fresh"))
+
+
 def ddp_job(args, rank, world):
     torch.manual_seed(args.seed)  # load: other weights than the saved ones
     model = TinyLM()
     ddp = DDP(model)
-    opt = DMuon(ddp, server=args.server, adamw=[model.head], **HYPER)
+    opt = DMuon(ddp, adamw=[model.head], **daemon(args), **HYPER)
 
     def loss(s):
         return loss_of(ddp, local(lm_batch(s), rank, world))
@@ -71,7 +87,7 @@ def fsdp_job(args, rank, world):
         with torch.no_grad():
             for p in model.parameters():
                 p._local_tensor.mul_(0.5)
-    opt = DMuon(model, server=args.server, muon=["4.weight"], **fsdp_worker.HYPER)
+    opt = DMuon(model, muon=["4.weight"], **daemon(args), **fsdp_worker.HYPER)
 
     def loss(s):
         return fsdp_loss(*fsdp_worker.batch(s))
@@ -106,6 +122,10 @@ def run(args, rank, world):
                          for k, v in osd["state"][probe].items()}
         dcp.save({"model": get_model_state_dict(ddp), "optim": osd},
                  checkpoint_id=args.ckpt)
+        for s in range(args.start + args.steps, args.start + args.steps + args.past):
+            loss(s).backward()  # past the checkpoint: the job moves on, then is lost
+            opt.step()
+            opt.zero_grad()
     out["completed"]["end"] = completed(opt)
     opt.close()
     out["params"] = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
@@ -119,6 +139,9 @@ def main():
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reference", action="store_true")
+    ap.add_argument("--job", default=None)
+    ap.add_argument("--past", type=int, default=0, help="save: steps after the save")
     args = ap.parse_args()
     worker_main(args, lambda a: run(a, a.rank, a.world))
 

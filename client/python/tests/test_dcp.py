@@ -308,6 +308,47 @@ def test_fsdp2_x_tp_on_4_ranks_load_into_fsdp2_on_2(daemon, tmp_path):
             assert err < 1e-5, f"rank {rank} {name}: {err:.2e}"
 
 
+@pytest.mark.parametrize("save,load", [(("fsdp_tp_save", 4), ("fsdp_load", 2)),
+                                       (("save", 2), ("load", 1))],
+                         ids=["fsdp_tp-4-to-fsdp-2", "ddp-2-to-1"])
+def test_reference_checkpoint_resumed_at_another_world_size(daemon, tmp_path, save, load):
+    """checkpoint_momentum="reference" (issue 28 part 2): the saving job's DCP
+    checkpoint of step 3 holds no momentum (dmuond's mark of step 3 is it),
+    the job goes on to step 5 and is lost; a job of another world size and
+    sharding (FSDP2 x TP on 4 ranks -> FSDP2 on 2; DDP on 2 -> 1) opens it
+    with resume=3, loads the checkpoint and trains 3 more steps: dmuond's
+    momentum after the load is the one saved, bit for bit, and the run is
+    the uninterrupted one (FSDP2: torch.optim.Muon fp32 + AdamW to 1e-5;
+    DDP: one process's DMuon, as test_save_on_4_ranks_load_on_2)."""
+    pytest.importorskip("torch.distributed.fsdp")
+    ref = ("--reference", f"--job=dcp-ref-{save[0]}")
+    saved = run_job(save[0], save[1], daemon.address, tmp_path, "--start=0", "--steps=3",
+                    "--past=2", *ref)
+    assert "momentum_buffer" not in saved[0]["layout"], saved[0]["layout"]
+    assert saved[0]["completed"] == {"saved": 3, "end": 5}, saved[0]["completed"]
+    loaded = run_job(load[0], load[1], daemon.address, tmp_path, "--start=3", "--steps=3",
+                     "--seed=1", *ref)
+    for rank, r in enumerate(loaded):
+        assert r["completed"] == {"fresh": 3, "loaded": 3, "end": 6}, (rank, r["completed"])
+        for name, m in saved[0]["momentum"].items():
+            assert torch.equal(r["loaded_momentum"][name], m), (rank, name)
+    if save[0] == "save":
+        torch.manual_seed(0)
+        model = TinyLM()
+        opt = DMuon(model, server=daemon.address, adamw=[model.head], **HYPER)
+        train(model, opt, 0, 6)
+        opt.close()
+        want = {n: p.detach() for n, p in model.named_parameters()}
+    else:
+        import fsdp_worker
+
+        want = muon_adamw_run(fsdp_worker.make_model(), ("0.weight", "2.weight", "4.weight"),
+                              6, fsdp_grads)[0][-1]
+    for rank, r in enumerate(loaded):
+        for name, p in want.items():
+            assert rel_err(r["params"][name], p) < 1e-5, (rank, name)
+
+
 def test_parts_round_trip(daemon):
     """A fused weight orthogonalized as parts (split=): its momentum_buffer is
     the full-shape tensor of its parts' momentum, and set_optimizer_state_dict

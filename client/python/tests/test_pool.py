@@ -29,6 +29,12 @@ def test_pool_equals_one_daemon_and_checkpoints_move_between_them(daemon):
         buf = io.BytesIO()
         torch.save({"model": pooled.state_dict(), "opt": op.state_dict()}, buf)
         buf.seek(0)
+        # state_dict() marked step 5 on both daemons: the pool's answer is
+        # the steps both hold and the bytes of both (every Muon matrix once).
+        assert op.stats["marks"] == [5]
+        answer = op.session.mark()
+        muon = sum(p.numel() for g in op.param_groups if g["use_muon"] for p in g["params"])
+        assert (answer["step"], answer["marks"], answer["mark_bytes"]) == (5, [5], 4 * muon)
         ckpt = torch.load(buf)
         fresh = TinyLM()
         fresh.load_state_dict(ckpt["model"])
