@@ -73,13 +73,14 @@ absl::StatusOr<MarkStore::Added> MarkStore::Add(const std::string& job_id,
   const uint64_t bytes = BytesOf(mark.momentum);
   absl::MutexLock lock(&mu_);
   Added out;
-  if (auto job = marks_.find(job_id);
-      job != marks_.end() && job->second.count(step) > 0) {
-    out.existed = true;
-    out.list = ListLocked(job_id);
-    return out;
-  }
   if (auto st = CheckFits(bytes); !st.ok()) return st;
+  if (FindLocked(job_id, step) != nullptr) {
+    out.existed = true;
+    Mark old = RemoveLocked(job_id, step);
+    if (!old.path.empty() && old.path != mark.path) {
+      out.dropped.push_back(std::move(old));
+    }
+  }
   LimitCountLocked(job_id, &out.dropped);
   // The oldest marks daemon-wide go until this one fits.
   while (total_ + bytes > budget_) {

@@ -16,8 +16,11 @@
 //   adding one drops the oldest marks of any job (added first) until it
 //   fits. A mark larger than the whole budget is RESOURCE_EXHAUSTED naming
 //   --mark-bytes and the bytes asked, and nothing is dropped.
-// - Adding a step already held is a no-op answering as the first add did
-//   (the momentum given is discarded).
+// - Adding a step already held replaces that mark (it becomes the newest):
+//   a trainer that resumed at an earlier mark and reached the step again
+//   has new momentum for it, and its new checkpoint of the step replaces
+//   the old one; the old mark belonged to the run it abandoned. The old
+//   mark is returned as dropped only when its file is not the new one's.
 // - Every mark dropped (by count, by budget, DropJob) is returned with its
 //   file's path, for the caller to remove.
 // Thread-safe: its lock is a leaf (taken with the service's or a job's
@@ -60,7 +63,7 @@ class MarkStore {
   MarkStore& operator=(const MarkStore&) = delete;
 
   // What Add did: the job's marks after it, whether the step was held
-  // already (nothing changed then), and the marks it dropped (their files
+  // already (that mark replaced), and the marks it dropped (their files
   // are the caller's to remove).
   struct Added {
     MarkList list;

@@ -24,26 +24,39 @@ std::vector<int64_t> Steps(const std::vector<Mark>& marks) {
   return out;
 }
 
-TEST(MarkStore, KeepsACopyAndAnswersTheSameForASecondAdd) {
+TEST(MarkStore, KeepsACopyAndASecondAddOfTheStepReplacesIt) {
   std::mt19937 rng(1);
   MarkStore store(4, 1 << 20);
   Mark m = MarkOf(5, 100, &rng);
-  const std::vector<float> want = m.momentum[0];
   auto a = store.Add("j", m);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_FALSE(a->existed);
   EXPECT_EQ(a->list.steps, std::vector<int64_t>{5});
   EXPECT_EQ(a->list.bytes, 400u);
-  // Another momentum for the same step is discarded: the first is kept.
+  ASSERT_TRUE(store.Add("j", MarkOf(7, 100, &rng)).ok());
+  // Another momentum for step 5 (a trainer resumed at an earlier mark and
+  // reached 5 again): it replaces the first and becomes the newest. Its
+  // file is the same path: nothing to remove.
   Mark other = MarkOf(5, 100, &rng);
+  const std::vector<float> want = other.momentum[0];
   auto b = store.Add("j", other);
   ASSERT_TRUE(b.ok());
   EXPECT_TRUE(b->existed);
-  EXPECT_EQ(b->list.steps, a->list.steps);
-  EXPECT_EQ(b->list.bytes, a->list.bytes);
+  EXPECT_TRUE(b->dropped.empty());
+  EXPECT_EQ(b->list.steps, (std::vector<int64_t>{7, 5}));
+  EXPECT_EQ(b->list.bytes, 800u);
+  EXPECT_EQ(store.total_bytes(), 800u);
   auto got = store.Get("j", 5);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->momentum[0], want);
+  // A replacement whose file could not be written (no path): the old file
+  // is returned for removal, so a restart cannot find the abandoned run's.
+  Mark unwritten = MarkOf(5, 100, &rng);
+  unwritten.path.clear();
+  auto c = store.Add("j", unwritten);
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(c->dropped.size(), 1u);
+  EXPECT_EQ(c->dropped[0].path, "p5");
   EXPECT_FALSE(store.Get("j", 6).has_value());
   EXPECT_FALSE(store.Has("k", 5));
 }

@@ -4,6 +4,7 @@
 // file written before Mark returns; and the marks found in --state-dir at
 // start (LoadMarks). Resuming at a mark is OpenSession's (service_admit.cc).
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,16 +88,16 @@ absl::StatusOr<v1::MarkResponse> OptimizerService::Mark(
     auto step = MarkableStep(*job, req.step());
     if (!step.ok()) return step.status();
     resp.set_step(*step);
-    if (!marks_.Has(job->id(), *step)) {
-      if (auto st = marks_.CheckFits(MomentumBytesOf(job->table())); !st.ok())
-        return st;
-      auto copy = CopyMomentum(*scheduler_, *job);
-      if (!copy.ok()) return copy.status();
-      mark.header = StateHeaderOf(*job);
-      mark.momentum = *std::move(copy);
-    }
+    // A step held already is marked again (MarkStore: the trainer may have
+    // resumed at an earlier mark and reached it anew).
+    if (auto st = marks_.CheckFits(MomentumBytesOf(job->table())); !st.ok())
+      return st;
+    auto copy = CopyMomentum(*scheduler_, *job);
+    if (!copy.ok()) return copy.status();
+    mark.header = StateHeaderOf(*job);
+    mark.momentum = *std::move(copy);
   }
-  if (!mark.momentum.empty() && snapshots_.enabled()) {
+  if (snapshots_.enabled()) {
     std::vector<const std::vector<float>*> ptrs;
     for (const auto& m : mark.momentum) ptrs.push_back(&m);
     const std::string bytes = EncodeSnapshot(mark.header, ptrs);
@@ -107,20 +108,15 @@ absl::StatusOr<v1::MarkResponse> OptimizerService::Mark(
       resp.set_not_durable(std::string(st.message()));
     }
   }
-  MarkList list;
-  if (mark.momentum.empty()) {  // held already: the same answer
-    list = marks_.List(job->id());
-  } else {
-    const std::string path = mark.path;
-    auto added = marks_.Add(job->id(), std::move(mark));
-    if (!added.ok()) {
-      snapshots_.RemoveMark(path);
-      return added.status();
-    }
-    for (const server::Mark& gone : added->dropped)
-      if (snapshots_.enabled()) snapshots_.RemoveMark(gone.path);
-    list = std::move(added->list);
+  const std::string path = mark.path;
+  auto added = marks_.Add(job->id(), std::move(mark));
+  if (!added.ok()) {
+    snapshots_.RemoveMark(path);
+    return added.status();
   }
+  for (const server::Mark& gone : added->dropped)
+    if (snapshots_.enabled()) snapshots_.RemoveMark(gone.path);
+  const MarkList& list = added->list;
   for (int64_t step : list.steps) resp.add_marks(step);
   resp.set_mark_bytes(list.bytes);
   return resp;
@@ -128,7 +124,13 @@ absl::StatusOr<v1::MarkResponse> OptimizerService::Mark(
 
 void OptimizerService::LoadMarks() {
   if (!snapshots_.enabled()) return;
-  for (SnapshotStore::MarkFile& f : snapshots_.ScanMarks()) {
+  // Added in step order, so that "the oldest" (dropped first) is the lowest
+  // step after a restart too, not the directory's order.
+  std::vector<SnapshotStore::MarkFile> files = snapshots_.ScanMarks();
+  std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) {
+    return a.header.completed_steps() < b.header.completed_steps();
+  });
+  for (SnapshotStore::MarkFile& f : files) {
     server::Mark m;
     m.header = std::move(f.header);
     m.path = std::move(f.path);

@@ -2,8 +2,8 @@
 // holds the momentum of the job's step (checked against an fp64 reference
 // of the momentum, and bit for bit against GetState at that step), a wrong
 // step or a step computed past is refused naming the job's step, a second
-// Mark of a step answers as the first, and marks are dropped by count and
-// by --mark-bytes.
+// Mark of a step replaces the first (a resumed run's new momentum), and
+// marks are dropped by count and by --mark-bytes.
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -120,7 +120,8 @@ TEST(Marks, HoldTheJobsMomentumAndRefuseAnotherStep) {
             std::vector<int64_t>{3});
   EXPECT_EQ(m->mark_bytes(), kMarkBytes);
   EXPECT_EQ(m->not_durable(), "");
-  // Another rank marking the same step: the same answer.
+  // Another rank marking the same step: marked again, the same answer
+  // (the momentum has not changed).
   auto again = svc->Mark(MarkReq(ranks[0], 3));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->SerializeAsString(), m->SerializeAsString());
@@ -385,6 +386,60 @@ TEST(Marks, SurviveARestartAsFiles) {
   auto req = Req("d", 0, 1, v1::RESUME_REPLACE);
   ASSERT_TRUE(fresh[0].Open(*svc, req).ok());
   EXPECT_FALSE(std::filesystem::exists(file));
+  std::filesystem::remove_all(dir);
+}
+
+// A trainer resumed at mark 2 takes other gradients for steps 3-4 and
+// marks 4 again: the mark of 4 is the new run's (the old run's would pair
+// the new checkpoint of step 4 with momentum it never had), in memory and
+// in its file. A restart lists the marks by step (the lowest the oldest),
+// whatever the directory's order, and drops the lowest past the count.
+TEST(Marks, AStepMarkedAgainHoldsTheNewRunAndARestartKeepsStepOrder) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Grads first = StepsOfGradients(kTable, 6, rng);
+  Grads second = StepsOfGradients(kTable, 6, rng);
+  second[0] = first[0];  // the same steps 1-2: the resumed run's past
+  second[1] = first[1];
+  std::string dir = "/tmp/dmuon-marks-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ServiceOptions o;
+  o.state_dir = dir;
+  o.marks_per_job = 3;
+  {
+    auto svc = NewService(o);
+    std::vector<Rank> ranks;
+    OpenStepAndMark(*svc, ranks, "r", 2, first);
+    RunSteps(*svc, ranks, 3, 4, first);
+    ASSERT_TRUE(svc->Mark(MarkReq(ranks[0])).ok());
+    CloseAll(*svc, ranks);
+    ASSERT_TRUE(OpenAll(*svc, ranks, "r", 1, 2).ok());
+    RunSteps(*svc, ranks, 3, 4, second);
+    auto m = svc->Mark(MarkReq(ranks[0]));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(std::vector<int64_t>(m->marks().begin(), m->marks().end()),
+              (std::vector<int64_t>{2, 4}));
+    RunSteps(*svc, ranks, 5, 6, second);
+    ASSERT_TRUE(svc->Mark(MarkReq(ranks[0])).ok());
+    CloseAll(*svc, ranks);
+  }
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  const v1::StatusResponse status = svc->Status();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(std::vector<int64_t>(status.jobs(0).marks().begin(),
+                                 status.jobs(0).marks().end()),
+            (std::vector<int64_t>{2, 4, 6}));
+  std::vector<Rank> ranks;
+  ASSERT_TRUE(OpenAll(*svc, ranks, "r", 2, 4).ok());
+  ExpectReference(Read(*svc, ranks[0].open.session_id()), second, 4);
+  RunSteps(*svc, ranks, 5, 5, second);
+  auto m = svc->Mark(MarkReq(ranks[0]));
+  ASSERT_TRUE(m.ok()) << m.status();
+  // Past the count of 3: the lowest step (2) goes, not the file found first.
+  EXPECT_EQ(std::vector<int64_t>(m->marks().begin(), m->marks().end()),
+            (std::vector<int64_t>{4, 6, 5}));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/job-72.dmst.mark-2"));
+  CloseAll(*svc, ranks);
   std::filesystem::remove_all(dir);
 }
 
