@@ -48,8 +48,12 @@ void Scheduler::SubmitAll(
     Lane& lane = lanes_[i];
     JobQueue& q = lane.jobs[work->job_serial()];
     if (q.ready.empty()) {
-      // Becoming backlogged: start at the least virtual time of the
-      // backlogged jobs (none saved while idle), see the sharing rule.
+      // Becoming backlogged: start at the lane's virtual time (the least of
+      // the backlogged jobs', or the start of the batch in flight if that
+      // is less: none saved while idle), but never before the job's own
+      // virtual time: a job whose next matrix comes while its own batch
+      // runs keeps that batch's charge (else it would win every pick and
+      // escape its weight and its principal's cap). See the sharing rule.
       bool any = false;
       double least = 0;
       for (const auto& [id, other] : lane.jobs) {
@@ -57,7 +61,7 @@ void Scheduler::SubmitAll(
         least = any ? std::min(least, other.vtime) : other.vtime;
         any = true;
       }
-      if (any) q.vtime = std::min(least, lane.last_start);
+      if (any) q.vtime = std::max(q.vtime, std::min(least, lane.last_start));
     }
     q.stats.job = work->job_serial();
     q.stats.weight = work->weight() > 0 ? work->weight() : 1;

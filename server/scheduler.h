@@ -17,9 +17,10 @@
 // batch's cost. A job that becomes backlogged starts at the least virtual
 // time of the jobs backlogged then, or at the start tag of the batch taken
 // last (its job's virtual time before that batch was charged) when that is
-// less: start-time fair queuing. No credit is saved while idle and none
-// lost, but a job arriving during another's batch counts as having arrived
-// when that batch started.
+// less: start-time fair queuing; never before its own virtual time, so a
+// job whose next matrix comes while its own batch runs keeps that batch's
+// charge. No credit is saved while idle and none lost, but a job arriving
+// during another's batch counts as having arrived when that batch started.
 // So backlogged jobs get the executor's time in proportion to their
 // weights (as far as the predicted cost follows the time), interleaved per
 // batch, and:

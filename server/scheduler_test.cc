@@ -287,6 +287,43 @@ TEST(FairShare, PrincipalCapThatDoesNotBindLeavesTheWeights) {
   EXPECT_LE(share, 0.76);
 }
 
+// Job 2 hands its matrices in one at a time, each while its previous one is
+// being computed (an overlapped trainer, or ranks finishing at different
+// times), beside job 1 backlogged with all of its: at equal weights each
+// still gets half of the cost served. (The defect this guards: a job
+// becoming backlogged again started before its own charge, won every pick
+// and starved job 1.)
+TEST(FairShare, AJobTricklingItsMatricesInKeepsItsShare) {
+  std::vector<std::unique_ptr<Executor>> ex;
+  ex.push_back(std::make_unique<InstantExecutor>());
+  Scheduler s(std::move(ex), 1);
+  std::map<uint64_t, JobShareStats> at_from, at_to;
+  std::atomic<int> done_a{0};
+  std::function<void(int)> trickle = [&](int i) {
+    if (i >= 600) return;
+    // Submitted from the previous matrix's Prepare: while it runs, with
+    // job 2's queue empty.
+    s.Submit(0, std::make_shared<FakeWork>(2, 1, 2, i,
+                                           [&trickle, i] { trickle(i + 1); }));
+  };
+  std::vector<std::pair<int, std::shared_ptr<Work>>> works;
+  for (int i = 0; i < 300; ++i) {
+    works.emplace_back(0, std::make_shared<FakeWork>(1, 1, 2, i, nullptr, [&] {
+                         const int n = ++done_a;
+                         if (n == 50) at_from = ByJob(s);
+                         if (n == 200) at_to = ByJob(s);
+                       }));
+  }
+  s.SubmitAll(std::move(works));
+  trickle(0);
+  while (done_a.load() < 300) std::this_thread::sleep_for(kUnit);
+  s.Shutdown();
+  ASSERT_LT(at_to[2].matrices, 600u) << "job 2 stopped trickling";
+  const double a = at_to[1].cost - at_from[1].cost;
+  const double b = at_to[2].cost - at_from[2].cost;
+  EXPECT_NEAR(a / (a + b), 0.5, 0.05) << a << " vs " << b;
+}
+
 TEST(FairShare, BatchesNeverMixJobsAndKeepForwardOrder) {
   auto owned = std::make_unique<SleepExecutor>();
   SleepExecutor* executor = owned.get();
