@@ -443,6 +443,44 @@ TEST(Marks, AStepMarkedAgainHoldsTheNewRunAndARestartKeepsStepOrder) {
   std::filesystem::remove_all(dir);
 }
 
+// A job rebuilt at another world size, from itself (idle in memory) or from
+// a mark (the job dropped), keeps its principal's weight and device-share
+// cap: a restart must not lift a cap (docs/design.md, the principal cap).
+TEST(Marks, ARebuiltJobKeepsItsPrincipalsWeightAndCap) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Grads grads = StepsOfGradients(kTable, 3, rng);
+  Principal alice;
+  alice.name = "alice";
+  alice.weight = 2;
+  alice.quotas.max_device_share = 0.3;
+  ServiceOptions o;
+  o.job_retention_seconds = 0;  // dropped as soon as its last rank closes
+  for (bool from_mark : {false, true}) {
+    auto svc = NewService(from_mark ? o : ServiceOptions{});
+    std::vector<Rank> ranks(2);
+    for (int r = 0; r < 2; ++r)
+      ASSERT_TRUE(ranks[r].Open(*svc, Req("w", r, 2), alice).ok());
+    RunSteps(*svc, ranks, 1, 2, grads);
+    ASSERT_TRUE(svc->Mark(MarkReq(ranks[0]), alice).ok());
+    CloseAll(*svc, ranks);
+    if (from_mark) svc->ReapIdleJobs(std::chrono::steady_clock::now());
+    // Dropped, the job is listed from its marks alone (world size 0).
+    const v1::StatusResponse before = svc->Status();
+    ASSERT_EQ(before.jobs_size(), 1);
+    EXPECT_EQ(before.jobs(0).world_size(), from_mark ? 0 : 2) << from_mark;
+    std::vector<Rank> one(1);
+    ASSERT_TRUE(
+        one[0].Open(*svc, Req("w", 0, 1, v1::RESUME_CONTINUE, 2), alice).ok())
+        << from_mark;
+    const v1::StatusResponse status = svc->Status();
+    ASSERT_EQ(status.jobs_size(), 1);
+    EXPECT_EQ(status.jobs(0).world_size(), 1);
+    EXPECT_EQ(status.jobs(0).weight(), 2) << from_mark;
+    EXPECT_EQ(status.jobs(0).max_device_share(), 0.3) << from_mark;
+    CloseAll(*svc, one);
+  }
+}
+
 // A mark whose file cannot be written (its name taken by a directory) is
 // kept in memory; not_durable and Status's snapshot errors say why.
 TEST(Marks, AMarkThatCannotBeWrittenIsKeptInMemorySayingWhy) {

@@ -41,6 +41,7 @@ absl::Status OptimizerService::AdmitRebuildLocked(
   if (old) {
     a->owner = old->owner();
     a->weight = old->weight();
+    a->max_device_share = old->max_device_share();
   } else {
     auto head = marks_.Header(id, mark_step);
     if (!head) {
@@ -52,6 +53,7 @@ absl::Status OptimizerService::AdmitRebuildLocked(
     if (auto st = CheckSnapshot(id, table, *head); !st.ok()) return st;
     a->owner = head->owner();
     a->weight = who.weight > 0 ? who.weight : 1;
+    a->max_device_share = who.quotas.max_device_share;  // as AdmitLocked
     // A job the daemon does not hold: its bytes count as a new job's
     // (--max-state-bytes was checked by CheckCapacityLocked; the quota here).
     if (!a->owner.empty() && a->owner == who.name) {

@@ -53,8 +53,9 @@ struct Rank {
   std::shared_ptr<FakeSink> sink = std::make_shared<FakeSink>();
   std::vector<std::string> inline_updates;  // by param
 
-  absl::Status Open(OptimizerService& svc, const v1::OpenSessionRequest& req) {
-    auto r = svc.OpenSession(req);
+  absl::Status Open(OptimizerService& svc, const v1::OpenSessionRequest& req,
+                    const Principal& who = {}) {
+    auto r = svc.OpenSession(req, who);
     if (!r.ok()) return r.status();
     open = *r;
     if (open.transport() == v1::TRANSPORT_SHM) {
