@@ -290,7 +290,14 @@ absl::Status OptimizerService::AdmitToJobLocked(
   if (resume == v1::RESUME_CONTINUE && done == 0)
     return NothingToContinueError(job->id(), options_.state_dir);
   const int64_t want = ResumeStepOf(req);
-  const bool at_mark = want != done && ResumesAtMarkLocked(req);
+  // A mark of the step asked wins over the job's own state of that step
+  // when no rank is open: the trainer's checkpoint of step N was taken with
+  // the mark of N, while the job may have reached N again in another run
+  // (resumed at an earlier mark) that no checkpoint holds. Ranks open (the
+  // others of a restart joining the job its first rank made from the mark)
+  // just join.
+  const bool at_mark =
+      want > 0 && (want != done || open == 0) && ResumesAtMarkLocked(req);
   if (want > 0 && want != done && !at_mark) {
     return ResumeStepError(job->id(), want, done,
                            "in this dmuond's memory, which it resumes from "

@@ -481,6 +481,54 @@ TEST(Marks, ARebuiltJobKeepsItsPrincipalsWeightAndCap) {
   }
 }
 
+// Run A marks 4; the trainer goes back to mark 2 (run B, other gradients)
+// and B reaches step 4 unmarked, then stops. The trainer's checkpoint of
+// step 4 is A's: resume_step=4 gets A's mark, not the job's own step 4 of
+// run B (in memory, and in its snapshot after a restart).
+TEST(Marks, AMarkOfTheJobsOwnStepWinsOverAnotherRunsState) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Grads a = StepsOfGradients(kTable, 5, rng);
+  Grads b = StepsOfGradients(kTable, 5, rng);
+  b[0] = a[0];
+  b[1] = a[1];
+  std::string dir = "/tmp/dmuon-marks-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ServiceOptions o;
+  o.state_dir = dir;
+  {
+    auto svc = NewService(o);
+    std::vector<Rank> ranks;
+    OpenStepAndMark(*svc, ranks, "o", 2, a);
+    RunSteps(*svc, ranks, 3, 4, a);
+    ASSERT_TRUE(svc->Mark(MarkReq(ranks[0])).ok());
+    CloseAll(*svc, ranks);
+    ASSERT_TRUE(OpenAll(*svc, ranks, "o", 2, 2).ok());
+    RunSteps(*svc, ranks, 3, 4, b);  // run B at step 4, unmarked
+    CloseAll(*svc, ranks);
+    // In memory: the job is at 4 (run B); resume_step=4 is A's mark.
+    ASSERT_TRUE(OpenAll(*svc, ranks, "o", 1, 4).ok());
+    ExpectReference(Read(*svc, ranks[0].open.session_id()), a, 4);
+    RunSteps(*svc, ranks, 5, 5, a);
+    ExpectReference(Read(*svc, ranks[0].open.session_id()), a, 5);
+    CloseAll(*svc, ranks);
+    // Run B again to step 4, then snapshotted: on disk at 4 (B's).
+    ASSERT_TRUE(OpenAll(*svc, ranks, "o", 2, 2).ok());
+    RunSteps(*svc, ranks, 3, 4, b);
+    CloseAll(*svc, ranks);
+    ASSERT_TRUE(svc->SnapshotAll().ok());
+  }
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  std::vector<Rank> ranks;
+  ASSERT_TRUE(OpenAll(*svc, ranks, "o", 2, 4).ok());
+  ExpectReference(Read(*svc, ranks[1].open.session_id()), a, 4);
+  CloseAll(*svc, ranks);
+  // Without a step, the job continues from the state it holds (at 4).
+  ASSERT_TRUE(OpenAll(*svc, ranks, "o", 1, 0).ok());
+  EXPECT_EQ(ranks[0].open.next_step(), 5);
+  std::filesystem::remove_all(dir);
+}
+
 // A mark whose file cannot be written (its name taken by a directory) is
 // kept in memory; not_durable and Status's snapshot errors say why.
 TEST(Marks, AMarkThatCannotBeWrittenIsKeptInMemorySayingWhy) {

@@ -23,15 +23,10 @@ namespace dmuon::server {
 
 bool OptimizerService::ResumesAtMarkLocked(
     const v1::OpenSessionRequest& req) const {
+  // A mark of the step asked wins over a snapshot or a job in memory of the
+  // same step (AdmitToJobLocked: those may be another run's step N).
   const int64_t want = ResumeStepOf(req);
-  if (want <= 0 || !SpeaksMinor(5) || !marks_.Has(req.job_id(), want))
-    return false;
-  if (jobs_.count(req.job_id()) > 0) return true;  // AdmitToJobLocked's
-  if (const SnapshotFile* read = pending_.Find(req.job_id()))
-    return read->head.header().completed_steps() != want;
-  const auto disk = pending_.OnDisk();
-  auto it = disk.find(req.job_id());
-  return it == disk.end() || it->second.completed_steps != want;
+  return want > 0 && SpeaksMinor(5) && marks_.Has(req.job_id(), want);
 }
 
 absl::Status OptimizerService::AdmitRebuildLocked(

@@ -455,8 +455,10 @@ absl::Status OptimizerService::LoadPendingSnapshot(const std::string& job_id,
     absl::Status st = CheckJobOwner(who, head->owner(), job_id);
     const bool other_step =
         st.ok() && resume_step > 0 && head->completed_steps() != resume_step;
-    // Resumed at a mark (service_rebuild.cc): the file stays unread.
-    if (other_step && SpeaksMinor(5) && marks_.Has(job_id, resume_step)) {
+    // Resumed at a mark (service_rebuild.cc), even one of the snapshot's own
+    // step (the snapshot may be another run's): the file stays unread.
+    if (st.ok() && resume_step > 0 && SpeaksMinor(5) &&
+        marks_.Has(job_id, resume_step)) {
       absl::MutexLock lock(&mu_);
       pending_.AbortRead(job_id);
       return absl::OkStatus();
