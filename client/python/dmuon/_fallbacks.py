@@ -52,7 +52,7 @@ REMEDIES = {
               "optimizer.no_sync():`, or pass overlap_options=OverlapOptions("
               "backward=False)",
     "unmarked": "upgrade dmuond to protocol 1.5 or newer (`dmuonctl status` "
-                "shows its version)",
+                "shows its version), or give it room for marks (--mark-bytes)",
 }
 
 

@@ -8,9 +8,12 @@ restarted shared daemon").
   (``Session.mark``), every rank gets its answer (one broadcast).
 - ``DMuon.state_dict()`` marks the step automatically, once per step, from
   rank 0 alone (no collective: ``torch.save(opt.state_dict())`` on rank 0
-  only must not hang). A daemon older than protocol 1.5 cannot mark: the
-  checkpoint is still taken, and the fallback ``unmarked`` is counted and
-  warned once (``DMuon(strict=True)`` raises instead).
+  only must not hang). A daemon older than protocol 1.5 cannot mark, and
+  one may refuse a mark (``--mark-bytes``): in "full" mode the checkpoint
+  (which carries the momentum) is still taken, and the fallback
+  ``unmarked`` is counted and warned once (``DMuon(strict=True)`` raises
+  instead); in "reference" mode a refused mark raises on rank 0, as the
+  checkpoint would be useless without it.
 - ``DaemonOptions(checkpoint_momentum="reference")``: state_dict() carries
   each Muon parameter's "step" but no "momentum_buffer" (the momentum stays
   on dmuond, as the mark of that step), and the "dmuon" entry gains
@@ -118,10 +121,36 @@ class Marks:
                 f"{done}{full} without marking it, so a restarted trainer can resume "
                 f"job '{h.link.job_id}' at step {done} only while dmuond's job is at it")
             return
-        if h.rank == 0:
-            self._ask()
-        else:
+        if h.rank != 0:
             self.marked = (session, done)
+            return
+        if self.mode == "reference":
+            try:
+                self._ask()
+            except _native.load().Error as e:
+                # The checkpoint is only good with its mark: raised, as its
+                # type (and gRPC code), saying what to change.
+                e.args = (f"DMuon.state_dict(): dmuond at {h.link.address} did not "
+                          f"mark step {done} of job '{h.link.job_id}', and a "
+                          "checkpoint_momentum='reference' checkpoint is only good "
+                          f"with its mark: {e}. Give dmuond room for marks "
+                          "(--mark-bytes), or use checkpoint_momentum='full'",)
+                raise
+            return
+        try:
+            self._ask()
+        except _native.load().Error as e:
+            # A full checkpoint carries the momentum itself: it stays good
+            # without the mark (e.g. dmuond --mark-bytes=0, or a job larger
+            # than the budget), so the checkpoint is taken, the fallback
+            # counted and warned once.
+            self.marked = (session, done)
+            h.fallbacks.take(
+                "unmarked",
+                f"dmuond at {h.link.address} did not mark step {done} of job "
+                f"'{h.link.job_id}' ({e.code}: {e}); the checkpoint carries the "
+                "momentum in full, so it is taken, but a restarted trainer cannot "
+                f"resume the job at step {done} by resume={done} alone")
 
     def check_reference_load(self, state_dict, steps):
         """load_state_dict() of a checkpoint whose Muon momentum is a

@@ -261,12 +261,15 @@ class DMuon(torch.optim.Optimizer):
         momentum_buffer, and "dmuon" names the mark ("momentum_ref"). Raises
         dmuon.Error naming the daemon if the momentum cannot be fetched;
         local_state_dict() is the rest without it."""
-        with _errors.fetching_momentum(self._handoff.link):
+        link = self._handoff.link
+        with _errors.fetching_momentum(link):
             self._handoff.at_boundary("state_dict")
             self._muon_state.init_adamw_state(self.state)  # a destination for dcp.load
             sd = self.local_state_dict()
-            if self.session is not None:
+        if self.session is not None:
+            with _errors.explained(link):  # a refused mark: its own error
                 self._marks.auto_mark()
+            with _errors.fetching_momentum(link):
                 self._muon_state.add_muon_state(sd, reference=self._marks.reference())
         return sd
 

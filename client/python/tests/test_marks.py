@@ -171,3 +171,41 @@ def test_an_older_daemon_takes_checkpoints_unmarked():
         with pytest.raises(RuntimeError, match="refuses the fallback 'unmarked'"):
             opt.state_dict()
         opt.close()
+
+
+def test_a_refused_mark_leaves_full_checkpoints_good_and_fails_reference_ones():
+    """dmuond --mark-bytes=0 refuses every Mark (RESOURCE_EXHAUSTED naming
+    the flag): a full checkpoint, which carries the momentum itself, is
+    still taken (momentum equal to the oracle's), with the fallback
+    'unmarked' counted and warned once; a reference checkpoint, useless
+    without its mark, raises."""
+    with dmuon.LocalDaemon(flags=["--mark-bytes=0"], stop_grace=1.0) as d:
+        model, opt = make(d.address, job_id="refused-full")
+        train(model, opt, 0, 2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sd = opt.state_dict()
+        unmarked = [w for w in caught if "fallback 'unmarked'" in str(w.message)]
+        assert len(unmarked) == 1, [str(w.message) for w in caught]
+        assert "--mark-bytes" in str(unmarked[0].message)
+        assert opt.stats["fallbacks"]["unmarked"] == 1
+        key = {id(p): k for g, sg in zip(opt.param_groups, sd["param_groups"])
+               for p, k in zip(g["params"], sg["params"])}
+
+        def grads_of(m, s):
+            x, y = fsdp_worker.batch(s)
+            ((m(x) - y) ** 2).mean().backward()
+
+        momenta = muon_adamw_run(fsdp_worker.make_model(), NAMES, 2, grads_of)[2][-1]
+        for name, p in model.named_parameters():
+            if name in NAMES:
+                got = sd["state"][key[id(p)]]["momentum_buffer"]
+                assert rel_err(got, momenta[name]) < TOL, name
+        opt.close()
+        model, opt = make(d.address, job_id="refused-ref", checkpoint_momentum="reference")
+        train(model, opt, 0, 1)
+        with pytest.raises(dmuon.Error) as e:
+            opt.state_dict()
+        assert e.value.code == "RESOURCE_EXHAUSTED" and "--mark-bytes" in str(e.value)
+        assert "checkpoint_momentum='full'" in str(e.value)
+        opt.close()
