@@ -565,10 +565,13 @@ class OptimizerService {
   // Marks (service_marks.cc): those found in --state-dir (by
   // LoadSnapshots), listed with no momentum read; every mark of `job_id`
   // dropped, files and all (a new run of the id); "marks of steps 3, 5"
-  // or "no marks", for errors.
+  // or "no marks", for errors; PERMISSION_DENIED when `who` may not use
+  // the job its marks belong to (a new run of the id would drop them).
   void LoadMarks() ABSL_LOCKS_EXCLUDED(mu_);
   void DropMarks(const std::string& job_id);
   std::string MarksHeld(const std::string& job_id) const;
+  absl::Status CheckMarksOwner(const Principal& who,
+                               const std::string& job_id) const;
   // LoadPendingSnapshot's switch to the previous snapshot for an open asking
   // for step `want` of a job whose snapshot holds `held`. (state.cc)
   // `head`: the snapshot's header (its step and owner).

@@ -212,6 +212,9 @@ absl::Status OptimizerService::AdmitLocked(const v1::OpenSessionRequest& req,
       return st;
     }
   }
+  // A job held only as marks is its owner's too: a new run of the id by
+  // another principal would drop them (PublishLocked's DropMarks).
+  if (auto st = CheckMarksOwner(who, req.job_id()); !st.ok()) return st;
   const int64_t pending_done =
       pending ? pending->head.header().completed_steps() : 0;
   if (resume == v1::RESUME_FRESH && pending_done > 0) {

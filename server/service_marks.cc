@@ -150,4 +150,13 @@ std::string OptimizerService::MarksHeld(const std::string& job_id) const {
   return absl::StrCat("marks of steps ", absl::StrJoin(list.steps, ", "));
 }
 
+absl::Status OptimizerService::CheckMarksOwner(
+    const Principal& who, const std::string& job_id) const {
+  for (int64_t step : marks_.List(job_id).steps) {
+    if (auto head = marks_.Header(job_id, step))
+      return CheckJobOwner(who, head->owner(), job_id);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace dmuon::server

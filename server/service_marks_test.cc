@@ -529,6 +529,34 @@ TEST(Marks, AMarkOfTheJobsOwnStepWinsOverAnotherRunsState) {
   std::filesystem::remove_all(dir);
 }
 
+// A job held only as marks stays its owner's: another principal's new run
+// of the id (which would drop them) is PERMISSION_DENIED, the marks kept.
+TEST(Marks, AnotherPrincipalCannotDropAJobsMarksByANewRun) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Grads grads = StepsOfGradients(kTable, 2, rng);
+  Principal alice, bob;
+  alice.name = "alice";
+  bob.name = "bob";
+  ServiceOptions o;
+  o.job_retention_seconds = 0;
+  auto svc = NewService(o);
+  std::vector<Rank> ranks(1);
+  ASSERT_TRUE(ranks[0].Open(*svc, Req("m", 0, 1), alice).ok());
+  RunSteps(*svc, ranks, 1, 2, grads);
+  ASSERT_TRUE(svc->Mark(MarkReq(ranks[0]), alice).ok());
+  CloseAll(*svc, ranks);
+  svc->ReapIdleJobs(std::chrono::steady_clock::now());
+  for (v1::Resume resume : {v1::RESUME_FRESH, v1::RESUME_REPLACE}) {
+    std::vector<Rank> other(1);
+    EXPECT_EQ(other[0].Open(*svc, Req("m", 0, 1, resume), bob).code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  ASSERT_TRUE(
+      ranks[0].Open(*svc, Req("m", 0, 1, v1::RESUME_CONTINUE, 2), alice).ok());
+  ExpectReference(Read(*svc, ranks[0].open.session_id()), grads, 2);
+  CloseAll(*svc, ranks);
+}
+
 // A mark whose file cannot be written (its name taken by a directory) is
 // kept in memory; not_durable and Status's snapshot errors say why.
 TEST(Marks, AMarkThatCannotBeWrittenIsKeptInMemorySayingWhy) {
