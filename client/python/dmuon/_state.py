@@ -144,6 +144,16 @@ def _is_row_sharded(r):
     return bool(r.row_range) and getattr(r, "dtensor", None) is None
 
 
+def _step_taken(st):
+    """Whether a parameter's state `st` has a "step" above 0."""
+    if st is None or "step" not in st or isinstance(st["step"], Mapping):
+        return False
+    try:
+        return float(st["step"]) > 0
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
 def local_state_dict(sd):
     """DMuon.local_state_dict() of torch's state_dict `sd`: each Muon
     parameter's state as stored here (nothing read from dmuond: a
@@ -507,14 +517,17 @@ class StateView:
     def _is_reference(self, dm, found):
         """Whether the checkpoint's Muon momentum is a reference to dmuond's
         mark: its "dmuon" entry says so (momentum_ref), or, without one (DCP
-        drops it), this optimizer's checkpoint_momentum is "reference" and no
-        Muon parameter has a momentum_buffer but some have a "step"."""
+        drops it), no Muon parameter has a momentum_buffer but some have a
+        "step" of a step taken: whatever this optimizer's
+        checkpoint_momentum, such a checkpoint is a reference one (torch's
+        Muon keeps a momentum_buffer once a parameter stepped), and loading
+        it as never stepped would write zeros over dmuond's momentum."""
         if isinstance(dm, Mapping) and "momentum_ref" in dm:
             return True
-        if dm is not None or self.marks.mode != "reference":
+        if dm is not None:
             return False
         return (not any(mb is not None for _, _, mb in found.values())
-                and any(st is not None and "step" in st for _, st, _ in found.values()))
+                and any(_step_taken(st) for _, st, _ in found.values()))
 
     def _checked_buffer(self, p, r, k, mb):
         """A loaded momentum_buffer as a CPU fp32 tensor in p's shape."""
