@@ -216,14 +216,18 @@ class PoolSession : public Session {
         continue;
       }
       if (m->step != all.step) {
-        return absl::InternalError(absl::StrCat(
+        return absl::FailedPreconditionError(absl::StrCat(
             "Mark: the pool's daemons marked different steps (", all.step,
             " and ", m->step, "): their jobs are not at one step"));
       }
-      std::vector<int64_t> both;  // a step every daemon can resume
-      std::set_intersection(all.marks.begin(), all.marks.end(),
-                            m->marks.begin(), m->marks.end(),
-                            std::back_inserter(both));
+      // The steps every daemon can resume, in the first daemon's order
+      // (oldest first); each daemon lists its marks by age, not by step.
+      std::vector<int64_t> theirs = m->marks;
+      std::sort(theirs.begin(), theirs.end());
+      std::vector<int64_t> both;
+      for (int64_t s : all.marks)
+        if (std::binary_search(theirs.begin(), theirs.end(), s))
+          both.push_back(s);
       all.marks = std::move(both);
       all.mark_bytes += m->mark_bytes;
       if (!m->not_durable.empty()) {
