@@ -24,6 +24,12 @@ namespace {
 absl::StatusOr<int64_t> MarkableStep(const Job& job, int64_t asked)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu()) {
   const int64_t done = job.completed_steps();
+  if (job.dropped()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id(),
+        "' was dropped (idle, or replaced by a new run) while this session "
+        "marked it: nothing to mark"));
+  }
   if (job.broken()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job.id(),
@@ -109,7 +115,21 @@ absl::StatusOr<v1::MarkResponse> OptimizerService::Mark(
     }
   }
   const std::string path = mark.path;
-  auto added = marks_.Add(job->id(), std::move(mark));
+  absl::StatusOr<MarkStore::Added> added;
+  {
+    // Added only while the job is still the id's: a new run published
+    // meanwhile has dropped the id's marks (PublishLocked, under mu_), and
+    // this one, of the run it replaced, must not come back after it.
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job->id());
+    if (it == jobs_.end() || it->second != job) {
+      added = absl::AbortedError(absl::StrCat(
+          "job '", job->id(), "' was dropped or replaced while its step ",
+          resp.step(), " was being marked: nothing was marked"));
+    } else {
+      added = marks_.Add(job->id(), std::move(mark));
+    }
+  }
   if (!added.ok()) {
     snapshots_.RemoveMark(path);
     return added.status();
