@@ -118,6 +118,12 @@ std::vector<Mark> MarkStore::AddOnDisk(const std::string& job_id, Mark mark) {
   return dropped;
 }
 
+std::optional<Mark> MarkStore::Remove(const std::string& job_id, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (FindLocked(job_id, step) == nullptr) return std::nullopt;
+  return RemoveLocked(job_id, step);
+}
+
 bool MarkStore::Has(const std::string& job_id, int64_t step) const {
   absl::MutexLock lock(&mu_);
   return FindLocked(job_id, step) != nullptr;

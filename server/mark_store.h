@@ -95,6 +95,10 @@ class MarkStore {
   MarkList List(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Every job's list (Status).
   std::map<std::string, MarkList> All() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets the mark of `step` (one whose file cannot be read): returns it
+  // (header and path), or nullopt when none is held.
+  std::optional<Mark> Remove(const std::string& job_id, int64_t step)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets every mark of `job_id` (a new run of the id): returns them.
   std::vector<Mark> DropJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   // The daemon's marks' momentum bytes in memory.

@@ -531,6 +531,12 @@ class OptimizerService {
                                   std::shared_ptr<Job> old, int64_t mark_step,
                                   OpenAdmission* a)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A mark of `id` at `step` whose file cannot be used (`why`): moved
+  // aside, dropped from the store; DATA_LOSS naming both and the marks left.
+  absl::Status DropUnreadableMark(const std::string& id, int64_t step,
+                                  const server::Mark& mark,
+                                  const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Without mu_: `a->snapshot` becomes the mark's momentum (its file read
   // when it is only on disk) or a copy of the old job's, for BuildJob.
   absl::Status LoadRebuildState(const v1::OpenSessionRequest& req,

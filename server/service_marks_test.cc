@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -555,6 +556,48 @@ TEST(Marks, AnotherPrincipalCannotDropAJobsMarksByANewRun) {
       ranks[0].Open(*svc, Req("m", 0, 1, v1::RESUME_CONTINUE, 2), alice).ok());
   ExpectReference(Read(*svc, ranks[0].open.session_id()), grads, 2);
   CloseAll(*svc, ranks);
+}
+
+// A mark file damaged on disk after a restart (its CRC fails): resuming
+// at it is DATA_LOSS naming where the file was moved, and the mark is no
+// longer listed, so the next open names the steps still held instead of
+// failing on the same file again.
+TEST(Marks, AnUnreadableMarkFileIsMovedAsideAndDropped) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Grads grads = StepsOfGradients(kTable, 3, rng);
+  std::string dir = "/tmp/dmuon-marks-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ServiceOptions o;
+  o.state_dir = dir;
+  {
+    auto svc = NewService(o);
+    std::vector<Rank> ranks;
+    OpenStepAndMark(*svc, ranks, "c", 2, grads);
+    RunSteps(*svc, ranks, 3, 3, grads);
+    CloseAll(*svc, ranks);
+    ASSERT_TRUE(svc->SnapshotAll().ok());
+  }
+  const std::string file = dir + "/job-63.dmst.mark-2";
+  ASSERT_TRUE(std::filesystem::exists(file));
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-8, std::ios::end);
+    f.write("garbage!", 8);  // the momentum's last bytes: the CRC fails
+  }
+  auto svc = NewService(o);
+  ASSERT_TRUE(svc->LoadSnapshots().ok());
+  std::vector<Rank> ranks;
+  absl::Status st = OpenAll(*svc, ranks, "c", 1, 2);
+  ExpectHas(st, absl::StatusCode::kDataLoss,
+            {"job 'c'", "mark of step 2", "moved aside", "no marks"});
+  EXPECT_FALSE(std::filesystem::exists(file));
+  EXPECT_EQ(svc->Status().jobs(0).marks_size(), 0);
+  ExpectHas(OpenAll(*svc, ranks, "c", 1, 2),
+            absl::StatusCode::kFailedPrecondition, {"step 2"});
+  ASSERT_TRUE(OpenAll(*svc, ranks, "c", 1, 3).ok());  // its own step still
+  ExpectReference(Read(*svc, ranks[0].open.session_id()), grads, 3);
+  CloseAll(*svc, ranks);
+  std::filesystem::remove_all(dir);
 }
 
 // A mark whose file cannot be written (its name taken by a directory) is

@@ -72,6 +72,22 @@ absl::Status OptimizerService::AdmitRebuildLocked(
   return absl::OkStatus();
 }
 
+absl::Status OptimizerService::DropUnreadableMark(const std::string& id,
+                                                  int64_t step,
+                                                  const server::Mark& mark,
+                                                  const absl::Status& why) {
+  // Moved aside and forgotten, so that it is not listed (and failed) again.
+  marks_.Remove(id, step);
+  auto aside = snapshots_.MoveAside(mark.path, why);
+  return absl::DataLossError(
+      absl::StrCat("job '", id, "': its mark of step ", step,
+                   " cannot be used (", why.message(), "); the file ",
+                   aside.ok() ? absl::StrCat("was moved aside to ", *aside)
+                              : absl::StrCat("could not be moved aside (",
+                                             aside.status().message(), ")"),
+                   " and the mark dropped; ", MarksHeld(id)));
+}
+
 absl::Status OptimizerService::LoadRebuildState(
     const v1::OpenSessionRequest& req, OpenAdmission* a) {
   const std::string& id = req.job_id();
@@ -85,15 +101,17 @@ absl::Status OptimizerService::LoadRebuildState(
     }
     if (mark->momentum.empty()) {  // on disk only: read now, CRC and all
       auto file = SnapshotStore::Read(mark->path);
-      if (!file.ok()) return file.status();
-      if (file->head.header().job_id() != id ||
-          file->head.header().completed_steps() != a->mark_step) {
-        return absl::DataLossError(
+      absl::Status bad = file.status();
+      if (file.ok() &&
+          (file->head.header().job_id() != id ||
+           file->head.header().completed_steps() != a->mark_step)) {
+        bad = absl::DataLossError(
             absl::StrCat("mark ", mark->path, " holds step ",
                          file->head.header().completed_steps(), " of job '",
                          file->head.header().job_id(), "', not step ",
                          a->mark_step, " of job '", id, "'"));
       }
+      if (!bad.ok()) return DropUnreadableMark(id, a->mark_step, *mark, bad);
       mark->momentum = std::move(file->momentum);
     }
     *state.head.mutable_header() = std::move(mark->header);
