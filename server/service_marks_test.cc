@@ -103,6 +103,16 @@ void ExpectHas(const absl::Status& st, absl::StatusCode code,
     EXPECT_NE(st.message().find(p), std::string::npos) << p << ": " << st;
 }
 
+// Service options with a fresh --state-dir under /tmp (removed by the
+// test at its end).
+ServiceOptions WithStateDir() {
+  std::string dir = "/tmp/dmuon-marks-XXXXXX";
+  EXPECT_NE(mkdtemp(dir.data()), nullptr);
+  ServiceOptions o;
+  o.state_dir = dir;
+  return o;
+}
+
 TEST(Marks, HoldTheJobsMomentumAndRefuseAnotherStep) {
   std::mt19937_64 rng(std::random_device{}());
   const Grads grads = StepsOfGradients(kTable, 4, rng);
@@ -336,10 +346,8 @@ TEST(Marks, AJobHeldOnlyAsMarksResumesAtOne) {
 TEST(Marks, SurviveARestartAsFiles) {
   std::mt19937_64 rng(std::random_device{}());
   const Grads grads = StepsOfGradients(kTable, 5, rng);
-  std::string dir = "/tmp/dmuon-marks-XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  ServiceOptions o;
-  o.state_dir = dir;
+  ServiceOptions o = WithStateDir();
+  const std::string dir = o.state_dir;
   Momentum at2, at4;
   {
     auto svc = NewService(o);
@@ -401,10 +409,8 @@ TEST(Marks, AStepMarkedAgainHoldsTheNewRunAndARestartKeepsStepOrder) {
   Grads second = StepsOfGradients(kTable, 6, rng);
   second[0] = first[0];  // the same steps 1-2: the resumed run's past
   second[1] = first[1];
-  std::string dir = "/tmp/dmuon-marks-XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  ServiceOptions o;
-  o.state_dir = dir;
+  ServiceOptions o = WithStateDir();
+  const std::string dir = o.state_dir;
   o.marks_per_job = 3;
   {
     auto svc = NewService(o);
@@ -492,10 +498,8 @@ TEST(Marks, AMarkOfTheJobsOwnStepWinsOverAnotherRunsState) {
   Grads b = StepsOfGradients(kTable, 5, rng);
   b[0] = a[0];
   b[1] = a[1];
-  std::string dir = "/tmp/dmuon-marks-XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  ServiceOptions o;
-  o.state_dir = dir;
+  ServiceOptions o = WithStateDir();
+  const std::string dir = o.state_dir;
   {
     auto svc = NewService(o);
     std::vector<Rank> ranks;
@@ -565,10 +569,8 @@ TEST(Marks, AnotherPrincipalCannotDropAJobsMarksByANewRun) {
 TEST(Marks, AnUnreadableMarkFileIsMovedAsideAndDropped) {
   std::mt19937_64 rng(std::random_device{}());
   const Grads grads = StepsOfGradients(kTable, 3, rng);
-  std::string dir = "/tmp/dmuon-marks-XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  ServiceOptions o;
-  o.state_dir = dir;
+  ServiceOptions o = WithStateDir();
+  const std::string dir = o.state_dir;
   {
     auto svc = NewService(o);
     std::vector<Rank> ranks;
