@@ -96,6 +96,15 @@ absl::StatusOr<MarkStore::Added> MarkStore::Add(const std::string& job_id,
       }
     }
     const std::string id = *oldest_job;  // total_ > 0: one holds bytes
+    Held& held = marks_[id][oldest_step];
+    if (!held.mark.path.empty()) {
+      // On disk too: only its memory goes (read from its file if resumed),
+      // so one tenant's marks never delete another's durable ones.
+      total_ -= held.bytes;
+      held.bytes = 0;
+      std::vector<std::vector<float>>().swap(held.mark.momentum);
+      continue;
+    }
     out.dropped.push_back(RemoveLocked(id, oldest_step));
   }
   marks_[job_id][step] = Held{std::move(mark), bytes, next_seq_++};

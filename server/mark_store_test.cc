@@ -76,20 +76,28 @@ TEST(MarkStore, DropsTheJobsOldestPastItsCount) {
   EXPECT_EQ(store.List("k").steps, std::vector<int64_t>{1});
 }
 
-TEST(MarkStore, DropsTheOldestDaemonWideToFitTheBudget) {
+TEST(MarkStore, FreesTheOldestDaemonWideToFitTheBudget) {
   std::mt19937 rng(3);
   MarkStore store(8, 1000);  // 250 floats
-  ASSERT_TRUE(store.Add("a", MarkOf(1, 100, &rng)).ok());
-  ASSERT_TRUE(store.Add("b", MarkOf(1, 100, &rng)).ok());
+  Mark a1 = MarkOf(1, 100, &rng);
+  a1.path.clear();  // no file (no --state-dir, or its write failed)
+  ASSERT_TRUE(store.Add("a", a1).ok());
+  ASSERT_TRUE(store.Add("b", MarkOf(1, 100, &rng)).ok());  // with a file
   ASSERT_TRUE(store.Add("a", MarkOf(2, 40, &rng)).ok());
   EXPECT_EQ(store.total_bytes(), 960u);
-  // 480 bytes: a@1 (oldest) and b@1 must go; a@2 stays.
+  // 480 bytes: a@1 (oldest) and b@1 must leave memory; a@2 stays. a@1 has
+  // no file: dropped. b@1 has one: kept on disk only (0 bytes), listed.
   auto c = store.Add("c", MarkOf(1, 120, &rng));
   ASSERT_TRUE(c.ok());
-  ASSERT_EQ(c->dropped.size(), 2u);
+  ASSERT_EQ(c->dropped.size(), 1u);
   EXPECT_EQ(c->dropped[0].header.completed_steps(), 1);
   EXPECT_EQ(store.List("a").steps, std::vector<int64_t>{2});
-  EXPECT_TRUE(store.List("b").steps.empty());
+  EXPECT_EQ(store.List("b").steps, std::vector<int64_t>{1});
+  EXPECT_EQ(store.List("b").bytes, 0u);
+  auto b1 = store.Get("b", 1);
+  ASSERT_TRUE(b1.has_value());
+  EXPECT_TRUE(b1->momentum.empty());
+  EXPECT_EQ(b1->path, "p1");
   EXPECT_EQ(store.total_bytes(), 640u);
 }
 
