@@ -15,7 +15,8 @@
 // - Daemon-wide, the marks' momentum in memory is at most `budget_bytes`:
 //   adding one frees the oldest marks of any job (added first) until it
 //   fits: a mark with a file keeps it and stays (on disk only, as if found
-//   at start), one without is dropped. A mark larger than the whole budget is RESOURCE_EXHAUSTED naming
+//   at start), one without is dropped. A mark larger than the whole budget is
+//   RESOURCE_EXHAUSTED naming
 //   --mark-bytes and the bytes asked, and nothing is dropped.
 // - Adding a step already held replaces that mark (it becomes the newest):
 //   a trainer that resumed at an earlier mark and reached the step again
