@@ -140,10 +140,13 @@ class Marks:
         try:
             self._ask()
         except _native.load().Error as e:
-            # A full checkpoint carries the momentum itself: it stays good
-            # without the mark (e.g. dmuond --mark-bytes=0, or a job larger
-            # than the budget), so the checkpoint is taken, the fallback
-            # counted and warned once.
+            if getattr(e, "code", "") != "RESOURCE_EXHAUSTED":
+                raise
+            # Refused for room (dmuond --mark-bytes=0, or a job larger than
+            # the budget): a full checkpoint carries the momentum itself and
+            # stays good without the mark, so it is taken, the fallback
+            # counted and warned once. (Other errors, a lost daemon, raise:
+            # the momentum could not be fetched either.)
             self.marked = (session, done)
             h.fallbacks.take(
                 "unmarked",

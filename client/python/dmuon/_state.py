@@ -526,6 +526,9 @@ class StateView:
             return True
         if dm is not None:
             return False
+        if self.marks.mode != "reference" and any(
+                _is_row_sharded(self._table.muon[idx[0]]) for _, idx in self._table.by_param):
+            return False  # their momentum is in the missing "dmuon" entry: an error
         return (not any(mb is not None for _, _, mb in found.values())
                 and any(_step_taken(st) for _, st, _ in found.values()))
 

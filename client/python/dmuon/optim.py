@@ -169,11 +169,10 @@ class DMuon(torch.optim.Optimizer):
         self._constructing = False
         self._adamw = AdamWHalf(self.param_groups, self.state)
         table = layout.table(routes, group_of, self.param_groups, link.world)
-        self._handoff = Handoff(table, self.param_groups, link, Recovery(resume),
-                                ddp=layout.ddp, module=layout.module, server=dd.server,
-                                overlap=oo.backward, overlap_forward=oo.forward, strict=strict)
-        self.stats = self._handoff.stats
-        self._marks = Marks(self._handoff, dd.checkpoint_momentum)  # checked first
+        self._handoff = h = Handoff(table, self.param_groups, link, Recovery(resume),
+                                    ddp=layout.ddp, module=layout.module, server=dd.server,
+                                    overlap=oo.backward, overlap_forward=oo.forward, strict=strict)
+        self.stats, self._marks = h.stats, Marks(h, dd.checkpoint_momentum)  # checked first
         if table.muon:
             self._handoff.open(dd.job_id, dd.flags, resume)
         self._muon_state = StateView(self._handoff, self._marks)  # opt.state's Muon half
@@ -267,7 +266,10 @@ class DMuon(torch.optim.Optimizer):
             self._muon_state.init_adamw_state(self.state)  # a destination for dcp.load
             sd = self.local_state_dict()
         if self.session is not None:
-            with _errors.explained(link):  # a refused mark: its own error
+            # A reference checkpoint's refused mark is its own error; in
+            # full mode a lost daemon says the momentum cannot be fetched.
+            with (_errors.explained(link) if self._marks.mode == "reference"
+                  else _errors.fetching_momentum(link)):
                 self._marks.auto_mark()
             with _errors.fetching_momentum(link):
                 self._muon_state.add_muon_state(sd, reference=self._marks.reference())
