@@ -4,12 +4,15 @@ Newton–Schulz) + AdamW doing the same thing (client/python/README.md,
 "Interrupts and exceptions"): a step interrupted before it commits is
 rolled back, one interrupted after it is completed."""
 
+import contextlib
 import os
+import signal
 
 import pytest
 import torch
 from torch import nn
 
+from dmuon import _handoff, _recovery
 from dmuon.optim import DMuon
 from helpers import MLP, loss_of, mlp_batch
 from torch_ref import DM_ADAMW, MUON, ADAMW, assert_same, fp32_muon, pair
@@ -146,17 +149,32 @@ def test_interrupted_after_commit_is_completed(monkeypatch, daemon, exc, overlap
     def apply(i):
         calls["n"] += 1
         if calls["at"] is not None and calls["n"] == calls["at"]:
-            # mid-way through the stage: the parameter written, not marked
-            monkeypatch.setattr(opt._handoff, "stage", stage_then_raise)
+            # as the parameter's update is written: a Ctrl-C inside the write
+            # is raised at its end (deferred_sigint), an error after it
+            monkeypatch.setattr(opt._handoff, "write", write_then_raise)
         real(i)
 
-    real_stage = opt._handoff.stage
+    real_write = opt._handoff.write
 
-    def stage_then_raise(i, p, value):
-        monkeypatch.setattr(opt._handoff, "stage", real_stage)
-        opt._handoff.staged = (i, value)
-        p.copy_(value)
-        raise exc()
+    @contextlib.contextmanager
+    def sigint_inside():
+        with _recovery.deferred_sigint():
+            signal.raise_signal(signal.SIGINT)  # a Ctrl-C as the write starts
+            yield
+
+    def write_then_raise(i, p, u, lr, wd):
+        monkeypatch.setattr(opt._handoff, "write", real_write)
+        if exc is KeyboardInterrupt:
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            monkeypatch.setattr(_handoff, "deferred_sigint", sigint_inside)
+            try:
+                real_write(i, p, u, lr, wd)  # raises at its end, p written
+            finally:
+                monkeypatch.setattr(_handoff, "deferred_sigint",
+                                    _recovery.deferred_sigint)
+        else:
+            real_write(i, p, u, lr, wd)
+            raise exc()
 
     monkeypatch.setattr(opt._handoff, "apply", apply)
     for step in range(4):
