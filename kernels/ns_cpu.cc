@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/blas_ops.h"
 #include "kernels/cost_model.h"
+#include "kernels/finite.h"
 #include "kernels/kernels.h"
 
 namespace dmuon::kernels {
@@ -31,16 +32,11 @@ absl::Status CheckMatrix(const MatrixRef<T>& m, std::string_view what) {
 
 template <typename T>
 absl::Status CheckFinite(const T* x, Shape s, std::string_view what) {
-  const int64_t n = s.elements();
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(std::string(what), " has a non-finite value (", x[i],
-                       ") at element (", i / s.cols, ",", i % s.cols,
-                       ") of shape ", ShapeString(s)));
-    }
-  }
-  return absl::OkStatus();
+  const int64_t i = FirstNonFinite(x, s.elements());
+  if (i < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(what), " has a non-finite value (", x[i], ") at element (",
+      i / s.cols, ",", i % s.cols, ") of shape ", ShapeString(s)));
 }
 
 // The m x n iterate (m <= n) from `in`: transposed if tall, scaled by

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cost_model.h"
+#include "kernels/finite.h"
 #include "server/job_state.h"
 #include "server/step_pipeline.h"
 #include "server/step_trace.h"
@@ -212,14 +213,12 @@ absl::StatusOr<ComputeTask> ParamWork::Gather() {
   }
   const int64_t cols = info.shape.cols, n = info.shape.elements();
   if (auto st = GatherHost(info, ranks, param, p); !st.ok()) return st;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(p.work[i])) {
-      nonfinite = true;
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient of parameter '", info.name, "' at step ", step,
-                       " has a non-finite value (", p.work[i], ") at element (",
-                       i / cols, ",", i % cols, ")"));
-    }
+  if (const int64_t i = kernels::FirstNonFinite(p.work.data(), n); i >= 0) {
+    nonfinite = true;
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient of parameter '", info.name, "' at step ", step,
+                     " has a non-finite value (", p.work[i], ") at element (",
+                     i / cols, ",", i % cols, ")"));
   }
   // The momentum as of the last completed step, kept until this step
   // completes: what a rollback or a mid-step snapshot needs (job.h).
