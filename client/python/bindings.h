@@ -25,6 +25,9 @@ void RegisterErrors(pybind11::module_& m);
 // orthogonalize(): the kernels library on numpy arrays.
 void RegisterKernels(pybind11::module_& m);
 
+// same_bytes(): host buffers compared bit for bit (the hand-off's edit check).
+void RegisterBuffers(pybind11::module_& m);
+
 // Client and Session: the C++ client library.
 void RegisterClient(pybind11::module_& m);
 

@@ -12,6 +12,7 @@ PYBIND11_MODULE(_dmuon, m) {
   m.attr("__version__") = dmuon::kDmuonVersion;  // the build's, one place
   dmuon::python::RegisterErrors(m);
   dmuon::python::RegisterKernels(m);
+  dmuon::python::RegisterBuffers(m);
   dmuon::python::RegisterClient(m);
   dmuon::python::RegisterGpu(m);
 }

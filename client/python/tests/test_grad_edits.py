@@ -142,3 +142,39 @@ def test_clip_over_inline(daemon, monkeypatch, transport):
         assert opt.stats["redone_steps"] == 4
     finally:
         opt.close()
+
+
+def test_same_bits_compares_bits_not_values():
+    """The edit check's comparison (_handoff.same_bits) on fresh random
+    gradients: a copy is the same; one ulp, a zero's sign or another NaN
+    payload is an edit (torch.equal would call -0.0 equal to 0.0, and a NaN
+    never equal to itself, so a NaN gradient would be redone every step)."""
+    from dmuon import _native
+    from dmuon._handoff import same_bits
+
+    g = torch.randn(37, 53)
+    buf = g.clone()
+    assert same_bits(g, buf)
+    for flat in (g.view(-1), g.t().contiguous().t()):  # reshaped; not contiguous
+        assert same_bits(flat, buf)
+    bits = buf.view(torch.int32).view(-1)
+    k = int(torch.randint(0, bits.numel(), ()))
+    for change in (1, -1, 1 << 31):  # one ulp either way; the sign bit
+        bits[k] += change
+        assert not same_bits(g, buf)
+        assert not same_bits(g.t().contiguous().t(), buf)
+        bits[k] -= change
+    zero = torch.zeros(4, 4)
+    assert not same_bits(zero, -zero)
+    nan = torch.full((4, 4), float("nan"))
+    assert same_bits(nan, nan.clone())
+    other = nan.clone()
+    other.view(torch.int32)[1, 2] += 1  # still a NaN, other bits
+    assert not same_bits(nan, other)
+    half = torch.randn(8, 8, dtype=torch.bfloat16)  # handed off as float32
+    assert same_bits(half, half.float())
+    assert not same_bits(half, half.float() * 2)
+    ext = _native.load()
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        ext.same_bytes(g.t().numpy(), buf.t().contiguous().numpy())
+    assert not ext.same_bytes(g.numpy(), buf[:-1].numpy())  # other sizes
