@@ -2,6 +2,7 @@
 
     python -m dmuon.trace merge OUT.json TRAINER.json DMUOND.json [...]
     python -m dmuon.trace summary OUT.json [--matrices]
+    python -m dmuon.trace stages OUT.json [OUT2.json ...]
 
 reads Chrome trace-event files (the trainer's DMUON_TRACE, dmuond's
 --trace-file, `dmuonctl trace`'s) and writes one that opens in Perfetto
@@ -12,6 +13,11 @@ return; the trainer's update_received, wait, apply), matched by their args
 (job, step, name): a parameter's name is unique in its job, and the same on
 every daemon of a pool (whose table indices, `param`, differ from the
 trainer's).
+
+`stages` answers "where does my step time go" in one table: per file (a
+column each, e.g. before and after a change), the median over its steps of
+each part of a step, summed over the step's matrices where it is per
+matrix (see STEP_PARTS).
 
 Files of one host share CLOCK_MONOTONIC and are merged as they are;
 `--align=wall` shifts each file by its recorded wall-clock minus monotonic
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -177,6 +184,47 @@ def summary(doc: dict[str, Any], matrices: bool = False) -> str:
     return "\n".join(lines)
 
 
+# The parts of a step that `stages` sums: the trainer's whole-step spans (by
+# name; "check edits" and "adamw step" are inside "step()"), then the
+# per-matrix stages (by args.stage) of the trainer and of dmuond.
+STEP_SPANS = ("forward", "backward", "step()", "check edits", "adamw step")
+MATRIX_STAGES = ("handoff", "declare", "wait", "apply", "gather", "ns", "return")
+STEP_PARTS = STEP_SPANS + MATRIX_STAGES
+
+
+def stages(doc: dict[str, Any]) -> dict[str, float]:
+    """{part: ms}: for each of STEP_PARTS, the median over the steps in
+    `doc` of its time in a step (per-matrix stages summed over the step's
+    matrices; 0 in a step without it). The trainer's "forward" of step N is
+    the forward before step N's backward (its updates' waits and applies,
+    with overlap_forward, are the previous step's)."""
+    per_step: dict[Any, dict[str, float]] = {}
+    for e in doc["traceEvents"]:
+        a = e.get("args") or {}
+        if e.get("ph") != "X" or a.get("step") is None:
+            continue
+        part = e.get("name") if e.get("name") in STEP_SPANS else a.get("stage")
+        if part in STEP_PARTS:
+            parts = per_step.setdefault(a["step"], {})
+            parts[part] = parts.get(part, 0.0) + e.get("dur", 0) / 1000
+    if not per_step:
+        raise ValueError("no step's events in the trace (a DMUON_TRACE or "
+                         "--trace-file of a run that stepped?)")
+    return {part: statistics.median(p.get(part, 0.0) for p in per_step.values())
+            for part in STEP_PARTS}
+
+
+def stages_table(columns: dict[str, dict[str, float]]) -> str:
+    """A markdown table: a row per part, a column per {label: stages()}."""
+    lines = ["| ms per step (median) | " + " | ".join(columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for part in STEP_PARTS:
+        side = "dmuond" if part in ("gather", "ns", "return") else "trainer"
+        lines.append(f"| {side} {part} | " +
+                     " | ".join(f"{c[part]:.1f}" for c in columns.values()) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dmuon.trace", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -190,7 +238,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     sm = sub.add_parser("summary", help="per step (and matrix) where the time went")
     sm.add_argument("file", help="a trace file (merged: both sides)")
     sm.add_argument("--matrices", action="store_true", help="a line per matrix too")
+    st = sub.add_parser("stages", help="per part of a step, its median ms: a "
+                                       "column per file (before/after)")
+    st.add_argument("files", nargs="+", help="trace files (merged: both sides)")
     args = p.parse_args(argv)
+    if args.command == "stages":
+        try:
+            print(stages_table({path: stages(load(path)) for path in args.files}))
+        except (OSError, ValueError) as e:
+            print(f"dmuon.trace stages: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "summary":
         try:
             print(summary(load(args.file), args.matrices))

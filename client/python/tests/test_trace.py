@@ -133,6 +133,41 @@ def test_every_matrix_has_its_causal_chain_across_processes(tmp_path, monkeypatc
             row = [r for r in rows if r.lstrip().startswith(name + " (")]
             assert len(row) == 1, (name, rows)
             assert f", {(ns[1] - ns[0]) / 1000:.1f} (" in row[0], (row, ns)
+    # The stages table: each part's median per step, from the events above.
+    parts = trace_mod.stages(doc)
+    for stage in ("handoff", "declare", "wait", "apply", "gather", "ns", "return"):
+        per_step = sorted(sum(c[stage][1] - c[stage][0] for (j, st, _), c in chains.items()
+                              if j == job and st == step and stage in c) / 1000
+                          for step in range(1, steps + 1))
+        assert parts[stage] == pytest.approx(per_step[steps // 2]), stage
+    assert parts["ns"] > 0 and parts["backward"] > 0 and parts["forward"] > 0
+    assert parts["check edits"] <= parts["step()"]
+
+
+def test_stages_are_per_step_medians_of_each_part():
+    """stages() on a hand-made trace: per-matrix stages summed within a step,
+    the median across steps, 0 for a step without a part; events with no
+    step and unknown names are left out."""
+    def x(name, step, dur_ms, stage=None):
+        args = {"step": step} if step is not None else {}
+        if stage:
+            args["stage"] = stage
+        return {"ph": "X", "name": name, "ts": 0, "dur": dur_ms * 1000, "pid": 1,
+                "tid": 1, "args": args}
+    events = [x("backward", s, b) for s, b in ((1, 10), (2, 30), (3, 20))]
+    events += [x("apply a", 1, 1, "apply"), x("apply b", 1, 2, "apply"),  # 3
+               x("apply a", 2, 5, "apply"), x("apply b", 2, 4, "apply"),  # 9
+               x("apply a", 3, 7, "apply")]  # 7
+    events += [x("ns a", 2, 8, "ns"), x("backward", None, 99), x("noise", 1, 50)]
+    parts = trace_mod.stages({"traceEvents": events})
+    assert parts["backward"] == 20 and parts["apply"] == 7
+    assert parts["ns"] == 0  # steps 1 and 3 had none
+    assert parts["forward"] == 0 and set(parts) == set(trace_mod.STEP_PARTS)
+    table = trace_mod.stages_table({"before": parts, "after": parts}).splitlines()
+    assert table[0] == "| ms per step (median) | before | after |"
+    assert "| trainer apply | 7.0 | 7.0 |" in table and "| dmuond ns | 0.0 | 0.0 |" in table
+    with pytest.raises(ValueError, match="no step's events"):
+        trace_mod.stages({"traceEvents": [x("backward", None, 1)]})
 
 
 def test_merge_reads_a_file_cut_short(tmp_path):
