@@ -22,6 +22,9 @@ class Setup:
     warmup: int
     steps: int
     ns_repeats: int = 5
+    # --trace DIR: each DMuon run's step timeline (trainer and dmuond,
+    # merged) as DIR/<model>-<tokens>-<optimizer>[-pair].json; None: off.
+    trace_dir: str | None = None
 
     def daemon_cpus_text(self) -> str:
         return ",".join(map(str, self.daemon_cpus))
@@ -40,18 +43,25 @@ def _args(setup: Setup, model: str, tokens: int, **kw) -> list[str]:
 
 
 def _trainers(setup: Setup, model: str, tokens: int, kind: str, count: int) -> list[dict]:
-    """`count` trainers of `kind` at once (a daemon of their own for DMuon)."""
-    daemon = processes.start_daemon(setup.daemon_cpus) \
-        if kind in optimizers.DMUON_KINDS else None
+    """`count` trainers of `kind` at once (a daemon of their own for DMuon;
+    both sides traced with --trace)."""
+    dmuon = kind in optimizers.DMUON_KINDS
+    trace = processes.Trace(setup.trace_dir, f"{model}-{tokens}-{kind}"
+                            + ("-pair" if count > 1 else "")) \
+        if dmuon and setup.trace_dir else None
+    daemon = processes.start_daemon(setup.daemon_cpus, trace) if dmuon else None
     try:
         server = daemon.address if daemon else None
         started = [processes.start("trainer.py", _args(setup, model, tokens, optimizer=kind,
-                                                       server=server))
-                   for _ in range(count)]
+                                                       server=server),
+                                   trace.trainer_env(k) if trace else None)
+                   for k in range(count)]
         return [processes.wait(s, f"{model} {tokens} tokens, {kind}") for s in started]
     finally:
         if daemon:
             daemon.stop()
+        if trace:
+            trace.merge(count)
 
 
 def _summary(run: dict) -> dict:

@@ -39,16 +39,44 @@ def _pinned(cpus: list[int], env: dict[str, str]):
                 os.environ[k] = v
 
 
-def start_daemon(cpus: list[int]):
+class Trace:
+    """One run's step timeline (--trace): dmuond's --trace-file and each
+    trainer's DMUON_TRACE in a scratch directory, merged into
+    `directory`/`name`.json once the run is over (dmuon.trace merge)."""
+
+    def __init__(self, directory: str, name: str):
+        os.makedirs(directory, exist_ok=True)
+        self.out = os.path.join(directory, name + ".json")
+        self.tmp = tempfile.TemporaryDirectory(prefix="overlap-trace-")
+        self.daemon_file = os.path.join(self.tmp.name, "dmuond.json")
+
+    def trainer_env(self, k: int) -> dict[str, str]:
+        return {"DMUON_TRACE": os.path.join(self.tmp.name, f"trainer{k}.json")}
+
+    def merge(self, trainers: int) -> None:
+        from dmuon import trace
+
+        with self.tmp:
+            files = [self.trainer_env(k)["DMUON_TRACE"] for k in range(trainers)]
+            docs = [trace.load(f) for f in [*files, self.daemon_file]]
+            with open(self.out, "w") as f:
+                json.dump(trace.merge(docs), f)
+
+
+def start_daemon(cpus: list[int], trace: Trace | None = None):
     """A private dmuond (dmuon's LocalDaemon: 127.0.0.1, a free port, dies
-    with this process) on `cpus`; stop() it when done."""
+    with this process) on `cpus`, writing `trace`'s daemon file if given;
+    stop() it when done."""
     from models import ROOT  # noqa: F401 (the dmuon package of this checkout)
 
     from dmuon._daemon import LocalDaemon
 
     n = str(len(cpus))
+    flags = [f"--cpu-executors={n}", f"--cpu-threads={n}"]
+    if trace:
+        flags.append(f"--trace-file={trace.daemon_file}")
     with _pinned(cpus, {"OPENBLAS_NUM_THREADS": n}):
-        daemon = LocalDaemon(flags=[f"--cpu-executors={n}", f"--cpu-threads={n}"])
+        daemon = LocalDaemon(flags=flags)
     allowed = thread_cpus(daemon.pid)
     if not allowed <= set(cpus):
         daemon.stop()
@@ -65,14 +93,16 @@ def thread_cpus(pid: int) -> set[int]:
     return cpus
 
 
-def start(script: str, args: list[str]):
-    """benchmarks/overlap/`script` with `args` and --out, started and not
-    waited for (two trainers run at once); finish it with wait()."""
+def start(script: str, args: list[str], env: dict[str, str] | None = None):
+    """benchmarks/overlap/`script` with `args` and --out (and `env` added to
+    this process's), started and not waited for (two trainers run at once);
+    finish it with wait()."""
     tmp = tempfile.TemporaryDirectory(prefix="overlap-")
     out = os.path.join(tmp.name, "out.json")
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, script), *args,
                              f"--out={out}"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env} if env else None)
     return proc, out, tmp
 
 

@@ -80,6 +80,10 @@ def parse_args(argv):
     ap.add_argument("--optimizers", help="comma list (default: all; --quick: 4): "
                     + ", ".join(optimizers.LABELS))
     ap.add_argument("--no-pair", action="store_true", help="skip the two-trainer runs")
+    ap.add_argument("--trace", metavar="DIR",
+                    help="each DMuon run's merged step timeline (trainer and dmuond) "
+                         "into DIR/<model>-<tokens>-<optimizer>.json; compare two "
+                         "with `python -m dmuon.trace stages A.json B.json`")
     ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps (2)")
     ap.add_argument("--steps", type=int, default=6, help="measured steps (6)")
     ap.add_argument("--out", help="the JSON (default benchmarks/results/overlap-cpu.json"
@@ -111,7 +115,8 @@ def parse_args(argv):
                        if args.quick else
                        os.path.join(ROOT, "benchmarks", "results", "overlap-cpu.json"))
     pair = not (args.quick or args.no_pair)
-    setup = Setup(args.trainer_cpus, dcpus, args.warmup, args.steps)
+    setup = Setup(args.trainer_cpus, dcpus, args.warmup, args.steps,
+                  trace_dir=os.path.abspath(args.trace) if args.trace else None)
     return args, setup, sweep, kinds, out, pair
 
 

@@ -25,7 +25,8 @@ def test_smallest_point(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "run.py"), "--models=char-gpt", "--tokens=64",
          "--optimizers=muon-fp32,dmuon-forward", "--warmup=1", "--steps=1",
-         f"--trainer-cpus={t}", f"--daemon-cpus={d}", f"--out={out}"],
+         f"--trainer-cpus={t}", f"--daemon-cpus={d}", f"--out={out}",
+         f"--trace={tmp_path / 'traces'}"],
         capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
@@ -56,3 +57,14 @@ def test_smallest_point(tmp_path):
     assert r["dmuon-forward"]["losses"][0] == first
     assert r["dmuon-forward"]["loss_rel_diff_vs_muon_fp32"] < 1e-5
     assert r["dmuon-forward"]["final_loss"] != first  # the updates were applied
+    # --trace: DMuon's run (and only DMuon's) as one merged timeline, both
+    # sides, which `dmuon.trace stages` reads.
+    assert os.listdir(tmp_path / "traces") == ["char-gpt-64-dmuon-forward.json"]
+    doc = json.loads((tmp_path / "traces" / "char-gpt-64-dmuon-forward.json").read_text())
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
+    assert "dmuond" in names and any(n.startswith("trainer") for n in names)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "client", "python"))
+    from dmuon import trace
+
+    parts = trace.stages(doc)
+    assert parts["ns"] > 0 and parts["handoff"] > 0 and parts["backward"] > 0
