@@ -165,13 +165,16 @@ def test_interrupted_after_commit_is_completed(monkeypatch, daemon, exc, overlap
     def write_then_raise(i, p, u, lr, wd):
         monkeypatch.setattr(opt._handoff, "write", real_write)
         if exc is KeyboardInterrupt:
-            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            # Python's own handler, whatever this process inherited (a
+            # background job starts with SIGINT ignored).
+            saved = signal.signal(signal.SIGINT, signal.default_int_handler)
             monkeypatch.setattr(_handoff, "deferred_sigint", sigint_inside)
             try:
                 real_write(i, p, u, lr, wd)  # raises at its end, p written
             finally:
                 monkeypatch.setattr(_handoff, "deferred_sigint",
                                     _recovery.deferred_sigint)
+                signal.signal(signal.SIGINT, saved)
         else:
             real_write(i, p, u, lr, wd)
             raise exc()
@@ -225,6 +228,9 @@ def test_stored_handoff_error_rolls_back_and_the_loop_goes_on(monkeypatch, daemo
 
 TRAINER = """
 import os, signal, sys, time, torch
+# Python's Ctrl-C handler, as in a terminal, even when this test runs in a
+# background job (which starts its children with SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, %r)
 from dmuon.optim import DMuon
 # One intra-op thread: a SIGINT that lands in an MKL gemm's OpenMP barrier

@@ -20,7 +20,10 @@ pytestmark = pytest.mark.timeout(60)
 PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TRAINER = """
-import os, sys, time, torch
+import os, signal, sys, time, torch
+# Python's Ctrl-C handler, as in a terminal, even when this test runs in a
+# background job (which starts its children with SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, %r)
 from dmuon.optim import DMuon
 model = torch.nn.Linear(8, 8, bias=False)
