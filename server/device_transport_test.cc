@@ -14,6 +14,7 @@
 
 #include "server/testing/fake_daemon.h"
 #include "server/testing/state_streams.h"
+#include "server/testing/temp_dir.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -136,8 +137,7 @@ TEST(MovingTransport, StepCompleteFollowsTheStepsSnapshot) {
   // --snapshot-every: over nccl as over shm, a step is acknowledged only
   // once its snapshot is written (a daemon killed after the client saw
   // step_complete resumes from that step).
-  char dir[] = "/tmp/dmuon-nccl-snap-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string dir = NewTempDir("nccl-snap");
   ServiceOptions o;
   o.state_dir = dir;
   o.snapshot_every = 1;

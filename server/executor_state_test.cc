@@ -14,6 +14,7 @@
 #include "server/testing/fake_daemon.h"
 #include "server/testing/recording_metrics.h"
 #include "server/testing/state_streams.h"
+#include "server/testing/temp_dir.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -173,8 +174,7 @@ TEST(ExecutorState, NonFiniteDeviceGradientIsSkippedStateUntouched) {
 }
 
 TEST(ExecutorState, SnapshotOfDeviceStateResumesAfterRestart) {
-  char dir[] = "/tmp/dmuon-devstate-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string dir = NewTempDir("devstate");
   ServiceOptions o;
   o.state_dir = dir;
   o.snapshot_every = 1;
@@ -266,8 +266,7 @@ TEST(ExecutorState, SnapshotMidStepOfDeviceStateHoldsTheLastCompleteStep) {
   // in place, 1 and 3 not arrived) holds the executors' step-start copies:
   // the last completed step, as the CPU service has it. The step then
   // completes as if nothing happened.
-  char dir[] = "/tmp/dmuon-devmid-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string dir = NewTempDir("devmid");
   ServiceOptions o;
   o.state_dir = dir;
   Daemon cpu(false), dev(true, o);
@@ -312,8 +311,7 @@ TEST(ExecutorState, AJobBrokenMidStepIsSucceededFromItsSnapshotNotZero) {
   // after a parameter computed breaks the job (no rollback). The next job
   // of the id resumes from the snapshot on disk (step 2) instead of
   // starting at step 1 and overwriting it.
-  char dir[] = "/tmp/dmuon-devbreak-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string dir = NewTempDir("devbreak");
   ServiceOptions o;
   o.state_dir = dir;
   o.snapshot_every = 1;
@@ -341,8 +339,7 @@ TEST(ExecutorState, AJobBrokenMidStepIsSucceededFromItsSnapshotNotZero) {
 }
 
 TEST(ExecutorState, IdleJobDropReleasesDeviceStateAndResumesFromSnapshot) {
-  char dir[] = "/tmp/dmuon-devidle-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string dir = NewTempDir("devidle");
   ServiceOptions o;
   o.state_dir = dir;
   o.job_retention_seconds = 60;

@@ -27,6 +27,7 @@
 #include "server/testing/recording_metrics.h"
 #include "server/testing/recording_sink.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/temp_dir.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -218,8 +219,7 @@ TEST(Service, ReattachingOneRankCancelsTheDrop) {
 }
 
 TEST(Service, DroppedJobWithStateDirResumesBitExactlyFromItsSnapshot) {
-  char tmpl[] = "/tmp/dmuon-idle-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("idle");
   ServiceOptions o;
   o.state_dir = tmpl;  // snapshot_every 0: only the drop writes one
   o.job_retention_seconds = 30;
@@ -337,8 +337,7 @@ std::string ReadAll(const std::string& path) {
 }
 
 TEST(Service, CorruptSnapshotsAreMovedAsideReportedAndTheJobStartsAfresh) {
-  char tmpl[] = "/tmp/dmuon-corrupt-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("corrupt");
   const std::string dir = tmpl;
   ServiceOptions o;
   o.state_dir = dir;
@@ -459,8 +458,7 @@ TEST(Service, CorruptSnapshotsAreMovedAsideReportedAndTheJobStartsAfresh) {
 }
 
 TEST(Service, SnapshotWriteFailuresAreCountedReportedAndReturned) {
-  char tmpl[] = "/tmp/dmuon-wfail-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("wfail");
   const std::string dir = tmpl;
   ServiceOptions o;
   o.state_dir = dir;

@@ -20,6 +20,7 @@
 #include "server/service.h"
 #include "server/testing/service_harness.h"
 #include "server/testing/state_streams.h"
+#include "server/testing/temp_dir.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -106,8 +107,7 @@ void ExpectHas(const absl::Status& st, absl::StatusCode code,
 // Service options with a fresh --state-dir under /tmp (removed by the
 // test at its end).
 ServiceOptions WithStateDir() {
-  std::string dir = "/tmp/dmuon-marks-XXXXXX";
-  EXPECT_NE(mkdtemp(dir.data()), nullptr);
+  std::string dir = NewTempDir("marks");
   ServiceOptions o;
   o.state_dir = dir;
   return o;
@@ -607,8 +607,7 @@ TEST(Marks, AnUnreadableMarkFileIsMovedAsideAndDropped) {
 TEST(Marks, AMarkThatCannotBeWrittenIsKeptInMemorySayingWhy) {
   std::mt19937_64 rng(std::random_device{}());
   const Grads grads = StepsOfGradients(kTable, 2, rng);
-  std::string dir = "/tmp/dmuon-marks-XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  std::string dir = NewTempDir("marks");
   std::filesystem::create_directory(dir + "/job-6e.dmst.mark-2");
   ServiceOptions o;
   o.state_dir = dir;

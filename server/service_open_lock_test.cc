@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "base/protocol.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/temp_dir.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -162,8 +163,7 @@ void IdleAfterOneStep(Fixture& f, const std::string& id) {
 
 // A fresh --state-dir (the caller removes it).
 std::string StateDir() {
-  std::string dir = "/tmp/dmuon-openlock-XXXXXX";
-  EXPECT_NE(mkdtemp(dir.data()), nullptr);
+  std::string dir = NewTempDir("openlock");
   return dir;
 }
 

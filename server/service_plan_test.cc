@@ -25,6 +25,7 @@
 #include "server/testing/recording_metrics.h"
 #include "server/testing/recording_sink.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/temp_dir.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -181,8 +182,7 @@ struct FakeTuning {
 };
 
 TEST(Service, PluggedTuningKeysTheCacheChoosesTheMethodAndCostsThePlan) {
-  char tmpl[] = "/tmp/dmuon-tune-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("tune");
   FakeTuning fake;
   ServiceOptions o;
   o.autotune_cache = std::string(tmpl) + "/tune.json";
@@ -299,8 +299,7 @@ TEST(Service, PluggedTuningKeysTheCacheChoosesTheMethodAndCostsThePlan) {
 TEST(Service, MeasuringANewTableHoldsNoOtherCallUp) {
   // The tuning backend blocks until released: while it measures inside one
   // OpenSession, Status and another job's OpenSession must still answer.
-  char tmpl[] = "/tmp/dmuon-tunelock-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("tunelock");
   std::promise<void> entered, release;
   std::shared_future<void> go = release.get_future().share();
   std::atomic<bool> first{true};
@@ -349,8 +348,7 @@ TEST(Service, PlanSpreadsEachLayerOverTheExecutors) {
   // alike) but different shapes, so the executors' flops tell which ran
   // where; layers 0, 1, 0, 1 in table order. By cost alone (ties by index)
   // cpu:0 would get both of layer 0 and cpu:1 both of layer 1.
-  char tmpl[] = "/tmp/dmuon-layers-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("layers");
   ServiceOptions o;
   o.autotune_cache = std::string(tmpl) + "/tune.json";
   o.tuning.device = "fake:uniform";

@@ -22,6 +22,7 @@
 #include "server/testing/open_request.h"
 #include "server/testing/recording_sink.h"
 #include "server/testing/service_harness.h"
+#include "server/testing/temp_dir.h"
 
 namespace dmuon::server::testing {
 namespace {
@@ -74,11 +75,7 @@ void ExpectHas(const absl::Status& st, absl::StatusCode code,
     EXPECT_NE(st.message().find(p), std::string::npos) << p << ": " << st;
 }
 
-std::string TempDir(const char* name) {
-  std::string t = absl::StrCat("/tmp/dmuon-", name, "-XXXXXX");
-  EXPECT_NE(mkdtemp(t.data()), nullptr);
-  return t;
-}
+std::string TempDir(const char* name) { return NewTempDir(name); }
 
 TEST(Resume, ModesOnAJobInMemory) {
   std::mt19937_64 rng(std::random_device{}());

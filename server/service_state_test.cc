@@ -30,6 +30,7 @@
 #include "server/testing/recording_sink.h"
 #include "server/testing/service_harness.h"
 #include "server/testing/state_streams.h"
+#include "server/testing/temp_dir.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -149,8 +150,7 @@ TEST(Service, DrainRefusesNewStepsAndTheFinalSnapshotHoldsTheLastComplete) {
   // drain); the final snapshot takes a job stuck mid-step at its last
   // completed step (voiding that step on its streams), and a daemon
   // restarted on the directory continues it bit for bit.
-  char tmpl[] = "/tmp/dmuon-drain-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("drain");
   ServiceOptions o;
   o.state_dir = tmpl;
   std::mt19937_64 rng(std::random_device{}());
@@ -273,8 +273,7 @@ TEST(Service, StateRoundTripContinuesLikeUninterrupted) {
 }
 
 TEST(Service, SnapshotResumesAfterRestart) {
-  char tmpl[] = "/tmp/dmuon-state-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("state");
   ServiceOptions o;
   o.state_dir = tmpl;
   o.snapshot_every = 1;
@@ -319,8 +318,7 @@ TEST(Service, RacingSnapshotsEndWithTheNewestState) {
   // --snapshot-every writes (on the step's thread) race whole-daemon
   // snapshots (shutdown, here a thread calling SnapshotAll without pause):
   // every write must succeed and the file must end with the last step.
-  char tmpl[] = "/tmp/dmuon-race-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("race");
   ServiceOptions o;
   o.state_dir = tmpl;
   o.snapshot_every = 1;
@@ -360,8 +358,7 @@ TEST(Service, SetStateRollsBackANewerSnapshotFile) {
   // A SetState is an explicit restore: an older checkpoint replaces the
   // newer snapshot file (kept aside as .rolled-back-*), and the automatic
   // snapshots continue from the restored step.
-  char tmpl[] = "/tmp/dmuon-rollback-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("rollback");
   ServiceOptions o;
   o.state_dir = tmpl;
   o.snapshot_every = 1;

@@ -26,6 +26,7 @@
 #include "server/testing/recording_sink.h"
 #include "server/testing/service_harness.h"
 #include "server/testing/state_streams.h"
+#include "server/testing/temp_dir.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -231,8 +232,7 @@ TEST(Service, NonFiniteGradientFailsTheStepUnderFailPolicy) {
 }
 
 TEST(Service, AutoMethodIsMeasuredCachedAndExact) {
-  char tmpl[] = "/tmp/dmuon-tune-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string tmpl = NewTempDir("tune");
   ServiceOptions o;
   o.autotune_cache = std::string(tmpl) + "/tune.json";
   auto svc = NewService(o);

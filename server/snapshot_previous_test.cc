@@ -12,16 +12,12 @@
 
 #include "absl/strings/match.h"
 #include "server/snapshot_store.h"
+#include "server/testing/temp_dir.h"
 
 namespace dmuon::server {
 namespace {
 
-std::string TempDir() {
-  const char* base = getenv("TEST_TMPDIR");
-  std::string tmpl = std::string(base ? base : "/tmp") + "/prevXXXXXX";
-  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
+std::string TempDir() { return testing::NewTempDir("prev"); }
 
 // A snapshot of `job` after `steps` with fresh random momentum (returned).
 std::string Encode(const std::string& job, int64_t steps,

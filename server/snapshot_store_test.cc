@@ -15,17 +15,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/testing/temp_dir.h"
 
 namespace dmuon::server {
 namespace {
 
 // A fresh directory under the test's temporary directory.
-std::string TempDir() {
-  const char* base = getenv("TEST_TMPDIR");
-  std::string tmpl = std::string(base ? base : "/tmp") + "/snapXXXXXX";
-  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
+std::string TempDir() { return testing::NewTempDir("snap"); }
 
 v1::StateHeader Header(const std::string& job, int64_t steps) {
   v1::StateHeader h;

@@ -21,6 +21,7 @@
 #include "kernels/blas_core.h"
 #include "proto/dmuon.grpc.pb.h"
 #include "proto/reflection.grpc.pb.h"
+#include "server/testing/temp_dir.h"
 #include "tests/muon_job.h"
 #include "tests/process.h"
 
@@ -378,8 +379,7 @@ TEST(Daemon, AHalfCloseMidStepEndsWithAnErrorNotOk) {
 // first). Its stream ended OK without the step_complete, though the step
 // was taken (the soak's half-close attacker found it); it must deliver it.
 TEST(Daemon, AHalfCloseWhileTheSnapshotIsWrittenStillGetsTheStepComplete) {
-  char dir[] = "/tmp/dmuon-halfdurable-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string dir = server::testing::NewTempDir("halfdurable");
   Daemon d({std::string("--state-dir=") + dir, "--snapshot-every=1"});
   auto ch =
       grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());

@@ -31,17 +31,14 @@
 #include "server/service.h"
 #include "server/snapshot_store.h"
 #include "server/testing/state_streams.h"
+#include "server/testing/temp_dir.h"
 
 namespace dmuon::server::fuzz {
 namespace {
 
 const std::string& StateDir() {
-  static const std::string* dir = [] {
-    char tmpl[] = "/tmp/dmuon-snapshot-fuzz-XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    if (d == nullptr) std::abort();
-    return new std::string(d);
-  }();
+  static const std::string* dir =
+      new std::string(testing::NewTempDir("snapshot-fuzz"));
   return *dir;
 }
 
