@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
+
 namespace dmuon::kernels {
 namespace {
 
@@ -42,6 +44,12 @@ int64_t FirstNonFinite(const float* x, int64_t n) {
 
 int64_t FirstNonFinite(const double* x, int64_t n) {
   return Scan<double, uint64_t, 0x7ff0000000000000ull>(x, n);
+}
+
+std::string NonFiniteMessage(std::string_view what, double value, int64_t index,
+                             int64_t cols) {
+  return absl::StrCat(std::string(what), " has a non-finite value (", value,
+                      ") at element (", index / cols, ",", index % cols, ")");
 }
 
 }  // namespace dmuon::kernels

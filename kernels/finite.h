@@ -11,6 +11,8 @@
 #define DMUON_KERNELS_FINITE_H_
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace dmuon::kernels {
 
@@ -20,6 +22,12 @@ namespace dmuon::kernels {
 // searched again element by element for the first one.
 int64_t FirstNonFinite(const float* x, int64_t n);
 int64_t FirstNonFinite(const double* x, int64_t n);
+
+// The message of every finiteness check: "<what> has a non-finite value
+// (<value>) at element (<row>,<col>)", for element `index` (row-major) of
+// a matrix of `cols` columns.
+std::string NonFiniteMessage(std::string_view what, double value, int64_t index,
+                             int64_t cols);
 
 }  // namespace dmuon::kernels
 

@@ -89,5 +89,14 @@ TEST(FirstNonFiniteTest, EveryPositionOfABlockAndItsEdges) {
   EXPECT_EQ(FirstNonFinite(x.data(), 0), -1);
 }
 
+TEST(NonFiniteMessageTest, NamesTheValueAndItsRowAndColumn) {
+  EXPECT_EQ(NonFiniteMessage("gradient of 'w'", NAN, 7, 3),
+            "gradient of 'w' has a non-finite value (nan) at element (2,1)");
+  EXPECT_EQ(NonFiniteMessage("x", -INFINITY, 0, 5),
+            "x has a non-finite value (-inf) at element (0,0)");
+  EXPECT_EQ(NonFiniteMessage("x", INFINITY, 9, 1),
+            "x has a non-finite value (inf) at element (9,0)");
+}
+
 }  // namespace
 }  // namespace dmuon::kernels

@@ -35,8 +35,7 @@ absl::Status CheckFinite(const T* x, Shape s, std::string_view what) {
   const int64_t i = FirstNonFinite(x, s.elements());
   if (i < 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      std::string(what), " has a non-finite value (", x[i], ") at element (",
-      i / s.cols, ",", i % s.cols, ") of shape ", ShapeString(s)));
+      NonFiniteMessage(what, x[i], i, s.cols), " of shape ", ShapeString(s)));
 }
 
 // The m x n iterate (m <= n) from `in`: transposed if tall, scaled by

@@ -215,10 +215,9 @@ absl::StatusOr<ComputeTask> ParamWork::Gather() {
   if (auto st = GatherHost(info, ranks, param, p); !st.ok()) return st;
   if (const int64_t i = kernels::FirstNonFinite(p.work.data(), n); i >= 0) {
     nonfinite = true;
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient of parameter '", info.name, "' at step ", step,
-                     " has a non-finite value (", p.work[i], ") at element (",
-                     i / cols, ",", i % cols, ")"));
+    return absl::InvalidArgumentError(kernels::NonFiniteMessage(
+        absl::StrCat("gradient of parameter '", info.name, "' at step ", step),
+        p.work[i], i, cols));
   }
   // The momentum as of the last completed step, kept until this step
   // completes: what a rollback or a mid-step snapshot needs (job.h).
