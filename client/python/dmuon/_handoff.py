@@ -48,7 +48,12 @@ def same_bits(grad, buf):
             and g.is_contiguous() and buf.is_contiguous()):
         return _native.load().same_bytes(g.numpy(), buf.numpy())
     g = g.to(device=buf.device, dtype=buf.dtype)
-    return torch.equal(g.view(torch.int32), buf.view(torch.int32))
+    as_int = _SAME_SIZE_INT[buf.element_size()]  # bits: an integer view
+    return torch.equal(g.view(as_int), buf.view(as_int))
+
+
+# The integer dtype of each element size: same_bits compares those views.
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Handoff:

@@ -174,6 +174,13 @@ def test_same_bits_compares_bits_not_values():
     half = torch.randn(8, 8, dtype=torch.bfloat16)  # handed off as float32
     assert same_bits(half, half.float())
     assert not same_bits(half, half.float() * 2)
+    for dtype, as_int in ((torch.float64, torch.int64), (torch.bfloat16, torch.int16)):
+        # A buffer of another element size: its own integer view, bit by bit.
+        wide = torch.randn(6, 7, dtype=dtype)
+        assert same_bits(wide.t().contiguous().t(), wide.clone())
+        flipped = wide.clone()
+        flipped.view(as_int)[2, 3] ^= 1
+        assert not same_bits(wide.t().contiguous().t(), flipped)
     ext = _native.load()
     with pytest.raises(ValueError, match="not C-contiguous"):
         ext.same_bytes(g.t().numpy(), buf.t().contiguous().numpy())
