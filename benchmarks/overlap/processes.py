@@ -58,9 +58,7 @@ class Trace:
 
         with self.tmp:
             files = [self.trainer_env(k)["DMUON_TRACE"] for k in range(trainers)]
-            docs = [trace.load(f) for f in [*files, self.daemon_file]]
-            with open(self.out, "w") as f:
-                json.dump(trace.merge(docs), f)
+            trace.merge_files(self.out, [*files, self.daemon_file])
 
 
 def start_daemon(cpus: list[int], trace: Trace | None = None):

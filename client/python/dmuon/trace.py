@@ -132,8 +132,14 @@ def merge(docs: Sequence[dict[str, Any]], align_wall: bool = False) -> dict[str,
             "otherData": {"merged": [d.get("otherData", {}) for d in docs]}}
 
 
-def _spans(events, name):
-    return [e for e in events if e.get("ph") == "X" and e.get("name") == name]
+def merge_files(out: str, inputs: Sequence[str], align_wall: bool = False) -> dict[str, Any]:
+    """merge() of the trace files `inputs` (load()'s), written to `out`;
+    returns the merged trace. Raises OSError or ValueError (a file missing
+    or not a trace) before writing anything."""
+    merged = merge([load(path) for path in inputs], align_wall=align_wall)
+    with open(out, "w") as f:
+        json.dump(merged, f)
+    return merged
 
 
 def summary(doc: dict[str, Any], matrices: bool = False) -> str:
@@ -147,41 +153,44 @@ def summary(doc: dict[str, Any], matrices: bool = False) -> str:
         a = e.get("args") or {}
         if a.get("stage") in STAGES and "name" in a:
             chains.setdefault((a.get("step"), a["name"]), {})[a["stage"]] = e
+    sums = _step_sums(events)
     lines = []
     for step in sorted({k[0] for k in chains}, key=lambda s: (s is None, s)):
-        def total(name, pred=lambda e: True):
-            return sum(e.get("dur", 0) for e in _spans(events, name)
-                       if (e.get("args") or {}).get("step") == step and pred(e)) / 1000
-        waits = sum(c["wait"]["dur"] for (st, _), c in chains.items()
-                    if st == step and "wait" in c) / 1000
-        batches = {(c["ns"]["pid"], c["ns"]["args"].get("batch")): c["ns"]["dur"]
+        part = sums.get(step, {})
+        batches = {(c["ns"]["pid"], c["ns"]["args"].get("batch"))
                    for (st, _), c in chains.items() if st == step and "ns" in c}
-        lines.append(f"step {step}: forward {total('forward'):.1f} ms, backward "
-                     f"{total('backward'):.1f} ms, step() {total('step()'):.1f} ms; "
-                     f"waited for updates {waits:.1f} ms; dmuond NS "
-                     f"{sum(batches.values()) / 1000:.1f} ms in {len(batches)} batches")
-        if not matrices:
-            continue
-        mine = sorted(((p, c) for (st, p), c in chains.items() if st == step),
-                      key=lambda pc: pc[1].get("ready", pc[1].get("received", {})).get("ts", 0))
-        t0 = min((c[s]["ts"] for _, c in mine for s in c), default=0)
-        lines.append("  matrix (shape): ready, queued for, NS (batch size), back, applied; "
-                     "ms from the step's first event")
-        for p, c in mine:
-            def at(stage, end=False):
-                e = c.get(stage)
-                if e is None:
-                    return "-"
-                return f"{(e['ts'] + (e.get('dur', 0) if end else 0) - t0) / 1000:.1f}"
-            queued = ("-" if "queued" not in c or "gather" not in c else
-                      f"{(c['gather']['ts'] - c['queued']['ts']) / 1000:.1f}")
-            ns = c.get("ns")
-            ns_s = "-" if ns is None else (f"{ns['dur'] / 1000:.1f} "
-                                           f"({ns['args'].get('batch_size')})")
-            any_e = next(iter(c.values()))["args"]
-            lines.append(f"  {any_e.get('name')} ({any_e.get('shape')}): {at('ready')}, "
-                         f"{queued}, {ns_s}, {at('update_received')}, {at('apply')}")
+        lines.append(f"step {step}: forward {part.get('forward', 0):.1f} ms, backward "
+                     f"{part.get('backward', 0):.1f} ms, step() "
+                     f"{part.get('step()', 0):.1f} ms; waited for updates "
+                     f"{part.get('wait', 0):.1f} ms; dmuond NS "
+                     f"{part.get('ns', 0):.1f} ms in {len(batches)} batches")
+        if matrices:
+            lines += _matrix_lines(sorted(
+                ((p, c) for (st, p), c in chains.items() if st == step),
+                key=lambda pc: pc[1].get("ready", pc[1].get("received", {})).get("ts", 0)))
     return "\n".join(lines)
+
+
+def _matrix_lines(mine: list[tuple[str, dict[str, dict[str, Any]]]]) -> list[str]:
+    """summary()'s lines for one step's matrices (name, {stage: event})."""
+    t0 = min((c[s]["ts"] for _, c in mine for s in c), default=0)
+    lines = ["  matrix (shape): ready, queued for, NS (batch size), back, applied; "
+             "ms from the step's first event"]
+    for _, c in mine:
+        def at(stage, end=False):
+            e = c.get(stage)
+            if e is None:
+                return "-"
+            return f"{(e['ts'] + (e.get('dur', 0) if end else 0) - t0) / 1000:.1f}"
+        queued = ("-" if "queued" not in c or "gather" not in c else
+                  f"{(c['gather']['ts'] - c['queued']['ts']) / 1000:.1f}")
+        ns = c.get("ns")
+        ns_s = "-" if ns is None else (f"{ns['dur'] / 1000:.1f} "
+                                       f"({ns['args'].get('batch_size')})")
+        any_e = next(iter(c.values()))["args"]
+        lines.append(f"  {any_e.get('name')} ({any_e.get('shape')}): {at('ready')}, "
+                     f"{queued}, {ns_s}, {at('update_received')}, {at('apply')}")
+    return lines
 
 
 # The parts of a step that `stages` sums: the trainer's whole-step spans (by
@@ -192,21 +201,39 @@ MATRIX_STAGES = ("handoff", "declare", "wait", "apply", "gather", "ns", "return"
 STEP_PARTS = STEP_SPANS + MATRIX_STAGES
 
 
-def stages(doc: dict[str, Any]) -> dict[str, float]:
-    """{part: ms}: for each of STEP_PARTS, the median over the steps in
-    `doc` of its time in a step (per-matrix stages summed over the step's
-    matrices; 0 in a step without it). The trainer's "forward" of step N is
-    the forward before step N's backward (its updates' waits and applies,
-    with overlap_forward, are the previous step's)."""
+def _step_sums(events: list[dict[str, Any]]) -> dict[Any, dict[str, float]]:
+    """{step: {part: ms}} for each of STEP_PARTS a step has: its spans'
+    durations summed over the step. A batch's "ns" counts once: every
+    matrix of a batch has an "ns" span of the whole batch's run (its
+    executor, `args.batch`), so summing them per matrix would count the
+    batch's time once per matrix."""
     per_step: dict[Any, dict[str, float]] = {}
-    for e in doc["traceEvents"]:
+    seen_batches: set[tuple] = set()
+    for e in events:
         a = e.get("args") or {}
         if e.get("ph") != "X" or a.get("step") is None:
             continue
         part = e.get("name") if e.get("name") in STEP_SPANS else a.get("stage")
-        if part in STEP_PARTS:
-            parts = per_step.setdefault(a["step"], {})
-            parts[part] = parts.get(part, 0.0) + e.get("dur", 0) / 1000
+        if part not in STEP_PARTS:
+            continue
+        if part == "ns" and a.get("batch") is not None:
+            batch = (e.get("pid"), a["step"], a.get("executor"), a["batch"])
+            if batch in seen_batches:
+                continue
+            seen_batches.add(batch)
+        parts = per_step.setdefault(a["step"], {})
+        parts[part] = parts.get(part, 0.0) + e.get("dur", 0) / 1000
+    return per_step
+
+
+def stages(doc: dict[str, Any]) -> dict[str, float]:
+    """{part: ms}: for each of STEP_PARTS, the median over the steps in
+    `doc` of its time in a step (per-matrix stages summed over the step's
+    matrices, a batch's Newton-Schulz once; 0 in a step without it). The
+    trainer's "forward" of step N is the forward before step N's backward
+    (its updates' waits and applies, with overlap_forward, are the previous
+    step's)."""
+    per_step = _step_sums(doc["traceEvents"])
     if not per_step:
         raise ValueError("no step's events in the trace (a DMUON_TRACE or "
                          "--trace-file of a run that stepped?)")
@@ -257,15 +284,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0
     try:
-        docs = [load(path) for path in args.inputs]
-        merged = merge(docs, align_wall=args.align == "wall")
+        merged = merge_files(args.out, args.inputs, align_wall=args.align == "wall")
     except (OSError, ValueError) as e:
         print(f"dmuon.trace merge: {e}", file=sys.stderr)
         return 2
-    with open(args.out, "w") as f:
-        json.dump(merged, f)
     n = sum(1 for e in merged["traceEvents"] if e.get("ph") in ("X", "i"))
-    print(f"{args.out}: {n} events from {len(docs)} files; open it in "
+    print(f"{args.out}: {n} events from {len(args.inputs)} files; open it in "
           "https://ui.perfetto.dev or chrome://tracing")
     return 0
 

@@ -170,6 +170,25 @@ def test_stages_are_per_step_medians_of_each_part():
         trace_mod.stages({"traceEvents": [x("backward", None, 1)]})
 
 
+def test_stages_count_a_batch_newton_schulz_once():
+    """A batch of matrices (the GPU executors') gives each matrix an "ns"
+    span of the whole batch's run: stages() and summary() count it once per
+    batch, and batches of other executors or steps each once."""
+    def ns(name, step, dur_ms, executor, batch, pid=7):
+        return {"ph": "X", "name": "ns " + name, "ts": 0, "dur": dur_ms * 1000,
+                "pid": pid, "tid": 1,
+                "args": {"step": step, "stage": "ns", "name": name, "executor": executor,
+                         "batch": batch, "batch_size": 3}}
+    events = [ns(n, 1, 12, 0, 5) for n in ("a", "b", "c")]  # one batch: 12
+    events += [ns("d", 1, 4, 1, 5)]  # executor 1's batch 5: 4 more
+    events += [ns(n, 2, 10, 0, 6) for n in ("a", "b", "c")]  # step 2: 10
+    events += [ns("e", 3, 9, 0, None)]  # a span without a batch id counts
+    parts = trace_mod.stages({"traceEvents": events})
+    assert parts["ns"] == 10  # the median of 16, 10 and 9
+    text = trace_mod.summary({"traceEvents": events})
+    assert "dmuond NS 16.0 ms" in text and "dmuond NS 10.0 ms" in text, text
+
+
 def test_merge_reads_a_file_cut_short(tmp_path):
     """A daemon killed mid-write leaves an array without its end: the merge
     keeps every whole event before the cut."""
