@@ -54,10 +54,14 @@ absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixD> in,
 // using torch's two-sided lerp formula (weights rounded to float, as torch
 // does), so results match torch to the last bit or within one rounding where
 // torch's vectorized path fuses the multiply-add.
-// All three spans must have the same size; `update` may alias `grad`.
+// All three spans must have the same size; `update` may be `grad` itself
+// (in place) and otherwise overlaps neither it nor `momentum`.
 absl::Status MomentumUpdate(absl::Span<const float> grad,
                             absl::Span<float> momentum,
                             absl::Span<float> update, double mu, bool nesterov);
+
+// x <- s * x, each element rounded once (an update's learning-rate scale).
+void ScaleInPlace(absl::Span<float> x, float s);
 
 // torch.optim.Muon's adjust_lr_fn for an A x B parameter:
 //   kOriginal:      sqrt(max(1, A / B))

@@ -4,19 +4,10 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/elementwise.h"
 #include "kernels/kernels.h"
 
 namespace dmuon::kernels {
-namespace {
-
-// at::native lerp: two-sided so that weight 1 returns `end` exactly; the
-// weight is a float scalar (torch's opmath type for float tensors).
-inline float Lerp(float start, float end, float weight) {
-  return std::abs(weight) < 0.5f ? start + weight * (end - start)
-                                 : end - (end - start) * (1.0f - weight);
-}
-
-}  // namespace
 
 absl::Status MomentumUpdate(absl::Span<const float> grad,
                             absl::Span<float> momentum,
@@ -32,16 +23,15 @@ absl::Status MomentumUpdate(absl::Span<const float> grad,
         absl::StrCat("momentum must be in [0, 1), got ", mu));
   }
   // torch computes 1 - momentum in Python (double), then uses it as float.
-  const float w_grad = static_cast<float>(1.0 - mu);
-  const float w_mom = static_cast<float>(mu);
-  const size_t n = grad.size();
-  for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i];
-    const float m = Lerp(momentum[i], g, w_grad);
-    momentum[i] = m;
-    update[i] = nesterov ? Lerp(g, m, w_mom) : m;
-  }
+  internal::MomentumSteps(grad.data(), momentum.data(), update.data(),
+                          static_cast<int64_t>(grad.size()),
+                          static_cast<float>(1.0 - mu), static_cast<float>(mu),
+                          nesterov);
   return absl::OkStatus();
+}
+
+void ScaleInPlace(absl::Span<float> x, float s) {
+  internal::Scale(x.data(), static_cast<int64_t>(x.size()), s);
 }
 
 double LrScale(LrAdjust fn, Shape s) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -59,6 +60,59 @@ TEST(Momentum, DeviceReferenceWithoutRoundingIsMomentumUpdate) {
       EXPECT_EQ(ref_m, m) << "nesterov=" << nesterov << " mu=" << mu;
       EXPECT_EQ(ref_u, u) << "nesterov=" << nesterov << " mu=" << mu;
     }
+  }
+}
+
+// The vectorized loops (elementwise.h), in place and out of place, against
+// the scalar reference bit for bit: every lerp form (weights below, at and
+// above 0.5), lengths around the vector width, and values from subnormal
+// to large.
+TEST(Momentum, VectorizedLoopsAreTheScalarReferenceBitForBit) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  std::uniform_int_distribution<int> exponent(-140, 60);
+  auto value = [&] { return std::ldexp(d(rng), exponent(rng)); };
+  for (bool nesterov : {true, false}) {
+    for (double mu : {0.95, 0.9, 0.7, 0.5, 0.3, 0.0}) {
+      for (size_t n :
+           {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4099}) {
+        std::vector<float> g(n), m(n);
+        for (float& x : g) x = value();
+        for (float& x : m) x = value();
+        std::vector<float> ref_m = m, ref_u(n);
+        testing::MomentumReference(g, absl::MakeSpan(ref_m),
+                                   absl::MakeSpan(ref_u), mu, nesterov,
+                                   [](float v) { return v; });
+        std::vector<float> out_m = m, out_u(n);
+        ASSERT_TRUE(MomentumUpdate(g, absl::MakeSpan(out_m),
+                                   absl::MakeSpan(out_u), mu, nesterov)
+                        .ok());
+        std::vector<float> in_m = m, in_gu = g;
+        ASSERT_TRUE(MomentumUpdate(in_gu, absl::MakeSpan(in_m),
+                                   absl::MakeSpan(in_gu), mu, nesterov)
+                        .ok());
+        const auto where = ::testing::Message() << "nesterov=" << nesterov
+                                                << " mu=" << mu << " n=" << n;
+        ASSERT_EQ(0, std::memcmp(ref_m.data(), out_m.data(), n * 4)) << where;
+        ASSERT_EQ(0, std::memcmp(ref_u.data(), out_u.data(), n * 4)) << where;
+        ASSERT_EQ(0, std::memcmp(ref_m.data(), in_m.data(), n * 4)) << where;
+        ASSERT_EQ(0, std::memcmp(ref_u.data(), in_gu.data(), n * 4)) << where;
+      }
+    }
+  }
+}
+
+TEST(ScaleInPlace, EachElementTimesTheScaleOnce) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> d;
+  for (size_t n : {0, 1, 5, 17, 1025}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = d(rng);
+    std::vector<float> want = x;
+    const float s = std::abs(d(rng)) + 0.5f;
+    for (float& v : want) v = v * s;
+    ScaleInPlace(absl::MakeSpan(x), s);
+    EXPECT_EQ(x, want) << "n=" << n;
   }
 }
 

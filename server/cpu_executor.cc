@@ -51,9 +51,7 @@ class CpuExecutor : public Executor {
     }
     for (const ComputeTask& t : batch) {
       const float s = static_cast<float>(t.lr_scale);
-      if (s != 1.0f) {
-        for (int64_t k = 0; k < n; ++k) t.update[k] *= s;
-      }
+      if (s != 1.0f) kernels::ScaleInPlace(absl::MakeSpan(t.update, n), s);
     }
     return absl::OkStatus();
   }
