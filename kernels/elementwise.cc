@@ -49,8 +49,8 @@ void OutOfPlace(const float* __restrict grad, float* __restrict m,
 }
 
 template <bool kMomFromEnd, bool kNesterov, bool kUpdFromEnd>
-void Run(const float* grad, float* m, float* update, int64_t n,
-         float mom_coef, float upd_coef) {
+void Run(const float* grad, float* m, float* update, int64_t n, float mom_coef,
+         float upd_coef) {
   if (update == grad) {
     InPlace<kMomFromEnd, kNesterov, kUpdFromEnd>(update, m, n, mom_coef,
                                                  upd_coef);
@@ -62,8 +62,8 @@ void Run(const float* grad, float* m, float* update, int64_t n,
 
 }  // namespace
 
-void MomentumSteps(const float* grad, float* momentum, float* update,
-                   int64_t n, float w_grad, float w_mom, bool nesterov) {
+void MomentumSteps(const float* grad, float* momentum, float* update, int64_t n,
+                   float w_grad, float w_mom, bool nesterov) {
   const LerpForm mom = FormOf(w_grad), upd = FormOf(w_mom);
   using Fn = void (*)(const float*, float*, float*, int64_t, float, float);
   // [momentum from end][nesterov][update from end]

@@ -20,8 +20,8 @@ namespace dmuon::kernels::internal {
 // with at::native's two-sided lerp (lerp(a, b, w) = |w| < 0.5 ? a + w (b - a)
 // : b - (b - a)(1 - w), the weights floats), bit for bit. `update` is either
 // `grad` itself or disjoint from it; `momentum` is disjoint from both.
-void MomentumSteps(const float* grad, float* momentum, float* update,
-                   int64_t n, float w_grad, float w_mom, bool nesterov);
+void MomentumSteps(const float* grad, float* momentum, float* update, int64_t n,
+                   float w_grad, float w_mom, bool nesterov);
 
 // x[i] *= s for i in [0, n).
 void Scale(float* x, int64_t n, float s);
