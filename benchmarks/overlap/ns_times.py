@@ -13,8 +13,10 @@ on a fresh random fp32 matrix each, after one unmeasured call. Beside it,
 oracle, what the muon-fp32 optimizer runs) on the same matrices, alternating
 with dmuond's call by call on the same core with one thread: how the
 daemon's kernels compare with the trainer's library on this CPU. The momentum
-and Nesterov blend dmuond also does per matrix (two passes over it) are left
-out: under 1 % of the Newton-Schulz time at these sizes.
+step and Nesterov blend dmuond also does per matrix (one pass over it) are
+left out, as is every other hand-off cost: about 2 % of the Newton-Schulz
+time at these sizes (benchmarks/README.md, "Element passes"; 4 % before
+they were vectorized).
 """
 
 from __future__ import annotations
