@@ -21,59 +21,64 @@ LerpForm FormOf(float w) {
   return {true, -(1.0f - w)};
 }
 
-// One loop per form, so that each has no branch. In place (`gu`: the
-// gradient in, the update out) or out of place; __restrict states what
-// MomentumSteps' contract says, which is what lets GCC vectorize.
+// One element: the new momentum and the update from gradient g and the
+// old momentum, in one lerp form each (no branch: the forms are template
+// arguments).
 template <bool kMomFromEnd, bool kNesterov, bool kUpdFromEnd>
-void InPlace(float* __restrict gu, float* __restrict m, int64_t n,
-             float mom_coef, float upd_coef) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gu[i], old = m[i];
-    const float next = (kMomFromEnd ? g : old) + mom_coef * (g - old);
-    m[i] = next;
-    gu[i] = kNesterov ? (kUpdFromEnd ? next : g) + upd_coef * (next - g) : next;
-  }
+inline void Element(float g, float old, float mom_coef, float upd_coef,
+                    float& next, float& update) {
+  next = (kMomFromEnd ? g : old) + mom_coef * (g - old);
+  update = kNesterov ? (kUpdFromEnd ? next : g) + upd_coef * (next - g) : next;
 }
 
+// One loop per aliasing case, every pointer __restrict, which is what lets
+// GCC vectorize: where the update is written over the gradient the loop
+// reads the gradient through `update` and never touches `grad`, and where
+// the new momentum is written over the old it reads through `m_out` and
+// never touches `m_in`, so no object is reached through two of them.
 template <bool kMomFromEnd, bool kNesterov, bool kUpdFromEnd>
-void OutOfPlace(const float* __restrict grad, float* __restrict m,
-                float* __restrict update, int64_t n, float mom_coef,
-                float upd_coef) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i], old = m[i];
-    const float next = (kMomFromEnd ? g : old) + mom_coef * (g - old);
-    m[i] = next;
-    update[i] =
-        kNesterov ? (kUpdFromEnd ? next : g) + upd_coef * (next - g) : next;
+struct Loops {
+  template <bool kUpdateOverGrad, bool kMomInPlace>
+  static void Loop(const float* __restrict grad, const float* __restrict m_in,
+                   float* __restrict m_out, float* __restrict update, int64_t n,
+                   float cm, float cu) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = kUpdateOverGrad ? update[i] : grad[i];
+      const float old = kMomInPlace ? m_out[i] : m_in[i];
+      float next, u;
+      Element<kMomFromEnd, kNesterov, kUpdFromEnd>(g, old, cm, cu, next, u);
+      m_out[i] = next;
+      update[i] = u;
+    }
   }
-}
-
-template <bool kMomFromEnd, bool kNesterov, bool kUpdFromEnd>
-void Run(const float* grad, float* m, float* update, int64_t n, float mom_coef,
-         float upd_coef) {
-  if (update == grad) {
-    InPlace<kMomFromEnd, kNesterov, kUpdFromEnd>(update, m, n, mom_coef,
-                                                 upd_coef);
-  } else {
-    OutOfPlace<kMomFromEnd, kNesterov, kUpdFromEnd>(grad, m, update, n,
-                                                    mom_coef, upd_coef);
+  static void Run(const float* grad, const float* m_in, float* m_out,
+                  float* update, int64_t n, float cm, float cu) {
+    const bool over = update == grad, in_place = m_out == m_in;
+    if (over && in_place)
+      return Loop<true, true>(grad, m_in, m_out, update, n, cm, cu);
+    if (over) return Loop<true, false>(grad, m_in, m_out, update, n, cm, cu);
+    if (in_place)
+      return Loop<false, true>(grad, m_in, m_out, update, n, cm, cu);
+    Loop<false, false>(grad, m_in, m_out, update, n, cm, cu);
   }
-}
+};
 
 }  // namespace
 
-void MomentumSteps(const float* grad, float* momentum, float* update, int64_t n,
-                   float w_grad, float w_mom, bool nesterov) {
+void MomentumSteps(const float* grad, const float* momentum_in,
+                   float* momentum_out, float* update, int64_t n, float w_grad,
+                   float w_mom, bool nesterov) {
   const LerpForm mom = FormOf(w_grad), upd = FormOf(w_mom);
-  using Fn = void (*)(const float*, float*, float*, int64_t, float, float);
+  using Fn = void (*)(const float*, const float*, float*, float*, int64_t,
+                      float, float);
   // [momentum from end][nesterov][update from end]
   static constexpr Fn kLoops[2][2][2] = {
-      {{Run<false, false, false>, Run<false, false, false>},
-       {Run<false, true, false>, Run<false, true, true>}},
-      {{Run<true, false, false>, Run<true, false, false>},
-       {Run<true, true, false>, Run<true, true, true>}}};
-  kLoops[mom.from_end][nesterov][upd.from_end](grad, momentum, update, n,
-                                               mom.coef, upd.coef);
+      {{Loops<false, false, false>::Run, Loops<false, false, false>::Run},
+       {Loops<false, true, false>::Run, Loops<false, true, true>::Run}},
+      {{Loops<true, false, false>::Run, Loops<true, false, false>::Run},
+       {Loops<true, true, false>::Run, Loops<true, true, true>::Run}}};
+  kLoops[mom.from_end][nesterov][upd.from_end](grad, momentum_in, momentum_out,
+                                               update, n, mom.coef, upd.coef);
 }
 
 void Scale(float* x, int64_t n, float s) {

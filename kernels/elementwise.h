@@ -15,13 +15,16 @@
 
 namespace dmuon::kernels::internal {
 
-// momentum <- lerp(momentum, grad, w_grad);
-// update   <- nesterov ? lerp(grad, momentum, w_mom) : momentum
+// momentum_out <- lerp(momentum_in, grad, w_grad);
+// update       <- nesterov ? lerp(grad, momentum_out, w_mom) : momentum_out
 // with at::native's two-sided lerp (lerp(a, b, w) = |w| < 0.5 ? a + w (b - a)
 // : b - (b - a)(1 - w), the weights floats), bit for bit. `update` is either
-// `grad` itself or disjoint from it; `momentum` is disjoint from both.
-void MomentumSteps(const float* grad, float* momentum, float* update, int64_t n,
-                   float w_grad, float w_mom, bool nesterov);
+// `grad` itself or disjoint from it; `momentum_out` is either `momentum_in`
+// itself or disjoint from it; the momentum buffers are disjoint from the
+// gradient and update.
+void MomentumSteps(const float* grad, const float* momentum_in,
+                   float* momentum_out, float* update, int64_t n, float w_grad,
+                   float w_mom, bool nesterov);
 
 // x[i] *= s for i in [0, n).
 void Scale(float* x, int64_t n, float s);

@@ -59,6 +59,15 @@ absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixD> in,
 absl::Status MomentumUpdate(absl::Span<const float> grad,
                             absl::Span<float> momentum,
                             absl::Span<float> update, double mu, bool nesterov);
+// The same step with the old momentum read from `momentum_in` and the new
+// one written to `momentum_out`: either the same buffer (the call above) or
+// disjoint ones, so that a caller keeping the step's starting momentum (for
+// a rollback) keeps it where it was instead of copying it first. Neither
+// overlaps `grad` or `update`.
+absl::Status MomentumUpdate(absl::Span<const float> grad,
+                            absl::Span<const float> momentum_in,
+                            absl::Span<float> momentum_out,
+                            absl::Span<float> update, double mu, bool nesterov);
 
 // x <- s * x, each element rounded once (an update's learning-rate scale).
 void ScaleInPlace(absl::Span<float> x, float s);

@@ -13,18 +13,31 @@ absl::Status MomentumUpdate(absl::Span<const float> grad,
                             absl::Span<float> momentum,
                             absl::Span<float> update, double mu,
                             bool nesterov) {
-  if (momentum.size() != grad.size() || update.size() != grad.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MomentumUpdate sizes differ: grad ", grad.size(), ", momentum ",
-        momentum.size(), ", update ", update.size()));
+  return MomentumUpdate(grad, momentum, momentum, update, mu, nesterov);
+}
+
+absl::Status MomentumUpdate(absl::Span<const float> grad,
+                            absl::Span<const float> momentum_in,
+                            absl::Span<float> momentum_out,
+                            absl::Span<float> update, double mu,
+                            bool nesterov) {
+  if (momentum_in.size() != grad.size() || momentum_out.size() != grad.size() ||
+      update.size() != grad.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MomentumUpdate sizes differ: grad ", grad.size(),
+                     ", momentum ", momentum_in.size(),
+                     momentum_out.data() == momentum_in.data()
+                         ? ""
+                         : absl::StrCat(" in, ", momentum_out.size(), " out"),
+                     ", update ", update.size()));
   }
   if (!(mu >= 0 && mu < 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("momentum must be in [0, 1), got ", mu));
   }
   // torch computes 1 - momentum in Python (double), then uses it as float.
-  internal::MomentumSteps(grad.data(), momentum.data(), update.data(),
-                          static_cast<int64_t>(grad.size()),
+  internal::MomentumSteps(grad.data(), momentum_in.data(), momentum_out.data(),
+                          update.data(), static_cast<int64_t>(grad.size()),
                           static_cast<float>(1.0 - mu), static_cast<float>(mu),
                           nesterov);
   return absl::OkStatus();

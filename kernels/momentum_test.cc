@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/kernels.h"
 #include "kernels/testing/momentum_reference.h"
 
@@ -91,12 +92,30 @@ TEST(Momentum, VectorizedLoopsAreTheScalarReferenceBitForBit) {
         ASSERT_TRUE(MomentumUpdate(in_gu, absl::MakeSpan(in_m),
                                    absl::MakeSpan(in_gu), mu, nesterov)
                         .ok());
-        const auto where = ::testing::Message() << "nesterov=" << nesterov
-                                                << " mu=" << mu << " n=" << n;
-        ASSERT_EQ(0, std::memcmp(ref_m.data(), out_m.data(), n * 4)) << where;
-        ASSERT_EQ(0, std::memcmp(ref_u.data(), out_u.data(), n * 4)) << where;
-        ASSERT_EQ(0, std::memcmp(ref_m.data(), in_m.data(), n * 4)) << where;
-        ASSERT_EQ(0, std::memcmp(ref_u.data(), in_gu.data(), n * 4)) << where;
+        const std::string where =
+            absl::StrCat("nesterov=", nesterov, " mu=", mu, " n=", n);
+        auto same = [&](const std::vector<float>& want,
+                        const std::vector<float>& got, const char* what) {
+          ASSERT_TRUE(n == 0 ||
+                      std::memcmp(want.data(), got.data(), n * 4) == 0)
+              << what << ": " << where;
+        };
+        same(ref_m, out_m, "momentum, update out of place");
+        same(ref_u, out_u, "update out of place");
+        same(ref_m, in_m, "momentum, update in place");
+        same(ref_u, in_gu, "update in place");
+        // The new momentum into another buffer (the old one kept), the
+        // update out of place and over the gradient.
+        for (bool over_grad : {false, true}) {
+          std::vector<float> kept = m, next(n, NAN), gu = g, u(n);
+          std::vector<float>& update = over_grad ? gu : u;
+          ASSERT_TRUE(MomentumUpdate(gu, kept, absl::MakeSpan(next),
+                                     absl::MakeSpan(update), mu, nesterov)
+                          .ok());
+          same(ref_m, next, over_grad ? "kept, new (over grad)" : "kept, new");
+          same(ref_u, update, over_grad ? "kept, update over grad" : "kept, u");
+          same(m, kept, "the old momentum kept");
+        }
       }
     }
   }
@@ -130,6 +149,12 @@ TEST(Momentum, RejectsBadArguments) {
       MomentumUpdate(g, absl::MakeSpan(m), absl::MakeSpan(u), 0.9, true).code(),
       absl::StatusCode::kInvalidArgument);
   std::vector<float> m4(4);
+  std::vector<float> m5(5);
+  const absl::Status sizes =
+      MomentumUpdate(g, m4, absl::MakeSpan(m5), absl::MakeSpan(u), 0.9, true);
+  EXPECT_EQ(sizes.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(sizes.message().find("momentum 4 in, 5 out"), std::string::npos)
+      << sizes;
   EXPECT_EQ(MomentumUpdate(g, absl::MakeSpan(m4), absl::MakeSpan(u), 1.0, true)
                 .code(),
             absl::StatusCode::kInvalidArgument);

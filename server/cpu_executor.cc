@@ -37,9 +37,11 @@ class CpuExecutor : public Executor {
     std::vector<kernels::MatrixF> outs;
     for (const ComputeTask& t : batch) {
       if (t.update != t.grad) std::copy(t.grad, t.grad + n, t.update);
+      const float* old = t.momentum_in ? t.momentum_in : t.momentum;
       absl::Status st = kernels::MomentumUpdate(
-          absl::MakeConstSpan(t.update, n), absl::MakeSpan(t.momentum, n),
-          absl::MakeSpan(t.update, n), t.muon->momentum, t.muon->nesterov);
+          absl::MakeConstSpan(t.update, n), absl::MakeConstSpan(old, n),
+          absl::MakeSpan(t.momentum, n), absl::MakeSpan(t.update, n),
+          t.muon->momentum, t.muon->nesterov);
       if (!st.ok()) return st;
       ins.push_back({shape, absl::MakeConstSpan(t.update, n)});
       outs.push_back({shape, absl::MakeSpan(t.update, n)});

@@ -87,10 +87,15 @@ struct DeviceIo {
 // update are unused; every part's update rows are written instead.
 // `momentum` is the job's host fp32 state for the matrix (updated in place
 // by executors that do not hold state; the initial value for those that do,
-// where null means zeros).
+// where null means zeros). Executors that do not hold state read the
+// momentum as of the last completed step from `momentum_in` when it is set
+// and write the new one to `momentum` (Job::SaveStepStart keeps the old one
+// where it was for a rollback instead of copying it); null: `momentum`
+// holds it and is updated in place.
 struct ComputeTask {
   const float* grad = nullptr;
   float* momentum = nullptr;
+  const float* momentum_in = nullptr;
   float* update = nullptr;
   kernels::Shape shape;
   const MuonParams* muon = nullptr;

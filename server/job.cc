@@ -192,8 +192,12 @@ void Job::SaveStepStart(int param) {
     if (keeps_step_start_) running_param(param).has_step_start = true;
     return;
   }
+  // No copy: the buffers trade places, and the step reads the old momentum
+  // from step_start and writes the new one over the other buffer, whatever
+  // it held (ComputeTask::momentum_in, set by ParamWork::Gather).
   ParamState& p = running_param(param);
-  p.step_start.assign(p.momentum.begin(), p.momentum.end());
+  std::swap(p.momentum, p.step_start);
+  p.momentum.resize(p.step_start.size());
   p.has_step_start = true;
 }
 

@@ -97,11 +97,15 @@ struct ParamState {
   // result is discarded and its momentum restored when it ends (EndParam).
   bool abandoned = false;
   // Host momentum only (Job::host_momentum()): `momentum` as of the last
-  // completed step, copied by the step's computation before it changes it
+  // completed step, moved here (buffers swapped, not copied) before the
+  // step's computation writes the new momentum into `momentum`
   // (Job::SaveStepStart, from ParamWork::Prepare), meaningful while
   // `has_step_start` (only with `ran`: a computation that failed before
   // that point left the momentum untouched). What a rollback restores and
-  // what a snapshot of a job stuck mid-step holds.
+  // what a snapshot of a job stuck mid-step holds; while it is meaningful,
+  // `momentum` is the step's own (stale until the computation writes it),
+  // which no reader sees: they read last_complete_momentum(), or wait for
+  // the step's end (GetState, Mark).
   // Executors that keep a step-start copy (Job::keeps_step_start()):
   // `has_step_start` says the executor was given the step's task, so its
   // own copy holds that momentum (Executor::RestoreStepStart restores it);
@@ -258,9 +262,12 @@ class Job {
   // SHARDING_REPLICATED, SHARDING_ROWS and SHARDING_BLOCKS must agree.
   int AbsentDisagrees(int rank, int param, bool absent) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Host momentum: copies the parameter's momentum to its step_start before
+  // Host momentum: keeps the parameter's momentum as its step_start before
   // its computation changes it, without the lock (the parameter is running:
-  // its momentum is the step's own, see running_param). No-op otherwise.
+  // its momentum is the step's own, see running_param): step_start and
+  // momentum trade buffers, and `momentum` holds nothing meaningful until
+  // the computation, which must read step_start (ComputeTask::momentum_in),
+  // writes it. No-op otherwise.
   void SaveStepStart(int param);
   // The parameter's step ended (delivered or failed): no longer running,
   // its arrivals cleared for the next step. False when its step was rolled

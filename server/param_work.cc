@@ -220,8 +220,12 @@ absl::StatusOr<ComputeTask> ParamWork::Gather() {
         p.work[i], i, cols));
   }
   // The momentum as of the last completed step, kept until this step
-  // completes: what a rollback or a mid-step snapshot needs (job.h).
+  // completes: what a rollback or a mid-step snapshot needs (job.h). It
+  // stays in step_start, which the step reads; the new momentum goes to the
+  // other buffer.
   job->SaveStepStart(param);
+  t.momentum = p.momentum.data();
+  t.momentum_in = p.step_start.data();
   t.grad = p.work.data();
   t.update = p.work.data();
   return t;

@@ -14,9 +14,9 @@ oracle, what the muon-fp32 optimizer runs) on the same matrices, alternating
 with dmuond's call by call on the same core with one thread: how the
 daemon's kernels compare with the trainer's library on this CPU. The momentum
 step and Nesterov blend dmuond also does per matrix (one pass over it) are
-left out, as is every other hand-off cost: about 2 % of the Newton-Schulz
-time at these sizes (benchmarks/README.md, "Element passes"; 4 % before
-they were vectorized).
+left out, as is every other hand-off cost: about 2.5 % of the Newton-Schulz
+time at these sizes (benchmarks/README.md, "Element passes"; 5 % before it
+was vectorized and the step-start copy of the momentum dropped).
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ class FastExecutor final : public Executor {
       const int64_t n = t.shape.elements();
       for (int64_t i = 0; i < n; ++i) {
         const float g = t.grad[i];
-        const float m = t.momentum ? (t.momentum[i] += g) : g;
+        const float* old = t.momentum_in ? t.momentum_in : t.momentum;
+        const float m = old ? old[i] + g : g;
+        if (t.momentum) t.momentum[i] = m;
         t.update[i] = static_cast<float>(t.lr_scale) * m;
       }
     }
