@@ -185,7 +185,6 @@ absl::StatusOr<ComputeTask> ParamWork::Gather() {
   }
   ParamState& p = job->running_param(param);
   ComputeTask t;
-  t.momentum = p.momentum.empty() ? nullptr : p.momentum.data();
   t.shape = info.shape;
   t.muon = &info.muon;
   if (p.has_step_momentum && p.step_momentum != info.muon.momentum) {
@@ -203,6 +202,9 @@ absl::StatusOr<ComputeTask> ParamWork::Gather() {
     // finiteness there (nonfinite is set before Finish).
     // SHARDING_UNREDUCED present on some ranks only: an absent rank's part
     // has no gradient (zeros in the mean) and still receives the update.
+    // The executor holds the momentum; the host copy, if any, is its
+    // initial value (ComputeTask::momentum).
+    t.momentum = p.momentum.empty() ? nullptr : p.momentum.data();
     io = DeviceIoOf(ranks, param, info.sharding, p.absent);
     sessions = ranks;
     t.device_io = &io;

@@ -75,8 +75,6 @@ void ExpectHas(const absl::Status& st, absl::StatusCode code,
     EXPECT_NE(st.message().find(p), std::string::npos) << p << ": " << st;
 }
 
-std::string TempDir(const char* name) { return NewTempDir(name); }
-
 TEST(Resume, ModesOnAJobInMemory) {
   std::mt19937_64 rng(std::random_device{}());
   const Grads grads = StepsOfGradients(kTable, 4, rng);
@@ -166,7 +164,7 @@ TEST(Resume, ASnapshotNotLoadedYetHoldsMomentumAndReplaceMovesItAside) {
   std::mt19937_64 rng(std::random_device{}());
   const Grads grads = StepsOfGradients(kTable, 4, rng);
   ServiceOptions o;
-  o.state_dir = TempDir("resume");
+  o.state_dir = NewTempDir("resume");
   {
     auto svc = NewService(o);
     Rank r;
@@ -258,7 +256,7 @@ void StepAs(OptimizerService& svc, const std::string& job, const Principal& who,
 
 TEST(Resume, OwnershipIsCheckedFirst) {
   ServiceOptions o;
-  o.state_dir = TempDir("resume-owner");
+  o.state_dir = NewTempDir("resume-owner");
   std::mt19937_64 rng(std::random_device{}());
   const Grads grads = StepsOfGradients(kTable, 1, rng);
   const Principal alice{"alice"}, bob{"bob"};
@@ -305,7 +303,7 @@ void Snapshotted(const std::string& dir, const std::string& job,
 // opens leave it where it is.
 TEST(Resume, AnOpenRefusedOnCheapChecksReadsNoSnapshot) {
   ServiceOptions o;
-  o.state_dir = TempDir("refused-reads");
+  o.state_dir = NewTempDir("refused-reads");
   o.max_sessions = 1;
   const Principal alice{"alice"}, bob{"bob"};
   Snapshotted(o.state_dir, "mine", alice, 2);
@@ -343,7 +341,7 @@ TEST(Resume, AnOpenRefusedOnCheapChecksReadsNoSnapshot) {
 // so a file removed meanwhile is gone for it.
 TEST(Resume, ASnapshotReadForARefusedOpenIsNotKept) {
   ServiceOptions o;
-  o.state_dir = TempDir("refused-keeps");
+  o.state_dir = NewTempDir("refused-keeps");
   Snapshotted(o.state_dir, "k", Principal{}, 3);
   auto svc = NewService(o);
   ASSERT_TRUE(svc->LoadSnapshots().ok());
@@ -372,7 +370,7 @@ TEST(Resume, ASnapshotReadForARefusedOpenIsNotKept) {
 // again.
 TEST(Resume, JobsOnlyOnDiskAreListed) {
   ServiceOptions o;
-  o.state_dir = TempDir("on-disk");
+  o.state_dir = NewTempDir("on-disk");
   Snapshotted(o.state_dir, "kept", Principal{}, 3);
   auto svc = NewService(o);
   ASSERT_TRUE(svc->LoadSnapshots().ok());

@@ -17,8 +17,6 @@
 namespace dmuon::server {
 namespace {
 
-std::string TempDir() { return testing::NewTempDir("prev"); }
-
 // A snapshot of `job` after `steps` with fresh random momentum (returned).
 std::string Encode(const std::string& job, int64_t steps,
                    std::vector<float>* momentum,
@@ -49,7 +47,7 @@ std::pair<int64_t, std::vector<float>> StepAt(const std::string& path) {
 bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
 TEST(PreviousSnapshot, EachLaterStepKeepsTheOneBefore) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("prev"), nullptr);
   std::vector<std::vector<float>> m(4);
   ASSERT_TRUE(store.Write("j", 1, 1, Encode("j", 1, &m[1])).ok());
   EXPECT_FALSE(Exists(store.PreviousPathOf("j")));  // the job's first file
@@ -75,7 +73,7 @@ TEST(PreviousSnapshot, EachLaterStepKeepsTheOneBefore) {
 }
 
 TEST(PreviousSnapshot, UsePreviousRollsBackAndKeepsTheNewerFile) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("prev"), nullptr);
   std::vector<float> m4, m5, m6;
   ASSERT_TRUE(store.Write("j", 1, 4, Encode("j", 4, &m4)).ok());
   ASSERT_TRUE(store.Write("j", 1, 5, Encode("j", 5, &m5)).ok());
@@ -93,7 +91,7 @@ TEST(PreviousSnapshot, UsePreviousRollsBackAndKeepsTheNewerFile) {
 }
 
 TEST(PreviousSnapshot, AStepNotHeldIsNotFoundAndChangesNothing) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("prev"), nullptr);
   std::vector<float> m1, m2;
   auto none = store.UsePrevious("j", 1, "");
   EXPECT_TRUE(absl::IsNotFound(none.status())) << none.status();
@@ -112,7 +110,7 @@ TEST(PreviousSnapshot, AStepNotHeldIsNotFoundAndChangesNothing) {
 // owner's: a damaged one never replaces a good snapshot, and another
 // principal's (a new job of the id) is never resumed.
 TEST(PreviousSnapshot, ADamagedOrAnotherOwnersPreviousFileIsNotUsed) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("prev"), nullptr);
   std::vector<float> m1, m2;
   ASSERT_TRUE(store.Write("j", 1, 1, Encode("j", 1, &m1, "alice")).ok());
   ASSERT_TRUE(store.Write("j", 1, 2, Encode("j", 2, &m2, "alice")).ok());
@@ -140,7 +138,7 @@ TEST(PreviousSnapshot, ADamagedOrAnotherOwnersPreviousFileIsNotUsed) {
 // A job's snapshot moved aside (corrupt): the next run of the id starts
 // from zero, and the old run's previous file goes at its first write.
 TEST(PreviousSnapshot, ANewRunOfTheIdDropsTheOldRunsPreviousFile) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("prev"), nullptr);
   std::vector<float> m;
   ASSERT_TRUE(store.Write("j", 1, 9, Encode("j", 9, &m)).ok());
   ASSERT_TRUE(store.Write("j", 1, 10, Encode("j", 10, &m)).ok());
@@ -153,7 +151,7 @@ TEST(PreviousSnapshot, ANewRunOfTheIdDropsTheOldRunsPreviousFile) {
 }
 
 TEST(PreviousSnapshot, ReplaceAndRestoreDropThePreviousFile) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("prev"), nullptr);
   std::vector<float> m;
   ASSERT_TRUE(store.Write("a", 1, 1, Encode("a", 1, &m)).ok());
   ASSERT_TRUE(store.Write("a", 1, 2, Encode("a", 2, &m)).ok());

@@ -20,9 +20,6 @@
 namespace dmuon::server {
 namespace {
 
-// A fresh directory under the test's temporary directory.
-std::string TempDir() { return testing::NewTempDir("snap"); }
-
 v1::StateHeader Header(const std::string& job, int64_t steps) {
   v1::StateHeader h;
   h.set_job_id(job);
@@ -41,7 +38,8 @@ std::string Encode(const std::string& job, int64_t steps, float fill) {
 
 TEST(SnapshotStore, WritesAndReadsBack) {
   std::vector<double> writes;
-  SnapshotStore store(TempDir(), [&](double s) { writes.push_back(s); });
+  SnapshotStore store(testing::NewTempDir("snap"),
+                      [&](double s) { writes.push_back(s); });
   ASSERT_TRUE(store.enabled());
   ASSERT_TRUE(store.Write("job a", 1, 7, Encode("job a", 7, 0.5f)).ok());
   EXPECT_EQ(writes.size(), 1u);
@@ -57,7 +55,7 @@ TEST(SnapshotStore, WritesAndReadsBack) {
 }
 
 TEST(SnapshotStore, AnOlderSnapshotOfTheSameJobNeverReplacesANewerOne) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   ASSERT_TRUE(store.Write("j", 1, 5, Encode("j", 5, 5.0f)).ok());
   ASSERT_TRUE(store.Write("j", 1, 3, Encode("j", 3, 3.0f)).ok());  // skipped
   auto f = SnapshotStore::Read(store.PathOf("j"));
@@ -71,7 +69,7 @@ TEST(SnapshotStore, AnOlderSnapshotOfTheSameJobNeverReplacesANewerOne) {
 TEST(SnapshotStore, AnExplicitRestoreRollsBackAndKeepsTheNewerFile) {
   std::vector<std::string> kinds;
   SnapshotStore store(
-      TempDir(), nullptr,
+      testing::NewTempDir("snap"), nullptr,
       [&](const char* kind, const absl::Status&) { kinds.push_back(kind); });
   // A newer file of an earlier run, and this job's own newer file alike.
   for (uint64_t earlier : {uint64_t{1}, uint64_t{2}}) {
@@ -116,7 +114,7 @@ TEST(SnapshotStore, AnExplicitRestoreRollsBackAndKeepsTheNewerFile) {
 
 TEST(SnapshotStore, AnotherRunOfTheJobNeverReplacesANewerSnapshot) {
   std::vector<std::pair<std::string, std::string>> failed;
-  SnapshotStore store(TempDir(), nullptr,
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr,
                       [&](const char* kind, const absl::Status& st) {
                         failed.emplace_back(kind, std::string(st.message()));
                       });
@@ -146,7 +144,7 @@ TEST(SnapshotStore, AnotherRunOfTheJobNeverReplacesANewerSnapshot) {
 TEST(SnapshotStore, AFailedWriteLeavesNoTemporaryFileAndIsReported) {
   std::vector<std::string> kinds;
   SnapshotStore store(
-      TempDir(), nullptr,
+      testing::NewTempDir("snap"), nullptr,
       [&](const char* kind, const absl::Status&) { kinds.push_back(kind); });
   ASSERT_TRUE(store.Write("j", 1, 1, Encode("j", 1, 1.0f)).ok());
   // The disk fills up mid-write (the file-size limit: EFBIG).
@@ -175,7 +173,7 @@ TEST(SnapshotStore, AFailedWriteLeavesNoTemporaryFileAndIsReported) {
 }
 
 TEST(SnapshotStore, MoveAsideKeepsTheBytesUnderANewName) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   const std::string path = store.PathOf("m");
   { std::ofstream(path) << "bad"; }
   auto first = store.MoveAside(path, absl::DataLossError("snapshot bad"));
@@ -195,7 +193,7 @@ TEST(SnapshotStore, MoveAsideKeepsTheBytesUnderANewName) {
 }
 
 TEST(SnapshotStore, ReadTellsGoneFromDamaged) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   EXPECT_TRUE(absl::IsNotFound(
       SnapshotStore::Read(store.dir() + "/job-00.dmst").status()));
   ASSERT_TRUE(store.Write("j", 1, 1, Encode("j", 1, 1.0f)).ok());
@@ -214,7 +212,7 @@ TEST(SnapshotStore, ReadTellsGoneFromDamaged) {
 // the size arithmetic or ask for more momentum than the file holds are
 // refused by name, before anything is allocated.
 TEST(SnapshotStore, ReadRefusesCraftedShapesWithAValidChecksum) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   const int64_t shapes[][2] = {{int64_t{1} << 62, 1},
                                {int64_t{1} << 32, int64_t{1} << 32},
                                {-1, 4},
@@ -289,7 +287,7 @@ void ExpectReadsAs(const std::string& path, size_t chunk,
 // they were encoded.
 TEST(SnapshotStore, ReadsByChunksOfAnySize) {
   std::mt19937_64 rng(std::random_device{}());
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   for (int round = 0; round < 20; ++round) {
     std::vector<std::pair<int, int>> shapes;
     for (int n = 1 + static_cast<int>(rng() % 4); n > 0; --n)
@@ -310,7 +308,7 @@ TEST(SnapshotStore, ReadsByChunksOfAnySize) {
 // parameter ending on the chunk boundary, the second's spanning it.
 TEST(SnapshotStore, ReadsFilesOfExactlyWholeChunks) {
   std::mt19937_64 rng(std::random_device{}());
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   for (size_t chunks : {1, 2}) {
     Snapshot want = RandomSnapshot(rng, {{3, 5}, {256, 1000}});
     // The owner pads the header so that the file is a whole number of
@@ -335,7 +333,7 @@ TEST(SnapshotStore, ReadsFilesOfExactlyWholeChunks) {
 // checksum mismatch, and Read returns no momentum.
 TEST(SnapshotStore, EveryDamagedByteIsRefusedWhateverTheChunk) {
   std::mt19937_64 rng(std::random_device{}());
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   const Snapshot good = RandomSnapshot(rng, {{2, 3}, {5, 7}});
   const std::string bytes = good.Encode();
   for (size_t at = 0; at < bytes.size(); ++at) {
@@ -361,7 +359,7 @@ TEST(SnapshotStore, EveryDamagedByteIsRefusedWhateverTheChunk) {
 // chunk before it was read: refused, and Scan moves the file aside.
 TEST(SnapshotStore, AChecksumErrorInTheLastChunkIsFoundAtTheEnd) {
   std::mt19937_64 rng(std::random_device{}());
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   const Snapshot good = RandomSnapshot(rng, {{700, 1000}});  // 2.7 chunks
   const std::string bytes = good.Encode();
   ASSERT_GT(bytes.size(), 2 * kSnapshotReadChunk);
@@ -397,7 +395,7 @@ TEST(SnapshotStore, AChecksumErrorInTheLastChunkIsFoundAtTheEnd) {
 }
 
 TEST(SnapshotStore, ScanListsGoodFilesAndReportsTheFirstBadOne) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   ASSERT_TRUE(store.Write("a", 1, 1, Encode("a", 1, 1.0f)).ok());
   { std::ofstream(store.dir() + "/job-ff.dmst") << "junk"; }
   { std::ofstream(store.dir() + "/other.txt") << "not a snapshot"; }
@@ -432,7 +430,7 @@ TEST(SnapshotStore, ScanListsGoodFilesAndReportsTheFirstBadOne) {
 // listed; the good file is still found. (On the old code this test hangs
 // on the FIFO until its timeout.)
 TEST(SnapshotStore, ScanRefusesOddEntriesWithoutReadingThem) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   ASSERT_TRUE(store.Write("a", 1, 1, Encode("a", 1, 1.0f)).ok());
   ASSERT_EQ(::mkfifo((store.dir() + "/job-f1f0.dmst").c_str(), 0600), 0);
   ASSERT_EQ(::symlink("/dev/zero", (store.dir() + "/job-2e20.dmst").c_str()),
@@ -472,7 +470,7 @@ TEST(SnapshotStore, ScanRefusesOddEntriesWithoutReadingThem) {
 // defect 11) is moved aside and listed at start, not left to fail every
 // open of its id.
 TEST(SnapshotStore, ScanMovesAsideAStepOutOfRange) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   for (int64_t steps : {(int64_t{1} << 62) + 1, int64_t{-3}}) {
     const std::vector<float> m(6, 1.0f);
     const std::string bytes = EncodeSnapshot(Header("j", steps), {&m});
@@ -494,7 +492,7 @@ TEST(SnapshotStore, ScanMovesAsideAStepOutOfRange) {
 }
 
 TEST(SnapshotStore, JobOfPathReadsTheFileName) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   for (const std::string& id :
        std::vector<std::string>{"a", "job one", std::string("\0\xff", 2)}) {
     EXPECT_EQ(SnapshotStore::JobOfPath(store.PathOf(id)), id);
@@ -507,7 +505,7 @@ TEST(SnapshotStore, JobOfPathReadsTheFileName) {
 }
 
 TEST(PendingSnapshots, ReadOnceThenTaken) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   ASSERT_TRUE(store.Write("j", 1, 4, Encode("j", 4, 2.0f)).ok());
   PendingSnapshots pending;
   EXPECT_FALSE(pending.StartRead("j"));  // nothing pending
@@ -525,7 +523,7 @@ TEST(PendingSnapshots, ReadOnceThenTaken) {
 }
 
 TEST(PendingSnapshots, UnloadedAfterTheLastOpenTheFileIsReadAgain) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   ASSERT_TRUE(store.Write("j", 1, 4, Encode("j", 4, 2.0f)).ok());
   PendingSnapshots pending;
   pending.AddFile("j", store.PathOf("j"));
@@ -545,7 +543,7 @@ TEST(PendingSnapshots, UnloadedAfterTheLastOpenTheFileIsReadAgain) {
 }
 
 TEST(SnapshotStore, ReadHeaderReadsNoMomentum) {
-  SnapshotStore store(TempDir(), nullptr);
+  SnapshotStore store(testing::NewTempDir("snap"), nullptr);
   v1::StateHeader h = Header("j", 9);
   h.set_owner("alice");
   const std::vector<float> m(6, 1.0f);
@@ -566,7 +564,7 @@ TEST(SnapshotStore, ReadHeaderReadsNoMomentum) {
 }
 
 TEST(PendingSnapshots, AGoneFileIsForgottenABadOneIsAnError) {
-  const std::string dir = TempDir();
+  const std::string dir = testing::NewTempDir("snap");
   PendingSnapshots pending;
   pending.AddFile("gone", dir + "/job-00.dmst");
   auto path = pending.StartRead("gone");
