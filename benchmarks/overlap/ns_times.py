@@ -12,7 +12,13 @@ on a fresh random fp32 matrix each, after one unmeasured call. Beside it,
 "torch_fp32_seconds": torch's own Newton-Schulz in fp32 (the client tests'
 oracle, what the muon-fp32 optimizer runs) on the same matrices, alternating
 with dmuond's call by call on the same core with one thread: how the
-daemon's kernels compare with the trainer's library on this CPU. The momentum
+daemon's kernels compare with the trainer's library on this CPU. And
+"torch_bf16_probe": torch.optim.Muon's own bf16 Newton-Schulz of the
+smallest shape, timed once after one unmeasured call, against the fp32 one:
+on a CPU without native bf16 matrix products (AMD Zen 3, for one) torch
+emulates them and a step of the shipped optimizer takes 30-60x longer than
+in fp32 (25 s instead of 0.8 s at gpt-4l-384), which the sweep then skips
+(point.py). The momentum
 step and Nesterov blend dmuond also does per matrix (one pass over it) are
 left out, as is every other hand-off cost: about 2.5 % of the Newton-Schulz
 time at these sizes (benchmarks/README.md, "Element passes"; 5 % before it
@@ -77,9 +83,35 @@ def main(argv: list[str] | None = None) -> None:
                 theirs.append(time.perf_counter() - t1)
         seconds[f"{rows}x{cols}"] = statistics.median(ours)
         torch_seconds[f"{rows}x{cols}"] = statistics.median(theirs)
+    probe = bf16_probe(min(json.loads(args.shapes), key=lambda s: s[0] * s[1]),
+                       torch_seconds, rng)
     with open(args.out, "w") as f:
         json.dump({"seconds": seconds, "torch_fp32_seconds": torch_seconds,
-                   "cpus": cpus[:1], "options": NS, "openblas_core": openblas_core()}, f)
+                   "torch_bf16_probe": probe, "cpus": cpus[:1], "options": NS,
+                   "openblas_core": openblas_core()}, f)
+
+
+def bf16_probe(shape: list[int], torch_seconds: dict, rng) -> dict | None:
+    """torch.optim.Muon's bf16 Newton-Schulz of one `shape` matrix on this
+    core (one unmeasured call, then one timed) against the fp32 median of
+    the same shape; None where torch has no such function (its private name
+    moved)."""
+    import numpy as np
+    import torch
+    from torch.optim import _muon
+
+    ns = getattr(_muon, "_zeropower_via_newtonschulz", None)
+    if ns is None:
+        return None
+    key = "x".join(map(str, shape))
+    times = []
+    for _ in range(2):
+        g = torch.from_numpy(rng.standard_normal(shape, dtype=np.float32))
+        t0 = time.perf_counter()
+        ns(g, NS["coefficients"], NS["steps"], NS["eps"])
+        times.append(time.perf_counter() - t0)
+    return {"shape": key, "seconds": times[1], "fp32_seconds": torch_seconds[key],
+            "ratio": times[1] / torch_seconds[key]}
 
 
 # OpenBLAS's generic x86 cores, and what dmuond asks for instead on a CPU

@@ -25,6 +25,11 @@ class Setup:
     # --trace DIR: each DMuon run's step timeline (trainer and dmuond,
     # merged) as DIR/<model>-<tokens>-<optimizer>[-pair].json; None: off.
     trace_dir: str | None = None
+    # torch.optim.Muon's bf16 Newton-Schulz slower than its fp32 one by more
+    # than this (ns_times.py's probe: torch emulates bf16 products on this
+    # CPU) and "muon-bf16" is skipped, its reason in the point's "skipped";
+    # None (--optimizers names muon-bf16): run whatever it costs.
+    bf16_skip_ratio: float | None = 4.0
 
     def daemon_cpus_text(self) -> str:
         return ",".join(map(str, self.daemon_cpus))
@@ -96,6 +101,7 @@ def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
         "ns_seconds": ns_run["seconds"],
         "torch_fp32_ns_seconds": ns_run["torch_fp32_seconds"],
         "torch_fp32_ns_ms": 1000 * ns_torch, "openblas_core": ns_run["openblas_core"],
+        "torch_bf16_probe": ns_run.get("torch_bf16_probe"),
         "results": {},
     }
     log(f"{model}, {tokens} tokens/step: forward+backward {1000 * fb:.0f} ms, NS "
@@ -103,7 +109,12 @@ def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
         f"torch's fp32 NS on that core {1000 * ns_torch:.0f} ms), bound "
         f"{out['bound_ms']:.0f} ms (with free updates {1000 * trainer.work():.0f} ms; "
         f"profiled {prof['iteration_ms']:.0f} ms)")
-    for kind in kinds:
+    skipped = _skipped(setup, ns_run.get("torch_bf16_probe"), kinds)
+    if skipped:
+        out["skipped"] = skipped
+    for kind, why in skipped.items():
+        log(f"  {optimizers.LABELS[kind]:<40} skipped: {why}")
+    for kind in (k for k in kinds if k not in skipped):
         run = _trainers(setup, model, tokens, kind, 1)[0]
         out["results"][kind] = _summary(run)
         log(f"  {optimizers.LABELS[kind]:<40} {run['iteration_ms']:7.0f} ms")
@@ -111,6 +122,19 @@ def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
     if pair_kinds:
         out["pair"] = _pair(setup, model, tokens, pair_kinds, trainer, log)
     return out
+
+
+def _skipped(setup: Setup, probe: dict | None, kinds: list[str]) -> dict:
+    """{kind: why} for the runs this point leaves out: muon-bf16 where
+    torch's bf16 Newton-Schulz is emulated (Setup.bf16_skip_ratio)."""
+    limit = setup.bf16_skip_ratio
+    if "muon-bf16" not in kinds or limit is None or not probe or probe["ratio"] <= limit:
+        return {}
+    return {"muon-bf16": (
+        f"torch's bf16 Newton-Schulz of a {probe['shape']} matrix takes "
+        f"{1000 * probe['seconds']:.0f} ms on one core against "
+        f"{1000 * probe['fp32_seconds']:.1f} ms in fp32 ({probe['ratio']:.0f}x: this CPU "
+        "has no native bf16 matrix products); --optimizers muon-bf16 runs it anyway")}
 
 
 def _pair(setup: Setup, model: str, tokens: int, kinds: list[str],

@@ -30,6 +30,8 @@ def point_table(p: dict) -> str:
              "| optimizer | iteration | vs AdamW | vs bound | final loss vs fp32 Muon |",
              "|---|---|---|---|---|"]
     lines += [_row(LABELS[k], r) for k, r in p["results"].items()]
+    lines += [f"| {LABELS[k]} | skipped: {why} | - | - | - |"
+              for k, why in p.get("skipped", {}).items()]
     pair = p.get("pair")
     if pair:
         b = max(pair["bound_ms"])

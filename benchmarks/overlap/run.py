@@ -115,8 +115,11 @@ def parse_args(argv):
                        if args.quick else
                        os.path.join(ROOT, "benchmarks", "results", "overlap-cpu.json"))
     pair = not (args.quick or args.no_pair)
+    # muon-bf16 named: it runs even where its bf16 products are emulated.
+    named_bf16 = bool(args.optimizers) and "muon-bf16" in kinds
     setup = Setup(args.trainer_cpus, dcpus, args.warmup, args.steps,
-                  trace_dir=os.path.abspath(args.trace) if args.trace else None)
+                  trace_dir=os.path.abspath(args.trace) if args.trace else None,
+                  bf16_skip_ratio=None if named_bf16 else Setup.bf16_skip_ratio)
     return args, setup, sweep, kinds, out, pair
 
 

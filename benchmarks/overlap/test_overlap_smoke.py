@@ -41,6 +41,10 @@ def test_smallest_point(tmp_path):
     assert [m["segment"] for m in mats] == list(range(1, 17))
     assert len(p["profile"]["forward_s"]) == len(p["profile"]["backward_s"]) == 17
     assert set(p["ns_seconds"]) == {"384x128", "128x128", "512x128", "128x512"}
+    probe = p["torch_bf16_probe"]  # torch's own bf16 NS of the smallest shape
+    assert probe["shape"] == "128x128" and probe["seconds"] > 0
+    assert probe["fp32_seconds"] == p["torch_fp32_ns_seconds"]["128x128"]
+    assert "skipped" not in p  # muon-bf16 was not asked for
     # The bound is at least the trainer's work and the daemon's.
     work = Trainer(p["profile"]["forward_s"], p["profile"]["backward_s"],
                    p["profile"]["after_backward_s"]).work()
@@ -68,3 +72,30 @@ def test_smallest_point(tmp_path):
 
     parts = trace.stages(doc)
     assert parts["ns"] > 0 and parts["handoff"] > 0 and parts["backward"] > 0
+
+
+def test_emulated_bf16_is_skipped_unless_named():
+    import point
+
+    kinds = ["adamw", "muon-bf16", "muon-fp32"]
+    slow = {"shape": "128x128", "seconds": 0.5, "fp32_seconds": 0.01, "ratio": 50.0}
+    fast = dict(slow, seconds=0.005, ratio=0.5)
+    default = point.Setup("0", [1], 1, 1)
+    why = point._skipped(default, slow, kinds)["muon-bf16"]
+    assert "128x128" in why and "500 ms" in why and "50x" in why
+    assert "--optimizers muon-bf16" in why
+    assert point._skipped(default, fast, kinds) == {}
+    assert point._skipped(default, None, kinds) == {}  # no probe: runs
+    assert point._skipped(default, slow, ["adamw"]) == {}
+    named = point.Setup("0", [1], 1, 1, bf16_skip_ratio=None)
+    assert point._skipped(named, slow, kinds) == {}
+
+
+def test_naming_muon_bf16_runs_it_anyway():
+    import run
+
+    def ratio(*argv):
+        return run.parse_args(["--no-pair", *argv])[1].bf16_skip_ratio
+
+    assert ratio() == ratio("--optimizers=adamw,muon-fp32") == 4.0
+    assert ratio("--optimizers=adamw,muon-bf16") is None
