@@ -114,6 +114,23 @@ def bf16_probe(shape: list[int], torch_seconds: dict, rng) -> dict | None:
             "ratio": times[1] / torch_seconds[key]}
 
 
+def from_trace(doc: dict, after_step: int = 0) -> dict[str, float]:
+    """{"RxC": seconds}: the median Newton-Schulz time per matrix shape as
+    dmuond ran it, from its timeline (--trace-file; `doc` as dmuon.trace.load
+    reads it), over the steps after `after_step` (the warm-up). Each matrix's
+    "ns" span covers its batch's whole run, so it counts 1/batch_size of it.
+    These include what the span holds beside the Newton-Schulz: the momentum
+    step and the Nesterov blend (about 2.5 % at the sweep's sizes)."""
+    per_shape: dict[str, list[float]] = {}
+    for e in doc["traceEvents"]:
+        a = e.get("args") or {}
+        if e.get("ph") != "X" or a.get("stage") != "ns" or a.get("step", 0) <= after_step:
+            continue
+        size = max(int(a.get("batch_size", 1)), 1)
+        per_shape.setdefault(a["shape"], []).append(e["dur"] / 1e6 / size)
+    return {shape: statistics.median(v) for shape, v in sorted(per_shape.items())}
+
+
 # OpenBLAS's generic x86 cores, and what dmuond asks for instead on a CPU
 # that runs better ones (kernels/blas_core.h, BetterBlasCore: the rule this
 # mirrors, so that the kernels timed here are the daemon's).

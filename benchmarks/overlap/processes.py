@@ -40,25 +40,40 @@ def _pinned(cpus: list[int], env: dict[str, str]):
 
 
 class Trace:
-    """One run's step timeline (--trace): dmuond's --trace-file and each
-    trainer's DMUON_TRACE in a scratch directory, merged into
-    `directory`/`name`.json once the run is over (dmuon.trace merge)."""
+    """One DMuon run's step timeline: dmuond's --trace-file always (the
+    point reads its Newton-Schulz times from it: ns_times.from_trace), and
+    with --trace each trainer's DMUON_TRACE too, in a scratch directory,
+    merged into `directory`/`name`.json once the run is over (dmuon.trace
+    merge). directory None: the daemon's file only, read by daemon_doc()
+    and removed by close()."""
 
-    def __init__(self, directory: str, name: str):
-        os.makedirs(directory, exist_ok=True)
-        self.out = os.path.join(directory, name + ".json")
+    def __init__(self, directory: str | None, name: str):
+        self.out = None
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+            self.out = os.path.join(directory, name + ".json")
         self.tmp = tempfile.TemporaryDirectory(prefix="overlap-trace-")
         self.daemon_file = os.path.join(self.tmp.name, "dmuond.json")
 
     def trainer_env(self, k: int) -> dict[str, str]:
+        if self.out is None:
+            return {}
         return {"DMUON_TRACE": os.path.join(self.tmp.name, f"trainer{k}.json")}
 
-    def merge(self, trainers: int) -> None:
+    def daemon_doc(self) -> dict:
+        """dmuond's timeline (after it stopped: its last events flushed)."""
+        from dmuon import trace
+
+        return trace.load(self.daemon_file)
+
+    def close(self, trainers: int) -> None:
+        """Merges the files into `out` (with --trace); removes the scratch."""
         from dmuon import trace
 
         with self.tmp:
-            files = [self.trainer_env(k)["DMUON_TRACE"] for k in range(trainers)]
-            trace.merge_files(self.out, [*files, self.daemon_file])
+            if self.out is not None:
+                files = [self.trainer_env(k)["DMUON_TRACE"] for k in range(trainers)]
+                trace.merge_files(self.out, [*files, self.daemon_file])
 
 
 def start_daemon(cpus: list[int], trace: Trace | None = None):

@@ -15,22 +15,26 @@ from optimizers import LABELS
 
 def _row(label: str, r: dict) -> str:
     loss = r.get("loss_rel_diff_vs_muon_fp32")
+    in_run = (f"{r['vs_bound_in_run']:.2f} ({r['bound_in_run_ms']:.0f} ms)"
+              if "vs_bound_in_run" in r else "-")
     return (f"| {label} | {r['iteration_ms']:.0f} ms | "
             + (f"{r['vs_adamw']:.2f}" if "vs_adamw" in r else "-")
-            + f" | {r['vs_bound']:.2f} | " + (f"{loss:.1e}" if loss is not None else "-")
-            + " |")
+            + f" | {r['vs_bound']:.2f} | {in_run} | "
+            + (f"{loss:.1e}" if loss is not None else "-") + " |")
 
 
 def point_table(p: dict) -> str:
-    """One point: each optimizer's median iteration, against AdamW and the
-    bound, and its final loss against fp32-NS torch Muon's."""
+    """One point: each optimizer's median iteration, against AdamW, the
+    bound and (DMuon) the bound with its run's own Newton-Schulz times, and
+    its final loss against fp32-NS torch Muon's."""
     lines = [f"{p['model']}, {p['tokens']} tokens per step: forward+backward "
              f"{p['forward_backward_ms']:.0f} ms, Newton-Schulz {p['ns_ms']:.0f} ms "
              f"({p['ns_over_fb']:.2f}x), bound {p['bound_ms']:.0f} ms", "",
-             "| optimizer | iteration | vs AdamW | vs bound | final loss vs fp32 Muon |",
-             "|---|---|---|---|---|"]
+             "| optimizer | iteration | vs AdamW | vs bound | vs bound with the run's "
+             "NS | final loss vs fp32 Muon |",
+             "|---|---|---|---|---|---|"]
     lines += [_row(LABELS[k], r) for k, r in p["results"].items()]
-    lines += [f"| {LABELS[k]} | skipped: {why} | - | - | - |"
+    lines += [f"| {LABELS[k]} | skipped: {why} | - | - | - | - |"
               for k, why in p.get("skipped", {}).items()]
     pair = p.get("pair")
     if pair:
@@ -39,7 +43,7 @@ def point_table(p: dict) -> str:
             its = " / ".join(f"{r['iteration_ms']:.0f}" for r in runs)
             worst = max(r["iteration_ms"] for r in runs) / b
             lines.append(f"| 2 trainers, {LABELS[kind]} | {its} ms | - | {worst:.2f} "
-                         f"(pair bound {b:.0f} ms) | - |")
+                         f"(pair bound {b:.0f} ms) | - | - |")
     return "\n".join(lines)
 
 

@@ -51,6 +51,16 @@ def test_smallest_point(tmp_path):
     assert p["bound_ms"] >= 1000 * work - 1e-6 and p["bound_ms"] >= p["ns_ms"]
     r = p["results"]
     assert set(r) == {"muon-fp32", "dmuon-forward"}
+    # DMuon's run: dmuond's own Newton-Schulz per shape from its timeline,
+    # and the bound again with them.
+    d = r["dmuon-forward"]
+    assert set(d["dmuond_ns_seconds"]) == set(p["ns_seconds"])
+    assert all(s > 0 for s in d["dmuond_ns_seconds"].values())
+    in_run_ns = sum(d["dmuond_ns_seconds"]["x".join(map(str, m["shape"]))] for m in mats)
+    assert d["bound_in_run_ms"] >= 1000 * work - 1e-6
+    assert d["bound_in_run_ms"] >= 1000 * in_run_ns - 1e-6
+    assert d["vs_bound_in_run"] == d["iteration_ms"] / d["bound_in_run_ms"]
+    assert "dmuond_ns_seconds" not in r["muon-fp32"]
     for kind, x in r.items():
         assert x["iteration_ms"] > 0 and len(x["periods_ms"]) == 1
         assert x["vs_bound"] == x["iteration_ms"] / p["bound_ms"]
@@ -99,3 +109,26 @@ def test_naming_muon_bf16_runs_it_anyway():
 
     assert ratio() == ratio("--optimizers=adamw,muon-fp32") == 4.0
     assert ratio("--optimizers=adamw,muon-bf16") is None
+
+
+def test_ns_from_dmuonds_timeline():
+    import ns_times
+
+    def ns(step, shape, ms, batch_size=1, stage="ns"):
+        return {"ph": "X", "dur": 1000 * ms, "name": f"{stage} w",
+                "args": {"stage": stage, "step": step, "shape": shape,
+                         "batch_size": batch_size}}
+
+    doc = {"traceEvents": [
+        ns(1, "8x4", 100.0),  # warm-up: left out
+        ns(2, "8x4", 3.0), ns(3, "8x4", 5.0), ns(4, "8x4", 4.0),
+        ns(3, "4x4", 6.0, batch_size=3),  # a batch of 3: a third each
+        ns(3, "4x4", 6.0, batch_size=3), ns(3, "4x4", 9.0, batch_size=3),
+        ns(3, "8x4", 50.0, stage="gather"),  # not Newton-Schulz
+        {"ph": "i", "args": {"stage": "ns", "step": 3, "shape": "8x4"}},
+    ]}
+    from pytest import approx
+
+    got = ns_times.from_trace(doc, after_step=1)
+    assert got == {"4x4": approx(0.002), "8x4": approx(0.004)}
+    assert ns_times.from_trace(doc)["8x4"] == approx(0.0045)  # median of 100, 3, 5, 4
