@@ -34,8 +34,8 @@ def point_table(p: dict) -> str:
              "NS | final loss vs fp32 Muon |",
              "|---|---|---|---|---|---|"]
     lines += [_row(LABELS[k], r) for k, r in p["results"].items()]
-    lines += [f"| {LABELS[k]} | skipped: {why} | - | - | - | - |"
-              for k, why in p.get("skipped", {}).items()]
+    lines += [f"| {LABELS[k]} | skipped (below) | - | - | - | - |"
+              for k in p.get("skipped", {})]
     pair = p.get("pair")
     if pair:
         b = max(pair["bound_ms"])
@@ -44,7 +44,8 @@ def point_table(p: dict) -> str:
             worst = max(r["iteration_ms"] for r in runs) / b
             lines.append(f"| 2 trainers, {LABELS[kind]} | {its} ms | - | {worst:.2f} "
                          f"(pair bound {b:.0f} ms) | - | - |")
-    return "\n".join(lines)
+    lines += ["", *(f"{LABELS[k]}: skipped: {why}." for k, why in p.get("skipped", {}).items())]
+    return "\n".join(lines).rstrip()
 
 
 def tables(res: dict) -> str:
