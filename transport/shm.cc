@@ -25,6 +25,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "transport/sigbus_guard.h"
 #include "transport/transport.h"
 
 namespace dmuon::transport {
@@ -113,6 +114,7 @@ class ShmRegion final : public Region {
   }
 
   absl::Status Check() const override {
+    if (guard_.broken()) return Lost();
     struct stat st;
     if (::fstat(fd_, &st) != 0) {
       return ErrnoError(errno, absl::StrCat("fstat shm segment '", name_, "'"));
@@ -123,45 +125,21 @@ class ShmRegion final : public Region {
     return absl::OkStatus();
   }
 
-  // Through the descriptor, never the mapping: a page past the end of a
-  // segment the client truncated raises SIGBUS when touched through the
-  // mapping, while pread/pwrite see the file's current size. A short read
-  // is the segment shrunk under us; a write first checks the size (and a
-  // shrink racing with it only grows the file back, harmlessly).
+  // Through the mapping, guarded (sigbus_guard.h): a segment already
+  // shrunk fails the size check first; one shrunk during the copy raises
+  // SIGBUS inside it, which the guard absorbs, and the copy fails with
+  // DATA_LOSS (the region is then lost: every later call fails too).
   absl::Status Read(uint64_t offset, void* out, uint64_t n) override {
     if (auto st = CheckRange(offset, n); !st.ok()) return st;
-    auto* p = static_cast<char*>(out);
-    while (n > 0) {
-      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) {
-        return ErrnoError(errno,
-                          absl::StrCat("read shm segment '", name_, "'"));
-      }
-      if (r == 0) {
-        if (auto st = Check(); !st.ok()) return st;
-        return absl::DataLossError(
-            absl::StrCat("shm segment '", name_, "' ended at byte ", offset,
-                         " of ", size_, " declared (shrunk while read)"));
-      }
-      p += r, offset += static_cast<uint64_t>(r), n -= static_cast<uint64_t>(r);
-    }
-    return absl::OkStatus();
+    if (auto st = Check(); !st.ok()) return st;
+    if (guard_.CopyOut(offset, out, n)) return absl::OkStatus();
+    return Lost();
   }
   absl::Status Write(uint64_t offset, const void* in, uint64_t n) override {
     if (auto st = CheckRange(offset, n); !st.ok()) return st;
     if (auto st = Check(); !st.ok()) return st;
-    auto* p = static_cast<const char*>(in);
-    while (n > 0) {
-      const ssize_t r = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        return ErrnoError(r < 0 ? errno : EIO,
-                          absl::StrCat("write shm segment '", name_, "'"));
-      }
-      p += r, offset += static_cast<uint64_t>(r), n -= static_cast<uint64_t>(r);
-    }
-    return absl::OkStatus();
+    if (guard_.CopyIn(offset, in, n)) return absl::OkStatus();
+    return Lost();
   }
 
   const std::string& name() const override { return name_; }
@@ -174,10 +152,18 @@ class ShmRegion final : public Region {
         ") are outside shm segment '", name_, "' (", size_, " bytes)"));
   }
 
+  absl::Status Lost() const {
+    return absl::DataLossError(
+        absl::StrCat("shm segment '", name_, "' (", size_,
+                     " bytes declared) was shrunk while dmuon copied from or "
+                     "to it; the region is lost"));
+  }
+
   const std::string name_;
-  const int fd_;         // kept open for Check(), Read() and Write()
+  const int fd_;         // kept open for Check()
   void* const addr_;     // nullptr when size_ == 0
   const uint64_t size_;  // declared and mapped
+  GuardedMapping guard_{addr_, size_};
 };
 
 // Maps `size` bytes of `fd`; nullptr for an empty region (mmap rejects 0).

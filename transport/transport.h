@@ -81,14 +81,16 @@ class Region {
   virtual absl::Span<std::byte> bytes() = 0;
   // OK while the memory can be touched safely. For shm, fails (DATA_LOSS,
   // naming the segment and both sizes) when the segment has been shrunk
-  // below the declared size — touching it would raise SIGBUS.
+  // below the declared size — touching it would raise SIGBUS — or once a
+  // copy met such a shrink (the region is lost).
   virtual absl::Status Check() const = 0;
   // Copies `n` bytes at `offset` of the region out to `out` / in from `in`,
   // safely against a peer that changes the memory's size meanwhile: shm
-  // reads and writes through the segment's descriptor (pread/pwrite), so a
+  // copies through its mapping under a SIGBUS guard (sigbus_guard.h), so a
   // segment the client shrank (even between a Check and the copy) makes
-  // them fail with DATA_LOSS naming the segment and both sizes, never
-  // SIGBUS. OUT_OF_RANGE when [offset, offset + n) is not inside bytes().
+  // them fail with DATA_LOSS naming the segment, never kills the process
+  // (after a shrink during a copy the region is lost: every later call
+  // fails too). OUT_OF_RANGE when [offset, offset + n) is not inside bytes().
   // The defaults copy through bytes() (memory that cannot shrink: heap).
   // Not for GPU regions (bytes() is empty).
   virtual absl::Status Read(uint64_t offset, void* out, uint64_t n);

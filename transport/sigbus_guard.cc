@@ -1,0 +1,110 @@
+#include "transport/sigbus_guard.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+
+#include <cstring>
+#include <mutex>
+
+namespace dmuon::transport {
+namespace {
+
+// The copy in progress on this thread: what the handler may repair. Set
+// and cleared around each copy, only on its own thread, so the handler (on
+// the faulting thread) reads it without a lock.
+struct ActiveCopy {
+  std::byte* base;
+  size_t size;
+  std::atomic<bool>* broken;
+};
+thread_local ActiveCopy* t_active = nullptr;
+
+struct sigaction g_previous;  // SIGBUS's disposition before ours
+
+// Hands a fault that is not a guarded copy's to the previous disposition.
+void Chain(int sig, siginfo_t* info, void* context) {
+  if (g_previous.sa_flags & SA_SIGINFO) {
+    g_previous.sa_sigaction(sig, info, context);
+  } else if (g_previous.sa_handler == SIG_DFL ||
+             g_previous.sa_handler == SIG_IGN) {
+    // A fault ignored would repeat forever: the default, as the kernel
+    // would apply to a SIGBUS it must deliver. Returning re-runs the
+    // faulting instruction, which now kills the process.
+    ::signal(sig, SIG_DFL);
+  } else {
+    g_previous.sa_handler(sig);
+  }
+}
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
+  ActiveCopy* a = t_active;
+  auto* addr = static_cast<std::byte*>(info->si_addr);
+  if (a != nullptr && addr >= a->base && addr < a->base + a->size) {
+    // Broken before the pages change, so a copy on another thread that
+    // reads the zero pages sees the flag when it checks after its copy.
+    a->broken->store(true);
+    if (::mmap(a->base, a->size, PROT_READ | PROT_WRITE,
+               MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) != MAP_FAILED) {
+      return;  // the copy resumes on the zero pages
+    }
+  }
+  Chain(sig, info, context);
+}
+
+void InstallOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous);
+  });
+}
+
+// t_active for the life of one copy. The signal fences keep the compiler
+// from moving the copy out of the window the handler sees.
+class Guard {
+ public:
+  explicit Guard(ActiveCopy* a) {
+    InstallOnce();
+    t_active = a;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+  ~Guard() {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    t_active = nullptr;
+  }
+  Guard(const Guard&) = delete;
+  Guard& operator=(const Guard&) = delete;
+};
+
+}  // namespace
+
+GuardedMapping::GuardedMapping(void* base, size_t size)
+    : base_(static_cast<std::byte*>(base)), size_(size) {}
+
+bool GuardedMapping::CopyOut(size_t offset, void* out, size_t n) {
+  if (broken()) return false;
+  if (n == 0) return true;
+  ActiveCopy a{base_, size_, &broken_};
+  {
+    Guard g(&a);
+    std::memcpy(out, base_ + offset, n);
+  }
+  return !broken();
+}
+
+bool GuardedMapping::CopyIn(size_t offset, const void* in, size_t n) {
+  if (broken()) return false;
+  if (n == 0) return true;
+  ActiveCopy a{base_, size_, &broken_};
+  {
+    Guard g(&a);
+    std::memcpy(base_ + offset, in, n);
+  }
+  return !broken();
+}
+
+}  // namespace dmuon::transport

@@ -1,0 +1,61 @@
+// Copies to and from a MAP_SHARED mapping of a file that another process
+// may shrink at any moment (a client's shm segment), at memcpy speed and
+// without dying of the SIGBUS that touching a page past the file's new end
+// raises.
+//
+// Why not pread/pwrite: through the descriptor a shrink shows as a short
+// read and never as a signal, but tmpfs copies page by page there, about
+// 1.3 GB/s against 10 GB/s for a copy from the mapping (2026-12-07, AMD
+// EPYC VM, 2.4 MB slots): 20 ms a step of the daemon's core for the 4-layer
+// d=384 GPT's 29 MB of gradients.
+//
+// How: the first copy installs a process-wide SIGBUS handler (SA_SIGINFO,
+// kept for the life of the process; a process that never copies, such as a
+// client that writes its tensors in place, never gets one). While a thread
+// copies through Copy{Out,In}, a SIGBUS on that thread at an address inside
+// that mapping marks the mapping broken and maps anonymous zero pages over the
+// whole of it (MAP_FIXED), so the interrupted copy resumes and finishes on
+// zeros; the copy then reports failure, and so does every later one. A
+// SIGBUS anywhere else goes to the disposition that was there before the
+// handler (the default: the process dies, as it would have without it). The
+// technique libwayland-server uses for its clients' shm pools.
+//
+// After a fault the mapping no longer shows the file: the region is lost,
+// which the caller reports (DATA_LOSS) and the session ends on.
+
+#ifndef DMUON_TRANSPORT_SIGBUS_GUARD_H_
+#define DMUON_TRANSPORT_SIGBUS_GUARD_H_
+
+#include <atomic>
+#include <cstddef>
+
+namespace dmuon::transport {
+
+class GuardedMapping {
+ public:
+  // [base, base + size): a MAP_SHARED, PROT_READ | PROT_WRITE mapping the
+  // caller owns and unmaps (after this object is gone). size may be 0.
+  GuardedMapping(void* base, size_t size);
+  GuardedMapping(const GuardedMapping&) = delete;
+  GuardedMapping& operator=(const GuardedMapping&) = delete;
+
+  // Copies n bytes at `offset` of the mapping out to `out` / in from `in`;
+  // the caller keeps [offset, offset + n) inside the mapping. False when
+  // the mapping faulted, in this copy or before (out's bytes are then
+  // unspecified; in's may have landed on the zero pages). Thread-safe:
+  // copies may run on several threads at once.
+  bool CopyOut(size_t offset, void* out, size_t n);
+  bool CopyIn(size_t offset, const void* in, size_t n);
+
+  // True once a copy faulted: the mapping shows zero pages, not the file.
+  bool broken() const { return broken_.load(); }
+
+ private:
+  std::byte* const base_;
+  const size_t size_;
+  std::atomic<bool> broken_{false};
+};
+
+}  // namespace dmuon::transport
+
+#endif  // DMUON_TRANSPORT_SIGBUS_GUARD_H_
