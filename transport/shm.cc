@@ -130,21 +130,25 @@ class ShmRegion final : public Region {
   // SIGBUS inside it, which the guard absorbs, and the copy fails with
   // DATA_LOSS (the region is then lost: every later call fails too).
   absl::Status Read(uint64_t offset, void* out, uint64_t n) override {
-    if (auto st = CheckRange(offset, n); !st.ok()) return st;
-    if (auto st = Check(); !st.ok()) return st;
-    if (guard_.CopyOut(offset, out, n)) return absl::OkStatus();
-    return Lost();
+    return Guarded(offset, n, [&] { return guard_.CopyOut(offset, out, n); });
   }
   absl::Status Write(uint64_t offset, const void* in, uint64_t n) override {
-    if (auto st = CheckRange(offset, n); !st.ok()) return st;
-    if (auto st = Check(); !st.ok()) return st;
-    if (guard_.CopyIn(offset, in, n)) return absl::OkStatus();
-    return Lost();
+    return Guarded(offset, n, [&] { return guard_.CopyIn(offset, in, n); });
   }
 
   const std::string& name() const override { return name_; }
 
  private:
+  // copy() (one of guard_'s) once [offset, offset + n) is in range and the
+  // segment still has its declared size.
+  template <typename CopyFn>
+  absl::Status Guarded(uint64_t offset, uint64_t n, CopyFn copy) {
+    if (auto st = CheckRange(offset, n); !st.ok()) return st;
+    if (auto st = Check(); !st.ok()) return st;
+    if (copy()) return absl::OkStatus();
+    return Lost();
+  }
+
   absl::Status CheckRange(uint64_t offset, uint64_t n) const {
     if (offset <= size_ && n <= size_ - offset) return absl::OkStatus();
     return absl::OutOfRangeError(absl::StrCat(

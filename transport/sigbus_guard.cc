@@ -86,23 +86,20 @@ GuardedMapping::GuardedMapping(void* base, size_t size)
     : base_(static_cast<std::byte*>(base)), size_(size) {}
 
 bool GuardedMapping::CopyOut(size_t offset, void* out, size_t n) {
-  if (broken()) return false;
-  if (n == 0) return true;
-  ActiveCopy a{base_, size_, &broken_};
-  {
-    Guard g(&a);
-    std::memcpy(out, base_ + offset, n);
-  }
-  return !broken();
+  return Copy(out, base_ + offset, n);
 }
 
 bool GuardedMapping::CopyIn(size_t offset, const void* in, size_t n) {
+  return Copy(base_ + offset, in, n);
+}
+
+bool GuardedMapping::Copy(void* to, const void* from, size_t n) {
   if (broken()) return false;
   if (n == 0) return true;
   ActiveCopy a{base_, size_, &broken_};
   {
     Guard g(&a);
-    std::memcpy(base_ + offset, in, n);
+    std::memcpy(to, from, n);
   }
   return !broken();
 }

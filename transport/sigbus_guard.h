@@ -51,6 +51,10 @@ class GuardedMapping {
   bool broken() const { return broken_.load(); }
 
  private:
+  // memcpy(to, from, n) with this mapping's fault guard; one side lies in
+  // the mapping.
+  bool Copy(void* to, const void* from, size_t n);
+
   std::byte* const base_;
   const size_t size_;
   std::atomic<bool> broken_{false};
