@@ -81,14 +81,20 @@ def main(argv: list[str] | None = None) -> None:
             if r:
                 ours.append(t1 - t0)
                 theirs.append(time.perf_counter() - t1)
-        seconds[f"{rows}x{cols}"] = statistics.median(ours)
-        torch_seconds[f"{rows}x{cols}"] = statistics.median(theirs)
+        seconds[shape_key((rows, cols))] = statistics.median(ours)
+        torch_seconds[shape_key((rows, cols))] = statistics.median(theirs)
     probe = bf16_probe(min(json.loads(args.shapes), key=lambda s: s[0] * s[1]),
                        torch_seconds, rng)
     with open(args.out, "w") as f:
         json.dump({"seconds": seconds, "torch_fp32_seconds": torch_seconds,
                    "torch_bf16_probe": probe, "cpus": cpus[:1], "options": NS,
                    "openblas_core": openblas_core()}, f)
+
+
+def shape_key(shape) -> str:
+    """A matrix shape's key in this module's {"RxC": seconds} tables, as
+    dmuond's timeline writes it (its "ns" spans' args.shape)."""
+    return "x".join(map(str, shape))
 
 
 def bf16_probe(shape: list[int], torch_seconds: dict, rng) -> dict | None:
@@ -103,7 +109,7 @@ def bf16_probe(shape: list[int], torch_seconds: dict, rng) -> dict | None:
     ns = getattr(_muon, "_zeropower_via_newtonschulz", None)
     if ns is None:
         return None
-    key = "x".join(map(str, shape))
+    key = shape_key(shape)
     times = []
     for _ in range(2):
         g = torch.from_numpy(rng.standard_normal(shape, dtype=np.float32))

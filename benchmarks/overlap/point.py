@@ -37,7 +37,7 @@ class Setup:
 
 
 def _simulated_trainer(profile: dict, ns_seconds: dict) -> bound.Trainer:
-    tasks = [(m["segment"], ns_seconds["x".join(map(str, m["shape"]))])
+    tasks = [(m["segment"], ns_seconds[ns_times.shape_key(m["shape"])])
              for m in profile["matrices"]]
     return bound.Trainer(profile["forward_s"], profile["backward_s"],
                          profile["after_backward_s"], tasks)
@@ -57,21 +57,23 @@ def _trainers(setup: Setup, model: str, tokens: int, kind: str, count: int) -> l
                             + ("-pair" if count > 1 else "")) if dmuon else None
     daemon = processes.start_daemon(setup.daemon_cpus, trace) if dmuon else None
     try:
-        server = daemon.address if daemon else None
-        started = [processes.start("trainer.py", _args(setup, model, tokens, optimizer=kind,
-                                                       server=server),
-                                   trace.trainer_env(k) if trace else None)
-                   for k in range(count)]
-        runs = [processes.wait(s, f"{model} {tokens} tokens, {kind}") for s in started]
-        if daemon:
-            daemon.stop()
+        try:
+            server = daemon.address if daemon else None
+            started = [processes.start("trainer.py",
+                                       _args(setup, model, tokens, optimizer=kind,
+                                             server=server),
+                                       trace.trainer_env(k) if trace else None)
+                       for k in range(count)]
+            runs = [processes.wait(s, f"{model} {tokens} tokens, {kind}") for s in started]
+        finally:
+            if daemon:
+                daemon.stop()  # also writes out its timeline
+        if trace:
             ns = ns_times.from_trace(trace.daemon_doc(), after_step=setup.warmup)
             for run in runs:
                 run["dmuond_ns_seconds"] = ns
         return runs
     finally:
-        if daemon:
-            daemon.stop()
         if trace:
             trace.close(count)
 
@@ -92,7 +94,7 @@ def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
     ns_run = processes.ns_times(setup.daemon_cpus_text(), [list(s) for s in shapes],
                                 setup.ns_repeats)
     trainer = _simulated_trainer(prof, ns_run["seconds"])
-    ns_torch = sum(ns_run["torch_fp32_seconds"]["x".join(map(str, m["shape"]))]
+    ns_torch = sum(ns_run["torch_fp32_seconds"][ns_times.shape_key(m["shape"])]
                    for m in prof["matrices"])
     devices = len(setup.daemon_cpus)
     one = bound.simulate([trainer], devices)
@@ -143,7 +145,7 @@ def _in_run_bounds(results: dict, prof: dict, devices: int) -> None:
     its spans hold the momentum pass too): both are reported."""
     for r in results.values():
         ns = r.get("dmuond_ns_seconds")
-        if not ns or any("x".join(map(str, m["shape"])) not in ns
+        if not ns or any(ns_times.shape_key(m["shape"]) not in ns
                          for m in prof["matrices"]):
             continue
         sim = bound.simulate([_simulated_trainer(prof, ns)], devices)

@@ -13,6 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from bound import Trainer  # noqa: E402
+from ns_times import shape_key  # noqa: E402
 
 
 def test_smallest_point(tmp_path):
@@ -56,7 +57,7 @@ def test_smallest_point(tmp_path):
     d = r["dmuon-forward"]
     assert set(d["dmuond_ns_seconds"]) == set(p["ns_seconds"])
     assert all(s > 0 for s in d["dmuond_ns_seconds"].values())
-    in_run_ns = sum(d["dmuond_ns_seconds"]["x".join(map(str, m["shape"]))] for m in mats)
+    in_run_ns = sum(d["dmuond_ns_seconds"][shape_key(m["shape"])] for m in mats)
     assert d["bound_in_run_ms"] >= 1000 * work - 1e-6
     assert d["bound_in_run_ms"] >= 1000 * in_run_ns - 1e-6
     assert d["vs_bound_in_run"] == d["iteration_ms"] / d["bound_in_run_ms"]
