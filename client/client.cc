@@ -16,6 +16,7 @@
 #include "client/session.h"
 #include "client/wire.h"
 #include "proto/dmuon.grpc.pb.h"
+#include "transport/doorbell.h"
 #include "transport/transport.h"
 
 namespace dmuon {
@@ -60,6 +61,24 @@ class ClientImpl : public Client {
     return std::vector<int>{std::max(1, healthy)};
   }
 
+  // The bytes of an open shm session's segment: its tensors and, when the
+  // daemon granted one, its update doorbell, which must sit right after
+  // them and have the size this client computes.
+  absl::StatusOr<uint64_t> ShmBytes(const v1::OpenSessionResponse& open) const {
+    const uint64_t tensors = open.layout().total_bytes();
+    if (!open.has_update_doorbell()) return tensors;
+    const auto& d = open.update_doorbell();
+    const uint64_t want = transport::DoorbellBytes(open.layout().slots_size());
+    if (d.offset() != tensors || d.bytes() != want) {
+      return absl::InternalError(absl::StrCat(
+          "dmuond at ", address_,
+          " answered update_doorbell {offset: ", d.offset(),
+          ", bytes: ", d.bytes(), "}; this client expects {offset: ", tensors,
+          ", bytes: ", want, "} (docs/protocol.md \"Update doorbell\")"));
+    }
+    return tensors + want;
+  }
+
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(
       const SessionSpec& spec) override {
     auto layout = Client::ComputeRegionLayout(spec);
@@ -76,12 +95,18 @@ class ClientImpl : public Client {
         : spec.transport == TransportChoice::kShm  ? v1::TRANSPORT_SHM
         : local                                    ? v1::TRANSPORT_SHM
                                                    : v1::TRANSPORT_INLINE;
-    auto open = OpenChecked(ToRequest(spec, t), layout);
+    v1::OpenSessionRequest req = ToRequest(spec, t);
+    req.set_update_doorbell(t == v1::TRANSPORT_SHM && options_.update_doorbell);
+    auto open = OpenChecked(req, layout);
     if (!open.ok()) return open.status();
     std::unique_ptr<transport::Region> region;
     if (t == v1::TRANSPORT_SHM) {
-      auto r = transport::OpenShmRegion(open->shm_name(),
-                                        open->layout().total_bytes());
+      auto bytes = ShmBytes(*open);
+      if (!bytes.ok()) {
+        CloseQuietly(open->session_id());
+        return bytes.status();
+      }
+      auto r = transport::OpenShmRegion(open->shm_name(), *bytes);
       if (!r.ok() && spec.transport == TransportChoice::kAuto) {
         // The daemon is not on this host after all (or /dev/shm is not
         // shared with it): fall back to inline.

@@ -237,6 +237,11 @@ class PoolSession : public Session {
     }
     return all;
   }
+  bool update_doorbell() const override {
+    bool all = !subs_.empty();
+    for (const auto& s : subs_) all = all && s->update_doorbell();
+    return all;
+  }
   uint32_t daemon_protocol_minor() const override {
     uint32_t oldest = UINT32_MAX;
     for (const auto& s : subs_)

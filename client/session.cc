@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "base/trace.h"
 #include "client/wire.h"
 #include "proto/dmuon.grpc.pb.h"
+#include "transport/doorbell.h"
 
 namespace dmuon::client_internal {
 namespace {
@@ -38,7 +40,13 @@ class SessionImpl final : public Session {
         ready_(n_, 0),
         skipped_(n_, 0),
         absent_(n_, 0),
-        received_ns_(n_, 0) {}
+        received_ns_(n_, 0) {
+    if (open_.has_update_doorbell() && region_ != nullptr) {
+      doorbell_.emplace(
+          region_->bytes().data() + open_.update_doorbell().offset(), n_);
+      doorbell_seen_.assign(n_, 0);
+    }
+  }
 
   ~SessionImpl() override { (void)Close(); }
 
@@ -48,6 +56,7 @@ class SessionImpl final : public Session {
     a.mutable_attach()->set_session_id(open_.session_id());
     if (!stream_->Write(a)) return Finish("attach");
     reader_ = std::thread([this] { ReadLoop(); });
+    if (doorbell_) doorbell_thread_ = std::thread([this] { DoorbellLoop(); });
     return absl::OkStatus();
   }
 
@@ -71,6 +80,7 @@ class SessionImpl final : public Session {
   }
   const RegionLayout& layout() const override { return layout_; }
   const NcclInfo& nccl() const override { return nccl_; }
+  bool update_doorbell() const override { return doorbell_.has_value(); }
 
   absl::Status GradientReady(int i) override { return GradientsReady({i}); }
 
@@ -238,6 +248,9 @@ class SessionImpl final : public Session {
     }
     if (complete_ < step_)
       return final_.ok() ? absl::AbortedError("stream ended") : final_;
+    // Every word of this step was stored before its step_complete was sent:
+    // take them as seen now, so that none reads as new after a Rewind.
+    if (doorbell_) ScanDoorbellLocked();
     ++step_;
     announced_.clear();
     announced_returned_ = 0;
@@ -412,6 +425,11 @@ class SessionImpl final : public Session {
     }
     stream_ctx_.TryCancel();
     if (reader_.joinable()) reader_.join();
+    if (doorbell_thread_.joinable()) {
+      stop_doorbell_.store(true);
+      doorbell_->Poke();
+      doorbell_thread_.join();
+    }
     return st;
   }
   bool region_released() const override { return released_; }
@@ -434,6 +452,48 @@ class SessionImpl final : public Session {
   }
   absl::Status Finish(const char* what) {
     return FromGrpc(stream_->Finish(), address_);
+  }
+
+  // The update doorbell's thread: each move of its counter, a scan of the
+  // words; what is new wakes the waiters as an UpdatesReady would. The
+  // timeout only bounds how late a stop is seen should a wake be missed.
+  void DoorbellLoop() {
+    while (!stop_doorbell_.load()) {
+      const uint32_t seen = doorbell_->counter();
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (ScanDoorbellLocked()) cv_.notify_all();
+      }
+      doorbell_->Wait(seen, std::chrono::milliseconds(200));
+    }
+  }
+
+  // Takes in every doorbell word that changed since the last scan and
+  // announces the step in progress (an older step's is only marked seen),
+  // as ReadLoop takes in an UpdatesReady. True when one did. mu_ held.
+  bool ScanDoorbellLocked() {
+    std::vector<int> ids;
+    bool any = false;
+    const int64_t now = TraceNowNs();
+    for (int i = 0; i < n_; ++i) {
+      const uint64_t raw = doorbell_->word(i);
+      if (raw == doorbell_seen_[i]) continue;
+      doorbell_seen_[i] = raw;
+      const transport::DoorbellWord w = transport::DecodeWord(raw);
+      if (w.step != step_ || ready_[i]) continue;
+      any = true;
+      ready_[i] = 1;
+      if (w.absent) {
+        absent_[i] = 1;
+        ++absent_announced_;
+        continue;
+      }
+      skipped_[i] |= w.skipped ? 1 : 0;
+      received_ns_[i] = now;
+      ids.push_back(i);
+    }
+    if (!ids.empty()) announced_.emplace_back(step_, std::move(ids));
+    return any;
   }
 
   void ReadLoop() {
@@ -503,6 +563,12 @@ class SessionImpl final : public Session {
   std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>>
       stream_;
   std::thread reader_;
+  // The update doorbell (docs/protocol.md), when the daemon granted one: its
+  // words as last scanned (guarded by mu_), and the thread that waits on it.
+  std::optional<transport::DoorbellView> doorbell_;
+  std::vector<uint64_t> doorbell_seen_;
+  std::thread doorbell_thread_;
+  std::atomic<bool> stop_doorbell_{false};
   std::mutex write_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

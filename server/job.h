@@ -68,6 +68,9 @@ struct SessionState {
   std::shared_ptr<StepSink> sink;                 // null until Attach
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
+  // Announcements through the region's update doorbell so far (their
+  // serial: transport/doorbell.h).
+  uint32_t doorbell_serial = 0;
 };
 
 struct ParamState {

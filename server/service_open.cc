@@ -325,8 +325,11 @@ void OptimizerService::BuildJob(const v1::OpenSessionRequest& req,
 absl::StatusOr<std::unique_ptr<transport::Region>> OptimizerService::OpenRegion(
     const OpenAdmission& a, const v1::OpenSessionRequest& req,
     const transport::Layout& layout, v1::OpenSessionResponse* resp) const {
-  if (req.transport() == v1::TRANSPORT_SHM)
-    return transport::CreateShmRegion(layout.total_bytes);
+  if (req.transport() == v1::TRANSPORT_SHM) {
+    return transport::CreateShmRegion(
+        layout.total_bytes,
+        req.update_doorbell() ? static_cast<int>(layout.slots.size()) : -1);
+  }
   if (IsDeviceTransport(req.transport())) {
     // A new job's transport state goes with it if the open fails
     // (AbandonLocked); the rank is this open's alone (Job::BeginJoin).

@@ -17,6 +17,7 @@
 #include "server/job.h"
 #include "server/resume_step.h"
 #include "server/service.h"
+#include "transport/doorbell.h"
 
 namespace dmuon::server {
 absl::Status OptimizerService::CheckLimits(
@@ -107,6 +108,12 @@ absl::Status OptimizerService::ValidateOpen(
         ", not a Resume this dmuond knows (RESUME_UNSPECIFIED, RESUME_FRESH, "
         "RESUME_CONTINUE, RESUME_REPLACE)"));
   }
+  if (req.update_doorbell() && req.transport() != v1::TRANSPORT_SHM) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update_doorbell is set with transport ",
+        v1::Transport_Name(req.transport()),
+        ": an update doorbell lives in a shm segment (TRANSPORT_SHM only)"));
+  }
   if (req.job_id().empty())
     return absl::InvalidArgumentError("job_id is empty");
   if (req.world_size() < 1) {
@@ -142,6 +149,11 @@ void OptimizerService::FillOpenResponse(const Session& s,
   resp->set_transport(s.transport());
   if (s.transport() == v1::TRANSPORT_SHM)
     resp->set_shm_name(s.region()->name());
+  if (const int64_t at = s.region()->doorbell_offset(); at >= 0) {
+    resp->mutable_update_doorbell()->set_offset(at);
+    resp->mutable_update_doorbell()->set_bytes(
+        transport::DoorbellBytes(static_cast<int>(s.layout().slots.size())));
+  }
   auto* lay = resp->mutable_layout();
   lay->set_total_bytes(s.layout().total_bytes);
   for (size_t i = 0; i < s.layout().slots.size(); ++i) {

@@ -17,6 +17,7 @@
 #include "server/session_error.h"
 #include "server/step_checks.h"
 #include "server/step_trace.h"
+#include "transport/doorbell.h"
 
 namespace dmuon::server {
 namespace {
@@ -479,7 +480,7 @@ void StepPipeline::Acknowledge(const std::shared_ptr<Job>& job, Session& s,
                        if (gate) gate->Done();
                      });
   } else {
-    st.sink->Send(std::move(ready));
+    Announce(s, st, param, step, skip, absent, std::move(ready));
     if (last && acks.durable) {
       st.sink->HoldEnd();
       acks.held.emplace_back(st.sink, std::move(done));
@@ -494,6 +495,28 @@ void StepPipeline::Acknowledge(const std::shared_ptr<Job>& job, Session& s,
   ctx_.stats->RecordLatency(seconds);
   ctx_.metrics->StepCompleted(seconds);
   EndSessionStep(st, step);
+}
+
+void StepPipeline::Announce(Session& s, SessionState& st, int param,
+                            int64_t step, bool skip, bool absent,
+                            v1::StepResponse ready) const {
+  transport::Region* region = s.region();
+  if (region->doorbell_offset() < 0 || !transport::DoorbellStepFits(step)) {
+    st.sink->Send(std::move(ready));
+    return;
+  }
+  transport::DoorbellWord w;
+  w.serial = ++st.doorbell_serial;
+  w.step = step;
+  w.skipped = skip;
+  w.absent = absent;
+  if (absl::Status e = region->Announce(param, transport::EncodeWord(w));
+      !e.ok()) {
+    st.sink->Abort(absl::Status(
+        e.code(), absl::StrCat("rank ", s.rank(), ": the update of parameter ",
+                               param, " at step ", step,
+                               " cannot be announced: ", e.message())));
+  }
 }
 
 void StepPipeline::SendUpdateChunks(Session& s, int param, int64_t step,

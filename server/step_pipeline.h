@@ -143,6 +143,12 @@ class StepPipeline {
                    int64_t step, const absl::Status& status, bool skip,
                    bool absent, Acks& acks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu());
+  // Announces rank `s`'s update of `param` at `step`: its update doorbell's
+  // word when its region has one (transport/doorbell.h), else `ready` on
+  // its stream. A doorbell store that fails (the client shrank the
+  // segment: DATA_LOSS) ends the rank's stream with that error.
+  void Announce(Session& s, SessionState& st, int param, int64_t step,
+                bool skip, bool absent, v1::StepResponse ready) const;
   // An inline rank's update of `param`, in chunks of the message limit.
   void SendUpdateChunks(Session& s, int param, int64_t step, int64_t elements,
                         StepSink& sink) const;

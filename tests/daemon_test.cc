@@ -99,6 +99,25 @@ TEST(Daemon, FourRanksShmAndFourRanksInlineTenSteps) {
   }
 }
 
+// The same job with updates announced on the Step stream (UpdatesReady)
+// instead of the update doorbell (ClientOptions::update_doorbell = false):
+// both announcement paths stay exact, and each session has the one asked for
+// (rank_main checks).
+TEST(Daemon, ShmUpdatesOnTheStreamWhenTheDoorbellIsOff) {
+  Daemon d({"--cpu-executors=2"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  const uint64_t seed = Seed();
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(Rank(d, "stream-job", r, 2, "shm", 6, seed,
+                         {"--update_doorbell=false"}));
+  }
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back(Rank(d, "doorbell-job", r, 2, "shm", 6, seed));
+  for (auto& p : ranks)
+    EXPECT_EQ(p->Wait(240), 0) << "seed " << seed << "\n" << d.log();
+}
+
 TEST(Daemon, InlineTensorsLargerThanTheMessageLimitTravelInChunks) {
   // 16 KiB messages; the job's tensors are up to 32 KiB (128x64 fp32), so
   // both gradients and updates must be split to pass at all.

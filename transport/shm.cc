@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -25,6 +26,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "transport/doorbell.h"
 #include "transport/sigbus_guard.h"
 #include "transport/transport.h"
 
@@ -100,8 +102,20 @@ std::string SizeMismatch(const std::string& name, int64_t holds,
 
 class ShmRegion final : public Region {
  public:
-  ShmRegion(std::string name, int fd, void* addr, uint64_t size)
-      : name_(std::move(name)), fd_(fd), addr_(addr), size_(size) {}
+  // `doorbell_params` >= 0: the last DoorbellBytes(doorbell_params) bytes
+  // are an update doorbell's area.
+  ShmRegion(std::string name, int fd, void* addr, uint64_t size,
+            int doorbell_params = -1)
+      : name_(std::move(name)),
+        fd_(fd),
+        addr_(addr),
+        size_(size),
+        doorbell_params_(doorbell_params),
+        doorbell_offset_(
+            doorbell_params < 0
+                ? -1
+                : static_cast<int64_t>(size - DoorbellBytes(doorbell_params))) {
+  }
   ~ShmRegion() override {
     if (addr_ != nullptr) ::munmap(addr_, size_);
     ::close(fd_);
@@ -138,6 +152,26 @@ class ShmRegion final : public Region {
 
   const std::string& name() const override { return name_; }
 
+  int64_t doorbell_offset() const override { return doorbell_offset_; }
+  absl::Status Announce(int param, uint64_t word) override {
+    if (doorbell_offset_ < 0) return Region::Announce(param, word);
+    if (param < 0 || param >= doorbell_params_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "parameter ", param, " has no doorbell word in shm segment '", name_,
+          "' (", doorbell_params_, " parameters)"));
+    }
+    const uint64_t at = doorbell_offset_;
+    if (auto st = Check(); !st.ok()) return st;
+    if (!guard_.Store64(at + DoorbellWordOffset(param), word) ||
+        !guard_.Increment32(at + kDoorbellCounterOffset)) {
+      return Lost();
+    }
+    // A shrunk segment makes the wake fail with EFAULT, never a signal.
+    FutexWakeAll(reinterpret_cast<std::atomic<uint32_t>*>(
+        static_cast<std::byte*>(addr_) + at + kDoorbellCounterOffset));
+    return absl::OkStatus();
+  }
+
  private:
   // copy() (one of guard_'s) once [offset, offset + n) is in range and the
   // segment still has its declared size.
@@ -164,9 +198,11 @@ class ShmRegion final : public Region {
   }
 
   const std::string name_;
-  const int fd_;         // kept open for Check()
-  void* const addr_;     // nullptr when size_ == 0
-  const uint64_t size_;  // declared and mapped
+  const int fd_;                   // kept open for Check()
+  void* const addr_;               // nullptr when size_ == 0
+  const uint64_t size_;            // declared and mapped
+  const int doorbell_params_;      // -1: no doorbell
+  const int64_t doorbell_offset_;  // -1: no doorbell
   GuardedMapping guard_{addr_, size_};
 };
 
@@ -188,8 +224,17 @@ absl::Status TooLarge(uint64_t bytes) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(uint64_t bytes) {
-  if (bytes > kMaxBytes) return TooLarge(bytes);
+absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(uint64_t tensor_bytes,
+                                                        int doorbell_params) {
+  const uint64_t doorbell =
+      doorbell_params < 0 ? 0 : DoorbellBytes(doorbell_params);
+  if (tensor_bytes > kMaxBytes - doorbell) return TooLarge(tensor_bytes);
+  if (doorbell_params >= 0 && tensor_bytes % kAlignment != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an update doorbell must start at a multiple of ",
+                     kAlignment, " bytes; the tensors end at ", tensor_bytes));
+  }
+  const uint64_t bytes = tensor_bytes + doorbell;
   std::string name;
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {
@@ -228,7 +273,8 @@ absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(uint64_t bytes) {
     ::shm_unlink(name.c_str());
     return addr.status();
   }
-  return std::make_unique<ShmRegion>(std::move(name), fd, *addr, bytes);
+  return std::make_unique<ShmRegion>(std::move(name), fd, *addr, bytes,
+                                     doorbell_params);
 }
 
 absl::StatusOr<std::unique_ptr<Region>> OpenShmRegion(const std::string& name,

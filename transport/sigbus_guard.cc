@@ -93,15 +93,30 @@ bool GuardedMapping::CopyIn(size_t offset, const void* in, size_t n) {
   return Copy(base_ + offset, in, n);
 }
 
-bool GuardedMapping::Copy(void* to, const void* from, size_t n) {
+template <typename F>
+bool GuardedMapping::Run(F f) {
   if (broken()) return false;
-  if (n == 0) return true;
   ActiveCopy a{base_, size_, &broken_};
   {
     Guard g(&a);
-    std::memcpy(to, from, n);
+    f();
   }
   return !broken();
+}
+
+bool GuardedMapping::Copy(void* to, const void* from, size_t n) {
+  if (n == 0) return !broken();
+  return Run([&] { std::memcpy(to, from, n); });
+}
+
+bool GuardedMapping::Store64(size_t offset, uint64_t value) {
+  auto* word = reinterpret_cast<std::atomic<uint64_t>*>(base_ + offset);
+  return Run([&] { word->store(value, std::memory_order_release); });
+}
+
+bool GuardedMapping::Increment32(size_t offset) {
+  auto* word = reinterpret_cast<std::atomic<uint32_t>*>(base_ + offset);
+  return Run([&] { word->fetch_add(1, std::memory_order_release); });
 }
 
 }  // namespace dmuon::transport

@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 namespace dmuon::transport {
 
@@ -47,6 +48,14 @@ class GuardedMapping {
   bool CopyOut(size_t offset, void* out, size_t n);
   bool CopyIn(size_t offset, const void* in, size_t n);
 
+  // Atomic stores into the mapping under the same guard (the doorbell,
+  // doorbell.h): `offset` aligned to the word's size and inside the
+  // mapping. Store64 is a release store (what the thread wrote before,
+  // through the mapping or not, is visible to a reader that acquires the
+  // word); Increment32 adds 1 (release). False as for the copies.
+  bool Store64(size_t offset, uint64_t value);
+  bool Increment32(size_t offset);
+
   // True once a copy faulted: the mapping shows zero pages, not the file.
   bool broken() const { return broken_.load(); }
 
@@ -54,6 +63,9 @@ class GuardedMapping {
   // memcpy(to, from, n) with this mapping's fault guard; one side lies in
   // the mapping.
   bool Copy(void* to, const void* from, size_t n);
+  // f() with this mapping's fault guard.
+  template <typename F>
+  bool Run(F f);
 
   std::byte* const base_;
   const size_t size_;

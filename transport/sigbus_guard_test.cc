@@ -67,6 +67,28 @@ TEST(GuardedMapping, CopiesBothWaysThroughTheFile) {
   EXPECT_FALSE(g.broken());
 }
 
+// The doorbell's atomic stores (doorbell.h) land in the file, and on a
+// page the client cut off they fail as a copy does, the process alive.
+TEST(GuardedMapping, AtomicStoresThroughTheFileAndAfterAShrink) {
+  Mapped m;
+  GuardedMapping g(m.base(), kBytes);
+  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t word = rng();
+  ASSERT_TRUE(g.Store64(8192, word));
+  ASSERT_TRUE(g.Increment32(8200));
+  ASSERT_TRUE(g.Increment32(8200));
+  uint64_t file_word = 0;
+  uint32_t file_counter = 0;
+  ASSERT_EQ(::pread(m.fd(), &file_word, 8, 8192), 8);
+  ASSERT_EQ(::pread(m.fd(), &file_counter, 4, 8200), 4);
+  EXPECT_EQ(file_word, word);
+  EXPECT_EQ(file_counter, 2u);
+  m.Shrink(4096);
+  EXPECT_FALSE(g.Store64(8192, word));
+  EXPECT_TRUE(g.broken());
+  EXPECT_FALSE(g.Increment32(0));  // lost: every later store fails too
+}
+
 // The client shrank the segment after it was mapped: a copy that touches
 // a page past the new end fails instead of killing the process, and the
 // mapping stays lost (zero pages, not the file) for every later copy.

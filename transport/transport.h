@@ -8,6 +8,7 @@
 //            place, nothing is copied through gRPC. The daemon unlinks the
 //            name as soon as the client has attached (the mappings keep the
 //            memory alive), and at session end or client death at the latest.
+//            A segment may also hold an update doorbell (doorbell.h).
 //   inline — a heap region on each side; tensor bytes travel inside Step
 //            messages as chunks no larger than the message limit allows.
 //   cuda_ipc, nccl — GPU regions (transport/cuda_ipc.h, transport/nccl.h):
@@ -98,6 +99,16 @@ class Region {
   // shm: the segment name; inline: empty.
   virtual const std::string& name() const = 0;
 
+  // The update doorbell (doorbell.h; shm regions created with one): where
+  // its area starts in bytes(), or -1 when the region has none.
+  virtual int64_t doorbell_offset() const { return -1; }
+  // Stores `word` (doorbell.h EncodeWord) as parameter `param`'s doorbell
+  // word, after everything this thread wrote before (release), then moves
+  // the area's counter and wakes the client's waiter. Guarded as Write is:
+  // DATA_LOSS when the client shrank the segment. FAILED_PRECONDITION
+  // without a doorbell, OUT_OF_RANGE for a parameter it has no word of.
+  virtual absl::Status Announce(int param, uint64_t word);
+
   // Transports that move data on request (nccl); the others share memory
   // with the client and have nothing to move. Pull: the client declared the
   // gradients of `params` for `step` ready; `done` runs once they are in the
@@ -134,7 +145,11 @@ std::unique_ptr<Region> NewHeapRegion(uint64_t bytes);
 // pages are reserved up front, so a full /dev/shm fails here
 // (RESOURCE_EXHAUSTED) rather than with SIGBUS later. The Region never
 // unlinks the name itself: call UnlinkShm.
-absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(uint64_t bytes);
+// With `doorbell_params` >= 0 the segment also holds an update doorbell
+// for that many parameters: DoorbellBytes(doorbell_params) more bytes at
+// offset `bytes` (a multiple of kAlignment), zero-filled.
+absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(
+    uint64_t bytes, int doorbell_params = -1);
 
 // Client side: maps an existing segment, failing with FAILED_PRECONDITION if
 // it is smaller than `expected_bytes` or missing (NOT_FOUND). Maps exactly

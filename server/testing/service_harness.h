@@ -59,8 +59,11 @@ struct Rank {
     if (!r.ok()) return r.status();
     open = *r;
     if (open.transport() == v1::TRANSPORT_SHM) {
-      auto reg = transport::OpenShmRegion(open.shm_name(),
-                                          open.layout().total_bytes());
+      // With an update doorbell (requested by req.update_doorbell) the
+      // segment holds it after the tensors.
+      auto reg = transport::OpenShmRegion(
+          open.shm_name(),
+          open.layout().total_bytes() + open.update_doorbell().bytes());
       if (!reg.ok()) return reg.status();
       shm = std::move(*reg);
     }

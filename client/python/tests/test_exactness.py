@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from dmuon import RoutingOptions
 from dmuon.optim import DMuon
 from helpers import (MLP, ReferenceMuon, TinyLM, lm_batch, max_rel_err, mlp_batch,
                      muon_split, train)
@@ -58,6 +59,38 @@ def test_inline_transport_and_overlap_off_match(daemon):
                          **extra)[1]
         for (n, a), b in zip(base.named_parameters(), other.parameters()):
             assert torch.equal(a, b), (extra, n)
+
+
+@pytest.mark.parametrize("overlap_forward", [False, True])
+def test_updates_on_the_stream_match_the_doorbell(daemon, monkeypatch,
+                                                  overlap_forward):
+    """$DMUON_UPDATE_DOORBELL=0: updates announced by UpdatesReady messages
+    instead of the shm segment's doorbell; the same numbers, bit for bit."""
+    models = {}
+    for value in ("1", "0"):
+        monkeypatch.setenv("DMUON_UPDATE_DOORBELL", value)
+        torch.manual_seed(2)
+        model = TinyLM()
+        opt = DMuon(model, lr=0.02, server=daemon.address,
+                    routing_options=RoutingOptions(adamw=[model.head]),
+                    overlap_forward=overlap_forward)
+        assert opt.transport == "shm"
+        assert opt.session.update_doorbell == (value == "1")
+        train(model, opt, 6, lm_batch)
+        opt.synchronize()
+        opt.close()
+        models[value] = model
+    for (n, a), b in zip(models["1"].named_parameters(),
+                         models["0"].parameters()):
+        assert torch.equal(a, b), n
+
+
+def test_update_doorbell_variable_is_checked(daemon, monkeypatch):
+    monkeypatch.setenv("DMUON_UPDATE_DOORBELL", "yes")
+    model = TinyLM()
+    with pytest.raises(ValueError, match="DMUON_UPDATE_DOORBELL='yes'"):
+        DMuon(model, lr=0.02, server=daemon.address,
+              routing_options=RoutingOptions(adamw=[model.head]))
 
 
 def test_overlap_forward_is_bit_identical(daemon):
