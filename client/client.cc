@@ -62,21 +62,23 @@ class ClientImpl : public Client {
   }
 
   // The bytes of an open shm session's segment: its tensors and, when the
-  // daemon granted one, its update doorbell, which must sit right after
-  // them and have the size this client computes.
+  // daemon granted one, its doorbell, which must lie after them, aligned,
+  // with the size this client computes.
   absl::StatusOr<uint64_t> ShmBytes(const v1::OpenSessionResponse& open) const {
     const uint64_t tensors = open.layout().total_bytes();
-    if (!open.has_update_doorbell()) return tensors;
-    const auto& d = open.update_doorbell();
+    if (!open.has_doorbell()) return tensors;
+    const auto& d = open.doorbell();
     const uint64_t want = transport::DoorbellBytes(open.layout().slots_size());
-    if (d.offset() != tensors || d.bytes() != want) {
+    if (d.offset() < tensors || d.offset() % transport::kAlignment != 0 ||
+        d.offset() > (uint64_t{1} << 62) || d.bytes() != want) {
       return absl::InternalError(absl::StrCat(
-          "dmuond at ", address_,
-          " answered update_doorbell {offset: ", d.offset(),
-          ", bytes: ", d.bytes(), "}; this client expects {offset: ", tensors,
-          ", bytes: ", want, "} (docs/protocol.md \"Update doorbell\")"));
+          "dmuond at ", address_, " answered doorbell {offset: ", d.offset(),
+          ", bytes: ", d.bytes(),
+          "}; this client expects an offset of at least ", tensors,
+          ", a multiple of ", transport::kAlignment, ", and ", want,
+          " bytes (docs/protocol.md \"Doorbell\")"));
     }
-    return tensors + want;
+    return d.offset() + want;
   }
 
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(
@@ -96,7 +98,7 @@ class ClientImpl : public Client {
         : local                                    ? v1::TRANSPORT_SHM
                                                    : v1::TRANSPORT_INLINE;
     v1::OpenSessionRequest req = ToRequest(spec, t);
-    req.set_update_doorbell(t == v1::TRANSPORT_SHM && options_.update_doorbell);
+    req.set_doorbell(t == v1::TRANSPORT_SHM && options_.doorbell);
     auto open = OpenChecked(req, layout);
     if (!open.ok()) return open.status();
     std::unique_ptr<transport::Region> region;

@@ -206,12 +206,13 @@ struct ClientOptions {
   int retries = 3;                         // UNAVAILABLE on idempotent calls
   std::chrono::milliseconds backoff{100};  // doubled per retry
   uint64_t max_message_bytes = 64ull << 20;
-  // shm sessions: ask dmuond to announce updates through an update doorbell
-  // in the segment (docs/protocol.md "Update doorbell": a word and a futex
-  // wake) rather than UpdatesReady messages, which cost the trainer's core
-  // about 175 µs each to receive. A daemon without it answers without one
-  // and the stream carries them as before. false: always the stream.
-  bool update_doorbell = true;
+  // shm sessions: declare gradients and learn of updates through a
+  // doorbell in the segment (docs/protocol.md "Doorbell": words and futex
+  // wakes) rather than gradients_ready and UpdatesReady messages, which
+  // cost the trainer's core 110-175 µs each. A daemon without it answers
+  // without one and the stream carries them as before. false: always the
+  // stream.
+  bool doorbell = true;
   // TLS or other credentials; null: TLS from the tls_* files below when
   // tls_ca_file is set, else insecure (loopback, trusted networks).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -261,10 +262,10 @@ class Session {
   virtual int64_t step() const = 0;
   // "shm" | "inline" | "cuda_ipc" | "nccl".
   virtual std::string transport() const = 0;
-  // Whether dmuond announces this session's updates through the shm
-  // segment's update doorbell (ClientOptions::update_doorbell, granted)
-  // rather than UpdatesReady messages; a pool session: every daemon's does.
-  virtual bool update_doorbell() const { return false; }
+  // Whether this session's declarations and updates go through the shm
+  // segment's doorbell (ClientOptions::doorbell, granted) rather than Step
+  // messages; a pool session: every daemon's do.
+  virtual bool doorbell() const { return false; }
   // The region's layout as the daemon answered it (checked equal to
   // Client::ComputeRegionLayout(spec) at OpenSession). Empty for a pool
   // session spanning several daemons (each has its own region).

@@ -237,9 +237,9 @@ class PoolSession : public Session {
     }
     return all;
   }
-  bool update_doorbell() const override {
+  bool doorbell() const override {
     bool all = !subs_.empty();
-    for (const auto& s : subs_) all = all && s->update_doorbell();
+    for (const auto& s : subs_) all = all && s->doorbell();
     return all;
   }
   uint32_t daemon_protocol_minor() const override {

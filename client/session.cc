@@ -41,9 +41,9 @@ class SessionImpl final : public Session {
         skipped_(n_, 0),
         absent_(n_, 0),
         received_ns_(n_, 0) {
-    if (open_.has_update_doorbell() && region_ != nullptr) {
-      doorbell_.emplace(
-          region_->bytes().data() + open_.update_doorbell().offset(), n_);
+    if (open_.has_doorbell() && region_ != nullptr) {
+      doorbell_.emplace(region_->bytes().data() + open_.doorbell().offset(),
+                        n_);
       doorbell_seen_.assign(n_, 0);
     }
   }
@@ -80,7 +80,7 @@ class SessionImpl final : public Session {
   }
   const RegionLayout& layout() const override { return layout_; }
   const NcclInfo& nccl() const override { return nccl_; }
-  bool update_doorbell() const override { return doorbell_.has_value(); }
+  bool doorbell() const override { return doorbell_.has_value(); }
 
   absl::Status GradientReady(int i) override { return GradientsReady({i}); }
 
@@ -111,6 +111,7 @@ class SessionImpl final : public Session {
             ProtocolMinor(), ": upgrade the daemon"));
       }
     }
+    if (RingDoorbell(ids, {}, /*absent=*/true)) return absl::OkStatus();
     v1::StepRequest m;
     m.mutable_gradients_ready()->set_step(step_);
     for (int i : ids) m.mutable_gradients_ready()->add_absent_param_ids(i);
@@ -163,12 +164,32 @@ class SessionImpl final : public Session {
         }
       }
     }
+    if (RingDoorbell(ids, momentum, /*absent=*/false)) return absl::OkStatus();
     v1::StepRequest m;
     m.mutable_gradients_ready()->set_step(step_);
     for (int i : ids) m.mutable_gradients_ready()->add_param_ids(i);
     for (double b : momentum) m.mutable_gradients_ready()->add_momentum(b);
     if (!stream_->Write(m)) return Broken();
     return absl::OkStatus();
+  }
+
+  // With a doorbell (and a step it can name): stores each id's declare word
+  // (and momentum) after its gradient, then rings once; false: the caller
+  // sends the Step message instead. write_mu_ held, ids checked.
+  bool RingDoorbell(absl::Span<const int> ids,
+                    absl::Span<const double> momentum, bool absent) {
+    if (!doorbell_ || !transport::DoorbellStepFits(step_)) return false;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      transport::DoorbellWord w;
+      w.serial = ++declare_serial_;
+      w.step = step_;
+      w.flag_a = !momentum.empty();
+      w.flag_b = absent;
+      if (w.flag_a) doorbell_->SetMomentum(ids[k], momentum[k]);
+      doorbell_->Declare(ids[k], transport::EncodeWord(w));
+    }
+    doorbell_->Ring();
+    return true;
   }
 
   absl::Status WaitUpdate(int i) override {
@@ -294,6 +315,14 @@ class SessionImpl final : public Session {
       std::fill(skipped_.begin(), skipped_.end(), 0);
       std::fill(absent_.begin(), absent_.end(), 0);
       absent_announced_ = 0;
+    }
+    if (doorbell_ && transport::DoorbellStepFits(undone)) {
+      transport::DoorbellWord w;
+      w.serial = ++declare_serial_;
+      w.step = undone;
+      doorbell_->Rewind(transport::EncodeWord(w));
+      doorbell_->Ring();
+      return absl::OkStatus();
     }
     v1::StepRequest m;
     m.mutable_rewind()->set_step(undone);
@@ -427,7 +456,7 @@ class SessionImpl final : public Session {
     if (reader_.joinable()) reader_.join();
     if (doorbell_thread_.joinable()) {
       stop_doorbell_.store(true);
-      doorbell_->Poke();
+      doorbell_->PokeUpdates();
       doorbell_thread_.join();
     }
     return st;
@@ -454,17 +483,17 @@ class SessionImpl final : public Session {
     return FromGrpc(stream_->Finish(), address_);
   }
 
-  // The update doorbell's thread: each move of its counter, a scan of the
+  // The doorbell's thread: each move of its update counter, a scan of the
   // words; what is new wakes the waiters as an UpdatesReady would. The
   // timeout only bounds how late a stop is seen should a wake be missed.
   void DoorbellLoop() {
     while (!stop_doorbell_.load()) {
-      const uint32_t seen = doorbell_->counter();
+      const uint32_t seen = doorbell_->update_counter();
       {
         std::lock_guard<std::mutex> l(mu_);
         if (ScanDoorbellLocked()) cv_.notify_all();
       }
-      doorbell_->Wait(seen, std::chrono::milliseconds(200));
+      doorbell_->WaitUpdates(seen, std::chrono::milliseconds(200));
     }
   }
 
@@ -476,19 +505,19 @@ class SessionImpl final : public Session {
     bool any = false;
     const int64_t now = TraceNowNs();
     for (int i = 0; i < n_; ++i) {
-      const uint64_t raw = doorbell_->word(i);
+      const uint64_t raw = doorbell_->update_word(i);
       if (raw == doorbell_seen_[i]) continue;
       doorbell_seen_[i] = raw;
       const transport::DoorbellWord w = transport::DecodeWord(raw);
       if (w.step != step_ || ready_[i]) continue;
       any = true;
       ready_[i] = 1;
-      if (w.absent) {
+      if (w.flag_b) {  // absent
         absent_[i] = 1;
         ++absent_announced_;
         continue;
       }
-      skipped_[i] |= w.skipped ? 1 : 0;
+      skipped_[i] |= w.flag_a ? 1 : 0;  // skipped
       received_ns_[i] = now;
       ids.push_back(i);
     }
@@ -563,12 +592,14 @@ class SessionImpl final : public Session {
   std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>>
       stream_;
   std::thread reader_;
-  // The update doorbell (docs/protocol.md), when the daemon granted one: its
+  // The doorbell (docs/protocol.md), when the daemon granted one: its update
   // words as last scanned (guarded by mu_), and the thread that waits on it.
   std::optional<transport::DoorbellView> doorbell_;
   std::vector<uint64_t> doorbell_seen_;
   std::thread doorbell_thread_;
   std::atomic<bool> stop_doorbell_{false};
+  // The serial of the last word this client stored (guarded by write_mu_).
+  uint32_t declare_serial_ = 0;
   std::mutex write_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

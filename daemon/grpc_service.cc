@@ -16,6 +16,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "daemon/logging.h"
+#include "server/doorbell_pump.h"
+#include "transport/doorbell.h"
 
 namespace dmuon::server {
 namespace {
@@ -194,6 +196,7 @@ class StepCall final : public StepSink {
     kWrite,         // *out is set: StartWrite it
     kRead,          // the read ended (read_ok(): a message is in)
     kStartRead,     // below the queue limit again: StartRead
+    kDeclared,      // *declared is set: what the session's doorbell said
     kServiceEnded,  // the service ended the stream (service_status())
     kClientGone,    // a write failed or the call was cancelled
     kDrained,       // Drain: nothing more to write
@@ -256,6 +259,28 @@ class StepCall final : public StepSink {
     client_gone_ = true;
   }
 
+  // The session's doorbell pump (doorbell_pump.h): a Step message it read
+  // from the doorbell, or why it stopped. Taken by Next in order, between
+  // the stream's reads, under the same queue limit. A client that keeps
+  // changing its words while the worker waits on that limit would grow the
+  // queue without end: past kMaxDeclared it ends the stream instead
+  // (RESOURCE_EXHAUSTED, after what was queued).
+  void PostDeclared(absl::StatusOr<v1::StepRequest> m)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    static constexpr size_t kMaxDeclared = 1 << 16;
+    absl::MutexLock l(&mu_);
+    if (declared_overflow_) return;
+    if (declared_.size() >= kMaxDeclared) {
+      declared_overflow_ = true;
+      m = absl::ResourceExhaustedError(absl::StrCat(
+          "the doorbell's declarations came faster than dmuond took them (",
+          kMaxDeclared,
+          " Step messages queued while the stream's responses "
+          "waited for the client): read the Step stream"));
+    }
+    declared_.push_back(std::move(m));
+  }
+
   // The worker: a read is started (StartRead next).
   void Reading() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
@@ -263,7 +288,8 @@ class StepCall final : public StepSink {
   }
   // The worker, while the stream runs: waits for the next thing to do.
   // kRead consumes the read's end (read_ok() says how it ended).
-  Event Next(v1::StepResponse* out) ABSL_LOCKS_EXCLUDED(mu_) {
+  Event Next(v1::StepResponse* out, absl::StatusOr<v1::StepRequest>* declared)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     mu_.Await(absl::Condition(this, &StepCall::HasEvent));
     if (client_gone_) return Event::kClientGone;
@@ -272,6 +298,11 @@ class StepCall final : public StepSink {
     if (read_done_) {
       read_done_ = false;
       return Event::kRead;
+    }
+    if (CanTakeDeclared()) {
+      *declared = std::move(declared_.front());
+      declared_.pop_front();
+      return Event::kDeclared;
     }
     read_pending_ = true;  // CanStartRead
     return Event::kStartRead;
@@ -316,8 +347,12 @@ class StepCall final : public StepSink {
   bool CanWrite() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !q_.empty() && !write_pending_;
   }
+  bool CanTakeDeclared() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !declared_.empty() && queued_bytes_ < max_queue_bytes_;
+  }
   bool HasEvent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return client_gone_ || service_ended_ || CanWrite() || read_done_ ||
+           CanTakeDeclared() ||
            (!read_pending_ && queued_bytes_ < max_queue_bytes_);
   }
   // Finish waits for the write in flight (a client gone fails it at once)
@@ -333,6 +368,8 @@ class StepCall final : public StepSink {
   // Responses not yet written, with their sizes; queued_bytes_ counts them
   // and the one being written (in_flight_bytes_).
   std::deque<std::pair<v1::StepResponse, uint64_t>> q_ ABSL_GUARDED_BY(mu_);
+  std::deque<absl::StatusOr<v1::StepRequest>> declared_ ABSL_GUARDED_BY(mu_);
+  bool declared_overflow_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
@@ -449,16 +486,28 @@ class StepReactor final
       Finish(owner_->Done("Step", ctx_, st));
       return;
     }
-    if (absl::Status st = service->Attach(id, call_); !st.ok()) {
+    std::shared_ptr<transport::Doorbell> bell;
+    if (absl::Status st = service->Attach(id, call_, &bell); !st.ok()) {
       Finish(owner_->Done("Step", ctx_, st));
       return;
+    }
+    // The session's declarations through its doorbell, if it has one: Step
+    // messages as the stream's, taken in turn below. Stopped (joined) before
+    // the session is detached.
+    std::unique_ptr<DoorbellPump> pump;
+    if (bell != nullptr) {
+      pump = std::make_unique<DoorbellPump>(
+          std::move(bell), [call = call_](absl::StatusOr<v1::StepRequest> m) {
+            call->PostDeclared(std::move(m));
+          });
     }
     call_->Reading();
     StartRead(&req_);
     absl::Status result;  // the service refused a request
     absl::Status why;     // why the stream ended, for Detach
+    absl::StatusOr<v1::StepRequest> declared;
     for (bool done = false; !done;) {
-      switch (call_->Next(&writing_)) {
+      switch (call_->Next(&writing_, &declared)) {
         case StepCall::Event::kWrite:
           StartWrite(&writing_);
           break;
@@ -476,6 +525,14 @@ class StepReactor final
             done = true;
           }
           break;
+        case StepCall::Event::kDeclared:
+          result = declared.ok() ? service->OnStepRequest(id, *declared)
+                                 : declared.status();
+          if (!result.ok()) {
+            why = result;
+            done = true;
+          }
+          break;
         case StepCall::Event::kServiceEnded:
           why = call_->service_status();
           done = true;
@@ -487,6 +544,7 @@ class StepReactor final
           break;
       }
     }
+    pump.reset();
     // The stream is the session's lifeline: whichever way it ended, the
     // session is reclaimed (a no-op when CloseSession already did).
     if (service->Detach(id, why)) {

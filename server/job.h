@@ -68,7 +68,7 @@ struct SessionState {
   std::shared_ptr<StepSink> sink;                 // null until Attach
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
-  // Announcements through the region's update doorbell so far (their
+  // Announcements through the region's doorbell so far (their
   // serial: transport/doorbell.h).
   uint32_t doorbell_serial = 0;
 };

@@ -120,8 +120,9 @@ std::shared_ptr<Session> OptimizerService::FindSession(
   return it == sessions_.end() ? nullptr : it->second;
 }
 
-absl::Status OptimizerService::Attach(const std::string& session_id,
-                                      std::shared_ptr<StepSink> sink) {
+absl::Status OptimizerService::Attach(
+    const std::string& session_id, std::shared_ptr<StepSink> sink,
+    std::shared_ptr<transport::Doorbell>* doorbell) {
   auto s = FindSession(session_id);
   if (!s) return NoOpenSessionError();
   auto job = s->job();
@@ -137,6 +138,7 @@ absl::Status OptimizerService::Attach(const std::string& session_id,
   // The client has mapped the segment: the name is no longer needed.
   if (s->transport() == v1::TRANSPORT_SHM)
     (void)transport::UnlinkShm(s->region()->name());
+  if (doorbell != nullptr) *doorbell = s->region()->doorbell();
   return absl::OkStatus();
 }
 

@@ -275,9 +275,14 @@ class OptimizerService {
   absl::StatusOr<v1::OpenSessionResponse> OpenSession(
       const v1::OpenSessionRequest& req, const Principal& who = {})
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Binds the session's Step stream. One stream per session.
+  // Binds the session's Step stream. One stream per session. `doorbell`
+  // (when not null): the session's doorbell when it has one, else null; its
+  // declarations come to OnStepRequest from the caller, as Step messages
+  // (doorbell_pump.h), like the stream's.
   absl::Status Attach(const std::string& session_id,
-                      std::shared_ptr<StepSink> sink) ABSL_LOCKS_EXCLUDED(mu_);
+                      std::shared_ptr<StepSink> sink,
+                      std::shared_ptr<transport::Doorbell>* doorbell = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A gradients_ready or gradient chunk from the session's stream. An error
   // ends that stream; nothing of the message has been applied.
   absl::Status OnStepRequest(const std::string& session_id,

@@ -1,9 +1,10 @@
-// The update doorbell (OpenSessionRequest.update_doorbell, docs/protocol.md
-// "Update doorbell"): a shm session that asks for one learns of its updates
-// from words in its segment, never from UpdatesReady; every update is still
-// the fp64 reference's; skipped and absent parameters say so in their word;
-// a Rewind's redone step gets new words; asked with another transport, the
-// open is refused naming the field.
+// The doorbell's update side (OpenSessionRequest.doorbell, docs/protocol.md
+// "Doorbell"): a shm session that asks for one learns of its updates from
+// words in its segment, never from UpdatesReady; every update is still the
+// fp64 reference's; skipped and absent parameters say so in their word; a
+// Rewind's redone step gets new words; asked with another transport, the
+// open is refused naming the field. (Its declare side reaches the service
+// through the daemon's adapter: doorbell_pump_test, tests/daemon_test.)
 
 #include <gtest/gtest.h>
 
@@ -27,13 +28,13 @@ const std::vector<Param> kThree = {{"a.w", 24, 16, v1::SHARDING_REPLICATED},
 v1::OpenSessionRequest DoorbellRequest(const std::string& job,
                                        const std::vector<Param>& params) {
   auto req = Request(job, 0, 1, v1::TRANSPORT_SHM, params);
-  req.set_update_doorbell(true);
+  req.set_doorbell(true);
   return req;
 }
 
 transport::DoorbellView View(Rank& r) {
   return transport::DoorbellView(
-      r.shm->bytes().data() + r.open.update_doorbell().offset(),
+      r.shm->bytes().data() + r.open.doorbell().offset(),
       r.open.layout().slots_size());
 }
 
@@ -47,26 +48,27 @@ int CountUpdatesReady(const std::vector<v1::StepResponse>& msgs) {
   return n;
 }
 
-TEST(UpdateDoorbell, GrantedAfterTheTensors) {
+TEST(Doorbell, GrantedAfterTheTensors) {
   auto svc = NewService();
   Rank r;
   ASSERT_TRUE(r.Open(*svc, DoorbellRequest("j", kThree)).ok());
-  ASSERT_TRUE(r.open.has_update_doorbell());
-  EXPECT_EQ(r.open.update_doorbell().offset(), r.open.layout().total_bytes());
-  EXPECT_EQ(r.open.update_doorbell().bytes(), transport::DoorbellBytes(3));
+  ASSERT_TRUE(r.open.has_doorbell());
+  EXPECT_GE(r.open.doorbell().offset(), r.open.layout().total_bytes());
+  EXPECT_EQ(r.open.doorbell().offset() % transport::kAlignment, 0u);
+  EXPECT_EQ(r.open.doorbell().bytes(), transport::DoorbellBytes(3));
   // Nothing announced yet: every word and the counter are zero.
   auto v = View(r);
-  EXPECT_EQ(v.counter(), 0u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(v.word(i), 0u);
+  EXPECT_EQ(v.update_counter(), 0u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(v.update_word(i), 0u);
 
   // Not asked: no doorbell, as before.
   Rank plain;
   ASSERT_TRUE(
       plain.Open(*svc, Request("k", 0, 1, v1::TRANSPORT_SHM, kThree)).ok());
-  EXPECT_FALSE(plain.open.has_update_doorbell());
+  EXPECT_FALSE(plain.open.has_doorbell());
 }
 
-TEST(UpdateDoorbell, EveryUpdateAnnouncedInItsWordNoneOnTheStream) {
+TEST(Doorbell, EveryUpdateAnnouncedInItsWordNoneOnTheStream) {
   auto svc = NewService();
   Rank r;
   ASSERT_TRUE(r.Open(*svc, DoorbellRequest("j", kThree)).ok());
@@ -82,9 +84,9 @@ TEST(UpdateDoorbell, EveryUpdateAnnouncedInItsWordNoneOnTheStream) {
     ASSERT_TRUE(!msgs.empty() && msgs.back().has_step_complete());
     EXPECT_EQ(CountUpdatesReady(msgs), 0) << "step " << step;
     for (int i = 0; i < 3; ++i) {
-      const auto w = transport::DecodeWord(v.word(i));
+      const auto w = transport::DecodeWord(v.update_word(i));
       EXPECT_EQ(w.step, step) << kThree[i].name;
-      EXPECT_FALSE(w.skipped || w.absent) << kThree[i].name;
+      EXPECT_FALSE(w.flag_a || w.flag_b) << kThree[i].name;
       serials.insert(w.serial);
       const auto want =
           ref[i].Step(ToDouble(g[i]), {kThree[i].rows, kThree[i].cols});
@@ -92,12 +94,12 @@ TEST(UpdateDoorbell, EveryUpdateAnnouncedInItsWordNoneOnTheStream) {
           << kThree[i].name << " step " << step;
     }
     announced += 3;
-    EXPECT_EQ(v.counter(), announced);
+    EXPECT_EQ(v.update_counter(), announced);
   }
   EXPECT_EQ(serials.size(), 9u) << "every announcement a new word";
 }
 
-TEST(UpdateDoorbell, SkippedAndAbsentSayItInTheWord) {
+TEST(Doorbell, SkippedAndAbsentSayItInTheWord) {
   auto svc = NewService();
   Rank r;
   ASSERT_TRUE(r.Open(*svc, DoorbellRequest("j", kThree)).ok());
@@ -119,12 +121,12 @@ TEST(UpdateDoorbell, SkippedAndAbsentSayItInTheWord) {
   const auto msgs = r.sink->WaitStep(1);
   ASSERT_TRUE(!msgs.empty() && msgs.back().has_step_complete());
   EXPECT_EQ(CountUpdatesReady(msgs), 0);
-  const auto a = transport::DecodeWord(v.word(0));
-  const auto b = transport::DecodeWord(v.word(1));
-  const auto c = transport::DecodeWord(v.word(2));
-  EXPECT_TRUE(a.step == 1 && a.skipped && !a.absent);
-  EXPECT_TRUE(b.step == 1 && !b.skipped && !b.absent);
-  EXPECT_TRUE(c.step == 1 && c.absent && !c.skipped);
+  const auto a = transport::DecodeWord(v.update_word(0));
+  const auto b = transport::DecodeWord(v.update_word(1));
+  const auto c = transport::DecodeWord(v.update_word(2));
+  EXPECT_TRUE(a.step == 1 && a.flag_a && !a.flag_b);
+  EXPECT_TRUE(b.step == 1 && !b.flag_a && !b.flag_b);
+  EXPECT_TRUE(c.step == 1 && c.flag_b && !c.flag_a);
   for (float x : r.Update(0, msgs)) ASSERT_EQ(x, 0.0f);
   // The skip's reason still comes on the stream.
   bool reported = false;
@@ -134,7 +136,7 @@ TEST(UpdateDoorbell, SkippedAndAbsentSayItInTheWord) {
   EXPECT_TRUE(reported);
 }
 
-TEST(UpdateDoorbell, RewoundStepIsAnnouncedAnew) {
+TEST(Doorbell, RewoundStepIsAnnouncedAnew) {
   auto svc = NewService();
   Rank r;
   ASSERT_TRUE(r.Open(*svc, DoorbellRequest("j", kThree)).ok());
@@ -144,7 +146,7 @@ TEST(UpdateDoorbell, RewoundStepIsAnnouncedAnew) {
   ASSERT_TRUE(r.Send(*svc, 1, g).ok());
   r.sink->WaitStep(1);
   std::vector<uint64_t> first(3);
-  for (int i = 0; i < 3; ++i) first[i] = v.word(i);
+  for (int i = 0; i < 3; ++i) first[i] = v.update_word(i);
   v1::StepRequest rewind;
   rewind.mutable_rewind()->set_step(1);
   ASSERT_TRUE(svc->OnStepRequest(r.open.session_id(), rewind).ok());
@@ -154,21 +156,21 @@ TEST(UpdateDoorbell, RewoundStepIsAnnouncedAnew) {
   ASSERT_TRUE(!msgs.empty() && msgs.back().has_step_complete());
   std::vector<Reference> ref(3);
   for (int i = 0; i < 3; ++i) {
-    EXPECT_NE(v.word(i), first[i]) << "the same step, a new word";
-    EXPECT_EQ(transport::DecodeWord(v.word(i)).step, 1);
+    EXPECT_NE(v.update_word(i), first[i]) << "the same step, a new word";
+    EXPECT_EQ(transport::DecodeWord(v.update_word(i)).step, 1);
     const auto want =
         ref[i].Step(ToDouble(again[i]), {kThree[i].rows, kThree[i].cols});
     EXPECT_LT(RelErr(r.Update(i, msgs), want), 1e-4) << kThree[i].name;
   }
 }
 
-TEST(UpdateDoorbell, OnlyWithShm) {
+TEST(Doorbell, OnlyWithShm) {
   auto svc = NewService();
   auto req = Request("j", 0, 1, v1::TRANSPORT_INLINE, kThree);
-  req.set_update_doorbell(true);
+  req.set_doorbell(true);
   auto r = svc->OpenSession(req);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("update_doorbell"), std::string::npos)
+  EXPECT_NE(r.status().message().find("doorbell"), std::string::npos)
       << r.status();
   EXPECT_NE(r.status().message().find("TRANSPORT_INLINE"), std::string::npos)
       << r.status();

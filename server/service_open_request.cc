@@ -108,11 +108,10 @@ absl::Status OptimizerService::ValidateOpen(
         ", not a Resume this dmuond knows (RESUME_UNSPECIFIED, RESUME_FRESH, "
         "RESUME_CONTINUE, RESUME_REPLACE)"));
   }
-  if (req.update_doorbell() && req.transport() != v1::TRANSPORT_SHM) {
+  if (req.doorbell() && req.transport() != v1::TRANSPORT_SHM) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "update_doorbell is set with transport ",
-        v1::Transport_Name(req.transport()),
-        ": an update doorbell lives in a shm segment (TRANSPORT_SHM only)"));
+        "doorbell is set with transport ", v1::Transport_Name(req.transport()),
+        ": a doorbell lives in a shm segment (TRANSPORT_SHM only)"));
   }
   if (req.job_id().empty())
     return absl::InvalidArgumentError("job_id is empty");
@@ -149,10 +148,10 @@ void OptimizerService::FillOpenResponse(const Session& s,
   resp->set_transport(s.transport());
   if (s.transport() == v1::TRANSPORT_SHM)
     resp->set_shm_name(s.region()->name());
-  if (const int64_t at = s.region()->doorbell_offset(); at >= 0) {
-    resp->mutable_update_doorbell()->set_offset(at);
-    resp->mutable_update_doorbell()->set_bytes(
-        transport::DoorbellBytes(static_cast<int>(s.layout().slots.size())));
+  if (const auto bell = s.region()->doorbell()) {
+    resp->mutable_doorbell()->set_offset(bell->offset());
+    resp->mutable_doorbell()->set_bytes(
+        transport::DoorbellBytes(bell->num_params()));
   }
   auto* lay = resp->mutable_layout();
   lay->set_total_bytes(s.layout().total_bytes);

@@ -500,17 +500,17 @@ void StepPipeline::Acknowledge(const std::shared_ptr<Job>& job, Session& s,
 void StepPipeline::Announce(Session& s, SessionState& st, int param,
                             int64_t step, bool skip, bool absent,
                             v1::StepResponse ready) const {
-  transport::Region* region = s.region();
-  if (region->doorbell_offset() < 0 || !transport::DoorbellStepFits(step)) {
+  const std::shared_ptr<transport::Doorbell> bell = s.region()->doorbell();
+  if (bell == nullptr || !transport::DoorbellStepFits(step)) {
     st.sink->Send(std::move(ready));
     return;
   }
   transport::DoorbellWord w;
   w.serial = ++st.doorbell_serial;
   w.step = step;
-  w.skipped = skip;
-  w.absent = absent;
-  if (absl::Status e = region->Announce(param, transport::EncodeWord(w));
+  w.flag_a = skip;
+  w.flag_b = absent;
+  if (absl::Status e = bell->Announce(param, transport::EncodeWord(w));
       !e.ok()) {
     st.sink->Abort(absl::Status(
         e.code(), absl::StrCat("rank ", s.rank(), ": the update of parameter ",

@@ -143,7 +143,7 @@ class StepPipeline {
                    int64_t step, const absl::Status& status, bool skip,
                    bool absent, Acks& acks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu());
-  // Announces rank `s`'s update of `param` at `step`: its update doorbell's
+  // Announces rank `s`'s update of `param` at `step`: its doorbell's update
   // word when its region has one (transport/doorbell.h), else `ready` on
   // its stream. A doorbell store that fails (the client shrank the
   // segment: DATA_LOSS) ends the rank's stream with that error.

@@ -24,6 +24,8 @@
 #include "server/testing/temp_dir.h"
 #include "tests/muon_job.h"
 #include "tests/process.h"
+#include "transport/doorbell.h"
+#include "transport/transport.h"
 
 namespace dmuon::testing {
 namespace {
@@ -109,8 +111,8 @@ TEST(Daemon, ShmUpdatesOnTheStreamWhenTheDoorbellIsOff) {
   const uint64_t seed = Seed();
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 2; ++r) {
-    ranks.push_back(Rank(d, "stream-job", r, 2, "shm", 6, seed,
-                         {"--update_doorbell=false"}));
+    ranks.push_back(
+        Rank(d, "stream-job", r, 2, "shm", 6, seed, {"--doorbell=false"}));
   }
   for (int r = 0; r < 2; ++r)
     ranks.push_back(Rank(d, "doorbell-job", r, 2, "shm", 6, seed));
@@ -338,6 +340,66 @@ TEST(Daemon, BadRequestsOverGrpcAndTheDaemonKeepsServing) {
     EXPECT_EQ(stream->Finish().error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
+  int code;
+  EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
+  EXPECT_EQ(d.process().Wait(0), -1) << "dmuond exited";
+}
+
+// A client that writes garbage into its shm doorbell (random declare words,
+// momenta and rewind words; docs/protocol.md "Doorbell") loses its own
+// stream, with the error the service's checks give a gradients_ready or
+// rewind that says the same, and nothing else: dmuond keeps serving and a
+// real job beside it is exact.
+TEST(Daemon, GarbageInTheDoorbellEndsOnlyThatStream) {
+  Daemon d({"--cpu-executors=1"});
+  auto stub = v1::Optimizer::NewStub(
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
+  std::mt19937_64 rng(Seed());
+  constexpr int kParams = 3;
+  for (int trial = 0; trial < 8; ++trial) {
+    v1::OpenSessionRequest req =
+        OneMatrixRequest("garbage" + std::to_string(trial), 1);
+    req.set_transport(v1::TRANSPORT_SHM);
+    req.set_doorbell(true);
+    for (int i = 1; i < kParams; ++i) *req.add_parameters() = req.parameters(0);
+    for (int i = 0; i < kParams; ++i)
+      req.mutable_parameters(i)->set_name("w" + std::to_string(i));
+    v1::OpenSessionResponse resp;
+    {
+      grpc::ClientContext ctx;
+      ASSERT_TRUE(stub->OpenSession(&ctx, req, &resp).ok());
+    }
+    ASSERT_TRUE(resp.has_doorbell());
+    auto shm = transport::OpenShmRegion(
+        resp.shm_name(), resp.doorbell().offset() + resp.doorbell().bytes());
+    ASSERT_TRUE(shm.ok()) << shm.status();
+    transport::DoorbellView bell(
+        (*shm)->bytes().data() + resp.doorbell().offset(), kParams);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    auto stream = stub->Step(&ctx);
+    v1::StepRequest attach;
+    attach.mutable_attach()->set_session_id(resp.session_id());
+    ASSERT_TRUE(stream->Write(attach));
+    if (trial % 2) bell.Rewind(rng());
+    for (int i = 0; i < kParams; ++i) {
+      bell.SetMomentum(i, trial % 3 ? std::nan("") : double(rng()));
+      bell.Declare(i, rng());
+    }
+    bell.Ring();
+    v1::StepResponse r;
+    while (stream->Read(&r)) {
+    }
+    const grpc::Status st = stream->Finish();
+    EXPECT_TRUE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+                st.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+        << st.error_code() << ": " << st.error_message();
+    EXPECT_FALSE(st.error_message().empty());
+  }
+  const uint64_t seed = Seed();
+  auto rank = Rank(d, "beside", 0, 1, "shm", 3, seed);
+  EXPECT_EQ(rank->Wait(120), 0) << "seed " << seed << "\n" << d.log();
   int code;
   EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
   EXPECT_EQ(d.process().Wait(0), -1) << "dmuond exited";

@@ -30,8 +30,8 @@ ABSL_FLAG(std::string, expect, "",
           "an error message substring that is expected");
 ABSL_FLAG(double, tolerance, 1e-4, "relative error per parameter and step");
 ABSL_FLAG(int, deadline_ms, 60000, "");
-ABSL_FLAG(bool, update_doorbell, true,
-          "shm: ask for the update doorbell (ClientOptions::update_doorbell) "
+ABSL_FLAG(bool, doorbell, true,
+          "shm: ask for the doorbell (ClientOptions::doorbell) "
           "and check that the session has it exactly when asked");
 
 namespace {
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   dmuon::ClientOptions o;
   o.deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_deadline_ms));
-  o.update_doorbell = absl::GetFlag(FLAGS_update_doorbell);
+  o.doorbell = absl::GetFlag(FLAGS_doorbell);
   // Several comma-separated addresses: a pool of daemons.
   const std::vector<std::string> servers =
       absl::StrSplit(absl::GetFlag(FLAGS_server), ',');
@@ -76,11 +76,11 @@ int main(int argc, char** argv) {
   auto session = (*client)->OpenSession(spec);
   if (!session.ok()) return Error(session.status());
   dmuon::Session& s = **session;
-  if (s.update_doorbell() !=
-      (o.update_doorbell && spec.transport == dmuon::TransportChoice::kShm)) {
-    std::fprintf(stderr, "rank %d: update doorbell %s, asked %s\n", rank,
-                 s.update_doorbell() ? "granted" : "absent",
-                 o.update_doorbell ? "yes" : "no");
+  if (s.doorbell() !=
+      (o.doorbell && spec.transport == dmuon::TransportChoice::kShm)) {
+    std::fprintf(stderr, "rank %d: doorbell %s, asked %s\n", rank,
+                 s.doorbell() ? "granted" : "absent",
+                 o.doorbell ? "yes" : "no");
     return 1;
   }
   dmuon::testing::Reference ref(seed, world);
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   if (auto st = s.Close(); !st.ok()) return Error(st);
   std::printf("rank %d of job %s: %d steps on %s%s, %d mismatches\n", rank,
               spec.job_id.c_str(), absl::GetFlag(FLAGS_steps),
-              s.transport().c_str(),
-              s.update_doorbell() ? " (update doorbell)" : "", mismatches);
+              s.transport().c_str(), s.doorbell() ? " (doorbell)" : "",
+              mismatches);
   return mismatches == 0 ? 0 : 1;
 }

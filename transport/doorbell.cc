@@ -2,13 +2,19 @@
 
 #include <errno.h>
 #include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "transport/sigbus_guard.h"
 #include "transport/transport.h"
 
 namespace dmuon::transport {
+namespace {
 
 // Words in shared memory are reached as std::atomic (no std::atomic_ref in
 // C++17): lock-free atomics of the plain type's size and alignment, whose
@@ -18,22 +24,43 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
 static_assert(std::atomic<uint32_t>::is_always_lock_free &&
               sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
 
+constexpr uint64_t kUpdateWordsOffset = 192;
+
+uint64_t Align(uint64_t x) {
+  return (x + kAlignment - 1) / kAlignment * kAlignment;
+}
+uint64_t Words(int n) {
+  return Align(8 * static_cast<uint64_t>(n < 0 ? 0 : n));
+}
+
+}  // namespace
+
 uint64_t DoorbellBytes(int num_params) {
-  const uint64_t end = DoorbellWordOffset(num_params < 0 ? 0 : num_params);
-  return (end + kAlignment - 1) / kAlignment * kAlignment;
+  return kUpdateWordsOffset + 3 * Words(num_params);
+}
+uint64_t UpdateWordOffset(int param) {
+  return kUpdateWordsOffset + 8 * static_cast<uint64_t>(param);
+}
+uint64_t DeclareWordOffset(int num_params, int param) {
+  return kUpdateWordsOffset + Words(num_params) +
+         8 * static_cast<uint64_t>(param);
+}
+uint64_t MomentumOffset(int num_params, int param) {
+  return kUpdateWordsOffset + 2 * Words(num_params) +
+         8 * static_cast<uint64_t>(param);
 }
 
 uint64_t EncodeWord(const DoorbellWord& w) {
   const uint64_t serial = w.serial & ((uint64_t{1} << kDoorbellSerialBits) - 1);
   const uint64_t step = static_cast<uint64_t>(w.step) & kMaxDoorbellStep;
-  return serial << 42 | step << 2 | uint64_t{w.absent} << 1 |
-         uint64_t{w.skipped};
+  return serial << 42 | step << 2 | uint64_t{w.flag_b} << 1 |
+         uint64_t{w.flag_a};
 }
 
 DoorbellWord DecodeWord(uint64_t word) {
   DoorbellWord w;
-  w.skipped = word & 1;
-  w.absent = (word >> 1) & 1;
+  w.flag_a = word & 1;
+  w.flag_b = (word >> 1) & 1;
   w.step = static_cast<int64_t>((word >> 2) & kMaxDoorbellStep);
   w.serial = static_cast<uint32_t>(word >> 42);
   return w;
@@ -56,32 +83,119 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
             &ts, nullptr, 0);
 }
 
+// --- dmuond's side ---------------------------------------------------------
+
+Doorbell::Doorbell(void* base, uint64_t offset, int num_params)
+    : area_(static_cast<std::byte*>(base)),
+      offset_(offset),
+      num_params_(num_params),
+      guard_(
+          std::make_unique<GuardedMapping>(base, DoorbellBytes(num_params))) {}
+
+Doorbell::~Doorbell() {
+  guard_.reset();
+  ::munmap(area_, DoorbellBytes(num_params_));
+}
+
+absl::Status Doorbell::Lost() const {
+  return absl::DataLossError(
+      absl::StrCat("the doorbell of the shm segment (offset ", offset_,
+                   ") was cut off: the client shrank the segment"));
+}
+
+absl::Status Doorbell::Announce(int param, uint64_t word) {
+  if (param < 0 || param >= num_params_) {
+    return absl::OutOfRangeError(absl::StrCat("parameter ", param,
+                                              " has no doorbell word (",
+                                              num_params_, " parameters)"));
+  }
+  if (!guard_->Store64(UpdateWordOffset(param), word) ||
+      !guard_->Increment32(kUpdateCounterOffset)) {
+    return Lost();
+  }
+  // A cut-off page makes the wake fail with EFAULT, never a signal.
+  FutexWakeAll(
+      reinterpret_cast<std::atomic<uint32_t>*>(area_ + kUpdateCounterOffset));
+  return absl::OkStatus();
+}
+
+absl::Status Doorbell::Load(Declarations* out) {
+  const size_t n = static_cast<size_t>(num_params_);
+  out->words.resize(n);
+  out->momentum.resize(n);
+  std::vector<uint64_t> bits(n);
+  if (!guard_->Load64s(DeclareWordOffset(num_params_, 0), out->words.data(),
+                       n) ||
+      !guard_->Load64s(MomentumOffset(num_params_, 0), bits.data(), n) ||
+      !guard_->Load64s(kRewindWordOffset, &out->rewind, 1)) {
+    return Lost();
+  }
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(&out->momentum[i], &bits[i], sizeof(double));
+  return absl::OkStatus();
+}
+
+uint32_t Doorbell::declare_counter() {
+  uint32_t v = 0;
+  return guard_->Load32(kDeclareCounterOffset, &v) ? v : 0;
+}
+
+void Doorbell::WaitDeclared(uint32_t seen, std::chrono::milliseconds timeout) {
+  FutexWait(
+      reinterpret_cast<std::atomic<uint32_t>*>(area_ + kDeclareCounterOffset),
+      seen, timeout);
+}
+
+void Doorbell::WakeDeclared() {
+  // The counter moved (the client never reads it): a waiter that has not
+  // reached its wait yet does not sleep through this.
+  (void)guard_->Increment32(kDeclareCounterOffset);
+  FutexWakeAll(
+      reinterpret_cast<std::atomic<uint32_t>*>(area_ + kDeclareCounterOffset));
+}
+
+// --- the client's side -----------------------------------------------------
+
 DoorbellView::DoorbellView(std::byte* area, int num_params)
     : area_(area), num_params_(num_params) {}
 
-std::atomic<uint32_t>* DoorbellView::counter_word() const {
-  return reinterpret_cast<std::atomic<uint32_t>*>(area_ +
-                                                  kDoorbellCounterOffset);
+uint32_t DoorbellView::update_counter() const {
+  return at<uint32_t>(kUpdateCounterOffset)->load(std::memory_order_acquire);
 }
 
-uint32_t DoorbellView::counter() const {
-  return counter_word()->load(std::memory_order_acquire);
+uint64_t DoorbellView::update_word(int param) const {
+  return at<uint64_t>(UpdateWordOffset(param))->load(std::memory_order_acquire);
 }
 
-uint64_t DoorbellView::word(int param) const {
-  return reinterpret_cast<const std::atomic<uint64_t>*>(
-             area_ + DoorbellWordOffset(param))
-      ->load(std::memory_order_acquire);
+void DoorbellView::WaitUpdates(uint32_t seen,
+                               std::chrono::milliseconds timeout) const {
+  FutexWait(at<uint32_t>(kUpdateCounterOffset), seen, timeout);
 }
 
-void DoorbellView::Wait(uint32_t seen,
-                        std::chrono::milliseconds timeout) const {
-  FutexWait(counter_word(), seen, timeout);
+void DoorbellView::PokeUpdates() const {
+  at<uint32_t>(kUpdateCounterOffset)->fetch_add(1, std::memory_order_release);
+  FutexWakeAll(at<uint32_t>(kUpdateCounterOffset));
 }
 
-void DoorbellView::Poke() const {
-  counter_word()->fetch_add(1, std::memory_order_release);
-  FutexWakeAll(counter_word());
+void DoorbellView::SetMomentum(int param, double momentum) const {
+  uint64_t bits;
+  std::memcpy(&bits, &momentum, sizeof(bits));
+  at<uint64_t>(MomentumOffset(num_params_, param))
+      ->store(bits, std::memory_order_relaxed);
+}
+
+void DoorbellView::Declare(int param, uint64_t word) const {
+  at<uint64_t>(DeclareWordOffset(num_params_, param))
+      ->store(word, std::memory_order_release);
+}
+
+void DoorbellView::Rewind(uint64_t word) const {
+  at<uint64_t>(kRewindWordOffset)->store(word, std::memory_order_release);
+}
+
+void DoorbellView::Ring() const {
+  at<uint32_t>(kDeclareCounterOffset)->fetch_add(1, std::memory_order_release);
+  FutexWakeAll(at<uint32_t>(kDeclareCounterOffset));
 }
 
 }  // namespace dmuon::transport

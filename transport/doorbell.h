@@ -1,25 +1,32 @@
-// The update doorbell of the shm transport (docs/protocol.md "Update
-// doorbell"): dmuond announces a parameter's update by a word in the
-// session's segment and a futex wake, instead of an UpdatesReady message on
-// the Step stream. A gRPC message costs the trainer's core about 175 µs to
-// receive (2026-12-07, AMD EPYC VM: the client's stream reader and gRPC's
-// own threads); a wake of the client's doorbell thread costs a few µs.
+// The doorbell of the shm transport (docs/protocol.md "Doorbell"): the
+// trainer declares its gradients, and dmuond announces its updates, by words
+// in the session's segment and a futex wake, instead of gradients_ready and
+// UpdatesReady messages on the Step stream. Each gRPC message costs the
+// trainer's core 110-175 µs (2026-12-07, AMD EPYC VM: the client's stream
+// writer and reader and gRPC's own threads); a word and a wake cost a few.
 //
-// Where it lives: after the layout's tensors (offset = the layout's
-// total_bytes, a multiple of kAlignment), DoorbellBytes(n) bytes:
-//   [0, 4)        counter: a uint32 dmuond increments after each
-//                 announcement and wakes (FUTEX_WAKE, shared) every waiter
-//                 on; the client waits on it.
-//   [64, 64+8n)   one uint64 word per parameter: its last announcement.
-// A word is EncodeWord(serial, step, flags): the serial (dmuond's count of
-// the session's announcements, truncated) makes every announcement a new
-// value, so the client can tell a step announced twice (a Rewind and the
-// step again) from one it has seen. The client reads a word as new when it
-// differs from the last it saw and its step is the one the client is at.
+// The area (offsets from its start, which is a multiple of kAlignment at or
+// after the layout's total_bytes; n parameters; DoorbellBytes(n) bytes):
+//   [0, 4)      update counter (uint32): dmuond adds 1 after each
+//               announcement and wakes its waiters (FUTEX_WAKE, shared).
+//   [64, 68)    declare counter (uint32): the client adds 1 after each
+//               declaration (or rewind) and wakes its waiters.
+//   [128, 136)  the rewind word (client): EncodeWord of {serial, step}.
+//   update words, n uint64 (dmuond): UpdateWordOffset(p).
+//   declare words, n uint64 (client): DeclareWordOffset(n, p).
+//   momenta, n double (client): MomentumOffset(n, p), read by dmuond when
+//               the declare word says so.
+// A word is EncodeWord(serial, step, two flags): the serial (its writer's
+// count of words written, truncated) makes every write a new value, so the
+// reader tells a step written twice (a Rewind and the step again) from one
+// it has seen. A reader takes a word as new when it differs from the last
+// value it saw. Writers store a word after what it covers (the update, the
+// gradient, the momentum) with release; readers load it with acquire.
 //
-// Trust: the client trusts the daemon's words (it trusts its updates). The
-// daemon never reads this area: it only stores into it, through the SIGBUS
-// guard (a client may shrink the segment at any time).
+// Trust: the client trusts dmuond's words as it trusts its updates. dmuond
+// trusts nothing the client writes: it loads the declare side through the
+// SIGBUS guard (a client may shrink the segment at any time) and hands what
+// it read to the same checks as a gradients_ready message.
 
 #ifndef DMUON_TRANSPORT_DOORBELL_H_
 #define DMUON_TRANSPORT_DOORBELL_H_
@@ -28,28 +35,37 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
 
 namespace dmuon::transport {
 
-// The bytes of the doorbell area for `num_params` parameters, a multiple of
-// kAlignment (transport.h). num_params >= 0.
+class GuardedMapping;
+
+// The area's size for `num_params` parameters (>= 0), a multiple of
+// kAlignment (transport.h).
 uint64_t DoorbellBytes(int num_params);
 
-// Offsets inside the area.
-inline constexpr uint64_t kDoorbellCounterOffset = 0;
-inline constexpr uint64_t kDoorbellWordsOffset = 64;
-inline uint64_t DoorbellWordOffset(int param) {
-  return kDoorbellWordsOffset + 8 * static_cast<uint64_t>(param);
-}
+inline constexpr uint64_t kUpdateCounterOffset = 0;
+inline constexpr uint64_t kDeclareCounterOffset = 64;
+inline constexpr uint64_t kRewindWordOffset = 128;
+uint64_t UpdateWordOffset(int param);
+uint64_t DeclareWordOffset(int num_params, int param);
+uint64_t MomentumOffset(int num_params, int param);
 
-// One announcement. `step` must lie in [1, kMaxDoorbellStep]; beyond it the
-// daemon announces through the Step stream instead (DoorbellStepFits).
+// One word. Update words: `flag_a` = skipped (the step left the parameter
+// unchanged: not to apply), `flag_b` = absent (declared absent: nothing to
+// apply). Declare words: `flag_a` = the momentum slot holds this step's
+// momentum, `flag_b` = absent (no gradient this step). Rewind word: no
+// flags. `step` must satisfy DoorbellStepFits; beyond it both sides use
+// the Step stream.
 struct DoorbellWord {
-  uint32_t serial = 0;   // kDoorbellSerialBits bits
-  int64_t step = 0;      // 0: never announced
-  bool skipped = false;  // the step left the parameter unchanged (an error
-                         // with skipped = true; the update is not to apply)
-  bool absent = false;   // the client declared it absent: nothing to apply
+  uint32_t serial = 0;  // kDoorbellSerialBits bits
+  int64_t step = 0;     // 0: never written
+  bool flag_a = false;
+  bool flag_b = false;
 };
 inline constexpr int kDoorbellSerialBits = 22;
 inline constexpr int64_t kMaxDoorbellStep = (int64_t{1} << 40) - 1;
@@ -57,36 +73,99 @@ inline bool DoorbellStepFits(int64_t step) {
   return step >= 1 && step <= kMaxDoorbellStep;
 }
 
-// Bits 0 skipped, 1 absent, 2..41 step, 42..63 serial (mod 2^22).
+// Bits 0 flag_a, 1 flag_b, 2..41 step, 42..63 serial (mod 2^22).
 uint64_t EncodeWord(const DoorbellWord& w);
 DoorbellWord DecodeWord(uint64_t word);
 
-// futex(2) on a uint32 in shared memory (not FUTEX_PRIVATE: the waiter and
-// the waker are different processes). Wait returns when *word != expected,
+// futex(2) on a uint32 in shared memory (not FUTEX_PRIVATE: waiter and
+// waker are different processes). Wait returns when *word != expected,
 // after a wake, after `timeout`, or spuriously: callers re-check. Both are
 // safe on an address whose page is gone (EFAULT, no signal).
 void FutexWakeAll(std::atomic<uint32_t>* word);
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
                std::chrono::milliseconds timeout);
 
-// The client's view of a doorbell area it has mapped (its own mapping; the
-// daemon cannot shrink it under the client, and the client trusts it).
+// dmuond's side: its own mapping of the area (so that a reader of the
+// declarations may outlive the session's Region), written and read through
+// the SIGBUS guard. Thread-safe. Made by CreateShmRegion.
+class Doorbell {
+ public:
+  // Takes `base`, a MAP_SHARED mapping of the area (DoorbellBytes(
+  // num_params) bytes), unmapped by the destructor. `offset`: the area's
+  // offset in the segment, for the response.
+  Doorbell(void* base, uint64_t offset, int num_params);
+  ~Doorbell();
+  Doorbell(const Doorbell&) = delete;
+  Doorbell& operator=(const Doorbell&) = delete;
+
+  uint64_t offset() const { return offset_; }
+  int num_params() const { return num_params_; }
+
+  // Stores `word` as parameter `param`'s update word (release: what this
+  // thread wrote before, the update in the tensor mapping included, is
+  // visible first), moves the update counter and wakes the client.
+  // DATA_LOSS once the client shrank the segment; OUT_OF_RANGE for a
+  // parameter outside the area.
+  absl::Status Announce(int param, uint64_t word);
+
+  // What the client declared: every declare word, every momentum slot, the
+  // rewind word, loaded in the reverse of the order the client stores them
+  // (so a declaration seen implies the rewind before it is seen too).
+  // DATA_LOSS once the client shrank the segment.
+  struct Declarations {
+    std::vector<uint64_t> words;   // by parameter
+    std::vector<double> momentum;  // by parameter
+    uint64_t rewind = 0;
+  };
+  absl::Status Load(Declarations* out);
+  // The declare counter (0 once the mapping faulted); waits for it to move
+  // from `seen`, a wake or `timeout`.
+  uint32_t declare_counter();
+  void WaitDeclared(uint32_t seen, std::chrono::milliseconds timeout);
+  // Wakes a thread in WaitDeclared, or about to enter it (to see its stop
+  // flag): moves the declare counter too.
+  void WakeDeclared();
+
+ private:
+  absl::Status Lost() const;
+
+  std::byte* const area_;
+  const uint64_t offset_;
+  const int num_params_;
+  std::unique_ptr<GuardedMapping> guard_;
+};
+
+// The client's side, on its own mapping of the segment (dmuond cannot
+// shrink it under the client, and the client trusts it).
 class DoorbellView {
  public:
-  // `area`: the first byte of the area, 8-byte aligned; `num_params` words.
+  // `area`: the area's first byte (8-byte aligned); `num_params` words.
   DoorbellView(std::byte* area, int num_params);
 
-  uint32_t counter() const;
-  uint64_t word(int param) const;  // acquire: the update is in place
-  // Waits for the counter to move from `seen` (or a wake, or `timeout`).
-  void Wait(uint32_t seen, std::chrono::milliseconds timeout) const;
-  // Moves the counter and wakes its waiters: a client thread stopping its
+  // Updates: the counter, a word (acquire: its update is in place), a wait
+  // for the counter to move from `seen` (or a wake, or `timeout`).
+  uint32_t update_counter() const;
+  uint64_t update_word(int param) const;
+  void WaitUpdates(uint32_t seen, std::chrono::milliseconds timeout) const;
+  // Moves the update counter and wakes its waiters: a client stopping its
   // own doorbell thread.
-  void Poke() const;
+  void PokeUpdates() const;
+
+  // Declarations: each stores a word (release: the gradient written before
+  // it, and the momentum slot, are visible first); Ring then moves the
+  // declare counter and wakes dmuond once for all of them.
+  void SetMomentum(int param, double momentum) const;
+  void Declare(int param, uint64_t word) const;
+  void Rewind(uint64_t word) const;
+  void Ring() const;
+
   int num_params() const { return num_params_; }
 
  private:
-  std::atomic<uint32_t>* counter_word() const;
+  template <typename T>
+  std::atomic<T>* at(uint64_t offset) const {
+    return reinterpret_cast<std::atomic<T>*>(area_ + offset);
+  }
   std::byte* const area_;
   const int num_params_;
 };

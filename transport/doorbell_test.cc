@@ -1,8 +1,9 @@
-// The update doorbell (doorbell.h): its words' encoding on fresh random
-// values, its place in a shm segment, an announcement seen by another
-// process that waits on the futex (with the update's bytes written before
-// it), and the errors: no doorbell, a parameter outside it, a segment the
-// client shrank (DATA_LOSS, never SIGBUS).
+// The doorbell (doorbell.h): its words' encoding on fresh random values,
+// its place in a shm segment, both directions across two processes (an
+// announcement a waiting client wakes to, with the update's bytes written
+// before it; declarations, momenta and a rewind the daemon side loads, with
+// the gradient's bytes before them), and a segment the client shrank
+// (DATA_LOSS, never SIGBUS).
 
 #include "transport/doorbell.h"
 
@@ -29,13 +30,13 @@ TEST(DoorbellWord, RoundTripsFreshRandomFields) {
     w.serial = static_cast<uint32_t>(rng()) &
                ((uint32_t{1} << kDoorbellSerialBits) - 1);
     w.step = 1 + static_cast<int64_t>(rng() % kMaxDoorbellStep);
-    w.skipped = rng() & 1;
-    w.absent = rng() & 1;
+    w.flag_a = rng() & 1;
+    w.flag_b = rng() & 1;
     const DoorbellWord back = DecodeWord(EncodeWord(w));
     ASSERT_EQ(back.serial, w.serial);
     ASSERT_EQ(back.step, w.step);
-    ASSERT_EQ(back.skipped, w.skipped);
-    ASSERT_EQ(back.absent, w.absent);
+    ASSERT_EQ(back.flag_a, w.flag_a);
+    ASSERT_EQ(back.flag_b, w.flag_b);
   }
   // The serial wraps; the step's bits never reach the serial's.
   DoorbellWord w;
@@ -48,90 +49,166 @@ TEST(DoorbellWord, RoundTripsFreshRandomFields) {
   EXPECT_FALSE(DoorbellStepFits(kMaxDoorbellStep + 1));
 }
 
-TEST(DoorbellBytes, AlignedAndHoldsEveryWord) {
+TEST(DoorbellBytes, ArraysAlignedDisjointAndInside) {
   for (int n : {0, 1, 7, 8, 9, 1000}) {
     const uint64_t b = DoorbellBytes(n);
     EXPECT_EQ(b % kAlignment, 0u) << n;
-    EXPECT_GE(b, DoorbellWordOffset(n)) << n;
-    EXPECT_LT(b, DoorbellWordOffset(n) + kAlignment) << n;
+    EXPECT_GE(UpdateWordOffset(0), kRewindWordOffset + 8);
+    for (auto off :
+         {UpdateWordOffset(0), DeclareWordOffset(n, 0), MomentumOffset(n, 0)}) {
+      EXPECT_EQ(off % kAlignment, 0u) << n;
+    }
+    if (n == 0) continue;
+    EXPECT_LE(UpdateWordOffset(n - 1) + 8, DeclareWordOffset(n, 0)) << n;
+    EXPECT_LE(DeclareWordOffset(n, n - 1) + 8, MomentumOffset(n, 0)) << n;
+    EXPECT_LE(MomentumOffset(n, n - 1) + 8, b) << n;
   }
 }
 
-TEST(ShmDoorbell, AfterTheTensorsAndOnlyWhereAsked) {
-  auto r = CreateShmRegion(4096, 5);
+TEST(ShmDoorbell, OnItsOwnPagesAfterTheTensorsAndOnlyWhereAsked) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  auto r = CreateShmRegion(4160, 5);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ((*r)->doorbell_offset(), 4096);
-  EXPECT_EQ((*r)->bytes().size(), 4096 + DoorbellBytes(5));
-  EXPECT_EQ((*r)->Announce(5, 1).code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ((*r)->Announce(-1, 1).code(), absl::StatusCode::kOutOfRange);
-  ASSERT_TRUE(UnlinkShm((*r)->name()).ok());
+  auto bell = (*r)->doorbell();
+  ASSERT_NE(bell, nullptr);
+  EXPECT_EQ(bell->offset() % page, 0u);
+  EXPECT_GE(bell->offset(), 4160u);
+  EXPECT_EQ(bell->num_params(), 5);
+  EXPECT_EQ((*r)->bytes().size(), 4160u);  // the tensors only
+  EXPECT_EQ(bell->Announce(5, 1).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(bell->Announce(-1, 1).code(), absl::StatusCode::kOutOfRange);
+  // Its mapping is its own: it outlives the region.
+  const std::string name = (*r)->name();
+  r->reset();
+  EXPECT_TRUE(bell->Announce(4, 7).ok());
+  ASSERT_TRUE(UnlinkShm(name).ok());
 
   auto plain = CreateShmRegion(4096);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ((*plain)->doorbell_offset(), -1);
-  EXPECT_EQ((*plain)->bytes().size(), 4096u);
-  EXPECT_EQ((*plain)->Announce(0, 1).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*plain)->doorbell(), nullptr);
   ASSERT_TRUE(UnlinkShm((*plain)->name()).ok());
-  EXPECT_EQ(NewHeapRegion(64)->Announce(0, 1).code(),
-            absl::StatusCode::kFailedPrecondition);
-
-  auto odd = CreateShmRegion(100, 1);
-  EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NewHeapRegion(64)->doorbell(), nullptr);
 }
 
-// Another process maps the segment, waits on the counter until parameter
-// 2's word names step 7, then checks the bytes written before it.
-TEST(ShmDoorbell, AnotherProcessWakesToTheWordAndTheBytesBeforeIt) {
+// Starts `client(view, region)` in a child process, on the child's own
+// mapping of segment `name` (which ends with a doorbell at `at` for `n`
+// parameters); the child exits with what it returns (2: it could not map).
+template <typename F>
+pid_t StartClient(const std::string& name, uint64_t at, int n, F client) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  auto region = OpenShmRegion(name, at + DoorbellBytes(n));
+  if (!region.ok()) ::_exit(2);
+  ::_exit(client(DoorbellView((*region)->bytes().data() + at, n), **region));
+}
+
+// The child's exit code; -1 when it did not exit normally.
+int WaitClient(pid_t pid) {
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// Another process maps the segment, waits on the update counter until
+// parameter 2's word names step 7, then checks the bytes written before.
+TEST(ShmDoorbell, AClientProcessWakesToTheUpdateAndTheBytesBeforeIt) {
   constexpr int kParams = 4;
   constexpr uint64_t kTensors = 64 * 1024;
   auto r = CreateShmRegion(kTensors, kParams);
   ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t at = (*r)->doorbell()->offset();
   std::mt19937_64 rng(std::random_device{}());
   std::vector<uint64_t> payload(kTensors / 8);
   for (auto& x : payload) x = rng();
-  DoorbellWord want;
-  want.serial = 3;
-  want.step = 7;
+  const DoorbellWord want{3, 7, true, false};
   const std::string name = (*r)->name();
-  const pid_t child = ::fork();
+  const pid_t child =
+      StartClient(name, at, kParams, [&](DoorbellView v, Region& region) {
+        const auto until =
+            std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (DecodeWord(v.update_word(2)).step != 7) {
+          if (std::chrono::steady_clock::now() > until) return 3;
+          v.WaitUpdates(v.update_counter(), std::chrono::milliseconds(100));
+        }
+        const bool same =
+            std::memcmp(region.bytes().data(), payload.data(), kTensors) == 0;
+        const bool word = v.update_word(2) == EncodeWord(want);
+        return same && word && v.update_counter() == 1 ? 0 : 4;
+      });
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    auto mine = OpenShmRegion(name, kTensors + DoorbellBytes(kParams));
-    if (!mine.ok()) ::_exit(2);
-    DoorbellView v((*mine)->bytes().data() + kTensors, kParams);
-    const auto until =
-        std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (DecodeWord(v.word(2)).step != 7) {
-      if (std::chrono::steady_clock::now() > until) ::_exit(3);
-      v.Wait(v.counter(), std::chrono::milliseconds(100));
-    }
-    const bool same =
-        std::memcmp((*mine)->bytes().data(), payload.data(), kTensors) == 0;
-    ::_exit(same && v.word(2) == EncodeWord(want) && v.counter() == 1 ? 0 : 4);
-  }
-  // Give the child time to be waiting (the test holds either way).
-  ::usleep(100 * 1000);
+  ::usleep(100 * 1000);  // the child is likely waiting (holds either way)
   ASSERT_TRUE((*r)->Write(0, payload.data(), kTensors).ok());
-  ASSERT_TRUE((*r)->Announce(2, EncodeWord(want)).ok());
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  ASSERT_TRUE((*r)->doorbell()->Announce(2, EncodeWord(want)).ok());
+  EXPECT_EQ(WaitClient(child), 0);
+  ASSERT_TRUE(UnlinkShm(name).ok());
+}
+
+// A client process writes a gradient, a rewind, momenta and declarations
+// and rings; the daemon side, waiting on the declare counter, loads them.
+TEST(ShmDoorbell, TheDaemonSideLoadsWhatAClientProcessDeclared) {
+  constexpr int kParams = 3;
+  auto r = CreateShmRegion(4096, kParams);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto bell = (*r)->doorbell();
+  std::mt19937_64 rng(std::random_device{}());
+  const double beta = std::uniform_real_distribution<double>(0, 1)(rng);
+  const uint64_t gradient = rng();
+  const DoorbellWord rewind{1, 5, false, false};
+  const DoorbellWord plain{2, 5, false, false};
+  const DoorbellWord with_momentum{3, 5, true, false};
+  const DoorbellWord absent{4, 5, false, true};
+  const uint32_t seen = bell->declare_counter();
+  const std::string name = (*r)->name();
+  const pid_t child = StartClient(
+      name, bell->offset(), kParams, [&](DoorbellView v, Region& region) {
+        std::memcpy(region.bytes().data(), &gradient, 8);
+        v.Rewind(EncodeWord(rewind));
+        v.Declare(0, EncodeWord(plain));
+        v.SetMomentum(1, beta);
+        v.Declare(1, EncodeWord(with_momentum));
+        v.Declare(2, EncodeWord(absent));
+        v.Ring();
+        return 0;
+      });
+  ASSERT_GE(child, 0);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (bell->declare_counter() == seen &&
+         std::chrono::steady_clock::now() < until) {
+    bell->WaitDeclared(seen, std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(WaitClient(child), 0);
+  Doorbell::Declarations d;
+  ASSERT_TRUE(bell->Load(&d).ok());
+  EXPECT_EQ(d.rewind, EncodeWord(rewind));
+  ASSERT_EQ(d.words.size(), 3u);
+  EXPECT_EQ(d.words[0], EncodeWord(plain));
+  EXPECT_EQ(d.words[1], EncodeWord(with_momentum));
+  EXPECT_EQ(d.words[2], EncodeWord(absent));
+  EXPECT_EQ(d.momentum[1], beta);
+  uint64_t got = 0;
+  ASSERT_TRUE((*r)->Read(0, &got, 8).ok());
+  EXPECT_EQ(got, gradient);
   ASSERT_TRUE(UnlinkShm(name).ok());
 }
 
 TEST(ShmDoorbell, ShrunkSegmentIsDataLossNotSigbus) {
   auto r = CreateShmRegion(4096, 2);
   ASSERT_TRUE(r.ok()) << r.status();
+  auto bell = (*r)->doorbell();
   const int fd = ::shm_open((*r)->name().c_str(), O_RDWR, 0);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::ftruncate(fd, 0), 0);
   ::close(fd);
   DoorbellWord w;
   w.step = 1;
-  EXPECT_EQ((*r)->Announce(1, EncodeWord(w)).code(),
+  EXPECT_EQ(bell->Announce(1, EncodeWord(w)).code(),
             absl::StatusCode::kDataLoss);
+  Doorbell::Declarations d;
+  EXPECT_EQ(bell->Load(&d).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(bell->declare_counter(), 0u);
+  bell->WaitDeclared(0, std::chrono::milliseconds(1));  // EFAULT, no signal
+  bell->WakeDeclared();
   ASSERT_TRUE(UnlinkShm((*r)->name()).ok());
 }
 

@@ -55,12 +55,6 @@ absl::Status Region::Write(uint64_t offset, const void* in, uint64_t n) {
   return absl::OkStatus();
 }
 
-absl::Status Region::Announce(int param, uint64_t word) {
-  return absl::FailedPreconditionError(
-      "this region has no update doorbell (only shm regions created with "
-      "one)");
-}
-
 std::unique_ptr<Region> NewHeapRegion(uint64_t bytes) {
   // calloc: large blocks come from fresh zero pages, so nothing is touched
   // (or committed) until the tensors are written.

@@ -102,20 +102,13 @@ std::string SizeMismatch(const std::string& name, int64_t holds,
 
 class ShmRegion final : public Region {
  public:
-  // `doorbell_params` >= 0: the last DoorbellBytes(doorbell_params) bytes
-  // are an update doorbell's area.
   ShmRegion(std::string name, int fd, void* addr, uint64_t size,
-            int doorbell_params = -1)
+            std::shared_ptr<Doorbell> doorbell = nullptr)
       : name_(std::move(name)),
         fd_(fd),
         addr_(addr),
         size_(size),
-        doorbell_params_(doorbell_params),
-        doorbell_offset_(
-            doorbell_params < 0
-                ? -1
-                : static_cast<int64_t>(size - DoorbellBytes(doorbell_params))) {
-  }
+        doorbell_(std::move(doorbell)) {}
   ~ShmRegion() override {
     if (addr_ != nullptr) ::munmap(addr_, size_);
     ::close(fd_);
@@ -152,25 +145,7 @@ class ShmRegion final : public Region {
 
   const std::string& name() const override { return name_; }
 
-  int64_t doorbell_offset() const override { return doorbell_offset_; }
-  absl::Status Announce(int param, uint64_t word) override {
-    if (doorbell_offset_ < 0) return Region::Announce(param, word);
-    if (param < 0 || param >= doorbell_params_) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "parameter ", param, " has no doorbell word in shm segment '", name_,
-          "' (", doorbell_params_, " parameters)"));
-    }
-    const uint64_t at = doorbell_offset_;
-    if (auto st = Check(); !st.ok()) return st;
-    if (!guard_.Store64(at + DoorbellWordOffset(param), word) ||
-        !guard_.Increment32(at + kDoorbellCounterOffset)) {
-      return Lost();
-    }
-    // A shrunk segment makes the wake fail with EFAULT, never a signal.
-    FutexWakeAll(reinterpret_cast<std::atomic<uint32_t>*>(
-        static_cast<std::byte*>(addr_) + at + kDoorbellCounterOffset));
-    return absl::OkStatus();
-  }
+  std::shared_ptr<Doorbell> doorbell() const override { return doorbell_; }
 
  private:
   // copy() (one of guard_'s) once [offset, offset + n) is in range and the
@@ -198,18 +173,20 @@ class ShmRegion final : public Region {
   }
 
   const std::string name_;
-  const int fd_;                   // kept open for Check()
-  void* const addr_;               // nullptr when size_ == 0
-  const uint64_t size_;            // declared and mapped
-  const int doorbell_params_;      // -1: no doorbell
-  const int64_t doorbell_offset_;  // -1: no doorbell
+  const int fd_;                              // kept open for Check()
+  void* const addr_;                          // nullptr when size_ == 0
+  const uint64_t size_;                       // declared and mapped
+  const std::shared_ptr<Doorbell> doorbell_;  // null: none
   GuardedMapping guard_{addr_, size_};
 };
 
-// Maps `size` bytes of `fd`; nullptr for an empty region (mmap rejects 0).
-absl::StatusOr<void*> Map(int fd, uint64_t size, const std::string& name) {
+// Maps `size` bytes of `fd` from `offset` (a page boundary); nullptr for an
+// empty region (mmap rejects 0).
+absl::StatusOr<void*> Map(int fd, uint64_t size, const std::string& name,
+                          uint64_t offset = 0) {
   if (size == 0) return nullptr;
-  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                      static_cast<off_t>(offset));
   if (addr == MAP_FAILED) {
     return ErrnoError(errno, absl::StrCat("mmap shm segment '", name, "' (",
                                           size, " bytes)"));
@@ -226,15 +203,15 @@ absl::Status TooLarge(uint64_t bytes) {
 
 absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(uint64_t tensor_bytes,
                                                         int doorbell_params) {
+  // The doorbell on a page of its own, so that it can be mapped on its own.
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t doorbell =
       doorbell_params < 0 ? 0 : DoorbellBytes(doorbell_params);
-  if (tensor_bytes > kMaxBytes - doorbell) return TooLarge(tensor_bytes);
-  if (doorbell_params >= 0 && tensor_bytes % kAlignment != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("an update doorbell must start at a multiple of ",
-                     kAlignment, " bytes; the tensors end at ", tensor_bytes));
-  }
-  const uint64_t bytes = tensor_bytes + doorbell;
+  if (tensor_bytes > kMaxBytes - doorbell - page) return TooLarge(tensor_bytes);
+  const uint64_t doorbell_at = doorbell_params < 0
+                                   ? tensor_bytes
+                                   : (tensor_bytes + page - 1) / page * page;
+  const uint64_t bytes = doorbell_at + doorbell;
   std::string name;
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {
@@ -267,14 +244,24 @@ absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(uint64_t tensor_bytes,
       return fail(absl::StrCat("reserve ", bytes, " bytes of"), error);
     }
   }
-  absl::StatusOr<void*> addr = Map(fd, bytes, name);
+  std::shared_ptr<Doorbell> bell;
+  if (doorbell_params >= 0) {
+    absl::StatusOr<void*> at = Map(fd, doorbell, name, doorbell_at);
+    if (!at.ok()) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      return at.status();
+    }
+    bell = std::make_shared<Doorbell>(*at, doorbell_at, doorbell_params);
+  }
+  absl::StatusOr<void*> addr = Map(fd, tensor_bytes, name);
   if (!addr.ok()) {
     ::close(fd);
     ::shm_unlink(name.c_str());
     return addr.status();
   }
-  return std::make_unique<ShmRegion>(std::move(name), fd, *addr, bytes,
-                                     doorbell_params);
+  return std::make_unique<ShmRegion>(std::move(name), fd, *addr, tensor_bytes,
+                                     std::move(bell));
 }
 
 absl::StatusOr<std::unique_ptr<Region>> OpenShmRegion(const std::string& name,

@@ -114,6 +114,19 @@ bool GuardedMapping::Store64(size_t offset, uint64_t value) {
   return Run([&] { word->store(value, std::memory_order_release); });
 }
 
+bool GuardedMapping::Load64s(size_t offset, uint64_t* out, size_t count) {
+  auto* words = reinterpret_cast<const std::atomic<uint64_t>*>(base_ + offset);
+  return Run([&] {
+    for (size_t i = 0; i < count; ++i)
+      out[i] = words[i].load(std::memory_order_acquire);
+  });
+}
+
+bool GuardedMapping::Load32(size_t offset, uint32_t* out) {
+  auto* word = reinterpret_cast<const std::atomic<uint32_t>*>(base_ + offset);
+  return Run([&] { *out = word->load(std::memory_order_acquire); });
+}
+
 bool GuardedMapping::Increment32(size_t offset) {
   auto* word = reinterpret_cast<std::atomic<uint32_t>*>(base_ + offset);
   return Run([&] { word->fetch_add(1, std::memory_order_release); });

@@ -48,13 +48,17 @@ class GuardedMapping {
   bool CopyOut(size_t offset, void* out, size_t n);
   bool CopyIn(size_t offset, const void* in, size_t n);
 
-  // Atomic stores into the mapping under the same guard (the doorbell,
-  // doorbell.h): `offset` aligned to the word's size and inside the
-  // mapping. Store64 is a release store (what the thread wrote before,
-  // through the mapping or not, is visible to a reader that acquires the
-  // word); Increment32 adds 1 (release). False as for the copies.
+  // Atomic stores into and loads from the mapping under the same guard
+  // (the doorbell, doorbell.h): `offset` aligned to the word's size and
+  // inside the mapping. Store64 is a release store (what the thread wrote
+  // before, through the mapping or not, is visible to a reader that acquires
+  // the word); Increment32 adds 1 (release). False as for the copies.
   bool Store64(size_t offset, uint64_t value);
   bool Increment32(size_t offset);
+  // Acquire loads of `count` consecutive uint64 from `offset`, in order, and
+  // of one uint32. False as for the copies (`out` then unspecified).
+  bool Load64s(size_t offset, uint64_t* out, size_t count);
+  bool Load32(size_t offset, uint32_t* out);
 
   // True once a copy faulted: the mapping shows zero pages, not the file.
   bool broken() const { return broken_.load(); }

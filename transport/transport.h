@@ -8,7 +8,7 @@
 //            place, nothing is copied through gRPC. The daemon unlinks the
 //            name as soon as the client has attached (the mappings keep the
 //            memory alive), and at session end or client death at the latest.
-//            A segment may also hold an update doorbell (doorbell.h).
+//            A segment may also hold a doorbell (doorbell.h).
 //   inline — a heap region on each side; tensor bytes travel inside Step
 //            messages as chunks no larger than the message limit allows.
 //   cuda_ipc, nccl — GPU regions (transport/cuda_ipc.h, transport/nccl.h):
@@ -32,6 +32,8 @@
 #include "absl/types/span.h"
 
 namespace dmuon::transport {
+
+class Doorbell;  // doorbell.h
 
 // Where one parameter's two tensors sit in a region. Offsets are multiples
 // of kAlignment.
@@ -99,15 +101,10 @@ class Region {
   // shm: the segment name; inline: empty.
   virtual const std::string& name() const = 0;
 
-  // The update doorbell (doorbell.h; shm regions created with one): where
-  // its area starts in bytes(), or -1 when the region has none.
-  virtual int64_t doorbell_offset() const { return -1; }
-  // Stores `word` (doorbell.h EncodeWord) as parameter `param`'s doorbell
-  // word, after everything this thread wrote before (release), then moves
-  // the area's counter and wakes the client's waiter. Guarded as Write is:
-  // DATA_LOSS when the client shrank the segment. FAILED_PRECONDITION
-  // without a doorbell, OUT_OF_RANGE for a parameter it has no word of.
-  virtual absl::Status Announce(int param, uint64_t word);
+  // The doorbell (doorbell.h) of a shm region created with one; null
+  // otherwise. Shared: a reader of its declarations may outlive the region
+  // (it has its own mapping).
+  virtual std::shared_ptr<Doorbell> doorbell() const { return nullptr; }
 
   // Transports that move data on request (nccl); the others share memory
   // with the client and have nothing to move. Pull: the client declared the
@@ -145,9 +142,10 @@ std::unique_ptr<Region> NewHeapRegion(uint64_t bytes);
 // pages are reserved up front, so a full /dev/shm fails here
 // (RESOURCE_EXHAUSTED) rather than with SIGBUS later. The Region never
 // unlinks the name itself: call UnlinkShm.
-// With `doorbell_params` >= 0 the segment also holds an update doorbell
-// for that many parameters: DoorbellBytes(doorbell_params) more bytes at
-// offset `bytes` (a multiple of kAlignment), zero-filled.
+// With `doorbell_params` >= 0 the segment also holds a doorbell for that
+// many parameters (doorbell.h): DoorbellBytes(doorbell_params) bytes at the
+// first page boundary at or after `bytes`, zero-filled, mapped on their own
+// (Region::doorbell()); bytes() covers the tensors only.
 absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(
     uint64_t bytes, int doorbell_params = -1);
 

@@ -54,7 +54,10 @@ def machine() -> dict:
         pass
     import torch
 
-    env = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}
+    # What changes the kernels' threads and the hand-off path (DMUON_DOORBELL=0:
+    # Step messages instead of the shm doorbell).
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("OPENBLAS_", "OMP_", "MKL_")) or k == "DMUON_DOORBELL"}
     return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
             "torch": torch.__version__, "python": platform.python_version(), "env": env}
 

@@ -369,7 +369,7 @@ std::shared_ptr<Client> Connect(const py::object& address, double deadline,
                                 const py::object& cert, const py::object& key,
                                 const py::object& server_name,
                                 const py::object& connect_deadline,
-                                bool update_doorbell) {
+                                bool doorbell) {
   ClientOptions o;
   SetCredentials(o, token, ca, cert, key, server_name);
   o.deadline = Millis(deadline);
@@ -378,7 +378,7 @@ std::shared_ptr<Client> Connect(const py::object& address, double deadline,
   o.retries = retries;
   o.backoff = Millis(backoff);
   o.max_message_bytes = max_bytes;
-  o.update_doorbell = update_doorbell;
+  o.doorbell = doorbell;
   const bool pool = !py::isinstance<py::str>(address);
   std::vector<std::string> addresses;
   if (pool) {
@@ -503,12 +503,11 @@ void RegisterClientClass(py::module_& m) {
       "A connection to dmuond. Client(address, deadline=10.0, retries=3, "
       "backoff=0.1, max_message_bytes=64 MiB, token=None, tls_ca_file=None, "
       "tls_cert_file=None, tls_key_file=None, tls_server_name=None, "
-      "connect_deadline=None, update_doorbell=True); deadlines in seconds "
+      "connect_deadline=None, doorbell=True); deadlines in seconds "
       "(connect_deadline: the wait for a daemon that does not answer yet; "
-      "None: deadline). update_doorbell: shm sessions learn of their updates "
-      "through a word in the segment and a futex wake (docs/protocol.md "
-      "\"Update doorbell\"); False: UpdatesReady messages on the Step "
-      "stream. An "
+      "None: deadline). doorbell: shm sessions declare gradients and learn "
+      "of updates through words in the segment and futex wakes "
+      "(docs/protocol.md \"Doorbell\"); False: Step messages. An "
       "address that is not host:port, [v6]:port or unix:path is a "
       "ValueError naming it. A list of addresses is a pool: each matrix goes "
       "to one daemon of it. Credentials left None come from the environment "
@@ -521,8 +520,7 @@ void RegisterClientClass(py::module_& m) {
            py::arg("tls_cert_file") = py::none(),
            py::arg("tls_key_file") = py::none(),
            py::arg("tls_server_name") = py::none(),
-           py::arg("connect_deadline") = py::none(),
-           py::arg("update_doorbell") = true)
+           py::arg("connect_deadline") = py::none(), py::arg("doorbell") = true)
       .def_property_readonly("address", &Client::address)
       .def(
           "device_counts",
@@ -582,11 +580,10 @@ void AddSessionInfo(py::class_<PySession>& cls) {
       .def_property_readonly("transport",
                              [](PySession& s) { return s.s().transport(); })
       .def_property_readonly(
-          "update_doorbell",
-          [](PySession& s) { return s.s().update_doorbell(); },
-          "Whether dmuond announces this session's updates through the shm "
-          "segment's update doorbell (docs/protocol.md) rather than "
-          "UpdatesReady messages on the Step stream.")
+          "doorbell", [](PySession& s) { return s.s().doorbell(); },
+          "Whether this session declares gradients and learns of updates "
+          "through the shm segment's doorbell (docs/protocol.md) rather than "
+          "messages on the Step stream.")
       .def_property_readonly(
           "notice", [](PySession& s) { return s.s().notice(); },
           "Empty, or what dmuond said at open that is not an error: the job "

@@ -59,11 +59,12 @@ struct Rank {
     if (!r.ok()) return r.status();
     open = *r;
     if (open.transport() == v1::TRANSPORT_SHM) {
-      // With an update doorbell (requested by req.update_doorbell) the
-      // segment holds it after the tensors.
+      // With a doorbell (requested by req.doorbell) the segment holds it
+      // after the tensors.
       auto reg = transport::OpenShmRegion(
-          open.shm_name(),
-          open.layout().total_bytes() + open.update_doorbell().bytes());
+          open.shm_name(), open.has_doorbell() ? open.doorbell().offset() +
+                                                     open.doorbell().bytes()
+                                               : open.layout().total_bytes());
       if (!reg.ok()) return reg.status();
       shm = std::move(*reg);
     }

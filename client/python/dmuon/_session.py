@@ -173,14 +173,14 @@ def _open(client, address, job_id, table, groups, rank, world, transport, device
         raise
 
 
-def update_doorbell() -> bool:
-    """Whether shm sessions ask for the update doorbell (docs/protocol.md
-    "Update doorbell"): yes unless $DMUON_UPDATE_DOORBELL is "0", which keeps
-    updates announced on the Step stream (a before/after of the doorbell on
-    one build: benchmarks/README.md)."""
-    value = os.environ.get("DMUON_UPDATE_DOORBELL", "1")
+def doorbell() -> bool:
+    """Whether shm sessions ask for the doorbell (docs/protocol.md
+    "Doorbell"): yes unless $DMUON_DOORBELL is "0", which keeps declarations
+    and updates on the Step stream (a before/after of the doorbell on one
+    build: benchmarks/README.md)."""
+    value = os.environ.get("DMUON_DOORBELL", "1")
     if value not in ("0", "1"):
-        raise ValueError(f"DMUON_UPDATE_DOORBELL={value!r}: expected 0 or 1")
+        raise ValueError(f"DMUON_DOORBELL={value!r}: expected 0 or 1")
     return value == "1"
 
 
@@ -191,7 +191,7 @@ def connect(address, timeout, connect_timeout, env):
     try:
         return _ext.Client(address, deadline=float(timeout),
                            connect_deadline=float(connect_timeout),
-                           update_doorbell=update_doorbell())
+                           doorbell=doorbell())
     except _ext.UnavailableError as e:
         if not env:
             raise

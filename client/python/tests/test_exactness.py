@@ -62,20 +62,21 @@ def test_inline_transport_and_overlap_off_match(daemon):
 
 
 @pytest.mark.parametrize("overlap_forward", [False, True])
-def test_updates_on_the_stream_match_the_doorbell(daemon, monkeypatch,
-                                                  overlap_forward):
-    """$DMUON_UPDATE_DOORBELL=0: updates announced by UpdatesReady messages
-    instead of the shm segment's doorbell; the same numbers, bit for bit."""
+def test_stream_messages_match_the_doorbell(daemon, monkeypatch,
+                                            overlap_forward):
+    """$DMUON_DOORBELL=0: gradients declared and updates announced by Step
+    messages instead of the shm segment's doorbell (docs/protocol.md
+    "Doorbell"); the same numbers, bit for bit."""
     models = {}
     for value in ("1", "0"):
-        monkeypatch.setenv("DMUON_UPDATE_DOORBELL", value)
+        monkeypatch.setenv("DMUON_DOORBELL", value)
         torch.manual_seed(2)
         model = TinyLM()
         opt = DMuon(model, lr=0.02, server=daemon.address,
                     routing_options=RoutingOptions(adamw=[model.head]),
                     overlap_forward=overlap_forward)
         assert opt.transport == "shm"
-        assert opt.session.update_doorbell == (value == "1")
+        assert opt.session.doorbell == (value == "1")
         train(model, opt, 6, lm_batch)
         opt.synchronize()
         opt.close()
@@ -85,10 +86,10 @@ def test_updates_on_the_stream_match_the_doorbell(daemon, monkeypatch,
         assert torch.equal(a, b), n
 
 
-def test_update_doorbell_variable_is_checked(daemon, monkeypatch):
-    monkeypatch.setenv("DMUON_UPDATE_DOORBELL", "yes")
+def test_doorbell_variable_is_checked(daemon, monkeypatch):
+    monkeypatch.setenv("DMUON_DOORBELL", "yes")
     model = TinyLM()
-    with pytest.raises(ValueError, match="DMUON_UPDATE_DOORBELL='yes'"):
+    with pytest.raises(ValueError, match="DMUON_DOORBELL='yes'"):
         DMuon(model, lr=0.02, server=daemon.address,
               routing_options=RoutingOptions(adamw=[model.head]))
 
