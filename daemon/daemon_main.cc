@@ -743,7 +743,6 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
   });
   health.SetReady(true);
 
-  WritePortFile(config.port_file, port);
   const std::string host = config.ListenHost();
   spdlog::info(
       "dmuond {} (protocol 1.{}) serving on {}:{} (devices {}, {} OpenBLAS "
@@ -751,6 +750,8 @@ int DaemonMain(int argc, char** argv, const GpuSupport* gpu) {
       opts.version, ProtocolMinor(), host, port,
       absl::StrJoin(opts.devices, ","), threads, kernels::BlasCoreName(),
       *metrics_http ? host + ":" + std::to_string(config.metrics_port) : "off");
+  // After the line: whoever waits for the port file may read it in the log.
+  WritePortFile(config.port_file, port);
 
   const int sig = Serve(config, service, sigs, [&] {
     Reload(config, tls.get(), metrics_http->get(), auth->get(), &grpc_service,
