@@ -1,8 +1,12 @@
 #include "benchmarks/bench_util.h"
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -15,6 +19,8 @@
 
 extern "C" char* openblas_get_config(void);
 extern "C" int openblas_get_num_threads(void);
+
+extern char** environ;
 
 namespace dmuon::bench {
 
@@ -135,6 +141,45 @@ nlohmann::json CpuMachine() {
   ::gethostname(host, sizeof(host) - 1);
   m["host"] = host;
   return m;
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+absl::Status DaemonProcess::Start(const std::string& binary,
+                                  std::vector<std::string> args) {
+  static std::atomic<int> started{0};
+  const std::string pf =
+      absl::StrCat("/tmp/dmuon-bench-port.", getpid(), ".", started++);
+  std::remove(pf.c_str());
+  args.insert(args.begin(), binary);
+  args.push_back("--listen=127.0.0.1:0");
+  args.push_back("--port-file=" + pf);
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  if (posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0)
+    return absl::NotFoundError(absl::StrCat("cannot start ", binary));
+  for (int i = 0; i < 1200; ++i) {
+    std::ifstream in(pf);
+    int port = 0;
+    if (in >> port && port > 0) {
+      address_ = absl::StrCat("127.0.0.1:", port);
+      std::remove(pf.c_str());
+      return absl::OkStatus();
+    }
+    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::UnavailableError(
+          absl::StrCat(binary, " exited at start (its message is above)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::UnavailableError(absl::StrCat(binary, " did not start in 60 s"));
 }
 
 }  // namespace dmuon::bench

@@ -5,6 +5,8 @@
 #ifndef DMUON_BENCHMARKS_BENCH_UTIL_H_
 #define DMUON_BENCHMARKS_BENCH_UTIL_H_
 
+#include <sys/types.h>
+
 #include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -75,6 +77,25 @@ absl::Status WriteJson(const std::string& path, const std::string& name,
 
 // CPU model, core count, OpenBLAS build, relevant environment.
 nlohmann::json CpuMachine();
+
+// A dmuond started for a benchmark; SIGTERM and reaped on destruction.
+class DaemonProcess {
+ public:
+  DaemonProcess() = default;
+  ~DaemonProcess();
+  DaemonProcess(const DaemonProcess&) = delete;
+  DaemonProcess& operator=(const DaemonProcess&) = delete;
+  // Runs `binary` with `args` plus a loopback --listen and a --port-file;
+  // waits (60 s at most) until it serves. UNAVAILABLE when it exits first.
+  // The child inherits this thread's CPU affinity.
+  absl::Status Start(const std::string& binary, std::vector<std::string> args);
+  const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string address_;
+};
 
 }  // namespace dmuon::bench
 

@@ -63,44 +63,13 @@ std::vector<ParamSpec> Table(int scale) {
   return t;
 }
 
-struct Daemon {
-  pid_t pid = -1;
-  std::string address;
-  ~Daemon() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-absl::Status Start(Daemon& d, int threads,
+// dmuond with `threads` BLAS threads and `extra` flags.
+absl::Status Start(DaemonProcess& d, int threads,
                    const std::vector<std::string>& extra = {}) {
-  const std::string port_file =
-      absl::StrCat("/tmp/dmuon-bench-port.", getpid());
-  std::remove(port_file.c_str());
-  std::vector<std::string> argv = {
-      absl::GetFlag(FLAGS_dmuond), "--listen=127.0.0.1:0",
-      "--port-file=" + port_file,  "--log-level=warn",
-      "--summary-every-secs=0",    absl::StrCat("--cpu-threads=", threads)};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  std::vector<char*> a;
-  for (auto& s : argv) a.push_back(s.data());
-  a.push_back(nullptr);
-  if (posix_spawn(&d.pid, a[0], nullptr, nullptr, a.data(), environ) != 0) {
-    return absl::NotFoundError(absl::StrCat("cannot start ", argv[0]));
-  }
-  for (int i = 0; i < 500; ++i) {
-    std::ifstream in(port_file);
-    int port = 0;
-    if (in >> port && port > 0) {
-      d.address = absl::StrCat("127.0.0.1:", port);
-      std::remove(port_file.c_str());
-      return absl::OkStatus();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return absl::UnavailableError("dmuond did not start");
+  std::vector<std::string> args = {"--log-level=warn", "--summary-every-secs=0",
+                                   absl::StrCat("--cpu-threads=", threads)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return d.Start(absl::GetFlag(FLAGS_dmuond), std::move(args));
 }
 
 double Seconds(Clock::time_point t0) {
@@ -157,9 +126,9 @@ absl::Status Run(std::vector<Row>& rows) {
     return absl::OkStatus();
   };
 
-  Daemon daemon;
+  DaemonProcess daemon;
   if (auto st = Start(daemon, threads); !st.ok()) return st;
-  auto client = Client::Connect(daemon.address);
+  auto client = Client::Connect(daemon.address());
   if (!client.ok()) return client.status();
   std::map<std::string, std::unique_ptr<Session>> sessions;
   for (const char* t : {"shm", "inline"}) {
@@ -290,7 +259,7 @@ absl::Status TwoTenants(const std::string& label, double wa, double wb,
   const std::string tokens = absl::StrCat("/tmp/dmuon-bench-tokens.", getpid());
   std::ofstream(tokens) << "trainer a-token alice weight=" << wa << "\n"
                         << "trainer b-token bob weight=" << wb << "\n";
-  Daemon daemon;
+  DaemonProcess daemon;
   absl::Status st = Start(daemon, threads,
                           {"--auth-token-file=" + tokens, "--cpu-executors=1",
                            absl::StrCat("--max-batch=", max_batch)});
@@ -298,10 +267,10 @@ absl::Status TwoTenants(const std::string& label, double wa, double wb,
   a.token = "a-token";
   b.token = "b-token";
   std::atomic<bool> stop{false};
-  std::thread ta(RunTenant, daemon.address, std::ref(a), std::cref(stop));
+  std::thread ta(RunTenant, daemon.address(), std::ref(a), std::cref(stop));
   std::thread tb;
   if (!b.table.empty())
-    tb = std::thread(RunTenant, daemon.address, std::ref(b), std::cref(stop));
+    tb = std::thread(RunTenant, daemon.address(), std::ref(b), std::cref(stop));
   std::this_thread::sleep_for(
       std::chrono::duration<double>(absl::GetFlag(FLAGS_tenant_seconds)));
   // Shares: each tenant's device seconds over both, as Status tells them
@@ -310,7 +279,7 @@ absl::Status TwoTenants(const std::string& label, double wa, double wb,
   for (Tenant* t : {&a, &b}) {
     if (t->table.empty()) continue;
     auto stub = v1::Optimizer::NewStub(grpc::CreateChannel(
-        daemon.address, grpc::InsecureChannelCredentials()));
+        daemon.address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.AddMetadata("authorization", "Bearer " + t->token);
     v1::StatusResponse s;

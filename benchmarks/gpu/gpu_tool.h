@@ -1,6 +1,6 @@
-// Helpers of the GPU check's tools: a dmuond_cuda child process, the bf16
-// GEMM rate and the device copy rate that floors are measured against, and
-// device buffers freed on every path.
+// Helpers of the GPU check's tools (bench_util.h's DaemonProcess runs the
+// dmuond_cuda child): the bf16 GEMM rate and the device copy rate that
+// floors are measured against, and device buffers freed on every path.
 
 #ifndef DMUON_BENCHMARKS_GPU_GPU_TOOL_H_
 #define DMUON_BENCHMARKS_GPU_GPU_TOOL_H_
@@ -12,27 +12,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "benchmarks/bench_util.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace dmuon::bench {
-
-// A daemon started for the tool's lifetime; SIGTERM and reaped on
-// destruction.
-class DaemonProcess {
- public:
-  DaemonProcess() = default;
-  ~DaemonProcess();
-  DaemonProcess(const DaemonProcess&) = delete;
-  DaemonProcess& operator=(const DaemonProcess&) = delete;
-  // Runs `binary` with `args` plus a loopback --listen and a --port-file;
-  // waits (60 s at most) until it serves. UNAVAILABLE when it exits first.
-  absl::Status Start(const std::string& binary, std::vector<std::string> args);
-  const std::string& address() const { return address_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string address_;
-};
 
 // The best of a few timed runs of an 8192^3 bf16 GEMM (cuBLASLt, fp32
 // accumulation) on CUDA ordinal `device`, in flop/s, on random operands.

@@ -72,42 +72,6 @@ std::vector<ParamSpec> ValidationTable(int scale, int layers) {
   return t;
 }
 
-DaemonProcess::~DaemonProcess() {
-  if (pid_ > 0) {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-}
-
-absl::Status DaemonProcess::Start(const std::string& binary, int index) {
-  const std::string port_file =
-      absl::StrCat("/tmp/dmuon-scaling-port.", getpid(), ".", index);
-  std::remove(port_file.c_str());
-  std::vector<std::string> argv = {binary,
-                                   "--listen=127.0.0.1:0",
-                                   "--port-file=" + port_file,
-                                   "--log-level=warn",
-                                   "--summary-every-secs=0",
-                                   "--cpu-threads=1"};
-  std::vector<char*> a;
-  for (auto& s : argv) a.push_back(s.data());
-  a.push_back(nullptr);
-  if (posix_spawn(&pid_, a[0], nullptr, nullptr, a.data(), environ) != 0) {
-    return absl::NotFoundError(absl::StrCat("cannot start ", argv[0]));
-  }
-  for (int i = 0; i < 1000; ++i) {
-    std::ifstream in(port_file);
-    int port = 0;
-    if (in >> port && port > 0) {
-      address_ = absl::StrCat("127.0.0.1:", port);
-      std::remove(port_file.c_str());
-      return absl::OkStatus();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return absl::UnavailableError("dmuond did not start");
-}
-
 // What the daemon's worker does for one matrix of `world` unreduced ranks:
 // the rank-order mean, the finiteness scan, momentum, NS, the lr scale, and
 // the copy of the update into every rank's region (server/param_work.cc,

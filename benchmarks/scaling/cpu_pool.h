@@ -29,22 +29,6 @@ double Since(Clock::time_point t0);
 // `scale`, unreduced gradients (the owner reduces them), forward order 4l+j.
 std::vector<ParamSpec> ValidationTable(int scale, int layers);
 
-// A dmuond on 127.0.0.1 with a free port and one BLAS thread; SIGTERMed and
-// reaped on destruction.
-class DaemonProcess {
- public:
-  DaemonProcess() = default;
-  DaemonProcess(const DaemonProcess&) = delete;
-  DaemonProcess& operator=(const DaemonProcess&) = delete;
-  ~DaemonProcess();
-  absl::Status Start(const std::string& binary, int index);
-  const std::string& address() const { return address_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string address_;
-};
-
 // Sorted samples of what the daemon's worker does for one matrix of `world`
 // unreduced ranks, on this thread's BLAS settings, each with the heap laid
 // out differently (see cpu_pool.cc).

@@ -155,10 +155,15 @@ absl::Status Run(nlohmann::json& out) {
   };
   if (auto st = pass(); !st.ok()) return st;
 
-  DaemonProcess daemons[2];
-  for (int i = 0; i < 2; ++i) {
-    if (auto st = daemons[i].Start(absl::GetFlag(FLAGS_dmuond), i); !st.ok())
+  // Each on 127.0.0.1 with a free port and one BLAS thread.
+  bench::DaemonProcess daemons[2];
+  for (auto& d : daemons) {
+    if (auto st = d.Start(
+            absl::GetFlag(FLAGS_dmuond),
+            {"--log-level=warn", "--summary-every-secs=0", "--cpu-threads=1"});
+        !st.ok()) {
       return st;
+    }
   }
   auto rt = RoundTrip(daemons[0].address());
   if (!rt.ok()) return rt.status();
