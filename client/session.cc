@@ -41,7 +41,8 @@ class SessionImpl final : public Session {
         skipped_(n_, 0),
         absent_(n_, 0),
         received_ns_(n_, 0) {
-    if (open_.has_doorbell() && region_ != nullptr) {
+    if (open_.has_doorbell() && open_.transport() == v1::TRANSPORT_SHM &&
+        region_ != nullptr) {
       doorbell_.emplace(region_->bytes().data() + open_.doorbell().offset(),
                         n_);
       doorbell_seen_.assign(n_, 0);
@@ -431,7 +432,10 @@ class SessionImpl final : public Session {
     }
     writer->WritesDone();
     absl::Status st = FromGrpc(writer->Finish(), address_);
-    if (st.ok()) step_ = resp.completed_steps() + 1;
+    if (st.ok()) {
+      std::lock_guard<std::mutex> l(mu_);  // the doorbell thread reads it
+      step_ = resp.completed_steps() + 1;
+    }
     return st;
   }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -261,24 +262,22 @@ class StepCall final : public StepSink {
 
   // The session's doorbell pump (doorbell_pump.h): a Step message it read
   // from the doorbell, or why it stopped. Taken by Next in order, between
-  // the stream's reads, under the same queue limit. A client that keeps
-  // changing its words while the worker waits on that limit would grow the
-  // queue without end: past kMaxDeclared it ends the stream instead
-  // (RESOURCE_EXHAUSTED, after what was queued).
+  // the stream's reads, under the same queue limit (the pump loads again
+  // only once the worker took what it posted: at most one load waits here).
   void PostDeclared(absl::StatusOr<v1::StepRequest> m)
       ABSL_LOCKS_EXCLUDED(mu_) {
-    static constexpr size_t kMaxDeclared = 1 << 16;
     absl::MutexLock l(&mu_);
-    if (declared_overflow_) return;
-    if (declared_.size() >= kMaxDeclared) {
-      declared_overflow_ = true;
-      m = absl::ResourceExhaustedError(absl::StrCat(
-          "the doorbell's declarations came faster than dmuond took them (",
-          kMaxDeclared,
-          " Step messages queued while the stream's responses "
-          "waited for the client): read the Step stream"));
-    }
     declared_.push_back(std::move(m));
+  }
+  // The worker, once the client half-closed: the next posted message
+  // whatever the queue holds (the client's last declarations), or none.
+  std::optional<absl::StatusOr<v1::StepRequest>> TakeDeclared()
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    if (declared_.empty()) return std::nullopt;
+    auto m = std::move(declared_.front());
+    declared_.pop_front();
+    return m;
   }
 
   // The worker: a read is started (StartRead next).
@@ -369,7 +368,6 @@ class StepCall final : public StepSink {
   // and the one being written (in_flight_bytes_).
   std::deque<std::pair<v1::StepResponse, uint64_t>> q_ ABSL_GUARDED_BY(mu_);
   std::deque<absl::StatusOr<v1::StepRequest>> declared_ ABSL_GUARDED_BY(mu_);
-  bool declared_overflow_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
@@ -519,6 +517,12 @@ class StepReactor final
             why = ctx_->IsCancelled()
                       ? absl::CancelledError("client disconnected")
                       : absl::OkStatus();
+            // A half-close: what the client declared through its doorbell
+            // before it comes first, as a stream's messages would have.
+            if (pump != nullptr && why.ok()) {
+              result = TakeLastDeclarations(*pump, id);
+              if (!result.ok()) why = result;
+            }
             done = true;
           } else if (result = service->OnStepRequest(id, req_); !result.ok()) {
             why = result;
@@ -528,6 +532,7 @@ class StepReactor final
         case StepCall::Event::kDeclared:
           result = declared.ok() ? service->OnStepRequest(id, *declared)
                                  : declared.status();
+          pump->Taken();
           if (!result.ok()) {
             why = result;
             done = true;
@@ -556,6 +561,18 @@ class StepReactor final
       StartWrite(&writing_);
     Finish(owner_->Done("Step", ctx_,
                         !result.ok() ? result : call_->service_status()));
+  }
+
+  // After a half-close: the pump stopped, its last load and everything
+  // still queued handed to the service in order; the first refusal.
+  absl::Status TakeLastDeclarations(DoorbellPump& pump, const std::string& id) {
+    pump.StopAndFlush();
+    while (auto m = call_->TakeDeclared()) {
+      absl::Status st =
+          m->ok() ? owner_->service_->OnStepRequest(id, **m) : m->status();
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
   }
 
   GrpcOptimizer* const owner_;

@@ -31,6 +31,13 @@ uint64_t Word(uint32_t serial, int64_t step, bool momentum, bool absent) {
   return EncodeWord(DoorbellWord{serial, step, momentum, absent});
 }
 
+std::vector<int> Ids(const absl::StatusOr<v1::StepRequest>& m) {
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return {};
+  const auto& g = m->gradients_ready();
+  return std::vector<int>(g.param_ids().begin(), g.param_ids().end());
+}
+
 TEST(NewDeclarations, NothingNewIsNothing) {
   transport::Doorbell::Declarations now;
   now.words.assign(4, 0);
@@ -111,6 +118,29 @@ TEST(NewDeclarations, EveryChangedWordOnceInItsPlace) {
   }
 }
 
+// The stream's order: a rewind after the declarations the client made
+// before it (their serials precede its own) and before the later ones, and
+// with serials that wrapped around.
+TEST(NewDeclarations, ARewindBetweenDeclarationsKeepsItsPlace) {
+  for (uint32_t base : {uint32_t{0}, (uint32_t{1} << 22) - 2}) {
+    transport::Doorbell::Declarations now;
+    now.words.assign(3, 0);
+    now.momentum.assign(3, 0);
+    DeclarationsSeen seen(3);
+    now.words[2] = Word(base + 1, 6, false, false);  // step 6, before
+    now.rewind = Word(base + 2, 5, false, false);    // then rewind 5
+    now.words[0] = Word(base + 3, 5, false, false);  // then step 5 again
+    const auto msgs = NewDeclarations(now, &seen);
+    ASSERT_EQ(msgs.size(), 3u) << base;
+    EXPECT_EQ(msgs[0].gradients_ready().step(), 6) << base;
+    EXPECT_EQ(Ids(msgs[0]), (std::vector<int>{2})) << base;
+    ASSERT_TRUE(msgs[1].has_rewind()) << base;
+    EXPECT_EQ(msgs[1].rewind().step(), 5) << base;
+    EXPECT_EQ(msgs[2].gradients_ready().step(), 5) << base;
+    EXPECT_EQ(Ids(msgs[2]), (std::vector<int>{0})) << base;
+  }
+}
+
 // What a pump posted, for a test to wait on.
 class Posted {
  public:
@@ -134,33 +164,47 @@ class Posted {
   std::vector<absl::StatusOr<v1::StepRequest>> got_ ABSL_GUARDED_BY(mu_);
 };
 
+// A segment with a doorbell for kParams and the client's view of it.
+struct Segment {
+  static constexpr int kParams = 3;
+  Segment() {
+    auto r = transport::CreateShmRegion(4096, kParams);
+    EXPECT_TRUE(r.ok()) << r.status();
+    region = std::move(*r);
+    bell = region->doorbell();
+    auto c = transport::OpenShmRegion(
+        region->name(), bell->offset() + transport::DoorbellBytes(kParams));
+    EXPECT_TRUE(c.ok()) << c.status();
+    client = std::move(*c);
+  }
+  ~Segment() { (void)transport::UnlinkShm(region->name()); }
+  transport::DoorbellView view() const {
+    return transport::DoorbellView(client->bytes().data() + bell->offset(),
+                                   kParams);
+  }
+  std::unique_ptr<transport::Region> region, client;
+  std::shared_ptr<transport::Doorbell> bell;
+};
+
 TEST(DoorbellPump, PostsWhatTheClientRangThenTheCutOff) {
-  constexpr int kParams = 3;
-  auto r = transport::CreateShmRegion(4096, kParams);
-  ASSERT_TRUE(r.ok()) << r.status();
-  auto bell = (*r)->doorbell();
-  auto client = transport::OpenShmRegion(
-      (*r)->name(), bell->offset() + transport::DoorbellBytes(kParams));
-  ASSERT_TRUE(client.ok()) << client.status();
-  transport::DoorbellView v((*client)->bytes().data() + bell->offset(),
-                            kParams);
+  Segment seg;
+  auto v = seg.view();
   Posted posted;
   {
-    DoorbellPump pump(bell, [&](absl::StatusOr<v1::StepRequest> m) {
-      posted.Add(std::move(m));
-    });
+    // Declared before the pump starts: its first load sees both.
     v.Declare(2, Word(1, 1, false, false));
     v.Declare(0, Word(2, 1, false, false));
     v.Ring();
+    DoorbellPump pump(seg.bell, [&](absl::StatusOr<v1::StepRequest> m) {
+      posted.Add(std::move(m));
+    });
     auto got = posted.Wait(1);
     ASSERT_EQ(got.size(), 1u);
-    ASSERT_TRUE(got[0].ok()) << got[0].status();
-    const auto& g = got[0]->gradients_ready();
-    EXPECT_EQ(g.step(), 1);
-    std::vector<int> ids(g.param_ids().begin(), g.param_ids().end());
-    EXPECT_EQ(ids, (std::vector<int>{0, 2}));
+    EXPECT_EQ(got[0]->gradients_ready().step(), 1);
+    EXPECT_EQ(Ids(got[0]), (std::vector<int>{0, 2}));
+    pump.Taken();
     // The client cuts the doorbell off: the pump posts DATA_LOSS, stops.
-    const int fd = ::shm_open((*r)->name().c_str(), O_RDWR, 0);
+    const int fd = ::shm_open(seg.region->name().c_str(), O_RDWR, 0);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(::ftruncate(fd, 4096), 0);
     ::close(fd);
@@ -171,7 +215,50 @@ TEST(DoorbellPump, PostsWhatTheClientRangThenTheCutOff) {
     EXPECT_EQ(got[1].status().code(), absl::StatusCode::kDataLoss)
         << got[1].status();
   }  // joined
-  ASSERT_TRUE(transport::UnlinkShm((*r)->name()).ok());
+}
+
+// Nothing new is loaded while a load's messages wait for the service: a
+// client changing its words meanwhile queues nothing; once they are taken
+// its last words come, once.
+TEST(DoorbellPump, LoadsAgainOnlyOnceItsMessagesAreTaken) {
+  Segment seg;
+  auto v = seg.view();
+  Posted posted;
+  DoorbellPump pump(seg.bell, [&](absl::StatusOr<v1::StepRequest> m) {
+    posted.Add(std::move(m));
+  });
+  v.Declare(0, Word(1, 1, false, false));
+  v.Ring();
+  ASSERT_EQ(posted.Wait(1).size(), 1u);
+  for (uint32_t k = 2; k < 200; ++k) {  // not taken: none of these posts
+    v.Declare(1, Word(k, 1, false, false));
+    v.Ring();
+  }
+  ::usleep(300 * 1000);  // three of its periodic looks
+  EXPECT_EQ(posted.Wait(1).size(), 1u);
+  pump.Taken();
+  auto got = posted.Wait(2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(Ids(got[1]), (std::vector<int>{1}));
+}
+
+// A half-closed stream's last declarations: StopAndFlush posts what the
+// thread had not, and nothing twice.
+TEST(DoorbellPump, StopAndFlushPostsTheLastDeclarationsOnce) {
+  Segment seg;
+  auto v = seg.view();
+  Posted posted;
+  DoorbellPump pump(seg.bell, [&](absl::StatusOr<v1::StepRequest> m) {
+    posted.Add(std::move(m));
+  });
+  v.Declare(1, Word(1, 3, false, false));  // no ring: maybe seen, maybe not
+  pump.StopAndFlush();
+  auto got = posted.Wait(1);
+  int seen = 0;
+  for (const auto& m : got) {
+    for (int id : Ids(m)) seen += id == 1;
+  }
+  EXPECT_EQ(seen, 1);
 }
 
 TEST(DoorbellPump, StopsWhileWaiting) {

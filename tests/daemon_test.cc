@@ -102,7 +102,7 @@ TEST(Daemon, FourRanksShmAndFourRanksInlineTenSteps) {
 }
 
 // The same job with updates announced on the Step stream (UpdatesReady)
-// instead of the update doorbell (ClientOptions::update_doorbell = false):
+// instead of the update doorbell (ClientOptions::doorbell = false):
 // both announcement paths stay exact, and each session has the one asked for
 // (rank_main checks).
 TEST(Daemon, ShmUpdatesOnTheStreamWhenTheDoorbellIsOff) {
@@ -451,6 +451,53 @@ TEST(Daemon, AHalfCloseMidStepEndsWithAnErrorNotOk) {
       << st.error_message();
   int code;
   EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
+}
+
+// The same over the shm doorbell: rank 0 declares through its segment's
+// words and half-closes at once, before dmuond has looked at them. They
+// are still taken first, so the stream says the step was not taken,
+// never OK as if nothing had been declared.
+TEST(Daemon, AHalfCloseRightAfterADoorbellDeclarationEndsWithAnError) {
+  Daemon d;
+  auto stub = v1::Optimizer::NewStub(
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
+  v1::OpenSessionRequest req = OneMatrixRequest("half-doorbell", 2);
+  req.set_transport(v1::TRANSPORT_SHM);
+  req.set_doorbell(true);
+  v1::OpenSessionResponse r0, r1;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->OpenSession(&ctx, req, &r0).ok());
+  }
+  req.set_rank(1);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->OpenSession(&ctx, req, &r1).ok());
+  }
+  ASSERT_TRUE(r0.has_doorbell());
+  auto shm = transport::OpenShmRegion(
+      r0.shm_name(), r0.doorbell().offset() + r0.doorbell().bytes());
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  transport::DoorbellView bell((*shm)->bytes().data() + r0.doorbell().offset(),
+                               1);
+  grpc::ClientContext ctx;
+  auto stream = stub->Step(&ctx);
+  v1::StepRequest m;
+  m.mutable_attach()->set_session_id(r0.session_id());
+  ASSERT_TRUE(stream->Write(m));
+  bell.Declare(0, transport::EncodeWord(transport::DoorbellWord{1, 1}));
+  // Half-closed before the ring: unless the pump's periodic look came
+  // first, only the flush at the half-close sees the declaration.
+  stream->WritesDone();
+  bell.Ring();
+  v1::StepResponse resp;
+  bool completed = false;
+  while (stream->Read(&resp)) completed |= resp.has_step_complete();
+  const grpc::Status st = stream->Finish();
+  EXPECT_FALSE(completed);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED) << st.error_message();
+  EXPECT_NE(st.error_message().find("step 1 was not taken"), std::string::npos)
+      << st.error_message();
 }
 
 // The other side of defect 7: a step that completed but whose step_complete

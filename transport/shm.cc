@@ -207,7 +207,8 @@ absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(uint64_t tensor_bytes,
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t doorbell =
       doorbell_params < 0 ? 0 : DoorbellBytes(doorbell_params);
-  if (tensor_bytes > kMaxBytes - doorbell - page) return TooLarge(tensor_bytes);
+  if (tensor_bytes > kMaxBytes - doorbell - (doorbell > 0 ? page : 0))
+    return TooLarge(tensor_bytes);
   const uint64_t doorbell_at = doorbell_params < 0
                                    ? tensor_bytes
                                    : (tensor_bytes + page - 1) / page * page;
