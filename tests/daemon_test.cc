@@ -405,6 +405,17 @@ TEST(Daemon, GarbageInTheDoorbellEndsOnlyThatStream) {
   EXPECT_EQ(d.process().Wait(0), -1) << "dmuond exited";
 }
 
+// Opens ranks 0 and 1 of `req`'s job (rank 1 then never declares).
+bool OpenBothRanks(v1::Optimizer::Stub& stub, v1::OpenSessionRequest req,
+                   v1::OpenSessionResponse* r0, v1::OpenSessionResponse* r1) {
+  for (auto* r : {r0, r1}) {
+    grpc::ClientContext ctx;
+    req.set_rank(r == r0 ? 0 : 1);
+    if (!stub.OpenSession(&ctx, req, r).ok()) return false;
+  }
+  return true;
+}
+
 // Issue 27, defect 7: a Step stream half-closed right after its last
 // gradients_ready voided the step and ended with OK. Rank 1 of the job
 // never declares, so rank 0's step cannot complete before its half-close:
@@ -416,15 +427,7 @@ TEST(Daemon, AHalfCloseMidStepEndsWithAnErrorNotOk) {
   auto stub = v1::Optimizer::NewStub(ch);
   v1::OpenSessionRequest req = OneMatrixRequest("half", 2);
   v1::OpenSessionResponse r0, r1;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->OpenSession(&ctx, req, &r0).ok());
-  }
-  req.set_rank(1);
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->OpenSession(&ctx, req, &r1).ok());
-  }
+  ASSERT_TRUE(OpenBothRanks(*stub, req, &r0, &r1));
   grpc::ClientContext ctx;
   auto stream = stub->Step(&ctx);
   v1::StepRequest m;
@@ -465,15 +468,7 @@ TEST(Daemon, AHalfCloseRightAfterADoorbellDeclarationEndsWithAnError) {
   req.set_transport(v1::TRANSPORT_SHM);
   req.set_doorbell(true);
   v1::OpenSessionResponse r0, r1;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->OpenSession(&ctx, req, &r0).ok());
-  }
-  req.set_rank(1);
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->OpenSession(&ctx, req, &r1).ok());
-  }
+  ASSERT_TRUE(OpenBothRanks(*stub, req, &r0, &r1));
   ASSERT_TRUE(r0.has_doorbell());
   auto shm = transport::OpenShmRegion(
       r0.shm_name(), r0.doorbell().offset() + r0.doorbell().bytes());
