@@ -515,18 +515,32 @@ class SessionImpl final : public Session {
       const transport::DoorbellWord w = transport::DecodeWord(raw);
       if (w.step != step_ || ready_[i]) continue;
       any = true;
-      ready_[i] = 1;
       if (w.flag_b) {  // absent
-        absent_[i] = 1;
-        ++absent_announced_;
+        AbsentInLocked(i);
         continue;
       }
       skipped_[i] |= w.flag_a ? 1 : 0;  // skipped
-      received_ns_[i] = now;
-      ids.push_back(i);
+      UpdateInLocked(i, now, &ids);
     }
     if (!ids.empty()) announced_.emplace_back(step_, std::move(ids));
     return any;
+  }
+
+  // Parameter i's update is in its slot (an updates_ready, a doorbell
+  // word): WaitUpdate returns for it, and `ids` collects it for
+  // NextAnnounced. mu_ held.
+  void UpdateInLocked(int i, int64_t now, std::vector<int>* ids) {
+    ready_[i] = 1;
+    received_ns_[i] = now;
+    ids->push_back(i);
+  }
+  // Parameter i, declared absent (no gradient this step), is answered:
+  // done, nothing to receive; NextAnnounced counts it without returning
+  // it. mu_ held.
+  void AbsentInLocked(int i) {
+    ready_[i] = 1;
+    absent_[i] = 1;
+    ++absent_announced_;
   }
 
   void ReadLoop() {
@@ -545,20 +559,12 @@ class SessionImpl final : public Session {
         std::vector<int> ids;
         const int64_t now = TraceNowNs();
         for (int i : r.updates_ready().param_ids()) {
-          if (i < 0 || i >= n_) continue;
-          ready_[i] = 1;
-          received_ns_[i] = now;
-          ids.push_back(i);
+          if (i >= 0 && i < n_) UpdateInLocked(i, now, &ids);
         }
         if (!ids.empty())
           announced_.emplace_back(r.updates_ready().step(), std::move(ids));
-        // Absent parameters (no gradient this step): done, nothing to
-        // receive; NextAnnounced counts them without returning them.
         for (int i : r.updates_ready().absent_param_ids()) {
-          if (i < 0 || i >= n_) continue;
-          ready_[i] = 1;
-          absent_[i] = 1;
-          ++absent_announced_;
+          if (i >= 0 && i < n_) AbsentInLocked(i);
         }
       } else if (r.has_error()) {
         const auto& e = r.error();

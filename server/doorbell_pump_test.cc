@@ -148,6 +148,10 @@ class Posted {
     absl::MutexLock l(&mu_);
     got_.push_back(std::move(m));
   }
+  // A pump's `post` into this.
+  DoorbellPump::Post Sink() {
+    return [this](absl::StatusOr<v1::StepRequest> m) { Add(std::move(m)); };
+  }
   // Waits (up to 30 s) for `count` posts; returns them.
   std::vector<absl::StatusOr<v1::StepRequest>> Wait(size_t count) {
     absl::MutexLock l(&mu_);
@@ -195,9 +199,7 @@ TEST(DoorbellPump, PostsWhatTheClientRangThenTheCutOff) {
     v.Declare(2, Word(1, 1, false, false));
     v.Declare(0, Word(2, 1, false, false));
     v.Ring();
-    DoorbellPump pump(seg.bell, [&](absl::StatusOr<v1::StepRequest> m) {
-      posted.Add(std::move(m));
-    });
+    DoorbellPump pump(seg.bell, posted.Sink());
     auto got = posted.Wait(1);
     ASSERT_EQ(got.size(), 1u);
     EXPECT_EQ(got[0]->gradients_ready().step(), 1);
@@ -224,9 +226,7 @@ TEST(DoorbellPump, LoadsAgainOnlyOnceItsMessagesAreTaken) {
   Segment seg;
   auto v = seg.view();
   Posted posted;
-  DoorbellPump pump(seg.bell, [&](absl::StatusOr<v1::StepRequest> m) {
-    posted.Add(std::move(m));
-  });
+  DoorbellPump pump(seg.bell, posted.Sink());
   v.Declare(0, Word(1, 1, false, false));
   v.Ring();
   ASSERT_EQ(posted.Wait(1).size(), 1u);
@@ -248,9 +248,7 @@ TEST(DoorbellPump, StopAndFlushPostsTheLastDeclarationsOnce) {
   Segment seg;
   auto v = seg.view();
   Posted posted;
-  DoorbellPump pump(seg.bell, [&](absl::StatusOr<v1::StepRequest> m) {
-    posted.Add(std::move(m));
-  });
+  DoorbellPump pump(seg.bell, posted.Sink());
   v.Declare(1, Word(1, 3, false, false));  // no ring: maybe seen, maybe not
   pump.StopAndFlush();
   auto got = posted.Wait(1);

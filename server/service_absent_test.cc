@@ -46,10 +46,6 @@ absl::Status Declare(OptimizerService& svc, Rank& r, int64_t step,
   return svc.OnStepRequest(r.open.session_id(), ready);
 }
 
-std::vector<double> ToDouble(const std::vector<float>& v) {
-  return std::vector<double>(v.begin(), v.end());
-}
-
 // The ids a step's UpdatesReady messages listed, present and absent.
 void Announced(const std::vector<v1::StepResponse>& msgs,
                std::vector<int>* present, std::vector<int>* absent) {

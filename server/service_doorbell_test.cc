@@ -38,10 +38,6 @@ transport::DoorbellView View(Rank& r) {
       r.open.layout().slots_size());
 }
 
-std::vector<double> ToDouble(const std::vector<float>& v) {
-  return std::vector<double>(v.begin(), v.end());
-}
-
 int CountUpdatesReady(const std::vector<v1::StepResponse>& msgs) {
   int n = 0;
   for (const auto& m : msgs) n += m.has_updates_ready() ? 1 : 0;

@@ -150,8 +150,7 @@ void OptimizerService::FillOpenResponse(const Session& s,
     resp->set_shm_name(s.region()->name());
   if (const auto bell = s.region()->doorbell()) {
     resp->mutable_doorbell()->set_offset(bell->offset());
-    resp->mutable_doorbell()->set_bytes(
-        transport::DoorbellBytes(bell->num_params()));
+    resp->mutable_doorbell()->set_bytes(bell->bytes());
   }
   auto* lay = resp->mutable_layout();
   lay->set_total_bytes(s.layout().total_bytes);

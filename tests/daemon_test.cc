@@ -416,6 +416,20 @@ bool OpenBothRanks(v1::Optimizer::Stub& stub, v1::OpenSessionRequest req,
   return true;
 }
 
+// Reads `stream` to its end: no step_complete, and ABORTED saying that
+// step 1 was not taken.
+void ExpectStepOneNotTaken(
+    grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>& stream) {
+  v1::StepResponse resp;
+  bool completed = false;
+  while (stream.Read(&resp)) completed |= resp.has_step_complete();
+  const grpc::Status st = stream.Finish();
+  EXPECT_FALSE(completed);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED) << st.error_message();
+  EXPECT_NE(st.error_message().find("step 1 was not taken"), std::string::npos)
+      << st.error_message();
+}
+
 // Issue 27, defect 7: a Step stream half-closed right after its last
 // gradients_ready voided the step and ended with OK. Rank 1 of the job
 // never declares, so rank 0's step cannot complete before its half-close:
@@ -444,14 +458,7 @@ TEST(Daemon, AHalfCloseMidStepEndsWithAnErrorNotOk) {
   m.mutable_gradients_ready()->add_param_ids(0);
   ASSERT_TRUE(stream->Write(m));
   stream->WritesDone();
-  v1::StepResponse resp;
-  bool completed = false;
-  while (stream->Read(&resp)) completed |= resp.has_step_complete();
-  const grpc::Status st = stream->Finish();
-  EXPECT_FALSE(completed);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED) << st.error_message();
-  EXPECT_NE(st.error_message().find("step 1 was not taken"), std::string::npos)
-      << st.error_message();
+  ExpectStepOneNotTaken(*stream);
   int code;
   EXPECT_EQ(Ctl(d.address(), {"health"}, &code), "SERVING\n");
 }
@@ -485,14 +492,7 @@ TEST(Daemon, AHalfCloseRightAfterADoorbellDeclarationEndsWithAnError) {
   // first, only the flush at the half-close sees the declaration.
   stream->WritesDone();
   bell.Ring();
-  v1::StepResponse resp;
-  bool completed = false;
-  while (stream->Read(&resp)) completed |= resp.has_step_complete();
-  const grpc::Status st = stream->Finish();
-  EXPECT_FALSE(completed);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED) << st.error_message();
-  EXPECT_NE(st.error_message().find("step 1 was not taken"), std::string::npos)
-      << st.error_message();
+  ExpectStepOneNotTaken(*stream);
 }
 
 // The other side of defect 7: a step that completed but whose step_complete

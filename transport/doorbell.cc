@@ -89,12 +89,11 @@ Doorbell::Doorbell(void* base, uint64_t offset, int num_params)
     : area_(static_cast<std::byte*>(base)),
       offset_(offset),
       num_params_(num_params),
-      guard_(
-          std::make_unique<GuardedMapping>(base, DoorbellBytes(num_params))) {}
+      guard_(std::make_unique<GuardedMapping>(base, bytes())) {}
 
 Doorbell::~Doorbell() {
   guard_.reset();
-  ::munmap(area_, DoorbellBytes(num_params_));
+  ::munmap(area_, bytes());
 }
 
 absl::Status Doorbell::Lost() const {

@@ -100,6 +100,7 @@ class Doorbell {
 
   uint64_t offset() const { return offset_; }
   int num_params() const { return num_params_; }
+  uint64_t bytes() const { return DoorbellBytes(num_params_); }
 
   // Stores `word` as parameter `param`'s update word (release: what this
   // thread wrote before, the update in the tensor mapping included, is

@@ -134,6 +134,10 @@ struct Reference {
   }
 };
 
+inline std::vector<double> ToDouble(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
 inline double RelErr(const std::vector<float>& a,
                      const std::vector<double>& b) {
   double num = 0, den = 0;
