@@ -638,6 +638,19 @@ TEST(Auth, SighupRevocationEndsTheRevokedTokensStreams) {
     std::copy(g.begin(), g.end(), dst.begin());
     ASSERT_TRUE((*a)->GradientReady(last).ok());
   }
+  // ... as dmuond sees it: its stream attached and the gradient in. (A
+  // revocation that came before the attach was read would leave the
+  // session to the attach timeout instead, which another test covers.)
+  auto stub = Stub(d.address());
+  v1::StatusResponse st;
+  bool midstep = false;
+  for (int i = 0; i < 200 && !midstep; ++i) {
+    ASSERT_TRUE(CallStatus(stub.get(), "operator-token", &st).ok());
+    for (const auto& s : st.sessions())
+      midstep |= s.job_id() == "alice-job" && s.bytes_received() > 0;
+    if (!midstep) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(midstep) << st.DebugString();
 
   Write(file, "trainer bob-token bob\noperator operator-token\n");
   d.process().Signal(SIGHUP);
@@ -649,9 +662,7 @@ TEST(Auth, SighupRevocationEndsTheRevokedTokensStreams) {
             std::string::npos)
       << ended;
   // Its session is reclaimed: only Bob's is left.
-  auto stub = Stub(d.address());
   bool gone = false;
-  v1::StatusResponse st;
   for (int i = 0; i < 100 && !gone; ++i) {
     ASSERT_TRUE(CallStatus(stub.get(), "operator-token", &st).ok());
     gone = st.sessions_size() == 1;
