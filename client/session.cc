@@ -501,14 +501,16 @@ class SessionImpl final : public Session {
     }
   }
 
-  // Takes in every doorbell word that changed since the last scan and
+  // Takes in every doorbell word dmuond stored since the last scan (the
+  // marked ones: the scan costs what changed, not n words) and
   // announces the step in progress (an older step's is only marked seen),
   // as ReadLoop takes in an UpdatesReady. True when one did. mu_ held.
   bool ScanDoorbellLocked() {
     std::vector<int> ids;
     bool any = false;
     const int64_t now = TraceNowNs();
-    for (int i = 0; i < n_; ++i) {
+    doorbell_->TakeUpdated(&doorbell_marked_);
+    for (int i : doorbell_marked_) {
       const uint64_t raw = doorbell_->update_word(i);
       if (raw == doorbell_seen_[i]) continue;
       doorbell_seen_[i] = raw;
@@ -606,6 +608,7 @@ class SessionImpl final : public Session {
   // words as last scanned (guarded by mu_), and the thread that waits on it.
   std::optional<transport::DoorbellView> doorbell_;
   std::vector<uint64_t> doorbell_seen_;
+  std::vector<int> doorbell_marked_;  // ScanDoorbellLocked's, mu_ held
   std::thread doorbell_thread_;
   std::atomic<bool> stop_doorbell_{false};
   // The serial of the last word this client stored (guarded by write_mu_).

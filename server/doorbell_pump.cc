@@ -54,15 +54,18 @@ std::vector<v1::StepRequest> NewDeclarations(
   const transport::DoorbellWord rewind = transport::DecodeWord(now.rewind);
   seen->rewind = now.rewind;
   std::map<int64_t, StepDeclarations> before, after;  // the rewind
-  const size_t n = std::min(now.words.size(), seen->words.size());
-  for (size_t i = 0; i < n; ++i) {
-    if (now.words[i] == seen->words[i]) continue;
-    seen->words[i] = now.words[i];
-    const transport::DoorbellWord w = transport::DecodeWord(now.words[i]);
+  const size_t n = std::min(now.params.size(), now.words.size());
+  for (size_t k = 0; k < n; ++k) {
+    const int p = now.params[k];
+    if (p < 0 || static_cast<size_t>(p) >= seen->words.size() ||
+        now.words[k] == seen->words[p]) {
+      continue;
+    }
+    seen->words[p] = now.words[k];
+    const transport::DoorbellWord w = transport::DecodeWord(now.words[k]);
     auto& side =
         rewound && SerialBefore(w.serial, rewind.serial) ? before : after;
-    Add(w, static_cast<int>(i), i < now.momentum.size() ? now.momentum[i] : 0,
-        &side[w.step]);
+    Add(w, p, k < now.momentum.size() ? now.momentum[k] : 0, &side[w.step]);
   }
   std::vector<v1::StepRequest> out;
   Append(before, &out);
@@ -100,7 +103,7 @@ void DoorbellPump::StopAndFlush() {
 }
 
 bool DoorbellPump::LoadAndPost() {
-  if (absl::Status st = bell_->Load(&now_); !st.ok()) {
+  if (absl::Status st = bell_->Take(&now_); !st.ok()) {
     post_(st);
     return false;
   }

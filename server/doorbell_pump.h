@@ -28,7 +28,8 @@ struct DeclarationsSeen {
   uint64_t rewind = 0;
 };
 
-// What changed in `now` since `seen` (which it updates), as Step messages
+// What changed in `now` (the marked parameters' words) since `seen` (which
+// it updates), as Step messages
 // in the order the client made them: by step, ascending, one
 // gradients_ready of the parameters declared without a momentum and those
 // declared absent, then one of those declared with a momentum (their
@@ -41,9 +42,11 @@ std::vector<v1::StepRequest> NewDeclarations(
     const transport::Doorbell::Declarations& now, DeclarationsSeen* seen);
 
 // Reads a doorbell on a thread of its own: at each move of its declare
-// counter (and every 100 ms, for a wake it missed), what is new goes to
-// `post` as NewDeclarations orders it. It loads again only once every
-// message of its last load was Taken: the words are last-value state, so
+// counter (and every 100 ms, for a wake it missed), it takes the marked
+// declarations (Doorbell::Take: the words that changed, not all n), and
+// what is new goes to `post` as NewDeclarations orders it. It loads again
+// only once every message of its last load was Taken: the words and their
+// marks are last-value state, so
 // waiting loses nothing, and what waits for the service is one load's
 // messages at most, however fast a client changes its words. A load that
 // fails (the client cut the doorbell off: DATA_LOSS) goes to `post` as that

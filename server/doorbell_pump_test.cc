@@ -31,6 +31,24 @@ uint64_t Word(uint32_t serial, int64_t step, bool momentum, bool absent) {
   return EncodeWord(DoorbellWord{serial, step, momentum, absent});
 }
 
+// A client's declare words and momenta by parameter, every one marked:
+// what Doorbell::Take returns after each word was stored once.
+struct Words {
+  explicit Words(int n) : words(n, 0), momentum(n, 0) {}
+  std::vector<uint64_t> words;
+  std::vector<double> momentum;
+  uint64_t rewind = 0;
+  transport::Doorbell::Declarations Taken() const {
+    transport::Doorbell::Declarations d;
+    for (size_t i = 0; i < words.size(); ++i)
+      d.params.push_back(static_cast<int>(i));
+    d.words = words;
+    d.momentum = momentum;
+    d.rewind = rewind;
+    return d;
+  }
+};
+
 std::vector<int> Ids(const absl::StatusOr<v1::StepRequest>& m) {
   EXPECT_TRUE(m.ok()) << m.status();
   if (!m.ok()) return {};
@@ -39,11 +57,34 @@ std::vector<int> Ids(const absl::StatusOr<v1::StepRequest>& m) {
 }
 
 TEST(NewDeclarations, NothingNewIsNothing) {
-  transport::Doorbell::Declarations now;
-  now.words.assign(4, 0);
-  now.momentum.assign(4, 0);
   DeclarationsSeen seen(4);
-  EXPECT_TRUE(NewDeclarations(now, &seen).empty());
+  EXPECT_TRUE(NewDeclarations(Words(4).Taken(), &seen).empty());
+  // Marked but unchanged (a word stored again with its own value), or a
+  // parameter the session does not have: nothing.
+  transport::Doorbell::Declarations d;
+  d.params = {1, 4, -1};
+  d.words = {0, Word(1, 1, false, false), Word(2, 1, false, false)};
+  d.momentum = {0, 0, 0};
+  EXPECT_TRUE(NewDeclarations(d, &seen).empty());
+}
+
+// Only the marked parameters are looked at: a word that changed without
+// its mark waits for it.
+TEST(NewDeclarations, OnlyTheMarkedWords) {
+  Words now(3);
+  DeclarationsSeen seen(3);
+  now.words[0] = Word(1, 1, false, false);
+  now.words[2] = Word(2, 1, false, false);
+  transport::Doorbell::Declarations d = now.Taken();
+  d.params = {2};
+  d.words = {now.words[2]};
+  d.momentum = {0};
+  auto msgs = NewDeclarations(d, &seen);
+  ASSERT_EQ(msgs.size(), 1u);
+  EXPECT_EQ(Ids(msgs[0]), (std::vector<int>{2}));
+  msgs = NewDeclarations(now.Taken(), &seen);
+  ASSERT_EQ(msgs.size(), 1u);
+  EXPECT_EQ(Ids(msgs[0]), (std::vector<int>{0}));
 }
 
 // Random declarations of one or two steps, each parameter plain, with a
@@ -54,9 +95,7 @@ TEST(NewDeclarations, EveryChangedWordOnceInItsPlace) {
   std::mt19937_64 rng(std::random_device{}());
   for (int round = 0; round < 200; ++round) {
     const int n = 1 + static_cast<int>(rng() % 40);
-    transport::Doorbell::Declarations now;
-    now.words.assign(n, 0);
-    now.momentum.assign(n, 0);
+    Words now(n);
     DeclarationsSeen seen(n);
     uint32_t serial = 0;
     const int64_t step = 1 + static_cast<int64_t>(rng() % 1000);
@@ -71,7 +110,7 @@ TEST(NewDeclarations, EveryChangedWordOnceInItsPlace) {
       now.momentum[i] = kind == 1 ? 0.5 + 0.001 * i : 0;
       want[i] = {s, kind};
     }
-    const auto msgs = NewDeclarations(now, &seen);
+    const auto msgs = NewDeclarations(now.Taken(), &seen);
     size_t k = 0;
     if (rewind) {
       ASSERT_FALSE(msgs.empty());
@@ -105,12 +144,12 @@ TEST(NewDeclarations, EveryChangedWordOnceInItsPlace) {
       }
     }
     EXPECT_EQ(got, want);
-    EXPECT_TRUE(NewDeclarations(now, &seen).empty());
+    EXPECT_TRUE(NewDeclarations(now.Taken(), &seen).empty());
     // The same step declared again (after a rewind): new serials, new.
     if (!want.empty()) {
       const int id = want.begin()->first;
       now.words[id] = Word(++serial, want.begin()->second.first, false, false);
-      const auto again = NewDeclarations(now, &seen);
+      const auto again = NewDeclarations(now.Taken(), &seen);
       ASSERT_EQ(again.size(), 1u);
       ASSERT_EQ(again[0].gradients_ready().param_ids_size(), 1);
       EXPECT_EQ(again[0].gradients_ready().param_ids(0), id);
@@ -123,14 +162,12 @@ TEST(NewDeclarations, EveryChangedWordOnceInItsPlace) {
 // with serials that wrapped around.
 TEST(NewDeclarations, ARewindBetweenDeclarationsKeepsItsPlace) {
   for (uint32_t base : {uint32_t{0}, (uint32_t{1} << 22) - 2}) {
-    transport::Doorbell::Declarations now;
-    now.words.assign(3, 0);
-    now.momentum.assign(3, 0);
+    Words now(3);
     DeclarationsSeen seen(3);
     now.words[2] = Word(base + 1, 6, false, false);  // step 6, before
     now.rewind = Word(base + 2, 5, false, false);    // then rewind 5
     now.words[0] = Word(base + 3, 5, false, false);  // then step 5 again
-    const auto msgs = NewDeclarations(now, &seen);
+    const auto msgs = NewDeclarations(now.Taken(), &seen);
     ASSERT_EQ(msgs.size(), 3u) << base;
     EXPECT_EQ(msgs[0].gradients_ready().step(), 6) << base;
     EXPECT_EQ(Ids(msgs[0]), (std::vector<int>{2})) << base;

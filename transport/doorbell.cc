@@ -32,11 +32,36 @@ uint64_t Align(uint64_t x) {
 uint64_t Words(int n) {
   return Align(8 * static_cast<uint64_t>(n < 0 ? 0 : n));
 }
+uint64_t MarkBit(int param) { return uint64_t{1} << (param % 64); }
+uint64_t MarkOffset(uint64_t marks, int param) {
+  return marks + 8 * static_cast<uint64_t>(param / 64);
+}
+
+// The parameters (< n) whose bits are set in `marks`, ascending, appended.
+void MarkedParams(const std::vector<uint64_t>& marks, int n,
+                  std::vector<int>* out) {
+  for (size_t k = 0; k < marks.size(); ++k) {
+    for (uint64_t bits = marks[k]; bits != 0; bits &= bits - 1) {
+      const int p = static_cast<int>(64 * k) + __builtin_ctzll(bits);
+      if (p >= n) break;
+      out->push_back(p);
+    }
+  }
+}
 
 }  // namespace
 
-uint64_t DoorbellBytes(int num_params) {
+int MarkWords(int num_params) {
+  return num_params <= 0 ? 0 : (num_params + 63) / 64;
+}
+uint64_t UpdateMarksOffset(int num_params) {
   return kUpdateWordsOffset + 3 * Words(num_params);
+}
+uint64_t DeclareMarksOffset(int num_params) {
+  return UpdateMarksOffset(num_params) + Align(8 * MarkWords(num_params));
+}
+uint64_t DoorbellBytes(int num_params) {
+  return DeclareMarksOffset(num_params) + Align(8 * MarkWords(num_params));
 }
 uint64_t UpdateWordOffset(int param) {
   return kUpdateWordsOffset + 8 * static_cast<uint64_t>(param);
@@ -109,6 +134,8 @@ absl::Status Doorbell::Announce(int param, uint64_t word) {
                                               num_params_, " parameters)"));
   }
   if (!guard_->Store64(UpdateWordOffset(param), word) ||
+      !guard_->Or64(MarkOffset(UpdateMarksOffset(num_params_), param),
+                    MarkBit(param)) ||
       !guard_->Increment32(kUpdateCounterOffset)) {
     return Lost();
   }
@@ -118,19 +145,32 @@ absl::Status Doorbell::Announce(int param, uint64_t word) {
   return absl::OkStatus();
 }
 
-absl::Status Doorbell::Load(Declarations* out) {
-  const size_t n = static_cast<size_t>(num_params_);
-  out->words.resize(n);
-  out->momentum.resize(n);
-  std::vector<uint64_t> bits(n);
-  if (!guard_->Load64s(DeclareWordOffset(num_params_, 0), out->words.data(),
-                       n) ||
-      !guard_->Load64s(MomentumOffset(num_params_, 0), bits.data(), n) ||
-      !guard_->Load64s(kRewindWordOffset, &out->rewind, 1)) {
+absl::Status Doorbell::Take(Declarations* out) {
+  std::vector<uint64_t> marks(static_cast<size_t>(MarkWords(num_params_)));
+  if (!guard_->Take64s(DeclareMarksOffset(num_params_), marks.data(),
+                       marks.size())) {
     return Lost();
   }
-  for (size_t i = 0; i < n; ++i)
-    std::memcpy(&out->momentum[i], &bits[i], sizeof(double));
+  out->params.clear();
+  MarkedParams(marks, num_params_, &out->params);
+  const size_t m = out->params.size();
+  out->words.resize(m);
+  out->momentum.resize(m);
+  for (size_t k = 0; k < m; ++k) {
+    if (!guard_->Load64s(DeclareWordOffset(num_params_, out->params[k]),
+                         &out->words[k], 1)) {
+      return Lost();
+    }
+  }
+  for (size_t k = 0; k < m; ++k) {
+    uint64_t bits = 0;
+    if (!guard_->Load64s(MomentumOffset(num_params_, out->params[k]), &bits,
+                         1)) {
+      return Lost();
+    }
+    std::memcpy(&out->momentum[k], &bits, sizeof(double));
+  }
+  if (!guard_->Load64s(kRewindWordOffset, &out->rewind, 1)) return Lost();
   return absl::OkStatus();
 }
 
@@ -166,6 +206,17 @@ uint64_t DoorbellView::update_word(int param) const {
   return at<uint64_t>(UpdateWordOffset(param))->load(std::memory_order_acquire);
 }
 
+void DoorbellView::TakeUpdated(std::vector<int>* params) const {
+  params->clear();
+  std::vector<uint64_t> marks(static_cast<size_t>(MarkWords(num_params_)));
+  const uint64_t at_marks = UpdateMarksOffset(num_params_);
+  for (size_t k = 0; k < marks.size(); ++k) {
+    marks[k] =
+        at<uint64_t>(at_marks + 8 * k)->exchange(0, std::memory_order_acq_rel);
+  }
+  MarkedParams(marks, num_params_, params);
+}
+
 void DoorbellView::WaitUpdates(uint32_t seen,
                                std::chrono::milliseconds timeout) const {
   FutexWait(at<uint32_t>(kUpdateCounterOffset), seen, timeout);
@@ -186,6 +237,8 @@ void DoorbellView::SetMomentum(int param, double momentum) const {
 void DoorbellView::Declare(int param, uint64_t word) const {
   at<uint64_t>(DeclareWordOffset(num_params_, param))
       ->store(word, std::memory_order_release);
+  at<uint64_t>(MarkOffset(DeclareMarksOffset(num_params_), param))
+      ->fetch_or(MarkBit(param), std::memory_order_release);
 }
 
 void DoorbellView::Rewind(uint64_t word) const {

@@ -2,8 +2,9 @@
 // its place in a shm segment, both directions across two processes (an
 // announcement a waiting client wakes to, with the update's bytes written
 // before it; declarations, momenta and a rewind the daemon side loads, with
-// the gradient's bytes before them), and a segment the client shrank
-// (DATA_LOSS, never SIGBUS).
+// the gradient's bytes before them), the marks that make a reader's pass
+// cost what changed, and a segment the client shrank (DATA_LOSS, never
+// SIGBUS).
 
 #include "transport/doorbell.h"
 
@@ -13,9 +14,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "transport/transport.h"
@@ -61,7 +64,12 @@ TEST(DoorbellBytes, ArraysAlignedDisjointAndInside) {
     if (n == 0) continue;
     EXPECT_LE(UpdateWordOffset(n - 1) + 8, DeclareWordOffset(n, 0)) << n;
     EXPECT_LE(DeclareWordOffset(n, n - 1) + 8, MomentumOffset(n, 0)) << n;
-    EXPECT_LE(MomentumOffset(n, n - 1) + 8, b) << n;
+    EXPECT_LE(MomentumOffset(n, n - 1) + 8, UpdateMarksOffset(n)) << n;
+    EXPECT_EQ(MarkWords(n), (n + 63) / 64) << n;
+    EXPECT_EQ(UpdateMarksOffset(n) % kAlignment, 0u) << n;
+    EXPECT_EQ(DeclareMarksOffset(n) % kAlignment, 0u) << n;
+    EXPECT_LE(UpdateMarksOffset(n) + 8 * MarkWords(n), DeclareMarksOffset(n));
+    EXPECT_LE(DeclareMarksOffset(n) + 8 * MarkWords(n), b) << n;
   }
 }
 
@@ -179,17 +187,74 @@ TEST(ShmDoorbell, TheDaemonSideLoadsWhatAClientProcessDeclared) {
   }
   ASSERT_EQ(WaitClient(child), 0);
   Doorbell::Declarations d;
-  ASSERT_TRUE(bell->Load(&d).ok());
+  ASSERT_TRUE(bell->Take(&d).ok());
   EXPECT_EQ(d.rewind, EncodeWord(rewind));
+  EXPECT_EQ(d.params, (std::vector<int>{0, 1, 2}));
   ASSERT_EQ(d.words.size(), 3u);
   EXPECT_EQ(d.words[0], EncodeWord(plain));
   EXPECT_EQ(d.words[1], EncodeWord(with_momentum));
   EXPECT_EQ(d.words[2], EncodeWord(absent));
   EXPECT_EQ(d.momentum[1], beta);
+  // Taken: the marks are clear, the rewind word is always read.
+  ASSERT_TRUE(bell->Take(&d).ok());
+  EXPECT_TRUE(d.params.empty());
+  EXPECT_TRUE(d.words.empty());
+  EXPECT_EQ(d.rewind, EncodeWord(rewind));
   uint64_t got = 0;
   ASSERT_TRUE((*r)->Read(0, &got, 8).ok());
   EXPECT_EQ(got, gradient);
   ASSERT_TRUE(UnlinkShm(name).ok());
+}
+
+// A reader's pass costs what changed: of thousands of parameters, Take
+// and TakeUpdated return the marked ones, each once, on random picks;
+// a word stored without its mark is not taken, and marks past the last
+// parameter (a client's garbage) are ignored.
+TEST(ShmDoorbell, OnlyTheMarkedWordsAreTaken) {
+  constexpr int kParams = 5000;  // the last mark word half used
+  auto r = CreateShmRegion(4096, kParams);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto bell = (*r)->doorbell();
+  auto c = OpenShmRegion((*r)->name(), bell->offset() + DoorbellBytes(kParams));
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::byte* area = (*c)->bytes().data() + bell->offset();
+  DoorbellView v(area, kParams);
+  std::mt19937_64 rng(std::random_device{}());
+  for (int round = 0; round < 20; ++round) {
+    std::set<int> picked;
+    const int count = 1 + static_cast<int>(rng() % 40);
+    for (int k = 0; k < count; ++k) {
+      const int p = static_cast<int>(rng() % kParams);
+      picked.insert(p);
+      const DoorbellWord w{static_cast<uint32_t>(round), 1 + k, false, false};
+      v.Declare(p, EncodeWord(w));
+      ASSERT_TRUE(bell->Announce(p, EncodeWord(w)).ok());
+    }
+    const std::vector<int> want(picked.begin(), picked.end());
+    Doorbell::Declarations d;
+    ASSERT_TRUE(bell->Take(&d).ok());
+    EXPECT_EQ(d.params, want);
+    for (size_t k = 0; k < d.params.size(); ++k)
+      EXPECT_EQ(d.words[k], v.update_word(d.params[k]));  // the same words
+    std::vector<int> updated;
+    v.TakeUpdated(&updated);
+    EXPECT_EQ(updated, want);
+    ASSERT_TRUE(bell->Take(&d).ok());
+    EXPECT_TRUE(d.params.empty());
+    v.TakeUpdated(&updated);
+    EXPECT_TRUE(updated.empty());
+  }
+  // A word without its mark; marks past parameter 4999.
+  reinterpret_cast<std::atomic<uint64_t>*>(area + DeclareWordOffset(kParams, 7))
+      ->store(EncodeWord(DoorbellWord{9, 9, false, false}));
+  const int last = MarkWords(kParams) - 1;
+  reinterpret_cast<std::atomic<uint64_t>*>(area + DeclareMarksOffset(kParams) +
+                                           8 * last)
+      ->store(~uint64_t{0} << (kParams % 64));
+  Doorbell::Declarations d;
+  ASSERT_TRUE(bell->Take(&d).ok());
+  EXPECT_TRUE(d.params.empty());
+  ASSERT_TRUE(UnlinkShm((*r)->name()).ok());
 }
 
 // WakeDeclared moves the declare counter, so a waiter that has read it but
@@ -220,7 +285,7 @@ TEST(ShmDoorbell, ShrunkSegmentIsDataLossNotSigbus) {
   EXPECT_EQ(bell->Announce(1, EncodeWord(w)).code(),
             absl::StatusCode::kDataLoss);
   Doorbell::Declarations d;
-  EXPECT_EQ(bell->Load(&d).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(bell->Take(&d).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(bell->declare_counter(), 0u);
   bell->WakeDeclared();
   ASSERT_TRUE(UnlinkShm((*r)->name()).ok());

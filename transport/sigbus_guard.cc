@@ -132,4 +132,17 @@ bool GuardedMapping::Increment32(size_t offset) {
   return Run([&] { word->fetch_add(1, std::memory_order_release); });
 }
 
+bool GuardedMapping::Or64(size_t offset, uint64_t bits) {
+  auto* word = reinterpret_cast<std::atomic<uint64_t>*>(base_ + offset);
+  return Run([&] { word->fetch_or(bits, std::memory_order_release); });
+}
+
+bool GuardedMapping::Take64s(size_t offset, uint64_t* out, size_t count) {
+  auto* words = reinterpret_cast<std::atomic<uint64_t>*>(base_ + offset);
+  return Run([&] {
+    for (size_t i = 0; i < count; ++i)
+      out[i] = words[i].exchange(0, std::memory_order_acq_rel);
+  });
+}
+
 }  // namespace dmuon::transport

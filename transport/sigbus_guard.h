@@ -55,6 +55,11 @@ class GuardedMapping {
   // the word); Increment32 adds 1 (release). False as for the copies.
   bool Store64(size_t offset, uint64_t value);
   bool Increment32(size_t offset);
+  // Or64 sets `bits` in the word at `offset` (fetch_or, release); Take64s
+  // swaps each of `count` consecutive uint64 from `offset` with 0 (acquire
+  // and release), its old value into `out`. False as for the copies.
+  bool Or64(size_t offset, uint64_t bits);
+  bool Take64s(size_t offset, uint64_t* out, size_t count);
   // Acquire loads of `count` consecutive uint64 from `offset`, in order, and
   // of one uint32. False as for the copies (`out` then unspecified).
   bool Load64s(size_t offset, uint64_t* out, size_t count);

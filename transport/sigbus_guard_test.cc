@@ -67,8 +67,9 @@ TEST(GuardedMapping, CopiesBothWaysThroughTheFile) {
   EXPECT_FALSE(g.broken());
 }
 
-// The doorbell's atomic stores (doorbell.h) land in the file, and on a
-// page the client cut off they fail as a copy does, the process alive.
+// The doorbell's atomic stores, ors and takes (doorbell.h) land in the
+// file, and on a page the client cut off they fail as a copy does, the
+// process alive.
 TEST(GuardedMapping, AtomicStoresThroughTheFileAndAfterAShrink) {
   Mapped m;
   GuardedMapping g(m.base(), kBytes);
@@ -83,10 +84,25 @@ TEST(GuardedMapping, AtomicStoresThroughTheFileAndAfterAShrink) {
   ASSERT_EQ(::pread(m.fd(), &file_counter, 4, 8200), 4);
   EXPECT_EQ(file_word, word);
   EXPECT_EQ(file_counter, 2u);
+  // Or64 sets bits in the file's word; Take64s reads them and leaves 0.
+  const uint64_t a = rng(), b = rng();
+  ASSERT_TRUE(g.Store64(8208, a));
+  ASSERT_TRUE(g.Or64(8208, b));
+  ASSERT_TRUE(g.Store64(8216, b));
+  uint64_t taken[2] = {0, 0};
+  ASSERT_TRUE(g.Take64s(8208, taken, 2));
+  EXPECT_EQ(taken[0], a | b);
+  EXPECT_EQ(taken[1], b);
+  uint64_t file_words[2] = {1, 1};
+  ASSERT_EQ(::pread(m.fd(), file_words, 16, 8208), 16);
+  EXPECT_EQ(file_words[0], 0u);
+  EXPECT_EQ(file_words[1], 0u);
   m.Shrink(4096);
   EXPECT_FALSE(g.Store64(8192, word));
   EXPECT_TRUE(g.broken());
   EXPECT_FALSE(g.Increment32(0));  // lost: every later store fails too
+  EXPECT_FALSE(g.Or64(0, 1));
+  EXPECT_FALSE(g.Take64s(0, taken, 1));
 }
 
 // The client shrank the segment after it was mapped: a copy that touches
