@@ -238,6 +238,42 @@ void SnapshotSeeds(const std::filesystem::path& dir) {
   std::filesystem::remove_all(state);
 }
 
+// doorbell_fuzzer's ops (its Op enum): a client declaring steps 1 and 2
+// through its doorbell, with gradients, a momentum, an absent parameter, a
+// rewind and step 2 again; then one that writes garbage words and marks;
+// then one that cuts its segment.
+void DoorbellSeeds(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  auto bytes = [](std::initializer_list<int> b) {
+    std::string s;
+    for (int x : b) s += static_cast<char>(x);
+    return s;
+  };
+  enum : uint8_t { kBytes, kDeclare, kRewind, kGradient, kTake, kCut };
+  Recorder steps;
+  for (int step = 1; step <= 2; ++step) {  // delta 1: the job's step
+    steps.Add(kGradient, bytes({0, 0, 0, 0, 128, 63, 0, 0, 0, 64}));
+    steps.Add(kDeclare, bytes({2, 1, 0}));
+    steps.Add(kDeclare, bytes({1, 1, 1, 200}));  // with a momentum
+    steps.Add(kDeclare, bytes({0, 1, 2}));       // absent
+    steps.Add(kTake, "");
+  }
+  steps.Add(kRewind, bytes({0}));  // the step just completed, again
+  for (int param = 0; param < 3; ++param)
+    steps.Add(kDeclare, bytes({param, 1, 0}));
+  steps.Add(kTake, "");
+  Write(dir / "steps", steps.bytes());
+  Recorder garbage;
+  garbage.Add(kBytes, bytes({192, 0, 255, 255, 255, 255, 255, 255, 255, 255}));
+  garbage.Add(kDeclare, bytes({0, 1, 0}));
+  garbage.Add(kTake, "");
+  Write(dir / "garbage", garbage.bytes());
+  Recorder cut;
+  cut.Add(kDeclare, bytes({1, 1, 0}));
+  cut.Add(kCut, bytes({1, 0}));
+  Write(dir / "cut", cut.bytes());
+}
+
 }  // namespace
 }  // namespace dmuon::server::fuzz
 
@@ -249,5 +285,6 @@ int main(int argc, char** argv) {
   const std::filesystem::path root = argv[1];
   dmuon::server::fuzz::ServiceSeeds(root / "service");
   dmuon::server::fuzz::SnapshotSeeds(root / "snapshot");
+  dmuon::server::fuzz::DoorbellSeeds(root / "doorbell");
   return 0;
 }
