@@ -68,7 +68,14 @@ void Scheduler::SubmitAll(
     q.principal = work->principal();
     q.max_share = work->max_share();
     q.dropped = false;
-    q.ready.push_back({work->forward_order(), seq_++, now, std::move(work)});
+    Queued e;
+    e.order = work->forward_order();
+    e.seq = seq_++;
+    e.submitted = now;
+    e.shape = work->shape();
+    e.muon = work->muon();
+    e.work = std::move(work);
+    q.ready.Push(std::move(e));
     q.stats.queue_depth = static_cast<int>(q.ready.size());
     stats_[i].queue_depth = ++lane.depth;
   }
@@ -86,30 +93,10 @@ std::vector<Scheduler::Queued> Scheduler::PickBatch(Lane& lane, int max_batch,
       job = id;
     }
   }
-  auto earlier = [](const Queued& a, const Queued& b) {
-    return a.order != b.order ? a.order < b.order : a.seq < b.seq;
-  };
-  std::vector<Queued>& queue = q->ready;
-  std::sort(queue.begin(), queue.end(), earlier);
-  std::vector<Queued> picked;
-  picked.push_back(std::move(queue.front()));
-  queue.erase(queue.begin());
-  // Same shape and hyperparameters, earliest first, up to max_batch.
-  ComputeTask x;
-  x.shape = picked.front().work->shape();
-  x.muon = picked.front().work->muon();
-  for (auto it = queue.begin();
-       it != queue.end() && static_cast<int>(picked.size()) < max_batch;) {
-    ComputeTask y;
-    y.shape = it->work->shape();
-    y.muon = it->work->muon();
-    if (SameBatchKey(x, y)) {
-      picked.push_back(std::move(*it));
-      it = queue.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  // The first in forward order, then its same shape and hyperparameters,
+  // earliest first, up to max_batch.
+  ReadyQueue& queue = q->ready;
+  std::vector<Queued> picked = queue.PopBatch(max_batch);
   // Charged now, at the pick (the cost is predicted, not measured): the
   // next pick already sees it.
   double cost = 0;

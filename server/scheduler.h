@@ -64,6 +64,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/executor.h"
+#include "server/ready_queue.h"
 
 namespace dmuon::server {
 
@@ -181,16 +182,11 @@ class Scheduler {
   void Shutdown();
 
  private:
-  struct Queued {
-    int32_t order;
-    uint64_t seq;
-    std::chrono::steady_clock::time_point submitted;
-    std::shared_ptr<Work> work;
-  };
-  // One job on one executor: its ready queue (unsorted; scanned, queues are
-  // short), its virtual time and counters.
+  using Queued = ReadyQueue::Entry;
+  // One job on one executor: its ready queue (ready_queue.h), its virtual
+  // time and counters.
   struct JobQueue {
-    std::vector<Queued> ready;
+    ReadyQueue ready;
     double vtime = 0;        // cost served / weight, see the sharing rule
     std::string principal;   // Work::principal()
     double max_share = 1;    // Work::max_share()
