@@ -51,16 +51,18 @@ def worker(n: int, optimizer: str, steps: int, warmup: int, trainer_cpu: int,
         opt = DMuon(model, lr=1e-3, daemon_options=dmuon.DaemonOptions(server=daemon.address))
     x = torch.randn(4, 8)
     times = []
-    for k in range(warmup + steps):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        model(x).square().mean().backward()
-        opt.step()
-        if k >= warmup:
-            times.append(time.perf_counter() - t0)
-    if optimizer == "dmuon":
-        opt.close()
-        daemon.stop()
+    try:
+        for k in range(warmup + steps):
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=False)
+            model(x).square().mean().backward()
+            opt.step()
+            if k >= warmup:
+                times.append(time.perf_counter() - t0)
+    finally:
+        if optimizer == "dmuon":
+            opt.close()
+            daemon.stop()
     return statistics.median(times)
 
 
@@ -84,12 +86,15 @@ def main() -> None:
         runs = {"adamw": [], "dmuon": []}
         for r in range(a.repeats):
             for opt in ("adamw", "dmuon") if r % 2 == 0 else ("dmuon", "adamw"):
-                out = subprocess.run(
+                proc = subprocess.run(
                     [sys.executable, __file__, "--worker", str(n), opt,
                      f"--steps={a.steps}", f"--warmup={a.warmup}",
                      f"--trainer-cpu={a.trainer_cpu}", f"--daemon-cpu={a.daemon_cpu}"],
-                    check=True, capture_output=True, text=True).stdout
-                runs[opt].append(float(out.strip().splitlines()[-1]) * 1e3)
+                    capture_output=True, text=True)
+                if proc.returncode != 0:
+                    sys.exit(f"handoff_py: the {opt} worker at {n} matrices failed "
+                             f"(exit {proc.returncode}):\n{proc.stderr}")
+                runs[opt].append(float(proc.stdout.strip().splitlines()[-1]) * 1e3)
         med = {k: statistics.median(v) for k, v in runs.items()}
         points[str(n)] = {
             "step_ms": runs, "median_step_ms": med,

@@ -42,4 +42,5 @@ def test_a_bad_worker_fails_loudly(tmp_path):
          "--repeats=1", "--trainer-cpu=100000", f"--out={tmp_path / 'h.json'}"],
         capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
+    assert "worker at 8 matrices failed" in proc.stderr
     assert not (tmp_path / "h.json").exists()

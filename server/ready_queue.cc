@@ -29,9 +29,8 @@ ReadyQueue::Entry ReadyQueue::Take(std::map<Key, Held>::iterator it) {
     if (c->second.members.empty()) {
       classes_.erase(c);
     } else if (c->second.key.muon == it->second.entry.muon) {
-      // The key points at a member's own options: those of a queued one
-      // (a job's options may be replaced once none of its works refer to
-      // them).
+      // The key points at a queued member's options, never at those of
+      // a work taken out (which nothing here keeps alive).
       c->second.key.muon = entries_.at(*c->second.members.begin()).entry.muon;
     }
   }

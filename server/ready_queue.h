@@ -7,7 +7,7 @@
 // batch mates, O(n log n) a pick and O(n^2 log n) a step when a trainer's
 // n matrices are all queued (its declarations outrun the executor). At
 // 8,192 small matrices that was 40 % of dmuond's CPU (perf, 2026-12-07).
-// Here a push costs O(log n + k) and a pick O(k + b log n), for k distinct
+// Here a push costs O(log n + k) and a pick O(b log n), for k distinct
 // batch keys in the queue (a handful: one per shape) and a batch of b.
 //
 // Not thread-safe: the Scheduler holds its mutex around every call.
