@@ -275,9 +275,7 @@ class StepCall final : public StepSink {
       ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     if (declared_.empty()) return std::nullopt;
-    auto m = std::move(declared_.front());
-    declared_.pop_front();
-    return m;
+    return PopDeclared();
   }
 
   // The worker: a read is started (StartRead next).
@@ -299,8 +297,7 @@ class StepCall final : public StepSink {
       return Event::kRead;
     }
     if (CanTakeDeclared()) {
-      *declared = std::move(declared_.front());
-      declared_.pop_front();
+      *declared = PopDeclared();
       return Event::kDeclared;
     }
     read_pending_ = true;  // CanStartRead
@@ -348,6 +345,13 @@ class StepCall final : public StepSink {
   }
   bool CanTakeDeclared() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !declared_.empty() && queued_bytes_ < max_queue_bytes_;
+  }
+  // The oldest posted message; declared_ is not empty.
+  absl::StatusOr<v1::StepRequest> PopDeclared()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto m = std::move(declared_.front());
+    declared_.pop_front();
+    return m;
   }
   bool HasEvent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return client_gone_ || service_ended_ || CanWrite() || read_done_ ||
@@ -530,8 +534,7 @@ class StepReactor final
           }
           break;
         case StepCall::Event::kDeclared:
-          result = declared.ok() ? service->OnStepRequest(id, *declared)
-                                 : declared.status();
+          result = OnDeclared(declared, id);
           pump->Taken();
           if (!result.ok()) {
             why = result;
@@ -568,11 +571,16 @@ class StepReactor final
   absl::Status TakeLastDeclarations(DoorbellPump& pump, const std::string& id) {
     pump.StopAndFlush();
     while (auto m = call_->TakeDeclared()) {
-      absl::Status st =
-          m->ok() ? owner_->service_->OnStepRequest(id, **m) : m->status();
-      if (!st.ok()) return st;
+      if (absl::Status st = OnDeclared(*m, id); !st.ok()) return st;
     }
     return absl::OkStatus();
+  }
+
+  // A message the pump read from the doorbell, to the service as the
+  // stream's would go; a pump that failed (DATA_LOSS) ends the stream alike.
+  absl::Status OnDeclared(const absl::StatusOr<v1::StepRequest>& m,
+                          const std::string& id) {
+    return m.ok() ? owner_->service_->OnStepRequest(id, *m) : m.status();
   }
 
   GrpcOptimizer* const owner_;
