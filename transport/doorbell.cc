@@ -156,20 +156,16 @@ absl::Status Doorbell::Take(Declarations* out) {
   const size_t m = out->params.size();
   out->words.resize(m);
   out->momentum.resize(m);
-  for (size_t k = 0; k < m; ++k) {
-    if (!guard_->Load64s(DeclareWordOffset(num_params_, out->params[k]),
-                         &out->words[k], 1)) {
-      return Lost();
-    }
+  // Two guarded passes (the words, then their momenta), not one per word.
+  std::vector<uint64_t> bits(m);
+  if (!guard_->Gather64s(DeclareWordOffset(num_params_, 0), out->params.data(),
+                         m, out->words.data()) ||
+      !guard_->Gather64s(MomentumOffset(num_params_, 0), out->params.data(), m,
+                         bits.data())) {
+    return Lost();
   }
-  for (size_t k = 0; k < m; ++k) {
-    uint64_t bits = 0;
-    if (!guard_->Load64s(MomentumOffset(num_params_, out->params[k]), &bits,
-                         1)) {
-      return Lost();
-    }
-    std::memcpy(&out->momentum[k], &bits, sizeof(double));
-  }
+  for (size_t k = 0; k < m; ++k)
+    std::memcpy(&out->momentum[k], &bits[k], sizeof(double));
   if (!guard_->Load64s(kRewindWordOffset, &out->rewind, 1)) return Lost();
   return absl::OkStatus();
 }

@@ -122,6 +122,15 @@ bool GuardedMapping::Load64s(size_t offset, uint64_t* out, size_t count) {
   });
 }
 
+bool GuardedMapping::Gather64s(size_t offset, const int* index, size_t count,
+                               uint64_t* out) {
+  auto* words = reinterpret_cast<const std::atomic<uint64_t>*>(base_ + offset);
+  return Run([&] {
+    for (size_t k = 0; k < count; ++k)
+      out[k] = words[index[k]].load(std::memory_order_acquire);
+  });
+}
+
 bool GuardedMapping::Load32(size_t offset, uint32_t* out) {
   auto* word = reinterpret_cast<const std::atomic<uint32_t>*>(base_ + offset);
   return Run([&] { *out = word->load(std::memory_order_acquire); });

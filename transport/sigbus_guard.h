@@ -64,6 +64,11 @@ class GuardedMapping {
   // of one uint32. False as for the copies (`out` then unspecified).
   bool Load64s(size_t offset, uint64_t* out, size_t count);
   bool Load32(size_t offset, uint32_t* out);
+  // Acquire loads, in order, of the uint64 at offset + 8 * index[k] for
+  // each of `count` indices (>= 0, each word inside the mapping): a
+  // reader of a few words of an array in one guarded pass. False as for the
+  // copies.
+  bool Gather64s(size_t offset, const int* index, size_t count, uint64_t* out);
 
   // True once a copy faulted: the mapping shows zero pages, not the file.
   bool broken() const { return broken_.load(); }

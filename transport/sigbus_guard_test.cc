@@ -97,12 +97,23 @@ TEST(GuardedMapping, AtomicStoresThroughTheFileAndAfterAShrink) {
   ASSERT_EQ(::pread(m.fd(), file_words, 16, 8208), 16);
   EXPECT_EQ(file_words[0], 0u);
   EXPECT_EQ(file_words[1], 0u);
+  // Gather64s loads the words at the indices given, in their order.
+  const uint64_t c = rng();
+  ASSERT_TRUE(g.Store64(8208, c));
+  const int index[] = {3, 0, 2, 3};  // 8216, 8192, 8208, 8216
+  uint64_t gathered[4] = {1, 1, 1, 1};
+  ASSERT_TRUE(g.Gather64s(8192, index, 4, gathered));
+  EXPECT_EQ(gathered[0], 0u);  // 8216: nothing stored there since the take
+  EXPECT_EQ(gathered[1], word);
+  EXPECT_EQ(gathered[2], c);
+  EXPECT_EQ(gathered[3], 0u);
   m.Shrink(4096);
   EXPECT_FALSE(g.Store64(8192, word));
   EXPECT_TRUE(g.broken());
   EXPECT_FALSE(g.Increment32(0));  // lost: every later store fails too
   EXPECT_FALSE(g.Or64(0, 1));
   EXPECT_FALSE(g.Take64s(0, taken, 1));
+  EXPECT_FALSE(g.Gather64s(0, index, 1, gathered));
 }
 
 // The client shrank the segment after it was mapped: a copy that touches
