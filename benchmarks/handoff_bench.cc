@@ -4,8 +4,8 @@
 // is all hand-off: each gradient declared as backward would (last layer
 // first), each update waited for, FinishStep. Per configuration: the step's
 // wall time, and the CPU time it cost the trainer's process (all its
-// threads: the caller, the client's stream reader or doorbell thread,
-// gRPC's own) and dmuond's. The two configurations alternate within one
+// threads: the caller, the client's stream reader, gRPC's own) and
+// dmuond's. The two configurations alternate within one
 // run, repeat after repeat, on the same daemon.
 
 #include <sched.h>

@@ -99,6 +99,8 @@ class ClientImpl : public Client {
                                                    : v1::TRANSPORT_INLINE;
     v1::OpenSessionRequest req = ToRequest(spec, t);
     req.set_doorbell(t == v1::TRANSPORT_SHM && options_.doorbell);
+    // The session's waits count themselves (SessionImpl::WaitForLocked).
+    req.set_doorbell_waiters(req.doorbell());
     auto open = OpenChecked(req, layout);
     if (!open.ok()) return open.status();
     std::unique_ptr<transport::Region> region;

@@ -321,14 +321,18 @@ class Session {
   // caller's memory; nccl: the caller must still receive them).
   virtual absl::Status WaitUpdate(int i) = 0;
   virtual bool TryUpdate(int i) = 0;
-  // When update i's UpdatesReady of the current step was read off the
-  // stream: CLOCK_MONOTONIC nanoseconds (base/trace.h TraceNowNs, the step
-  // timeline's clock); 0 before it arrived, or for a session that does not
-  // record it.
+  // When the session saw update i's UpdatesReady of the current step: read
+  // off the stream, or with the doorbell taken from it by the first
+  // WaitUpdate, NextAnnounced or TryUpdate after it landed (nothing wakes
+  // the trainer for it). CLOCK_MONOTONIC nanoseconds (base/trace.h
+  // TraceNowNs, the step timeline's clock); 0 before that, or for a
+  // session that does not record it.
   virtual int64_t update_received_ns(int i) const { return 0; }
+  // Whether the daemon skipped update i (non-finite gradient), and whether
+  // parameter i was declared absent this step and the daemon answered it
+  // (GradientsAbsent: no update, the parameter is unchanged). Both as of
+  // the last WaitUpdate, NextAnnounced or TryUpdate that saw update i.
   virtual bool skipped(int i) const = 0;
-  // Whether parameter i was declared absent this step and the daemon
-  // answered it (GradientsAbsent): no update, the parameter is unchanged.
   virtual bool absent(int i) const = 0;
   // Waits for every update of the current step, then moves to the next.
   // nccl: the daemon completes the step only once the caller has posted the

@@ -57,7 +57,6 @@ class SessionImpl final : public Session {
     a.mutable_attach()->set_session_id(open_.session_id());
     if (!stream_->Write(a)) return Finish("attach");
     reader_ = std::thread([this] { ReadLoop(); });
-    if (doorbell_) doorbell_thread_ = std::thread([this] { DoorbellLoop(); });
     return absl::OkStatus();
   }
 
@@ -197,8 +196,8 @@ class SessionImpl final : public Session {
     if (i < 0 || i >= n_)
       return absl::InvalidArgumentError(absl::StrCat("parameter index ", i));
     std::unique_lock<std::mutex> l(mu_);
-    if (!cv_.wait_for(l, options_.deadline,
-                      [&] { return ready_[i] || !final_.ok() || ended_; })) {
+    if (!WaitForLocked(l,
+                       [&] { return ready_[i] || !final_.ok() || ended_; })) {
       return absl::DeadlineExceededError(
           absl::StrCat("update of parameter ", i, " (step ", step_,
                        ") not back from dmuond at ", address_, " within ",
@@ -221,7 +220,7 @@ class SessionImpl final : public Session {
         announced_.pop_front();  // a finished step's (never for this one)
       return !announced_.empty() && announced_.front().first == step_;
     };
-    if (!cv_.wait_for(l, options_.deadline, [&] {
+    if (!WaitForLocked(l, [&] {
           return has_current() || all_returned() || !final_.ok() || ended_;
         })) {
       return absl::DeadlineExceededError(
@@ -248,6 +247,7 @@ class SessionImpl final : public Session {
   }
   bool TryUpdate(int i) override {
     std::lock_guard<std::mutex> l(mu_);
+    if (doorbell_) ScanDoorbellLocked();
     return i >= 0 && i < n_ && ready_[i];
   }
   int64_t update_received_ns(int i) const override {
@@ -433,7 +433,7 @@ class SessionImpl final : public Session {
     writer->WritesDone();
     absl::Status st = FromGrpc(writer->Finish(), address_);
     if (st.ok()) {
-      std::lock_guard<std::mutex> l(mu_);  // the doorbell thread reads it
+      std::lock_guard<std::mutex> l(mu_);  // ScanDoorbellLocked reads it
       step_ = resp.completed_steps() + 1;
     }
     return st;
@@ -458,11 +458,6 @@ class SessionImpl final : public Session {
     }
     stream_ctx_.TryCancel();
     if (reader_.joinable()) reader_.join();
-    if (doorbell_thread_.joinable()) {
-      stop_doorbell_.store(true);
-      doorbell_->PokeUpdates();
-      doorbell_thread_.join();
-    }
     return st;
   }
   bool region_released() const override { return released_; }
@@ -487,18 +482,39 @@ class SessionImpl final : public Session {
     return FromGrpc(stream_->Finish(), address_);
   }
 
-  // The doorbell's thread: each move of its update counter, a scan of the
-  // words; what is new wakes the waiters as an UpdatesReady would. The
-  // timeout only bounds how late a stop is seen should a wake be missed.
-  void DoorbellLoop() {
-    while (!stop_doorbell_.load()) {
+  // Waits (mu_ held through `l`) until `done()`, or for the deadline:
+  // false then. Without a doorbell on cv_, which ReadLoop notifies. With
+  // one, the waiting thread takes the doorbell's words in itself, and
+  // sleeps on its update counter counted as a waiter: dmuond wakes this
+  // process only while a thread of it waits, not at every announcement
+  // (each wake interrupted the trainer's core, a thread of ours woken to
+  // read the words as they landed), and ReadLoop moves the counter for its
+  // own news. `seen` is read before the look at the words (the order
+  // DoorbellView::WaitUpdates asks for).
+  template <typename Done>
+  bool WaitForLocked(std::unique_lock<std::mutex>& l, Done done) {
+    const auto deadline = std::chrono::steady_clock::now() + options_.deadline;
+    if (!doorbell_) return cv_.wait_until(l, deadline, done);
+    while (true) {
       const uint32_t seen = doorbell_->update_counter();
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (ScanDoorbellLocked()) cv_.notify_all();
-      }
-      doorbell_->WaitUpdates(seen, std::chrono::milliseconds(200));
+      ScanDoorbellLocked();
+      if (done()) return true;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+      l.unlock();
+      doorbell_->WaitUpdates(seen,
+                             std::min(left, std::chrono::milliseconds(200)));
+      l.lock();
     }
+  }
+
+  // ReadLoop's news (mu_ held): to the waiters on cv_, and to those on the
+  // doorbell's counter.
+  void NotifyLocked() {
+    cv_.notify_all();
+    if (doorbell_) doorbell_->PokeUpdates();
   }
 
   // Takes in every doorbell word dmuond stored since the last scan (the
@@ -582,13 +598,13 @@ class SessionImpl final : public Session {
         complete_ = std::max(complete_, r.step_complete().step());
         not_durable_ = r.step_complete().not_durable();
       }
-      cv_.notify_all();
+      NotifyLocked();
     }
     grpc::Status st = stream_->Finish();
     std::lock_guard<std::mutex> l(mu_);
     ended_ = true;
     if (final_.ok() && !st.ok() && !closed_) final_ = FromGrpc(st, address_);
-    cv_.notify_all();
+    NotifyLocked();
   }
 
   std::unique_ptr<v1::Optimizer::Stub> stub_;
@@ -605,12 +621,11 @@ class SessionImpl final : public Session {
       stream_;
   std::thread reader_;
   // The doorbell (docs/protocol.md), when the daemon granted one: its update
-  // words as last scanned (guarded by mu_), and the thread that waits on it.
+  // words as last scanned (guarded by mu_; scanned by the waits, TryUpdate
+  // and FinishStep, WaitForLocked).
   std::optional<transport::DoorbellView> doorbell_;
   std::vector<uint64_t> doorbell_seen_;
   std::vector<int> doorbell_marked_;  // ScanDoorbellLocked's, mu_ held
-  std::thread doorbell_thread_;
-  std::atomic<bool> stop_doorbell_{false};
   // The serial of the last word this client stored (guarded by write_mu_).
   uint32_t declare_serial_ = 0;
   std::mutex write_mu_;

@@ -64,6 +64,22 @@ TEST(Doorbell, GrantedAfterTheTensors) {
   EXPECT_FALSE(plain.open.has_doorbell());
 }
 
+// OpenSessionRequest.doorbell_waiters reaches dmuond's side of the doorbell
+// (whose wake rule doorbell_test checks): asked, it wakes the client only
+// while one of its threads waits; not asked, at every announcement.
+TEST(Doorbell, WakesOnlyWaitersWhenTheClientCountsThem) {
+  auto svc = NewService();
+  Rank counted, plain;
+  auto req = DoorbellRequest("j", kThree);
+  req.set_doorbell_waiters(true);
+  ASSERT_TRUE(counted.Open(*svc, req).ok());
+  ASSERT_NE(counted.bell, nullptr);
+  EXPECT_TRUE(counted.bell->client_counts_waiters());
+  ASSERT_TRUE(plain.Open(*svc, DoorbellRequest("k", kThree)).ok());
+  ASSERT_NE(plain.bell, nullptr);
+  EXPECT_FALSE(plain.bell->client_counts_waiters());
+}
+
 TEST(Doorbell, EveryUpdateAnnouncedInItsWordNoneOnTheStream) {
   auto svc = NewService();
   Rank r;

@@ -328,7 +328,8 @@ absl::StatusOr<std::unique_ptr<transport::Region>> OptimizerService::OpenRegion(
   if (req.transport() == v1::TRANSPORT_SHM) {
     return transport::CreateShmRegion(
         layout.total_bytes,
-        req.doorbell() ? static_cast<int>(layout.slots.size()) : -1);
+        req.doorbell() ? static_cast<int>(layout.slots.size()) : -1,
+        req.doorbell_waiters());
   }
   if (IsDeviceTransport(req.transport())) {
     // A new job's transport state goes with it if the open fails

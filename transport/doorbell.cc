@@ -110,10 +110,12 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
 
 // --- dmuond's side ---------------------------------------------------------
 
-Doorbell::Doorbell(void* base, uint64_t offset, int num_params)
+Doorbell::Doorbell(void* base, uint64_t offset, int num_params,
+                   bool client_counts_waiters)
     : area_(static_cast<std::byte*>(base)),
       offset_(offset),
       num_params_(num_params),
+      client_counts_waiters_(client_counts_waiters),
       guard_(std::make_unique<GuardedMapping>(base, bytes())) {}
 
 Doorbell::~Doorbell() {
@@ -138,6 +140,16 @@ absl::Status Doorbell::Announce(int param, uint64_t word) {
                     MarkBit(param)) ||
       !guard_->Increment32(kUpdateCounterOffset)) {
     return Lost();
+  }
+  if (client_counts_waiters_) {
+    // Dekker's pattern with the client's WaitUpdates: the counter moved,
+    // a full fence, then the waiters count; it counts itself, a full fence,
+    // then checks the counter. One of the two sees the other's write.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    uint32_t waiters = 0;
+    if (!guard_->Load32(kUpdateWaitersOffset, &waiters)) return Lost();
+    // Any value but 0 (a hostile client's too) only costs this wake.
+    if (waiters == 0) return absl::OkStatus();
   }
   // A cut-off page makes the wake fail with EFAULT, never a signal.
   FutexWakeAll(
@@ -215,7 +227,13 @@ void DoorbellView::TakeUpdated(std::vector<int>* params) const {
 
 void DoorbellView::WaitUpdates(uint32_t seen,
                                std::chrono::milliseconds timeout) const {
+  std::atomic<uint32_t>* waiters = at<uint32_t>(kUpdateWaitersOffset);
+  waiters->fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // FUTEX_WAIT compares the counter with `seen` itself, atomically with
+  // going to sleep.
   FutexWait(at<uint32_t>(kUpdateCounterOffset), seen, timeout);
+  waiters->fetch_sub(1, std::memory_order_relaxed);
 }
 
 void DoorbellView::PokeUpdates() const {

@@ -8,7 +8,12 @@
 // The area (offsets from its start, which is a multiple of kAlignment at or
 // after the layout's total_bytes; n parameters; DoorbellBytes(n) bytes):
 //   [0, 4)      update counter (uint32): dmuond adds 1 after each
-//               announcement and wakes its waiters (FUTEX_WAKE, shared).
+//               announcement and wakes its waiters (FUTEX_WAKE, shared):
+//               at every announcement, or, for a client that keeps the
+//               waiters count (OpenSessionRequest.doorbell_waiters), only
+//               when that count is not 0.
+//   [32, 36)    update waiters (uint32, client): how many of its threads
+//               wait, or are about to wait, on the update counter.
 //   [64, 68)    declare counter (uint32): the client adds 1 after each
 //               declaration (or rewind) and wakes its waiters.
 //   [128, 136)  the rewind word (client): EncodeWord of {serial, step}.
@@ -62,6 +67,7 @@ class GuardedMapping;
 uint64_t DoorbellBytes(int num_params);
 
 inline constexpr uint64_t kUpdateCounterOffset = 0;
+inline constexpr uint64_t kUpdateWaitersOffset = 32;
 inline constexpr uint64_t kDeclareCounterOffset = 64;
 inline constexpr uint64_t kRewindWordOffset = 128;
 uint64_t UpdateWordOffset(int param);
@@ -110,8 +116,11 @@ class Doorbell {
  public:
   // Takes `base`, a MAP_SHARED mapping of the area (DoorbellBytes(
   // num_params) bytes), unmapped by the destructor. `offset`: the area's
-  // offset in the segment, for the response.
-  Doorbell(void* base, uint64_t offset, int num_params);
+  // offset in the segment, for the response. `client_counts_waiters`: the
+  // client keeps the update-waiters count (OpenSessionRequest.
+  // doorbell_waiters), so Announce wakes it only when the count is not 0.
+  Doorbell(void* base, uint64_t offset, int num_params,
+           bool client_counts_waiters = false);
   ~Doorbell();
   Doorbell(const Doorbell&) = delete;
   Doorbell& operator=(const Doorbell&) = delete;
@@ -119,11 +128,14 @@ class Doorbell {
   uint64_t offset() const { return offset_; }
   int num_params() const { return num_params_; }
   uint64_t bytes() const { return DoorbellBytes(num_params_); }
+  bool client_counts_waiters() const { return client_counts_waiters_; }
 
   // Stores `word` as parameter `param`'s update word (release: what this
   // thread wrote before, the update in the tensor mapping included, is
   // visible first), sets its mark, moves the update counter and wakes the
-  // client.
+  // client (one that counts its waiters: only when one waits; the count is
+  // loaded after the counter moved, with a full fence between, so a client
+  // that counted itself before its last look at the counter is woken).
   // DATA_LOSS once the client shrank the segment; OUT_OF_RANGE for a
   // parameter outside the area.
   absl::Status Announce(int param, uint64_t word);
@@ -155,6 +167,7 @@ class Doorbell {
   std::byte* const area_;
   const uint64_t offset_;
   const int num_params_;
+  const bool client_counts_waiters_;
   std::unique_ptr<GuardedMapping> guard_;
 };
 
@@ -174,9 +187,15 @@ class DoorbellView {
   // word then loads its newest store or a later one. Not for two threads
   // at once.
   void TakeUpdated(std::vector<int>* params) const;
+  // Counts this thread in the update waiters (a full fence after), then
+  // sleeps unless the counter moved from `seen`, until a wake or `timeout`
+  // (or spuriously), and counts it out. A caller reads `seen` before it
+  // looks at the words, and looks again after: what dmuond announced after
+  // that read either moved the counter before the sleep or wakes it.
   void WaitUpdates(uint32_t seen, std::chrono::milliseconds timeout) const;
-  // Moves the update counter and wakes its waiters: a client stopping its
-  // own doorbell thread.
+  // Moves the update counter and wakes its waiters: the client's own
+  // threads, for news that came another way (the Step stream ended, or an
+  // UpdatesReady message).
   void PokeUpdates() const;
 
   // Declarations: each stores a word (release: the gradient written before

@@ -3,7 +3,9 @@
 // announcement a waiting client wakes to, with the update's bytes written
 // before it; declarations, momenta and a rewind the daemon side loads, with
 // the gradient's bytes before them), the marks that make a reader's pass
-// cost what changed, and a segment the client shrank (DATA_LOSS, never
+// cost what changed, the wake rule of a client that counts its waiters
+// (woken only while one waits, and never sleeping through an
+// announcement), and a segment the client shrank (DATA_LOSS, never
 // SIGBUS).
 
 #include "transport/doorbell.h"
@@ -17,8 +19,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <set>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "transport/transport.h"
@@ -267,6 +272,106 @@ TEST(ShmDoorbell, WakeDeclaredMovesTheCounter) {
   bell->WakeDeclared();
   EXPECT_EQ(bell->declare_counter(), before + 1);
   ASSERT_TRUE(UnlinkShm((*r)->name()).ok());
+}
+
+// A client that counts its waiters (OpenSessionRequest.doorbell_waiters)
+// is woken only while one waits, and never sleeps through an announcement:
+// a child process waits for 300 announcements made at random moments, each
+// wait up to 20 s, so one lost wake fails the deadline.
+TEST(ShmDoorbell, ACountedWaiterSleepsThroughNoAnnouncement) {
+  constexpr int kParams = 4;
+  constexpr uint32_t kAnnouncements = 300;
+  auto r = CreateShmRegion(4096, kParams, /*doorbell_waiters=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t at = (*r)->doorbell()->offset();
+  const std::string name = (*r)->name();
+  const pid_t child =
+      StartClient(name, at, kParams, [&](DoorbellView v, Region&) {
+        const auto t0 = std::chrono::steady_clock::now();
+        uint32_t seen;
+        while ((seen = v.update_counter()) < kAnnouncements) {
+          v.WaitUpdates(seen, std::chrono::seconds(20));
+        }
+        return std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)
+                   ? 0
+                   : 5;
+      });
+  ASSERT_GE(child, 0);
+  std::mt19937 rng(std::random_device{}());
+  for (uint32_t k = 1; k <= kAnnouncements; ++k) {
+    ::usleep(rng() % 600);
+    DoorbellWord w{k, 1, false, false};
+    ASSERT_TRUE((*r)->doorbell()->Announce(k % kParams, EncodeWord(w)).ok());
+  }
+  EXPECT_EQ(WaitClient(child), 0);
+  // Each wait counted itself out again.
+  auto mine = OpenShmRegion(name, at + DoorbellBytes(kParams));
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  const auto* waiters = reinterpret_cast<const std::atomic<uint32_t>*>(
+      (*mine)->bytes().data() + at + kUpdateWaitersOffset);
+  EXPECT_EQ(waiters->load(), 0u);
+  ASSERT_TRUE(UnlinkShm(name).ok());
+}
+
+// How long a thread sleeping on the update counter (uncounted: a raw futex
+// wait of `timeout`) sleeps when an announcement comes 300 ms after it
+// started; nullopt when it did not sleep until then (not yet asleep, or a
+// spurious return: the caller tries again).
+std::optional<std::chrono::milliseconds> SleptThroughAnnouncement(
+    bool doorbell_waiters, uint32_t waiters,
+    std::chrono::milliseconds timeout) {
+  auto r = CreateShmRegion(4096, 1, doorbell_waiters);
+  if (!r.ok()) return std::nullopt;
+  const uint64_t at = (*r)->doorbell()->offset();
+  auto view = OpenShmRegion((*r)->name(), at + DoorbellBytes(1));
+  if (!view.ok()) return std::nullopt;
+  std::byte* area = (*view)->bytes().data() + at;
+  reinterpret_cast<std::atomic<uint32_t>*>(area + kUpdateWaitersOffset)
+      ->store(waiters);
+  auto* counter = reinterpret_cast<std::atomic<uint32_t>*>(area);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<int64_t> slept_ms{-1};
+  std::thread sleeper([&] {
+    FutexWait(counter, 0, timeout);
+    slept_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - t0)
+                   .count();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const bool early = slept_ms.load() >= 0;
+  const absl::Status st = (*r)->doorbell()->Announce(0, EncodeWord({1, 1}));
+  sleeper.join();
+  (void)UnlinkShm((*r)->name());
+  if (!st.ok() || early || slept_ms.load() < 250) return std::nullopt;
+  return std::chrono::milliseconds(slept_ms.load());
+}
+
+TEST(ShmDoorbell, WithCountedWaitersTheClientIsWokenOnlyWhileOneWaits) {
+  constexpr auto kTimeout = std::chrono::milliseconds(2500);
+  constexpr auto kWoken = kTimeout - std::chrono::milliseconds(500);
+  // Up to 5 tries that had the sleeper asleep at the announcement, until
+  // one says what `want_woken` says: a thread scheduled late never makes
+  // the test fail, a wake rule that is wrong every time does.
+  const auto slept = [&](bool counted, uint32_t waiters, bool want_woken) {
+    auto ms = std::chrono::milliseconds(-1);
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      auto got = SleptThroughAnnouncement(counted, waiters, kTimeout);
+      if (!got) continue;
+      ms = *got;
+      if ((ms < kWoken) == want_woken) break;
+    }
+    return ms;
+  };
+  // Counted and no waiter: no wake, it sleeps its whole timeout.
+  EXPECT_GE(slept(true, 0, false).count(), kWoken.count());
+  // A waiter counted (any value but 0), or a client that does not count:
+  // woken at the announcement.
+  for (auto [counted, waiters] :
+       {std::pair{true, 1u}, std::pair{true, 7u}, std::pair{false, 0u}}) {
+    const auto ms = slept(counted, waiters, true);
+    EXPECT_GE(ms.count(), 250) << counted << " " << waiters;
+    EXPECT_LT(ms.count(), kWoken.count()) << counted << " " << waiters;
+  }
 }
 
 TEST(ShmDoorbell, ShrunkSegmentIsDataLossNotSigbus) {

@@ -202,7 +202,8 @@ absl::Status TooLarge(uint64_t bytes) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(uint64_t tensor_bytes,
-                                                        int doorbell_params) {
+                                                        int doorbell_params,
+                                                        bool doorbell_waiters) {
   // The doorbell on a page of its own, so that it can be mapped on its own.
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t doorbell =
@@ -253,7 +254,8 @@ absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(uint64_t tensor_bytes,
       ::shm_unlink(name.c_str());
       return at.status();
     }
-    bell = std::make_shared<Doorbell>(*at, doorbell_at, doorbell_params);
+    bell = std::make_shared<Doorbell>(*at, doorbell_at, doorbell_params,
+                                      doorbell_waiters);
   }
   absl::StatusOr<void*> addr = Map(fd, tensor_bytes, name);
   if (!addr.ok()) {

@@ -146,8 +146,10 @@ std::unique_ptr<Region> NewHeapRegion(uint64_t bytes);
 // many parameters (doorbell.h): DoorbellBytes(doorbell_params) bytes at the
 // first page boundary at or after `bytes`, zero-filled, mapped on their own
 // (Region::doorbell()); bytes() covers the tensors only.
+// `doorbell_waiters`: the client keeps the doorbell's update-waiters count
+// (OpenSessionRequest.doorbell_waiters; Doorbell's constructor).
 absl::StatusOr<std::unique_ptr<Region>> CreateShmRegion(
-    uint64_t bytes, int doorbell_params = -1);
+    uint64_t bytes, int doorbell_params = -1, bool doorbell_waiters = false);
 
 // Client side: maps an existing segment, failing with FAILED_PRECONDITION if
 // it is smaller than `expected_bytes` or missing (NOT_FOUND). Maps exactly

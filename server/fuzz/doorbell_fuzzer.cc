@@ -92,6 +92,7 @@ class Fixture {
                                      {"b", 2, 5, v1::SHARDING_REPLICATED},
                                      {"c", 3, 3, v1::SHARDING_REPLICATED}});
     req.set_doorbell(true);
+    req.set_doorbell_waiters(true);  // its count at 32 is kBytes' to write
     auto open = svc_.OpenSession(req);
     if (!open.ok() || !open->has_doorbell()) return;
     open_ = std::move(*open);

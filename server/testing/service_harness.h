@@ -23,6 +23,7 @@
 #include "server/service.h"
 #include "server/testing/open_request.h"
 #include "server/testing/recording_sink.h"
+#include "transport/doorbell.h"
 #include "transport/transport.h"
 
 namespace dmuon::server::testing {
@@ -51,6 +52,8 @@ struct Rank {
   v1::OpenSessionResponse open;
   std::unique_ptr<transport::Region> shm;
   std::shared_ptr<FakeSink> sink = std::make_shared<FakeSink>();
+  // dmuond's side of the session's doorbell (Attach's), or null.
+  std::shared_ptr<transport::Doorbell> bell;
   std::vector<std::string> inline_updates;  // by param
 
   absl::Status Open(OptimizerService& svc, const v1::OpenSessionRequest& req,
@@ -69,7 +72,7 @@ struct Rank {
       shm = std::move(*reg);
     }
     inline_updates.resize(open.layout().slots_size());
-    return svc.Attach(open.session_id(), sink);
+    return svc.Attach(open.session_id(), sink, &bell);
   }
   // Sends every gradient of `step`; grads[i] is this rank's view.
   absl::Status Send(OptimizerService& svc, int64_t step,

@@ -273,8 +273,8 @@ class Handoff:
                 "param": i, "name": r.name, "shape": f"{rows}x{cols}"}
 
     def trace_apply(self, i, t0_ns, waited_ns):
-        """Entry i's wait (t0_ns to waited_ns), its update's arrival (the
-        client's reader thread read UpdatesReady) and its apply (to now)."""
+        """Entry i's wait (t0_ns to waited_ns), when the client saw its update
+        (Session::update_received_ns) and its apply (to now)."""
         name = self.table.muon[i].name
         self.trace.complete(f"wait {name}", t0_ns, waited_ns, self.trace_args(i, "wait"))
         got = self.link.session.update_received_ns(i)

@@ -5,10 +5,14 @@ Chrome's trace-event JSON (Perfetto, chrome://tracing), what dmuond's
     per Muon matrix, each step   ready (its gradient accumulated: the backward
                                  hook), handoff (copied out), declare
                                  (GradientsReady written to dmuond's
-                                 stream), update_received (dmuond's
-                                 UpdatesReady read off the stream, by the
-                                 client's reader thread), wait (blocked on it)
-                                 and apply (W <- W (1 - lr wd) - lr U)
+                                 stream, or its doorbell word), update_received
+                                 (the client saw dmuond's UpdatesReady: read
+                                 off the stream by its reader thread, or with
+                                 the doorbell taken from it by the wait or
+                                 the poll that first looked after it landed;
+                                 dmuond's `return` ends when it landed), wait
+                                 (blocked on it) and apply (W <- W (1 - lr
+                                 wd) - lr U)
     per step                     forward, backward, step() and AdamW's step
     per module (tracing only)    the forward of each module that owns a Muon
                                  matrix
