@@ -274,13 +274,7 @@ class SessionImpl final : public Session {
     // take them as seen now, so that none reads as new after a Rewind.
     if (doorbell_) ScanDoorbellLocked();
     ++step_;
-    announced_.clear();
-    announced_returned_ = 0;
-    std::fill(ready_.begin(), ready_.end(), 0);
-    std::fill(received_ns_.begin(), received_ns_.end(), 0);
-    std::fill(skipped_.begin(), skipped_.end(), 0);
-    std::fill(absent_.begin(), absent_.end(), 0);
-    absent_announced_ = 0;
+    ResetStepLocked();
     return absl::OkStatus();
   }
 
@@ -309,13 +303,7 @@ class SessionImpl final : public Session {
       }
       undone = --step_;
       complete_ = undone - 1;
-      announced_.clear();
-      announced_returned_ = 0;
-      std::fill(ready_.begin(), ready_.end(), 0);
-      std::fill(received_ns_.begin(), received_ns_.end(), 0);
-      std::fill(skipped_.begin(), skipped_.end(), 0);
-      std::fill(absent_.begin(), absent_.end(), 0);
-      absent_announced_ = 0;
+      ResetStepLocked();
     }
     if (doorbell_ && transport::DoorbellStepFits(undone)) {
       transport::DoorbellWord w;
@@ -433,8 +421,12 @@ class SessionImpl final : public Session {
     writer->WritesDone();
     absl::Status st = FromGrpc(writer->Finish(), address_);
     if (st.ok()) {
-      std::lock_guard<std::mutex> l(mu_);  // ScanDoorbellLocked reads it
+      std::lock_guard<std::mutex> l(mu_);
+      // A step left unfinished before the load (its words stored, never
+      // taken) must not read as the new step's: taken as seen first.
+      if (doorbell_) ScanDoorbellLocked();
       step_ = resp.completed_steps() + 1;
+      ResetStepLocked();
     }
     return st;
   }
@@ -504,15 +496,29 @@ class SessionImpl final : public Session {
       const auto left =
           std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
       l.unlock();
+      // The cap is defence only (every news moves the counter and wakes):
+      // long enough that a wake lost to a bug shows as a stall in tests.
       doorbell_->WaitUpdates(seen,
-                             std::min(left, std::chrono::milliseconds(200)));
+                             std::min(left, std::chrono::milliseconds(2000)));
       l.lock();
     }
   }
 
-  // ReadLoop's news (mu_ held): to the waiters on cv_, and to those on the
-  // doorbell's counter.
-  void NotifyLocked() {
+  // Forgets the step's announcements: a new step (FinishStep, Rewind,
+  // SetState). mu_ held.
+  void ResetStepLocked() {
+    announced_.clear();
+    announced_returned_ = 0;
+    std::fill(ready_.begin(), ready_.end(), 0);
+    std::fill(received_ns_.begin(), received_ns_.end(), 0);
+    std::fill(skipped_.begin(), skipped_.end(), 0);
+    std::fill(absent_.begin(), absent_.end(), 0);
+    absent_announced_ = 0;
+  }
+
+  // ReadLoop's news, after it changed the state under mu_ (and released
+  // it): to the waiters on cv_, and to those on the doorbell's counter.
+  void Notify() {
     cv_.notify_all();
     if (doorbell_) doorbell_->PokeUpdates();
   }
@@ -564,47 +570,54 @@ class SessionImpl final : public Session {
   void ReadLoop() {
     v1::StepResponse r;
     while (stream_->Read(&r)) {
-      std::lock_guard<std::mutex> l(mu_);
-      if (r.has_update()) {
-        const auto& u = r.update();
-        if (u.param_id() < 0 || u.param_id() >= n_ || region_ == nullptr)
-          continue;
-        const auto& s = open_.layout().slots(u.param_id());
-        if (u.offset() + u.data().size() > s.bytes()) continue;
-        std::memcpy(region_->bytes().data() + s.update_offset() + u.offset(),
-                    u.data().data(), u.data().size());
-      } else if (r.has_updates_ready()) {
-        std::vector<int> ids;
-        const int64_t now = TraceNowNs();
-        for (int i : r.updates_ready().param_ids()) {
-          if (i >= 0 && i < n_) UpdateInLocked(i, now, &ids);
-        }
-        if (!ids.empty())
-          announced_.emplace_back(r.updates_ready().step(), std::move(ids));
-        for (int i : r.updates_ready().absent_param_ids()) {
-          if (i >= 0 && i < n_) AbsentInLocked(i);
-        }
-      } else if (r.has_error()) {
-        const auto& e = r.error();
-        if (e.param_id() >= 0 && e.param_id() < n_ && e.skipped()) {
-          skipped_[e.param_id()] = 1;
-        } else {
-          final_ =
-              WithAddress(absl::Status(static_cast<absl::StatusCode>(e.code()),
-                                       e.message()),
-                          address_);
-        }
-      } else if (r.has_step_complete()) {
-        complete_ = std::max(complete_, r.step_complete().step());
-        not_durable_ = r.step_complete().not_durable();
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        TakeLocked(r);
       }
-      NotifyLocked();
+      Notify();
     }
     grpc::Status st = stream_->Finish();
-    std::lock_guard<std::mutex> l(mu_);
-    ended_ = true;
-    if (final_.ok() && !st.ok() && !closed_) final_ = FromGrpc(st, address_);
-    NotifyLocked();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ended_ = true;
+      if (final_.ok() && !st.ok() && !closed_) final_ = FromGrpc(st, address_);
+    }
+    Notify();
+  }
+
+  // One message of the Step stream, taken in. mu_ held.
+  void TakeLocked(const v1::StepResponse& r) {
+    if (r.has_update()) {
+      const auto& u = r.update();
+      if (u.param_id() < 0 || u.param_id() >= n_ || region_ == nullptr) return;
+      const auto& s = open_.layout().slots(u.param_id());
+      if (u.offset() + u.data().size() > s.bytes()) return;
+      std::memcpy(region_->bytes().data() + s.update_offset() + u.offset(),
+                  u.data().data(), u.data().size());
+    } else if (r.has_updates_ready()) {
+      std::vector<int> ids;
+      const int64_t now = TraceNowNs();
+      for (int i : r.updates_ready().param_ids()) {
+        if (i >= 0 && i < n_) UpdateInLocked(i, now, &ids);
+      }
+      if (!ids.empty())
+        announced_.emplace_back(r.updates_ready().step(), std::move(ids));
+      for (int i : r.updates_ready().absent_param_ids()) {
+        if (i >= 0 && i < n_) AbsentInLocked(i);
+      }
+    } else if (r.has_error()) {
+      const auto& e = r.error();
+      if (e.param_id() >= 0 && e.param_id() < n_ && e.skipped()) {
+        skipped_[e.param_id()] = 1;
+      } else {
+        final_ = WithAddress(
+            absl::Status(static_cast<absl::StatusCode>(e.code()), e.message()),
+            address_);
+      }
+    } else if (r.has_step_complete()) {
+      complete_ = std::max(complete_, r.step_complete().step());
+      not_durable_ = r.step_complete().not_durable();
+    }
   }
 
   std::unique_ptr<v1::Optimizer::Stub> stub_;

@@ -120,6 +120,41 @@ TEST(Daemon, ShmUpdatesOnTheStreamWhenTheDoorbellIsOff) {
     EXPECT_EQ(p->Wait(240), 0) << "seed " << seed << "\n" << d.log();
 }
 
+// A doorbell session's WaitUpdate sleeps on the doorbell (dmuond wakes
+// the client only while one of its threads waits: docs/protocol.md "Who is
+// woken") and returns as soon as its stream ends: the client's stream
+// reader wakes it, not the wait's 2 s defensive cap.
+TEST(Daemon, AWaitOnTheDoorbellEndsWhenTheStreamDoes) {
+  Daemon d({"--cpu-executors=1"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  auto client = Client::Connect(d.address(), ClientOptions{});
+  ASSERT_TRUE(client.ok()) << client.status();
+  SessionSpec spec;
+  spec.job_id = "waits";
+  spec.params = TestTable(0, 1);
+  spec.transport = TransportChoice::kShm;
+  auto session = (*client)->OpenSession(spec);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE((*session)->doorbell());
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point returned;
+  absl::Status waited;
+  // Nothing declared: no update comes, the wait sleeps until the stream
+  // ends.
+  std::thread waiter([&] {
+    waited = (*session)->WaitUpdate(0);
+    returned = Clock::now();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const Clock::time_point closing = Clock::now();
+  (void)(*session)->Close();
+  waiter.join();
+  EXPECT_FALSE(waited.ok());
+  EXPECT_GT(returned, closing) << "the wait ended before the stream did";
+  EXPECT_LT(returned - closing, std::chrono::milliseconds(1000))
+      << "woken by the cap, not by the stream's end: " << waited;
+}
+
 TEST(Daemon, InlineTensorsLargerThanTheMessageLimitTravelInChunks) {
   // 16 KiB messages; the job's tensors are up to 32 KiB (128x64 fp32), so
   // both gradients and updates must be split to pass at all.

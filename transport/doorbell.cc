@@ -237,7 +237,11 @@ void DoorbellView::WaitUpdates(uint32_t seen,
 }
 
 void DoorbellView::PokeUpdates() const {
-  at<uint32_t>(kUpdateCounterOffset)->fetch_add(1, std::memory_order_release);
+  at<uint32_t>(kUpdateCounterOffset)->fetch_add(1, std::memory_order_seq_cst);
+  // As Announce with a counting client: no syscall while nobody waits.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (at<uint32_t>(kUpdateWaitersOffset)->load(std::memory_order_seq_cst) == 0)
+    return;
   FutexWakeAll(at<uint32_t>(kUpdateCounterOffset));
 }
 

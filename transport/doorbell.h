@@ -193,9 +193,9 @@ class DoorbellView {
   // looks at the words, and looks again after: what dmuond announced after
   // that read either moved the counter before the sleep or wakes it.
   void WaitUpdates(uint32_t seen, std::chrono::milliseconds timeout) const;
-  // Moves the update counter and wakes its waiters: the client's own
-  // threads, for news that came another way (the Step stream ended, or an
-  // UpdatesReady message).
+  // Moves the update counter and wakes its waiters, if WaitUpdates counts
+  // one: the client's own threads, for news that came another way (each
+  // Step stream message, its end).
   void PokeUpdates() const;
 
   // Declarations: each stores a word (release: the gradient written before

@@ -114,6 +114,15 @@ TEST(GuardedMapping, AtomicStoresThroughTheFileAndAfterAShrink) {
   EXPECT_FALSE(g.Or64(0, 1));
   EXPECT_FALSE(g.Take64s(0, taken, 1));
   EXPECT_FALSE(g.Gather64s(0, index, 1, gathered));
+
+  // A gather that is the first access past the new end fails by itself
+  // (not only because the mapping was already lost).
+  Mapped cut;
+  GuardedMapping h(cut.base(), kBytes);
+  cut.Shrink(4096);
+  const int past[] = {0, 1030};  // 8 * 1030 = 8240: past 4096
+  EXPECT_FALSE(h.Gather64s(0, past, 2, gathered));
+  EXPECT_TRUE(h.broken());
 }
 
 // The client shrank the segment after it was mapped: a copy that touches

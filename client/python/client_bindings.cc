@@ -701,8 +701,10 @@ void AddSessionCalls(py::class_<PySession>& cls) {
           "update_received_ns",
           [](PySession& s, int i) { return s.s().update_received_ns(i); },
           py::arg("i"),
-          "When update i of the current step arrived (time.monotonic_ns()'s "
-          "clock, CLOCK_MONOTONIC); 0 before it did.")
+          "When the session saw update i of the current step: read off the "
+          "stream, or with the doorbell taken from it by the first wait or "
+          "try_update after it landed (time.monotonic_ns()'s clock, "
+          "CLOCK_MONOTONIC); 0 before that.")
       .def(
           "skipped", [](PySession& s, int i) { return s.s().skipped(i); },
           py::arg("i"))

@@ -157,7 +157,9 @@ class Fixture {
   // Write's bytes, each a relaxed atomic store: dmuond's threads in this
   // process load and store the doorbell's words atomically, and a hostile
   // client's bytes race with them as another process's would, not as a
-  // data race (which a TSan build would report).
+  // data race (which a TSan build would report). Byte stores over 8-byte
+  // atomics mix sizes, which the C++ memory model leaves out but x86 and
+  // TSan take as what they are: what another process's writes do.
   static void WriteAtomically(std::byte* to, size_t size, const uint8_t* p,
                               size_t n) {
     if (n < 2 || size == 0) return;

@@ -146,7 +146,9 @@ def summary(doc: dict[str, Any], matrices: bool = False) -> str:
     """Per step: the trainer's forward, backward, step() and the time it
     waited for updates, dmuond's Newton-Schulz busy time; with `matrices`,
     per matrix: when its gradient was ready, how long it queued, its NS,
-    when its update was back and applied (ms from the step's first ready)."""
+    when its update was back (dmuond's `return` ended: it was in the
+    client's memory; without dmuond's file, when the client saw it) and
+    applied (ms from the step's first ready)."""
     events = [e for e in doc["traceEvents"] if e.get("ph") in ("X", "i")]
     chains: dict[tuple, dict[str, dict[str, Any]]] = {}
     for e in events:
@@ -187,9 +189,12 @@ def _matrix_lines(mine: list[tuple[str, dict[str, dict[str, Any]]]]) -> list[str
         ns = c.get("ns")
         ns_s = "-" if ns is None else (f"{ns['dur'] / 1000:.1f} "
                                        f"({ns['args'].get('batch_size')})")
+        # Landed: dmuond's return's end (with the doorbell the client sees
+        # an update only when it next looks: update_received).
+        back = at("return", end=True) if "return" in c else at("update_received")
         any_e = next(iter(c.values()))["args"]
         lines.append(f"  {any_e.get('name')} ({any_e.get('shape')}): {at('ready')}, "
-                     f"{queued}, {ns_s}, {at('update_received')}, {at('apply')}")
+                     f"{queued}, {ns_s}, {back}, {at('apply')}")
     return lines
 
 
