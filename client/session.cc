@@ -196,6 +196,8 @@ class SessionImpl final : public Session {
     if (i < 0 || i >= n_)
       return absl::InvalidArgumentError(absl::StrCat("parameter index ", i));
     std::unique_lock<std::mutex> l(mu_);
+    // Seen already (an earlier look took many words in): no look again.
+    if (ready_[i]) return absl::OkStatus();
     if (!WaitForLocked(l,
                        [&] { return ready_[i] || !final_.ok() || ended_; })) {
       return absl::DeadlineExceededError(
@@ -247,8 +249,9 @@ class SessionImpl final : public Session {
   }
   bool TryUpdate(int i) override {
     std::lock_guard<std::mutex> l(mu_);
-    if (doorbell_) ScanDoorbellLocked();
-    return i >= 0 && i < n_ && ready_[i];
+    if (i < 0 || i >= n_) return false;
+    if (!ready_[i] && doorbell_) ScanDoorbellLocked();
+    return ready_[i];
   }
   int64_t update_received_ns(int i) const override {
     std::lock_guard<std::mutex> l(mu_);
