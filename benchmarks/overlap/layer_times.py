@@ -43,6 +43,7 @@ def profile(model, batches, warmup: int) -> dict:
     """Trains `model` on `batches` as described above; returns the median
     segment times (seconds) and the median iteration (ms)."""
     import torch
+    import trainer
     from models import char_gpt
 
     mats = model.matrices()
@@ -77,12 +78,13 @@ def profile(model, batches, warmup: int) -> dict:
     handles = [owner[i].register_forward_pre_hook(pre_hook(i)) for i in range(len(mats))]
     handles += [p.register_post_accumulate_grad_hook(grad_hook(i)) for i, p in enumerate(mats)]
     order: list[int] = []
-    steps = []
+    steps, usage = [], []
     try:
         for x, y in batches:
             pre_t.clear()
             grad_t.clear()
             t_start = time.perf_counter()
+            usage.append(trainer.step_usage())
             logits = model(x)
             loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
                                                      y.view(-1))
@@ -113,6 +115,7 @@ def profile(model, batches, warmup: int) -> dict:
         "forward_s": forward_s, "backward_s": backward_s,
         "after_backward_s": med(r[2] for r in rows),
         "iteration_ms": 1000 * med(r[3] for r in rows),
+        "per_step": trainer.usage_per_step(usage, warmup),
         # Matrix k (forward order) as the simulation's task: its segment, shape.
         "matrices": [{"segment": k + 1, "shape": list(mats[i].shape),
                       "name": _name(model, mats[i])} for k, i in enumerate(order)],

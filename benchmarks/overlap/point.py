@@ -80,7 +80,7 @@ def _trainers(setup: Setup, model: str, tokens: int, kind: str, count: int) -> l
 
 def _summary(run: dict) -> dict:
     return {k: run[k] for k in ("iteration_ms", "periods_ms", "final_loss", "losses",
-                                "dmuond_ns_seconds") if k in run}
+                                "dmuond_ns_seconds", "per_step") if k in run}
 
 
 def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
@@ -105,6 +105,7 @@ def measure(setup: Setup, model: str, tokens: int, kinds: list[str],
         "forward_backward_ms": 1000 * fb, "ns_ms": 1000 * ns, "ns_over_fb": ns / fb,
         "after_backward_ms": 1000 * trainer.after_backward_s,
         "profile_iteration_ms": prof["iteration_ms"],
+        "profile_per_step": prof.get("per_step"),
         "bound_ms": 1000 * one.iteration_s[0],
         "profile": {k: prof[k] for k in ("forward_s", "backward_s", "after_backward_s",
                                          "matrices")},

@@ -13,13 +13,19 @@ import sys
 from optimizers import LABELS
 
 
+def _spread(r: dict, key: str) -> str:
+    """With rounds: the rounds' lowest and highest, after the median."""
+    rounds = r.get(key + "_rounds")
+    return f" [{min(rounds):.2f}-{max(rounds):.2f}]" if rounds else ""
+
+
 def _row(label: str, r: dict) -> str:
     loss = r.get("loss_rel_diff_vs_muon_fp32")
     in_run = (f"{r['vs_bound_in_run']:.2f} ({r['bound_in_run_ms']:.0f} ms)"
               if "vs_bound_in_run" in r else "-")
     return (f"| {label} | {r['iteration_ms']:.0f} ms | "
             + (f"{r['vs_adamw']:.2f}" if "vs_adamw" in r else "-")
-            + f" | {r['vs_bound']:.2f} | {in_run} | "
+            + f" | {r['vs_bound']:.2f}{_spread(r, 'vs_bound')} | {in_run} | "
             + (f"{loss:.1e}" if loss is not None else "-") + " |")
 
 
@@ -27,7 +33,8 @@ def point_table(p: dict) -> str:
     """One point: each optimizer's median iteration, against AdamW, the
     bound and (DMuon) the bound with its run's own Newton-Schulz times, and
     its final loss against fp32-NS torch Muon's."""
-    lines = [f"{p['model']}, {p['tokens']} tokens per step: forward+backward "
+    rounds = f" (medians of {len(p['rounds'])} rounds)" if "rounds" in p else ""
+    lines = [f"{p['model']}, {p['tokens']} tokens per step{rounds}: forward+backward "
              f"{p['forward_backward_ms']:.0f} ms, Newton-Schulz {p['ns_ms']:.0f} ms "
              f"({p['ns_over_fb']:.2f}x), bound {p['bound_ms']:.0f} ms", "",
              "| optimizer | iteration | vs AdamW | vs bound | vs bound with the run's "
@@ -42,8 +49,14 @@ def point_table(p: dict) -> str:
         for kind, runs in pair["results"].items():
             its = " / ".join(f"{r['iteration_ms']:.0f}" for r in runs)
             worst = max(r["iteration_ms"] for r in runs) / b
-            lines.append(f"| 2 trainers, {LABELS[kind]} | {its} ms | - | {worst:.2f} "
-                         f"(pair bound {b:.0f} ms) | - | - |")
+            if "vs_bound" in pair:  # rounds: the median of the rounds' own
+                worst = pair["vs_bound"][kind]
+                rs = pair["vs_bound_rounds"][kind]
+                spread = f" [{min(rs):.2f}-{max(rs):.2f}]"
+            else:
+                spread = ""
+            lines.append(f"| 2 trainers, {LABELS[kind]} | {its} ms | - | {worst:.2f}"
+                         f"{spread} (pair bound {b:.0f} ms) | - | - |")
     lines += ["", *(f"{LABELS[k]}: skipped: {why}." for k, why in p.get("skipped", {}).items())]
     return "\n".join(lines).rstrip()
 

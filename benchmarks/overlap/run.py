@@ -30,6 +30,7 @@ sys.path.insert(0, HERE)
 
 import optimizers  # noqa: E402
 import report  # noqa: E402
+import rounds  # noqa: E402
 from models import ROOT, model_spec  # noqa: E402
 from point import Setup, measure  # noqa: E402
 from trainer import parse_cpus  # noqa: E402
@@ -89,11 +90,15 @@ def parse_args(argv):
                          "with `python -m dmuon.trace stages A.json B.json`")
     ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps (2)")
     ap.add_argument("--steps", type=int, default=6, help="measured steps (6)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure each point this many times in a row, each round with "
+                         "its own bound; the point's ratios are the medians of the "
+                         "rounds' (rounds.py) (1)")
     ap.add_argument("--out", help="the JSON (default benchmarks/results/overlap-cpu.json"
                     "; --quick: out/overlap/overlap-quick.json); the plot beside it")
     args = ap.parse_args(argv)
-    if args.warmup < 1 or args.steps < 1:
-        ap.error("--warmup and --steps must be >= 1")
+    if args.warmup < 1 or args.steps < 1 or args.rounds < 1:
+        ap.error("--warmup, --steps and --rounds must be >= 1")
     try:
         tcpus = parse_cpus(args.trainer_cpus, "--trainer-cpus")
         dcpus = parse_cpus(args.daemon_cpus, "--daemon-cpus")
@@ -126,6 +131,10 @@ def parse_args(argv):
     return args, setup, sweep, kinds, out, pair
 
 
+def _round_tag(k: int, n: int) -> str:
+    return f"[round {k + 1}/{n}] " if n > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args, setup, sweep, kinds, out, pair = parse_args(argv)
@@ -136,8 +145,11 @@ def main(argv: list[str] | None = None) -> None:
         for tokens in tokens_list:
             pair_kinds = [k for k in PAIR_KINDS if k in kinds] \
                 if pair and (model, tokens) == PAIR_AT else []
-            points.append(measure(setup, model, tokens, kinds, pair_kinds,
-                                  log=lambda s: print(s, flush=True)))
+            points.append(rounds.combine([
+                measure(setup, model, tokens, kinds, pair_kinds,
+                        log=lambda s, k=k: print(_round_tag(k, args.rounds) + s,
+                                                 flush=True))
+                for k in range(args.rounds)]))
     res = {
         "benchmark": "overlap-cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -146,7 +158,10 @@ def main(argv: list[str] | None = None) -> None:
         "load_average": {"start": load0, "end": os.getloadavg()},
         "trainer_cpus": parse_cpus(args.trainer_cpus, "--trainer-cpus"),
         "daemon_cpus": setup.daemon_cpus, "warmup": setup.warmup, "steps": setup.steps,
-        "statistic": "median of the measured steps' periods (step start to step start)",
+        "rounds": args.rounds,
+        "statistic": "median of the measured steps' periods (step start to step start)"
+                     + ("; with rounds, each figure the median over the rounds and "
+                        "each ratio the median of the rounds' own" if args.rounds > 1 else ""),
         "optimizers": {k: optimizers.LABELS[k] for k in kinds},
         "points": points, "seconds": time.perf_counter() - t0,
     }

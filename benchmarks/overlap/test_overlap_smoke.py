@@ -62,8 +62,12 @@ def test_smallest_point(tmp_path):
     assert d["bound_in_run_ms"] >= 1000 * in_run_ns - 1e-6
     assert d["vs_bound_in_run"] == d["iteration_ms"] / d["bound_in_run_ms"]
     assert "dmuond_ns_seconds" not in r["muon-fp32"]
+    assert set(p["profile_per_step"]) == {"minor_faults", "voluntary_switches",
+                                          "involuntary_switches"}
     for kind, x in r.items():
         assert x["iteration_ms"] > 0 and len(x["periods_ms"]) == 1
+        assert set(x["per_step"]) == set(p["profile_per_step"])
+        assert all(v >= 0 for v in x["per_step"].values())
         assert x["vs_bound"] == x["iteration_ms"] / p["bound_ms"]
         assert len(x["losses"]) == 3
     # The same data and initial weights for everyone; DMuon's Muon is

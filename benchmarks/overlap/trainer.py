@@ -54,9 +54,10 @@ def run(model, opt, batches, warmup: int) -> dict:
     (the last batch only closes the last measured period)."""
     import torch
 
-    marks, losses = [], []
+    marks, losses, usage = [], [], []
     for x, y in batches:
         marks.append(time.perf_counter())
+        usage.append(step_usage())
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
                                                  y.view(-1))
@@ -67,7 +68,24 @@ def run(model, opt, batches, warmup: int) -> dict:
     periods = [b - a for a, b in zip(marks, marks[1:])][warmup:]
     return {"iteration_ms": 1000 * statistics.median(periods),
             "periods_ms": [1000 * p for p in periods], "losses": losses,
-            "final_loss": losses[-1]}
+            "final_loss": losses[-1], "per_step": usage_per_step(usage, warmup)}
+
+
+def step_usage() -> tuple[int, int, int]:
+    """This process's minor page faults and voluntary and involuntary
+    context switches so far (all its threads)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_minflt, r.ru_nvcsw, r.ru_nivcsw
+
+
+def usage_per_step(usage: list[tuple[int, int, int]], warmup: int) -> dict:
+    """Medians over the steps after `warmup` of step_usage()'s deltas from
+    one step's start to the next's."""
+    deltas = [[b - a for a, b in zip(u, v)] for u, v in zip(usage, usage[1:])][warmup:]
+    names = ("minor_faults", "voluntary_switches", "involuntary_switches")
+    return {n: statistics.median(d[i] for d in deltas) for i, n in enumerate(names)}
 
 
 def main(argv: list[str] | None = None) -> None:
