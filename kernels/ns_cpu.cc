@@ -10,6 +10,7 @@
 #include "kernels/blas_ops.h"
 #include "kernels/cost_model.h"
 #include "kernels/finite.h"
+#include "kernels/iterate.h"
 #include "kernels/kernels.h"
 
 namespace dmuon::kernels {
@@ -39,32 +40,23 @@ absl::Status CheckFinite(const T* x, Shape s, std::string_view what) {
 }
 
 // The m x n iterate (m <= n) from `in`: transposed if tall, scaled by
-// 1 / max(||in||_F * safety, eps). The norm accumulates in double.
+// 1 / max(||in||_F * safety, eps), where sum_squares is ||in||_F^2 (the
+// batch's finiteness check computed it: iterate.h).
 template <typename T>
-void Normalize(const T* in, Shape s, const NsOptions& o, T* x) {
-  double sum = 0;
-  for (int64_t i = 0; i < s.elements(); ++i)
-    sum += double(in[i]) * double(in[i]);
-  const T div =
-      static_cast<T>(std::max(std::sqrt(sum) * o.schedule.norm_safety, o.eps));
-  if (s.rows <= s.cols) {
-    for (int64_t i = 0; i < s.elements(); ++i) x[i] = in[i] / div;
-  } else {  // x is cols x rows
-    for (int64_t i = 0; i < s.rows; ++i)
-      for (int64_t j = 0; j < s.cols; ++j)
-        x[j * s.rows + i] = in[i * s.cols + j] / div;
-  }
+void Normalize(const T* in, Shape s, const NsOptions& o, double sum_squares,
+               T* x) {
+  const T div = static_cast<T>(
+      std::max(std::sqrt(sum_squares) * o.schedule.norm_safety, o.eps));
+  internal::DivideInto(in, s.rows, s.cols, div, s.rows > s.cols, x);
 }
 
+// out <- the iterate x, transposed back if the matrix is tall (x is then
+// cols x rows).
 template <typename T>
 void WriteBack(const T* x, Shape s, T* out) {
-  if (s.rows <= s.cols) {
-    std::copy(x, x + s.elements(), out);
-  } else {
-    for (int64_t i = 0; i < s.rows; ++i)
-      for (int64_t j = 0; j < s.cols; ++j)
-        out[i * s.cols + j] = x[j * s.rows + i];
-  }
+  const bool tall = s.rows > s.cols;
+  internal::CopyInto(x, tall ? s.cols : s.rows, tall ? s.rows : s.cols, tall,
+                     out);
 }
 
 // The working matrices of one call, kept by the calling thread between
@@ -172,11 +164,11 @@ void Gram(const NsOptions& o, int64_t m, int64_t n, std::vector<T>& x) {
 
 template <typename T>
 absl::Status RunOne(const MatrixRef<const T>& in, const MatrixRef<T>& out,
-                    const NsOptions& o, Method method) {
+                    const NsOptions& o, Method method, double sum_squares) {
   const Shape s = in.shape;
   const int64_t m = s.m(), n = s.n();
   std::vector<T>& x = Scratch<T>(0, m * n);
-  Normalize(in.data.data(), s, o, x.data());
+  Normalize(in.data.data(), s, o, sum_squares, x.data());
   if (method == Method::kGram) {
     Gram(o, m, n, x);
   } else {
@@ -203,6 +195,7 @@ absl::Status BatchImpl(absl::Span<const MatrixRef<const T>> in,
         "batch has ", in.size(), " inputs but ", out.size(), " outputs"));
   }
   if (in.empty()) return absl::OkStatus();
+  std::vector<double> sum_squares(in.size());
   for (size_t i = 0; i < in.size(); ++i) {
     const std::string tag = in.size() == 1 ? "" : absl::StrCat(" ", i);
     if (auto st = CheckMatrix(in[i], "input" + tag); !st.ok()) return st;
@@ -217,9 +210,13 @@ absl::Status BatchImpl(absl::Span<const MatrixRef<const T>> in,
           absl::StrCat("output", tag, " shape ", ShapeString(out[i].shape),
                        " differs from input shape ", ShapeString(in[i].shape)));
     }
-    if (auto st = CheckFinite(in[i].data.data(), in[i].shape, "input" + tag);
-        !st.ok()) {
-      return st;
+    // One pass for the check and the norm: the sum of squares is finite
+    // exactly when every element is (iterate.h); the scan that names the
+    // element runs only when it is not.
+    sum_squares[i] =
+        internal::SumSquares(in[i].data.data(), in[i].shape.elements());
+    if (!std::isfinite(sum_squares[i])) {
+      return CheckFinite(in[i].data.data(), in[i].shape, "input" + tag);
     }
   }
   Method method = o.method;
@@ -227,7 +224,10 @@ absl::Status BatchImpl(absl::Span<const MatrixRef<const T>> in,
     method = CheapestMethod(in[0].shape, o);
   }
   for (size_t i = 0; i < in.size(); ++i) {
-    if (auto st = RunOne<T>(in[i], out[i], o, method); !st.ok()) return st;
+    if (auto st = RunOne<T>(in[i], out[i], o, method, sum_squares[i]);
+        !st.ok()) {
+      return st;
+    }
   }
   return absl::OkStatus();
 }
