@@ -12,15 +12,17 @@ namespace {
 // Below this edge OpenBLAS's GEMM loses efficiency, so panels stay taller.
 constexpr int64_t kMinPanelRows = 128;
 
-void Syrk(int64_t m, int64_t k, float alpha, const float* a, float beta,
-          float* c) {
-  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, m, k, alpha, a, k, beta,
-              c, m);
+// trans: a is k x m and c <- alpha a^T a + beta c; else a is m x k and
+// c <- alpha a a^T + beta c.
+void Syrk(CBLAS_TRANSPOSE trans, int64_t m, int64_t k, float alpha,
+          const float* a, float beta, float* c) {
+  cblas_ssyrk(CblasRowMajor, CblasUpper, trans, m, k, alpha, a,
+              trans == CblasNoTrans ? k : m, beta, c, m);
 }
-void Syrk(int64_t m, int64_t k, double alpha, const double* a, double beta,
-          double* c) {
-  cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, m, k, alpha, a, k, beta,
-              c, m);
+void Syrk(CBLAS_TRANSPOSE trans, int64_t m, int64_t k, double alpha,
+          const double* a, double beta, double* c) {
+  cblas_dsyrk(CblasRowMajor, CblasUpper, trans, m, k, alpha, a,
+              trans == CblasNoTrans ? k : m, beta, c, m);
 }
 void Gemm(CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
@@ -54,7 +56,14 @@ void MirrorUpper(T* c, int64_t m) {
 
 template <typename T>
 void SymRankK(const T* a, int64_t m, int64_t k, T alpha, T beta, T* c) {
-  Syrk(m, k, alpha, a, beta, c);
+  Syrk(CblasNoTrans, m, k, alpha, a, beta, c);
+  MirrorUpper(c, m);
+}
+
+template <typename T>
+void SymRankKTransposed(const T* a, int64_t m, int64_t k, T alpha, T beta,
+                        T* c) {
+  Syrk(CblasTrans, m, k, alpha, a, beta, c);
   MirrorUpper(c, m);
 }
 
@@ -74,15 +83,23 @@ void Gemm(const T* a, const T* x, int64_t m, int64_t n, T alpha, T beta, T* y) {
 }
 
 template <typename T>
+void GemmRight(const T* x, const T* a, int64_t n, int64_t m, T alpha, T beta,
+               T* y) {
+  Gemm(CblasNoTrans, n, m, m, alpha, x, m, a, m, beta, y, m);
+}
+
+template <typename T>
 void GemmNT(const T* a, const T* b, int64_t m, int64_t n, int64_t k, T* c) {
   Gemm(CblasTrans, m, n, k, T(1), a, k, b, k, T(0), c, n);
 }
 
-#define DMUON_INSTANTIATE(T)                                             \
-  template void MirrorUpper<T>(T*, int64_t);                             \
-  template void SymRankK<T>(const T*, int64_t, int64_t, T, T, T*);       \
-  template void SymProduct<T>(const T*, const T*, int64_t, T, T*);       \
-  template void Gemm<T>(const T*, const T*, int64_t, int64_t, T, T, T*); \
+#define DMUON_INSTANTIATE(T)                                                  \
+  template void MirrorUpper<T>(T*, int64_t);                                  \
+  template void SymRankK<T>(const T*, int64_t, int64_t, T, T, T*);            \
+  template void SymRankKTransposed<T>(const T*, int64_t, int64_t, T, T, T*);  \
+  template void SymProduct<T>(const T*, const T*, int64_t, T, T*);            \
+  template void Gemm<T>(const T*, const T*, int64_t, int64_t, T, T, T*);      \
+  template void GemmRight<T>(const T*, const T*, int64_t, int64_t, T, T, T*); \
   template void GemmNT<T>(const T*, const T*, int64_t, int64_t, int64_t, T*);
 DMUON_INSTANTIATE(float)
 DMUON_INSTANTIATE(double)

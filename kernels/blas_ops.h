@@ -16,6 +16,13 @@ namespace dmuon::kernels::blas {
 template <typename T>
 void SymRankK(const T* a, int64_t m, int64_t k, T alpha, T beta, T* c);
 
+// The same product of a matrix stored transposed: c (m x m) <- alpha *
+// a^T a + beta * c, where a is k x m (the m x k matrix in column-major
+// order, as a tall matrix holds its wide transpose).
+template <typename T>
+void SymRankKTransposed(const T* a, int64_t m, int64_t k, T alpha, T beta,
+                        T* c);
+
 // c (m x m) <- a b + beta * c for m x m a, b whose product is known to be
 // symmetric (commuting symmetric matrices); c must be symmetric when
 // beta != 0. Computes the upper-triangle panels, then mirrors.
@@ -25,6 +32,13 @@ void SymProduct(const T* a, const T* b, int64_t m, T beta, T* c);
 // y (m x n) <- alpha * a x + beta * y, a m x m, x m x n. y must not alias x.
 template <typename T>
 void Gemm(const T* a, const T* x, int64_t m, int64_t n, T alpha, T beta, T* y);
+
+// y (n x m) <- alpha * x a + beta * y, x n x m, a m x m: Gemm's product of
+// the transposed x by a symmetric a (y^T = alpha * a x^T + beta * y^T).
+// y must not alias x.
+template <typename T>
+void GemmRight(const T* x, const T* a, int64_t n, int64_t m, T alpha, T beta,
+               T* y);
 
 // General c (m x n) <- a (m x k) b^T (n x k): the benchmark's peak product.
 template <typename T>

@@ -1,13 +1,12 @@
-// Internal to kernels: the Newton–Schulz iterate in and out of the caller's
-// layout (kernels/ns_cpu.cc): the input's norm, the normalized (for a tall
-// matrix, transposed) copy the iteration starts from, and the (transposed)
-// copy of the result. Built with -ftree-vectorize (kernels/BUILD).
+// Internal to kernels: the Newton–Schulz iterate's start (kernels/ns_cpu.cc):
+// the input's norm and the normalized copy the iteration starts from. Built
+// with -ftree-vectorize (kernels/BUILD).
 //
-// Why their own file: written as plain loops these were about 6 % of the
-// CPU Newton–Schulz of a 4-layer d=384 GPT's matrices (perf, 2026-12-07,
-// AMD EPYC): the norm a single running double sum, one add's latency an
-// element; the transposes column by column, a cache line per element. The
-// forms below keep several partial sums and go through the matrix in tiles.
+// Why their own file: written as plain loops these and the transposes of
+// tall matrices (which the iteration no longer needs: ns_cpu.cc, Iterate)
+// were about 6 % of the CPU Newton–Schulz of a 4-layer d=384 GPT's
+// matrices (perf, 2026-12-07, AMD EPYC): the norm a single running double
+// sum, one add's latency an element. It now keeps several partial sums.
 
 #ifndef DMUON_KERNELS_ITERATE_H_
 #define DMUON_KERNELS_ITERATE_H_
@@ -24,19 +23,10 @@ namespace dmuon::kernels::internal {
 double SumSquares(const float* x, int64_t n);
 double SumSquares(const double* x, int64_t n);
 
-// dst <- src / d (each element an IEEE division: the bits of a plain loop),
-// src rows x cols row-major; transpose: dst is cols x rows, dst[j][i] =
-// src[i][j] / d. src and dst do not overlap.
-void DivideInto(const float* src, int64_t rows, int64_t cols, float d,
-                bool transpose, float* dst);
-void DivideInto(const double* src, int64_t rows, int64_t cols, double d,
-                bool transpose, double* dst);
-
-// dst <- src, or its transpose as above. src and dst do not overlap.
-void CopyInto(const float* src, int64_t rows, int64_t cols, bool transpose,
-              float* dst);
-void CopyInto(const double* src, int64_t rows, int64_t cols, bool transpose,
-              double* dst);
+// dst[i] <- src[i] / d over [0, n), each an IEEE division (the bits of a
+// plain loop). src and dst do not overlap.
+void DivideInto(const float* src, int64_t n, float d, float* dst);
+void DivideInto(const double* src, int64_t n, double d, double* dst);
 
 }  // namespace dmuon::kernels::internal
 

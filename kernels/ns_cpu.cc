@@ -39,24 +39,46 @@ absl::Status CheckFinite(const T* x, Shape s, std::string_view what) {
       NonFiniteMessage(what, x[i], i, s.cols), " of shape ", ShapeString(s)));
 }
 
-// The m x n iterate (m <= n) from `in`: transposed if tall, scaled by
-// 1 / max(||in||_F * safety, eps), where sum_squares is ||in||_F^2 (the
+// The m x n iterate X (m <= n) as it is stored: row-major for a wide or
+// square input, and for a tall one (rows > cols) in the input's own layout,
+// X^T row-major (n x m), so that nothing is transposed in or out (torch
+// transposes a tall matrix, iterates, and transposes back: the same
+// products). Both products Newton–Schulz takes of X have a form for either
+// layout, B being symmetric: X X^T = (X^T)^T X^T, and B X = (X^T B)^T.
+template <typename T>
+struct Iterate {
+  int64_t m, n;
+  bool transposed;
+
+  explicit Iterate(Shape s) : m(s.m()), n(s.n()), transposed(s.rows > s.cols) {}
+
+  // r (m x m) <- X X^T.
+  void Square(const T* x, T* r) const {
+    if (transposed) {
+      blas::SymRankKTransposed<T>(x, m, n, T(1), T(0), r);
+    } else {
+      blas::SymRankK<T>(x, m, n, T(1), T(0), r);
+    }
+  }
+  // y <- alpha B X + beta y (in X's layout), B m x m symmetric.
+  void LeftMultiply(const T* b, const T* x, T alpha, T beta, T* y) const {
+    if (transposed) {
+      blas::GemmRight<T>(x, b, n, m, alpha, beta, y);
+    } else {
+      blas::Gemm<T>(b, x, m, n, alpha, beta, y);
+    }
+  }
+};
+
+// x <- `in` scaled by 1 / max(||in||_F * safety, eps), in the iterate's
+// layout (the input's: Iterate), where sum_squares is ||in||_F^2 (the
 // batch's finiteness check computed it: iterate.h).
 template <typename T>
 void Normalize(const T* in, Shape s, const NsOptions& o, double sum_squares,
                T* x) {
   const T div = static_cast<T>(
       std::max(std::sqrt(sum_squares) * o.schedule.norm_safety, o.eps));
-  internal::DivideInto(in, s.rows, s.cols, div, s.rows > s.cols, x);
-}
-
-// out <- the iterate x, transposed back if the matrix is tall (x is then
-// cols x rows).
-template <typename T>
-void WriteBack(const T* x, Shape s, T* out) {
-  const bool tall = s.rows > s.cols;
-  internal::CopyInto(x, tall ? s.cols : s.rows, tall ? s.rows : s.cols, tall,
-                     out);
+  internal::DivideInto(in, s.elements(), div, x);
 }
 
 // The working matrices of one call, kept by the calling thread between
@@ -101,16 +123,17 @@ void TrimScratch() {
 
 // Direct: per step A = X X^T, B = b A + c A A, X <- a X + B X.
 template <typename T>
-void Direct(const NsOptions& o, int64_t m, int64_t n, std::vector<T>& x) {
+void Direct(const NsOptions& o, const Iterate<T>& it, std::vector<T>& x) {
+  const int64_t m = it.m, n = it.n;
   std::vector<T>& y = Scratch<T>(1, m * n);
   std::vector<T>& a = Scratch<T>(2, m * m);
   std::vector<T>& b = Scratch<T>(3, m * m);
   for (const StepCoefficients& k : o.schedule.steps) {
-    blas::SymRankK<T>(x.data(), m, n, T(1), T(0), a.data());
+    it.Square(x.data(), a.data());
     b = a;
     blas::SymRankK<T>(a.data(), m, m, T(k.c), T(k.b), b.data());
     y = x;
-    blas::Gemm<T>(b.data(), x.data(), m, n, T(1), T(k.a), y.data());
+    it.LeftMultiply(b.data(), x.data(), T(1), T(k.a), y.data());
     std::swap(x, y);
   }
 }
@@ -120,7 +143,8 @@ void Direct(const NsOptions& o, int64_t m, int64_t n, std::vector<T>& x) {
 // so they commute and every product is symmetric); X <- Q X at a restart and
 // at the end.
 template <typename T>
-void Gram(const NsOptions& o, int64_t m, int64_t n, std::vector<T>& x) {
+void Gram(const NsOptions& o, const Iterate<T>& it, std::vector<T>& x) {
+  const int64_t m = it.m, n = it.n;
   const int steps = static_cast<int>(o.schedule.steps.size());
   const int restart = o.gram_restart_after;
   std::vector<T>& y = Scratch<T>(1, m * n);
@@ -131,16 +155,16 @@ void Gram(const NsOptions& o, int64_t m, int64_t n, std::vector<T>& x) {
   std::vector<T>& p2 = Scratch<T>(6, m * m);
   bool have_q = false;  // false: Q is the identity
   auto apply_q = [&] {
-    blas::Gemm<T>(q.data(), x.data(), m, n, T(1), T(0), y.data());
+    it.LeftMultiply(q.data(), x.data(), T(1), T(0), y.data());
     std::swap(x, y);
     have_q = false;
   };
-  blas::SymRankK<T>(x.data(), m, n, T(1), T(0), r.data());
+  it.Square(x.data(), r.data());
   for (int k = 0; k < steps; ++k) {
     const StepCoefficients& c = o.schedule.steps[k];
     if (restart > 0 && k == restart && have_q) {
       apply_q();
-      blas::SymRankK<T>(x.data(), m, n, T(1), T(0), r.data());
+      it.Square(x.data(), r.data());
     }
     z = r;
     blas::SymRankK<T>(r.data(), m, m, T(c.c), T(c.b), z.data());
@@ -166,22 +190,22 @@ template <typename T>
 absl::Status RunOne(const MatrixRef<const T>& in, const MatrixRef<T>& out,
                     const NsOptions& o, Method method, double sum_squares) {
   const Shape s = in.shape;
-  const int64_t m = s.m(), n = s.n();
-  std::vector<T>& x = Scratch<T>(0, m * n);
+  const Iterate<T> it(s);
+  // rows x cols row-major whichever way the matrix is (Iterate).
+  std::vector<T>& x = Scratch<T>(0, s.elements());
   Normalize(in.data.data(), s, o, sum_squares, x.data());
   if (method == Method::kGram) {
-    Gram(o, m, n, x);
+    Gram(o, it, x);
   } else {
-    Direct(o, m, n, x);
+    Direct(o, it, x);
   }
   // Finite input and a normalized start cannot produce this; checked anyway
   // so that a NaN never leaves the library.
-  if (absl::Status st = CheckFinite(x.data(), Shape{m, n}, "result");
-      !st.ok()) {
+  if (absl::Status st = CheckFinite(x.data(), s, "result"); !st.ok()) {
     ReleaseScratch<T>();  // no NaN kept for the next call
     return absl::InternalError(st.message());
   }
-  WriteBack(x.data(), s, out.data.data());
+  std::copy(x.begin(), x.end(), out.data.begin());
   TrimScratch<T>();
   return absl::OkStatus();
 }
