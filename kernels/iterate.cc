@@ -2,6 +2,9 @@
 
 #include "kernels/iterate.h"
 
+#include <cstdint>
+#include <cstring>
+
 namespace dmuon::kernels::internal {
 namespace {
 
@@ -34,6 +37,21 @@ void DivideIntoImpl(const T* __restrict src, int64_t n, T d,
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i] / d;
 }
 
+// Branch-free: the exponent bits all ones (Inf, NaN) OR-ed over the pass,
+// as kernels/finite.cc tests them, which GCC vectorizes.
+template <typename T, typename Bits, Bits kExponent>
+bool ScaleIntoImpl(const T* __restrict x, int64_t n, T s, T* __restrict out) {
+  static_assert(sizeof(T) == sizeof(Bits));
+  Bits bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Bits b;
+    std::memcpy(&b, x + i, sizeof(b));
+    bad |= static_cast<Bits>((b & kExponent) == kExponent);
+    out[i] = x[i] * s;
+  }
+  return bad == 0;
+}
+
 }  // namespace
 
 double SumSquares(const float* x, int64_t n) { return SumSquaresImpl(x, n); }
@@ -44,6 +62,13 @@ void DivideInto(const float* src, int64_t n, float d, float* dst) {
 }
 void DivideInto(const double* src, int64_t n, double d, double* dst) {
   DivideIntoImpl(src, n, d, dst);
+}
+
+bool ScaleInto(const float* x, int64_t n, float s, float* out) {
+  return ScaleIntoImpl<float, uint32_t, 0x7f800000u>(x, n, s, out);
+}
+bool ScaleInto(const double* x, int64_t n, double s, double* out) {
+  return ScaleIntoImpl<double, uint64_t, 0x7ff0000000000000ull>(x, n, s, out);
 }
 
 }  // namespace dmuon::kernels::internal

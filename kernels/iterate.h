@@ -1,6 +1,7 @@
-// Internal to kernels: the Newton–Schulz iterate's start (kernels/ns_cpu.cc):
-// the input's norm and the normalized copy the iteration starts from. Built
-// with -ftree-vectorize (kernels/BUILD).
+// Internal to kernels: the Newton–Schulz iterate's start and end
+// (kernels/ns_cpu.cc): the input's norm, the normalized copy the iteration
+// starts from, and the result's check and (scaled) copy out. Built with
+// -ftree-vectorize (kernels/BUILD).
 //
 // Why their own file: written as plain loops these and the transposes of
 // tall matrices (which the iteration no longer needs: ns_cpu.cc, Iterate)
@@ -27,6 +28,12 @@ double SumSquares(const double* x, int64_t n);
 // plain loop). src and dst do not overlap.
 void DivideInto(const float* src, int64_t n, float d, float* dst);
 void DivideInto(const double* src, int64_t n, double d, double* dst);
+
+// out[i] <- x[i] * s over [0, n) (s == 1: a copy, the same bits), and
+// whether every x[i] was finite (the result's check, in the same pass).
+// x and out do not overlap.
+bool ScaleInto(const float* x, int64_t n, float s, float* out);
+bool ScaleInto(const double* x, int64_t n, double s, double* out);
 
 }  // namespace dmuon::kernels::internal
 

@@ -3,6 +3,7 @@
 
 #include "kernels/iterate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -47,6 +48,13 @@ void CheckSize(std::mt19937_64& rng, int64_t n) {
   for (size_t i = 0; i < src.size(); ++i) want[i] = src[i] / d;
   DivideInto(src.data(), n, d, got.data());
   EXPECT_TRUE(SameBits(got, want));  // IEEE division: the same bits
+  // The scaled copy out: a rounded product each, a plain copy for 1.
+  for (T s : {T(1), d}) {
+    for (size_t i = 0; i < src.size(); ++i) want[i] = src[i] * s;
+    std::fill(got.begin(), got.end(), T(-1));
+    EXPECT_TRUE(ScaleInto(src.data(), n, s, got.data()));
+    EXPECT_TRUE(SameBits(got, want));
+  }
 }
 
 TEST(IterateTest, MatchesPlainLoopsOnRandomMatrices) {
@@ -69,6 +77,18 @@ TEST(IterateTest, SumIsFiniteExactlyWhenEveryElementIs) {
       x[std::uniform_int_distribution<int64_t>(0, n - 1)(rng)] = bad;
       EXPECT_FALSE(std::isfinite(SumSquares(x.data(), n))) << n;
     }
+  }
+  // The result's check in ScaleInto: false exactly when an element is
+  // not finite, wherever it is.
+  for (int64_t n : {1, 7, 8, 9, 1000}) {
+    std::vector<float> x = RandomMatrix<float>(rng, n), out(n);
+    EXPECT_TRUE(ScaleInto(x.data(), n, 2.0f, out.data()));
+    x[std::uniform_int_distribution<int64_t>(0, n - 1)(rng)] =
+        std::numeric_limits<float>::quiet_NaN();
+    EXPECT_FALSE(ScaleInto(x.data(), n, 2.0f, out.data())) << n;
+    x = RandomMatrix<float>(rng, n);
+    x[n - 1] = -std::numeric_limits<float>::infinity();
+    EXPECT_FALSE(ScaleInto(x.data(), n, 1.0f, out.data())) << n;
   }
   // The largest floats, many of them: their squares still sum finitely.
   const std::vector<float> huge(100000, big);

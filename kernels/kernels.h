@@ -30,7 +30,8 @@ namespace dmuon::kernels {
 // inputs are transposed, iterated, and transposed back (torch's semantics).
 // `out` may alias `in`. Errors: INVALID_ARGUMENT for empty dimensions,
 // out.shape != in.shape, a buffer smaller than its shape, non-finite input
-// (the message names the element), or invalid options.
+// (the message names the element), or invalid options; INTERNAL for a
+// non-finite result (a finite input cannot give one), with `out` zeroed.
 absl::Status Orthogonalize(ConstMatrixF in, MatrixF out,
                            const NsOptions& options = {});
 // fp64 path: the same algorithm in double precision (test oracle).
@@ -47,6 +48,13 @@ absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixF> in,
 absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixD> in,
                                 absl::Span<const MatrixD> out,
                                 const NsOptions& options = {});
+// The same, each out[i] <- scale[i] * NS(in[i]) (an update's learning-rate
+// scale: each element rounded once, the bits of ScaleInPlace after the
+// call, without its pass over the result). scale.size() == in.size().
+absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixF> in,
+                                absl::Span<const MatrixF> out,
+                                const NsOptions& options,
+                                absl::Span<const float> scale);
 
 // The Muon momentum step fused with the Nesterov blend, torch's convention:
 //   momentum.lerp_(grad, 1 - mu)                 (M <- mu M + (1 - mu) G)

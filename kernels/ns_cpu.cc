@@ -1,6 +1,7 @@
 // CPU Newton–Schulz: fp32 (the product path) and fp64 (the test oracle), one
 // templated implementation over kernels/blas_ops.h.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <utility>
@@ -188,7 +189,8 @@ void Gram(const NsOptions& o, const Iterate<T>& it, std::vector<T>& x) {
 
 template <typename T>
 absl::Status RunOne(const MatrixRef<const T>& in, const MatrixRef<T>& out,
-                    const NsOptions& o, Method method, double sum_squares) {
+                    const NsOptions& o, Method method, double sum_squares,
+                    T scale) {
   const Shape s = in.shape;
   const Iterate<T> it(s);
   // rows x cols row-major whichever way the matrix is (Iterate).
@@ -199,24 +201,32 @@ absl::Status RunOne(const MatrixRef<const T>& in, const MatrixRef<T>& out,
   } else {
     Direct(o, it, x);
   }
-  // Finite input and a normalized start cannot produce this; checked anyway
-  // so that a NaN never leaves the library.
-  if (absl::Status st = CheckFinite(x.data(), s, "result"); !st.ok()) {
+  // Finite input and a normalized start cannot produce a non-finite
+  // result; checked anyway, in the pass that writes it out, so that a NaN
+  // never leaves the library.
+  if (!internal::ScaleInto(x.data(), s.elements(), scale, out.data.data())) {
+    const absl::Status st = CheckFinite(x.data(), s, "result");
+    std::fill(out.data.begin(), out.data.begin() + s.elements(), T(0));
     ReleaseScratch<T>();  // no NaN kept for the next call
     return absl::InternalError(st.message());
   }
-  std::copy(x.begin(), x.end(), out.data.begin());
   TrimScratch<T>();
   return absl::OkStatus();
 }
 
+// scale: empty (1 for every matrix) or one per matrix.
 template <typename T>
 absl::Status BatchImpl(absl::Span<const MatrixRef<const T>> in,
-                       absl::Span<const MatrixRef<T>> out, const NsOptions& o) {
+                       absl::Span<const MatrixRef<T>> out, const NsOptions& o,
+                       absl::Span<const T> scale = {}) {
   if (absl::Status st = ValidateOptions(o); !st.ok()) return st;
   if (in.size() != out.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch has ", in.size(), " inputs but ", out.size(), " outputs"));
+  }
+  if (!scale.empty() && scale.size() != in.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch has ", in.size(), " inputs but ", scale.size(), " scales"));
   }
   if (in.empty()) return absl::OkStatus();
   std::vector<double> sum_squares(in.size());
@@ -248,7 +258,8 @@ absl::Status BatchImpl(absl::Span<const MatrixRef<const T>> in,
     method = CheapestMethod(in[0].shape, o);
   }
   for (size_t i = 0; i < in.size(); ++i) {
-    if (auto st = RunOne<T>(in[i], out[i], o, method, sum_squares[i]);
+    if (auto st = RunOne<T>(in[i], out[i], o, method, sum_squares[i],
+                            scale.empty() ? T(1) : scale[i]);
         !st.ok()) {
       return st;
     }
@@ -273,6 +284,12 @@ absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixD> in,
                                 absl::Span<const MatrixD> out,
                                 const NsOptions& o) {
   return BatchImpl<double>(in, out, o);
+}
+absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixF> in,
+                                absl::Span<const MatrixF> out,
+                                const NsOptions& o,
+                                absl::Span<const float> scale) {
+  return BatchImpl<float>(in, out, o, scale);
 }
 
 }  // namespace dmuon::kernels

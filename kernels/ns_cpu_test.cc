@@ -157,6 +157,44 @@ TEST_F(NsCpuTest, BatchedEqualsUnbatched) {
   }
 }
 
+// The scaled batch (the CPU executor's lr scale) gives ScaleInPlace's bits
+// after the unscaled call, tall and wide, in place too; a wrong count of
+// scales is refused.
+TEST_F(NsCpuTest, ScaledBatchEqualsScaleInPlaceAfter) {
+  std::uniform_real_distribution<double> u(0.3, 4.0);
+  for (const Shape s : {Shape{150, 40}, Shape{40, 150}, Shape{64, 64}}) {
+    const NsOptions o = Options(Method::kAuto);
+    std::vector<std::vector<float>> in, want, got;
+    std::vector<ConstMatrixF> ins, got_in;
+    std::vector<MatrixF> got_out;
+    std::vector<float> scale;
+    for (int i = 0; i < 3; ++i) {
+      in.push_back(ToFloat(RandomNormal(s, rng_)));
+      scale.push_back(i == 1 ? 1.0f : static_cast<float>(u(rng_)));
+    }
+    got = in;  // in place, as the executor runs it
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> w(s.elements());
+      ASSERT_TRUE(Orthogonalize(ConstMatrixF{s, in[i]},
+                                MatrixF{s, absl::MakeSpan(w)}, o)
+                      .ok());
+      ScaleInPlace(absl::MakeSpan(w), scale[i]);
+      want.push_back(w);
+      got_in.push_back({s, got[i]});
+      got_out.push_back({s, absl::MakeSpan(got[i])});
+    }
+    ASSERT_TRUE(OrthogonalizeBatch(got_in, got_out, o, scale).ok());
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(want[i], got[i]) << Where(s) << " element " << i;
+    }
+    const absl::Status st = OrthogonalizeBatch(
+        got_in, got_out, o, absl::MakeConstSpan(scale).subspan(1));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("3 inputs but 2 scales"), std::string::npos)
+        << st.message();
+  }
+}
+
 TEST_F(NsCpuTest, InPlace) {
   const Shape s{40, 70};
   const auto g = RandomNormal(s, rng_);

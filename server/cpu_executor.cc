@@ -35,6 +35,7 @@ class CpuExecutor : public Executor {
     // values when gathered), so nothing below can fail half-way.
     std::vector<kernels::ConstMatrixF> ins;
     std::vector<kernels::MatrixF> outs;
+    std::vector<float> scales;  // the lr scale, applied as NS writes out
     for (const ComputeTask& t : batch) {
       if (t.update != t.grad) std::copy(t.grad, t.grad + n, t.update);
       const float* old = t.momentum_in ? t.momentum_in : t.momentum;
@@ -45,17 +46,9 @@ class CpuExecutor : public Executor {
       if (!st.ok()) return st;
       ins.push_back({shape, absl::MakeConstSpan(t.update, n)});
       outs.push_back({shape, absl::MakeSpan(t.update, n)});
+      scales.push_back(static_cast<float>(t.lr_scale));
     }
-    if (absl::Status st =
-            kernels::OrthogonalizeBatch(ins, outs, batch[0].muon->ns);
-        !st.ok()) {
-      return st;
-    }
-    for (const ComputeTask& t : batch) {
-      const float s = static_cast<float>(t.lr_scale);
-      if (s != 1.0f) kernels::ScaleInPlace(absl::MakeSpan(t.update, n), s);
-    }
-    return absl::OkStatus();
+    return kernels::OrthogonalizeBatch(ins, outs, batch[0].muon->ns, scales);
   }
 
  private:
