@@ -33,9 +33,9 @@ void SymProduct(const T* a, const T* b, int64_t m, T beta, T* c);
 template <typename T>
 void Gemm(const T* a, const T* x, int64_t m, int64_t n, T alpha, T beta, T* y);
 
-// y (n x m) <- alpha * x a + beta * y, x n x m, a m x m: Gemm's product of
-// the transposed x by a symmetric a (y^T = alpha * a x^T + beta * y^T).
-// y must not alias x.
+// y (n x m) <- alpha * x a + beta * y, x n x m, a m x m. For a symmetric
+// a this is Gemm's product on transposes (y^T = alpha * a x^T + beta *
+// y^T), which is what Newton–Schulz uses it for. y must not alias x.
 template <typename T>
 void GemmRight(const T* x, const T* a, int64_t n, int64_t m, T alpha, T beta,
                T* y);

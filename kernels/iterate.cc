@@ -44,10 +44,11 @@ bool ScaleIntoImpl(const T* __restrict x, int64_t n, T s, T* __restrict out) {
   static_assert(sizeof(T) == sizeof(Bits));
   Bits bad = 0;
   for (int64_t i = 0; i < n; ++i) {
+    const T v = x[i] * s;
     Bits b;
-    std::memcpy(&b, x + i, sizeof(b));
+    std::memcpy(&b, &v, sizeof(b));
     bad |= static_cast<Bits>((b & kExponent) == kExponent);
-    out[i] = x[i] * s;
+    out[i] = v;
   }
   return bad == 0;
 }

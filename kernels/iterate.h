@@ -18,9 +18,10 @@ namespace dmuon::kernels::internal {
 
 // The sum of x[i]^2 over [0, n), accumulated in double in interleaved
 // partial sums added at the end. It differs from a single running sum only
-// by double rounding (relative 1e-15 at these sizes); finite inputs never
-// overflow it (a float's square is below 1.2e77), so it is finite exactly
-// when every x[i] is.
+// by double rounding (relative 1e-15 at these sizes). Finite floats never
+// overflow it (a float's square is below 1.2e77), so for float input it is
+// finite exactly when every x[i] is; doubles above about 1.3e154 overflow
+// it (the caller then checks the elements themselves).
 double SumSquares(const float* x, int64_t n);
 double SumSquares(const double* x, int64_t n);
 
@@ -30,7 +31,7 @@ void DivideInto(const float* src, int64_t n, float d, float* dst);
 void DivideInto(const double* src, int64_t n, double d, double* dst);
 
 // out[i] <- x[i] * s over [0, n) (s == 1: a copy, the same bits), and
-// whether every x[i] was finite (the result's check, in the same pass).
+// whether every out[i] is finite (the result's check, in the same pass).
 // x and out do not overlap.
 bool ScaleInto(const float* x, int64_t n, float s, float* out);
 bool ScaleInto(const double* x, int64_t n, double s, double* out);

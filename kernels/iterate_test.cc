@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -57,8 +58,15 @@ void CheckSize(std::mt19937_64& rng, int64_t n) {
   }
 }
 
+// A fresh seed per test, recorded (the test XML's "seed") to replay one.
+std::mt19937_64 SeededRng() {
+  const uint64_t seed = std::random_device{}();
+  testing::Test::RecordProperty("seed", std::to_string(seed));
+  return std::mt19937_64(seed);
+}
+
 TEST(IterateTest, MatchesPlainLoopsOnRandomMatrices) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = SeededRng();
   for (int64_t n : kSizes) {
     CheckSize<float>(rng, n);
     CheckSize<double>(rng, n);
@@ -66,7 +74,7 @@ TEST(IterateTest, MatchesPlainLoopsOnRandomMatrices) {
 }
 
 TEST(IterateTest, SumIsFiniteExactlyWhenEveryElementIs) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = SeededRng();
   const float big = std::numeric_limits<float>::max();
   for (float bad : {std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity(),
@@ -93,6 +101,19 @@ TEST(IterateTest, SumIsFiniteExactlyWhenEveryElementIs) {
   // The largest floats, many of them: their squares still sum finitely.
   const std::vector<float> huge(100000, big);
   EXPECT_TRUE(std::isfinite(SumSquares(huge.data(), 100000)));
+  // Doubles above about 1.3e154 do overflow it (ns_cpu.cc checks their
+  // elements then).
+  const std::vector<double> huge64(9, 1e200);
+  EXPECT_FALSE(std::isfinite(SumSquares(huge64.data(), 9)));
+  // The result's check is on what is written: a product that overflows, or
+  // a non-finite scale, is caught too.
+  const std::vector<float> x(9, big);
+  std::vector<float> out(9);
+  EXPECT_TRUE(ScaleInto(x.data(), 9, 1.0f, out.data()));
+  EXPECT_FALSE(ScaleInto(x.data(), 9, 2.0f, out.data()));
+  const std::vector<float> one(9, 1.0f);
+  EXPECT_FALSE(ScaleInto(one.data(), 9, std::numeric_limits<float>::infinity(),
+                         out.data()));
 }
 
 }  // namespace

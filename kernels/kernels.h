@@ -26,12 +26,13 @@
 
 namespace dmuon::kernels {
 
-// out <- NS(in): the approximate polar factor of `in`, same shape. Tall
-// inputs are transposed, iterated, and transposed back (torch's semantics).
-// `out` may alias `in`. Errors: INVALID_ARGUMENT for empty dimensions,
-// out.shape != in.shape, a buffer smaller than its shape, non-finite input
-// (the message names the element), or invalid options; INTERNAL for a
-// non-finite result (a finite input cannot give one), with `out` zeroed.
+// out <- NS(in): the approximate polar factor of `in`, same shape. A tall
+// input is orthogonalized as its transpose (torch's semantics; iterated in
+// its own layout, as X^T, without copies). `out` may alias `in`. Errors:
+// INVALID_ARGUMENT for empty dimensions, out.shape != in.shape, a buffer
+// smaller than its shape, non-finite input (the message names the element), or
+// invalid options; INTERNAL for a non-finite result (a finite input cannot give
+// one), with `out` zeroed.
 absl::Status Orthogonalize(ConstMatrixF in, MatrixF out,
                            const NsOptions& options = {});
 // fp64 path: the same algorithm in double precision (test oracle).
@@ -41,7 +42,8 @@ absl::Status Orthogonalize(ConstMatrixD in, MatrixD out,
 // A batch of same-shape matrices; each out[i] <- NS(in[i]). Results equal
 // the unbatched ones. Errors as above, plus mismatched shapes within the
 // batch (named by index) and in.size() != out.size(). Nothing is written
-// unless every matrix passed validation.
+// unless every matrix passed validation. out[i] may alias in[i], and
+// overlaps no other in[j] or out[j].
 absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixF> in,
                                 absl::Span<const MatrixF> out,
                                 const NsOptions& options = {});
@@ -50,7 +52,8 @@ absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixD> in,
                                 const NsOptions& options = {});
 // The same, each out[i] <- scale[i] * NS(in[i]) (an update's learning-rate
 // scale: each element rounded once, the bits of ScaleInPlace after the
-// call, without its pass over the result). scale.size() == in.size().
+// call, without its pass over the result). scale: one finite value per
+// matrix (INVALID_ARGUMENT otherwise, naming it), or empty for all 1.
 absl::Status OrthogonalizeBatch(absl::Span<const ConstMatrixF> in,
                                 absl::Span<const MatrixF> out,
                                 const NsOptions& options,

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/blas_ops.h"
 #include "kernels/cost_model.h"
@@ -71,14 +72,34 @@ struct Iterate {
   }
 };
 
-// x <- `in` scaled by 1 / max(||in||_F * safety, eps), in the iterate's
-// layout (the input's: Iterate), where sum_squares is ||in||_F^2 (the
-// batch's finiteness check computed it: iterate.h).
+// ||x||_F, which the normalization divides by, and the input's finiteness
+// check in the same pass: the sum of squares (iterate.h) is finite when
+// every element is, and the scan that names a bad element runs only when
+// it is not. Doubles above about 1.3e154 have squares that overflow; such
+// a matrix's norm is taken over its elements divided by the largest
+// magnitude instead (never needed for float input).
 template <typename T>
-void Normalize(const T* in, Shape s, const NsOptions& o, double sum_squares,
-               T* x) {
-  const T div = static_cast<T>(
-      std::max(std::sqrt(sum_squares) * o.schedule.norm_safety, o.eps));
+absl::StatusOr<double> InputNorm(const T* x, Shape s, std::string_view what) {
+  const int64_t n = s.elements();
+  const double sum = internal::SumSquares(x, n);
+  if (std::isfinite(sum)) return std::sqrt(sum);
+  if (absl::Status st = CheckFinite(x, s, what); !st.ok()) return st;
+  double big = 0;
+  for (int64_t i = 0; i < n; ++i)
+    big = std::max(big, std::abs(static_cast<double>(x[i])));
+  double scaled = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = static_cast<double>(x[i]) / big;
+    scaled += v * v;
+  }
+  return big * std::sqrt(scaled);
+}
+
+// x <- `in` scaled by 1 / max(norm * safety, eps), in the iterate's layout
+// (the input's: Iterate), norm being InputNorm(in).
+template <typename T>
+void Normalize(const T* in, Shape s, const NsOptions& o, double norm, T* x) {
+  const T div = static_cast<T>(std::max(norm * o.schedule.norm_safety, o.eps));
   internal::DivideInto(in, s.elements(), div, x);
 }
 
@@ -189,21 +210,20 @@ void Gram(const NsOptions& o, const Iterate<T>& it, std::vector<T>& x) {
 
 template <typename T>
 absl::Status RunOne(const MatrixRef<const T>& in, const MatrixRef<T>& out,
-                    const NsOptions& o, Method method, double sum_squares,
-                    T scale) {
+                    const NsOptions& o, Method method, double norm, T scale) {
   const Shape s = in.shape;
   const Iterate<T> it(s);
   // rows x cols row-major whichever way the matrix is (Iterate).
   std::vector<T>& x = Scratch<T>(0, s.elements());
-  Normalize(in.data.data(), s, o, sum_squares, x.data());
+  Normalize(in.data.data(), s, o, norm, x.data());
   if (method == Method::kGram) {
     Gram(o, it, x);
   } else {
     Direct(o, it, x);
   }
   // Finite input and a normalized start cannot produce a non-finite
-  // result; checked anyway, in the pass that writes it out, so that a NaN
-  // never leaves the library.
+  // result (nor can a finite scale make one); checked anyway, in the pass
+  // that writes it out, so that a NaN never leaves the library.
   if (!internal::ScaleInto(x.data(), s.elements(), scale, out.data.data())) {
     const absl::Status st = CheckFinite(x.data(), s, "result");
     std::fill(out.data.begin(), out.data.begin() + s.elements(), T(0));
@@ -228,8 +248,14 @@ absl::Status BatchImpl(absl::Span<const MatrixRef<const T>> in,
     return absl::InvalidArgumentError(absl::StrCat(
         "batch has ", in.size(), " inputs but ", scale.size(), " scales"));
   }
+  for (size_t i = 0; i < scale.size(); ++i) {
+    if (!std::isfinite(scale[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scale ", i, " is ", scale[i], "; it must be finite"));
+    }
+  }
   if (in.empty()) return absl::OkStatus();
-  std::vector<double> sum_squares(in.size());
+  std::vector<double> norms(in.size());
   for (size_t i = 0; i < in.size(); ++i) {
     const std::string tag = in.size() == 1 ? "" : absl::StrCat(" ", i);
     if (auto st = CheckMatrix(in[i], "input" + tag); !st.ok()) return st;
@@ -244,21 +270,17 @@ absl::Status BatchImpl(absl::Span<const MatrixRef<const T>> in,
           absl::StrCat("output", tag, " shape ", ShapeString(out[i].shape),
                        " differs from input shape ", ShapeString(in[i].shape)));
     }
-    // One pass for the check and the norm: the sum of squares is finite
-    // exactly when every element is (iterate.h); the scan that names the
-    // element runs only when it is not.
-    sum_squares[i] =
-        internal::SumSquares(in[i].data.data(), in[i].shape.elements());
-    if (!std::isfinite(sum_squares[i])) {
-      return CheckFinite(in[i].data.data(), in[i].shape, "input" + tag);
-    }
+    absl::StatusOr<double> norm =
+        InputNorm(in[i].data.data(), in[i].shape, "input" + tag);
+    if (!norm.ok()) return norm.status();
+    norms[i] = *norm;
   }
   Method method = o.method;
   if (method == Method::kAuto) {
     method = CheapestMethod(in[0].shape, o);
   }
   for (size_t i = 0; i < in.size(); ++i) {
-    if (auto st = RunOne<T>(in[i], out[i], o, method, sum_squares[i],
+    if (auto st = RunOne<T>(in[i], out[i], o, method, norms[i],
                             scale.empty() ? T(1) : scale[i]);
         !st.ok()) {
       return st;

@@ -185,13 +185,36 @@ TEST_F(NsCpuTest, ScaledBatchEqualsScaleInPlaceAfter) {
     }
     ASSERT_TRUE(OrthogonalizeBatch(got_in, got_out, o, scale).ok());
     for (int i = 0; i < 3; ++i) {
-      EXPECT_EQ(want[i], got[i]) << Where(s) << " element " << i;
+      EXPECT_EQ(want[i], got[i]) << Where(s) << " matrix " << i;
     }
     const absl::Status st = OrthogonalizeBatch(
         got_in, got_out, o, absl::MakeConstSpan(scale).subspan(1));
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find("3 inputs but 2 scales"), std::string::npos)
         << st.message();
+    // A scale that is not finite is refused, named, nothing written.
+    std::vector<float> bad = scale;
+    bad[1] = std::numeric_limits<float>::infinity();
+    const std::vector<std::vector<float>> before = got;
+    const absl::Status inf = OrthogonalizeBatch(got_in, got_out, o, bad);
+    EXPECT_EQ(inf.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(inf.message().find("scale 1 is inf"), std::string::npos)
+        << inf.message();
+    EXPECT_EQ(got, before);
+  }
+}
+
+// fp64 elements above about 1e154 overflow the sum of squares; they are
+// finite, so the matrix is orthogonalized (normalization makes the result
+// scale-free): the same result as the matrix at unit scale.
+TEST_F(NsCpuTest, HugeFiniteDoublesAreNormalizedNotRejected) {
+  for (const Shape s : {Shape{30, 70}, Shape{70, 30}}) {
+    const NsOptions o = Options(Method::kAuto);
+    const std::vector<double> g = RandomNormal(s, rng_);
+    std::vector<double> huge = g;
+    for (double& v : huge) v *= 1e200;
+    const std::vector<double> want = RunF64(g, s, o);
+    EXPECT_LT(RelativeError(RunF64(huge, s, o), want), 1e-12) << Where(s);
   }
 }
 

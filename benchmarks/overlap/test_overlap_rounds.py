@@ -96,10 +96,37 @@ def test_rounds_of_different_points_are_refused():
     rng = random.Random(1)
     with pytest.raises(ValueError, match="not of one point"):
         rounds.combine([_round(rng), _round(rng, tokens=384)])
-    other = _round(rng)
-    del other["results"]["muon-fp32"]
-    with pytest.raises(ValueError, match="not of one point"):
-        rounds.combine([_round(rng), other])
+
+
+def test_what_some_rounds_lack_is_left_out_and_named():
+    rng = random.Random(2)
+    rs = [_round(rng, pair=False) for _ in range(3)]
+    # muon-fp32 skipped in one round (as muon-bf16's timed skip can be).
+    del rs[1]["results"]["muon-fp32"]
+    rs[1]["skipped"] = {"muon-fp32": "too slow here"}
+    # One round without the bound with dmuond's own Newton-Schulz.
+    del rs[2]["results"]["dmuon-forward"]["vs_bound_in_run"]
+    del rs[2]["results"]["dmuon-forward"]["bound_in_run_ms"]
+    p = rounds.combine(rs)
+    assert set(p["results"]) == {"adamw", "dmuon-forward"}
+    assert p["skipped"]["muon-fp32"] == "measured in 2 of 3 rounds only (too slow here)"
+    d = p["results"]["dmuon-forward"]
+    for key in ("vs_bound_in_run", "bound_in_run_ms"):
+        assert key not in d and key + "_rounds" not in d
+    assert "vs_bound_rounds" in d  # the rest stays
+
+
+def test_per_step_counts_are_medians():
+    rng = random.Random(3)
+    rs = [_round(rng, pair=False) for _ in range(3)]
+    for r, faults in zip(rs, (5.0, 900.0, 7.0)):
+        r["profile_per_step"] = {"minor_faults": faults, "voluntary_switches": 1.0}
+        for x in r["results"].values():
+            x["per_step"] = {"minor_faults": faults + 1, "voluntary_switches": 2.0}
+    p = rounds.combine(rs)
+    assert p["profile_per_step"] == {"minor_faults": 7.0, "voluntary_switches": 1.0}
+    assert p["results"]["adamw"]["per_step"] == {"minor_faults": 8.0,
+                                                 "voluntary_switches": 2.0}
 
 
 def test_rounds_flag_is_checked():
