@@ -225,7 +225,8 @@ absl::Status RunOne(const MatrixRef<const T>& in, const MatrixRef<T>& out,
   // result (nor can a finite scale make one); checked anyway, in the pass
   // that writes it out, so that a NaN never leaves the library.
   if (!internal::ScaleInto(x.data(), s.elements(), scale, out.data.data())) {
-    const absl::Status st = CheckFinite(x.data(), s, "result");
+    // Named in what was written: a product can overflow where x did not.
+    const absl::Status st = CheckFinite(out.data.data(), s, "result");
     std::fill(out.data.begin(), out.data.begin() + s.elements(), T(0));
     ReleaseScratch<T>();  // no NaN kept for the next call
     return absl::InternalError(st.message());

@@ -13,9 +13,8 @@ import sys
 from optimizers import LABELS
 
 
-def _spread(r: dict, key: str) -> str:
+def _spread(rounds: list[float] | None) -> str:
     """With rounds: the rounds' lowest and highest, after the median."""
-    rounds = r.get(key + "_rounds")
     return f" [{min(rounds):.2f}-{max(rounds):.2f}]" if rounds else ""
 
 
@@ -25,7 +24,7 @@ def _row(label: str, r: dict) -> str:
               if "vs_bound_in_run" in r else "-")
     return (f"| {label} | {r['iteration_ms']:.0f} ms | "
             + (f"{r['vs_adamw']:.2f}" if "vs_adamw" in r else "-")
-            + f" | {r['vs_bound']:.2f}{_spread(r, 'vs_bound')} | {in_run} | "
+            + f" | {r['vs_bound']:.2f}{_spread(r.get('vs_bound_rounds'))} | {in_run} | "
             + (f"{loss:.1e}" if loss is not None else "-") + " |")
 
 
@@ -48,13 +47,10 @@ def point_table(p: dict) -> str:
         b = max(pair["bound_ms"])
         for kind, runs in pair["results"].items():
             its = " / ".join(f"{r['iteration_ms']:.0f}" for r in runs)
-            worst = max(r["iteration_ms"] for r in runs) / b
-            if "vs_bound" in pair:  # rounds: the median of the rounds' own
-                worst = pair["vs_bound"][kind]
-                rs = pair["vs_bound_rounds"][kind]
-                spread = f" [{min(rs):.2f}-{max(rs):.2f}]"
-            else:
-                spread = ""
+            # With rounds, the median of the rounds' own (rounds.py).
+            worst = pair.get("vs_bound", {}).get(kind) or \
+                max(r["iteration_ms"] for r in runs) / b
+            spread = _spread(pair.get("vs_bound_rounds", {}).get(kind))
             lines.append(f"| 2 trainers, {LABELS[kind]} | {its} ms | - | {worst:.2f}"
                          f"{spread} (pair bound {b:.0f} ms) | - | - |")
     lines += ["", *(f"{LABELS[k]}: skipped: {why}." for k, why in p.get("skipped", {}).items())]
