@@ -5,14 +5,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/token.h"
+#include "base/trace.h"
 #include "client/session.h"
 #include "client/wire.h"
 #include "proto/dmuon.grpc.pb.h"
@@ -280,6 +283,33 @@ bool operator==(const RegionSlot& a, const RegionSlot& b) {
 
 bool operator==(const RegionLayout& a, const RegionLayout& b) {
   return a.total_bytes == b.total_bytes && a.slots == b.slots;
+}
+
+absl::Status Session::HandOff(int i, absl::Span<const float> grad,
+                              absl::Span<const double> momentum,
+                              int64_t* copied_ns) {
+  const std::string t = transport();
+  if (t == "cuda_ipc" || t == "nccl") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "HandOff: a ", t, " session has no host memory: parameter ", i,
+        "'s gradient goes to your GPU region (layout().slots[", i, "])"));
+  }
+  if (momentum.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HandOff: ", momentum.size(),
+                     " momentum values for parameter ", i, " (at most 1)"));
+  }
+  const absl::Span<float> dst = gradient(i);
+  if (grad.size() != dst.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HandOff: parameter ", i, "'s gradient has ", grad.size(),
+                     " elements; its buffer on this rank holds ", dst.size()));
+  }
+  if (!grad.empty())
+    std::memcpy(dst.data(), grad.data(), grad.size() * sizeof(float));
+  if (copied_ns != nullptr) *copied_ns = TraceNowNs();
+  const int ids[] = {i};
+  return GradientsReadyWithMomentum(ids, momentum);
 }
 
 absl::StatusOr<RegionLayout> Client::ComputeRegionLayout(

@@ -289,6 +289,21 @@ class Session {
   // FAILED_PRECONDITION naming its version, nothing sent.
   virtual absl::Status GradientsReadyWithMomentum(
       absl::Span<const int> ids, absl::Span<const double> momentum) = 0;
+  // The hand-off of one host gradient in one call: copies `grad` (parameter
+  // i's gradient as gradient(i) holds it: this rank's rows, fp32 row-major)
+  // into gradient(i), then GradientsReadyWithMomentum({i}, momentum) (one
+  // value or none). For a caller whose gradient is elsewhere in its own
+  // memory (a framework's tensor): one copy and one declaration, with no
+  // view of gradient(i) to make. Errors, before anything is written or
+  // declared: INVALID_ARGUMENT naming the parameter when `grad`'s size is
+  // not gradient(i)'s, or `momentum` holds more than one value;
+  // FAILED_PRECONDITION for a GPU transport (no host memory). Then
+  // GradientsReadyWithMomentum's. copied_ns (optional): when the copy was
+  // done and the declaration began (base/trace.h TraceNowNs), for the
+  // caller's step timeline.
+  absl::Status HandOff(int i, absl::Span<const float> grad,
+                       absl::Span<const double> momentum = {},
+                       int64_t* copied_ns = nullptr);
   // Declares `ids` absent in the current step: no gradient (torch: .grad is
   // None), so the daemon computes nothing for them and leaves their
   // momentum untouched, as torch.optim.Muon skips them (protocol minor 1,

@@ -14,7 +14,9 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "client/client.h"
@@ -116,6 +118,32 @@ TEST(Daemon, ShmUpdatesOnTheStreamWhenTheDoorbellIsOff) {
   }
   for (int r = 0; r < 2; ++r)
     ranks.push_back(Rank(d, "doorbell-job", r, 2, "shm", 6, seed));
+  for (auto& p : ranks)
+    EXPECT_EQ(p->Wait(240), 0) << "seed " << seed << "\n" << d.log();
+}
+
+// Session::HandOff (one call copies a gradient in and declares it; the
+// Python client's hand-off of CPU float32 gradients) on shm, with and
+// without the doorbell, and inline: every update matches the fp64
+// reference, and its refusals (a short gradient, two momentum values)
+// declare nothing (rank_main --hand_off checks them every step).
+TEST(Daemon, HandOffCopiesAndDeclaresInOneCall) {
+  Daemon d({"--cpu-executors=2"});
+  ASSERT_NE(d.port(), 0) << d.log();
+  struct Job {
+    const char* name;
+    const char* transport;
+    std::vector<std::string> flags;
+  };
+  const Job jobs[] = {{"doorbell-job", "shm", {"--hand_off"}},
+                      {"stream-job", "shm", {"--hand_off", "--doorbell=false"}},
+                      {"inline-job", "inline", {"--hand_off"}}};
+  const uint64_t seed = Seed();
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (const Job& j : jobs) {
+    for (int r = 0; r < 2; ++r)
+      ranks.push_back(Rank(d, j.name, r, 2, j.transport, 4, seed, j.flags));
+  }
   for (auto& p : ranks)
     EXPECT_EQ(p->Wait(240), 0) << "seed " << seed << "\n" << d.log();
 }

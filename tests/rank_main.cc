@@ -11,9 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "tests/muon_job.h"
 
@@ -33,8 +37,36 @@ ABSL_FLAG(int, deadline_ms, 60000, "");
 ABSL_FLAG(bool, doorbell, true,
           "shm: ask for the doorbell (ClientOptions::doorbell) "
           "and check that the session has it exactly when asked");
+ABSL_FLAG(bool, hand_off, false,
+          "hand each gradient off with Session::HandOff (copy and declare in "
+          "one call), after checking that it refuses a wrong size or two "
+          "momentum values without declaring anything");
 
 namespace {
+
+// Parameter p's gradient handed off by Session::HandOff, after two calls it
+// must refuse with INVALID_ARGUMENT naming the parameter, before writing or
+// declaring anything (the update check after would see a lost or a
+// corrupted gradient).
+absl::Status HandOff(dmuon::Session& s, int p, const std::vector<float>& g) {
+  const std::string name = absl::StrCat("parameter ", p);
+  if (!g.empty()) {  // (a rank may hold no rows of it)
+    const std::vector<float> shorter(g.begin(), g.end() - 1);
+    absl::Status st = s.HandOff(p, shorter);
+    if (!absl::IsInvalidArgument(st) ||
+        !absl::StrContains(st.message(), name)) {
+      return absl::InternalError(
+          absl::StrCat("HandOff of a short gradient: ", st.ToString()));
+    }
+  }
+  const double two[] = {0.9, 0.9};
+  absl::Status st = s.HandOff(p, g, two);
+  if (!absl::IsInvalidArgument(st) || !absl::StrContains(st.message(), name)) {
+    return absl::InternalError(
+        absl::StrCat("HandOff with two momenta: ", st.ToString()));
+  }
+  return s.HandOff(p, g);
+}
 
 int Error(const absl::Status& st) {
   const std::string expect = absl::GetFlag(FLAGS_expect);
@@ -92,9 +124,13 @@ int main(int argc, char** argv) {
     for (int p = static_cast<int>(spec.params.size()) - 1; p >= 0; --p) {
       auto g = dmuon::testing::View(
           dmuon::testing::Gradient(seed, step, p, rank, world), spec.params[p]);
-      auto dst = s.gradient(p);
-      std::copy(g.begin(), g.end(), dst.begin());
-      if (auto st = s.GradientReady(p); !st.ok()) return Error(st);
+      if (absl::GetFlag(FLAGS_hand_off)) {
+        if (auto st = HandOff(s, p, g); !st.ok()) return Error(st);
+      } else {
+        auto dst = s.gradient(p);
+        std::copy(g.begin(), g.end(), dst.begin());
+        if (auto st = s.GradientReady(p); !st.ok()) return Error(st);
+      }
       if (step == absl::GetFlag(FLAGS_die_at_step) && p == 2) {
         std::fflush(stdout);
         kill(getpid(), SIGKILL);

@@ -5,6 +5,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "absl/status/status.h"
 
 namespace dmuon::python {
@@ -25,8 +27,17 @@ void RegisterErrors(pybind11::module_& m);
 // orthogonalize(): the kernels library on numpy arrays.
 void RegisterKernels(pybind11::module_& m);
 
+// The request of a C-contiguous buffer (a numpy array, a memoryview);
+// InvalidArgumentError "<what> is not C-contiguous" for another.
+pybind11::buffer_info Contiguous(const pybind11::buffer& b,
+                                 const std::string& what);
+
 // same_bytes(): host buffers compared bit for bit (the hand-off's edit check).
 void RegisterBuffers(pybind11::module_& m);
+
+// apply_update(): a Muon update applied by torch's in-place ops, whole
+// (DMuon's apply).
+void RegisterUpdates(pybind11::module_& m);
 
 // Client and Session: the C++ client library.
 void RegisterClient(pybind11::module_& m);

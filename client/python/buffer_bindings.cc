@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "client/python/bindings.h"
@@ -11,28 +12,29 @@
 namespace py = pybind11;
 
 namespace dmuon::python {
-namespace {
 
-// The bytes of a C-contiguous buffer (`what` names it in the error).
-py::buffer_info Contiguous(const py::buffer& b, const char* what) {
+py::buffer_info Contiguous(const py::buffer& b, const std::string& what) {
   py::buffer_info info = b.request();
   py::ssize_t stride = info.itemsize;
   for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
     if (info.shape[d] != 1 && info.strides[d] != stride) {
       Throw(absl::InvalidArgumentError(
-          absl::StrCat("same_bytes: ", what, " is not C-contiguous")));
+          absl::StrCat(what, " is not C-contiguous")));
     }
     stride *= info.shape[d];
   }
   return info;
 }
 
+namespace {
+
 // Whether a and b hold the same bytes. memcmp with the GIL released: about
 // 2.5x faster than torch.equal on float32 CPU tensors (which compares values,
 // so that -0.0 equals 0.0 and NaN never equals itself: neither is what "the
 // gradient is the one handed off" means).
 bool SameBytes(const py::buffer& a, const py::buffer& b) {
-  const py::buffer_info x = Contiguous(a, "a"), y = Contiguous(b, "b");
+  const py::buffer_info x = Contiguous(a, "same_bytes: a"),
+                        y = Contiguous(b, "same_bytes: b");
   const py::ssize_t n = x.size * x.itemsize;
   if (n != y.size * y.itemsize) return false;
   if (n == 0) return true;

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/python/bindings.h"
+#include "client/python/py_session.h"
 
 namespace py = pybind11;
 
@@ -226,44 +227,6 @@ py::dict LayoutToDict(const RegionLayout& l) {
   return d;
 }
 
-class PySession {
- public:
-  PySession(std::unique_ptr<Session> s, std::vector<ParamSpec> params)
-      : s_(std::move(s)), params_(std::move(params)) {}
-
-  Session& s() { return *s_; }
-  int size() const { return static_cast<int>(params_.size()); }
-  const ParamSpec& param(int i) const {
-    if (i < 0 || i >= size()) {
-      throw py::index_error(
-          absl::StrCat("parameter index ", i, " is outside [0, ", size(), ")"));
-    }
-    return params_[i];
-  }
-  std::vector<std::string> names() const {
-    std::vector<std::string> n;
-    for (const auto& p : params_) n.push_back(p.name);
-    return n;
-  }
-  // This rank's view: its rows for a row-sharded parameter, its runs'
-  // lengths for a blocks one (0x0 when it holds nothing).
-  std::pair<int64_t, int64_t> local_shape(int i) const {
-    const ParamSpec& p = param(i);
-    if (p.sharding == Sharding::kBlocks) {
-      int64_t rows = 0, cols = 0;
-      for (const auto& [b, e] : p.row_runs) rows += e - b;
-      for (const auto& [b, e] : p.col_runs) cols += e - b;
-      return {rows, cols};
-    }
-    return {p.sharding == Sharding::kRows ? p.row_end - p.row_begin : p.rows,
-            p.cols};
-  }
-
- private:
-  std::unique_ptr<Session> s_;
-  std::vector<ParamSpec> params_;
-};
-
 py::array View(py::object self, int i, bool gradient, bool writable) {
   PySession& ps = self.cast<PySession&>();
   const auto [rows, cols] = ps.local_shape(i);
@@ -286,22 +249,6 @@ py::array View(py::object self, int i, bool gradient, bool writable) {
                        data, self);
   if (!writable) a.attr("setflags")(py::arg("write") = false);
   return std::move(a);
-}
-
-void Check(const absl::Status& st) {
-  if (!st.ok()) Throw(st);
-}
-
-// Runs `call` (returning an absl::Status) without the GIL, then raises its
-// error as Check does.
-template <typename F>
-void Released(F&& call) {
-  absl::Status st;
-  {
-    py::gil_scoped_release release;
-    st = call();
-  }
-  Check(st);
 }
 
 py::dict StateToDict(const State& s) {
@@ -788,6 +735,7 @@ void RegisterClient(py::module_& m) {
       m, "Session", "One rank's session of a job (see Client.open_session).");
   AddSessionInfo(session);
   AddSessionCalls(session);
+  AddStepCalls(session);
   AddSessionStateCalls(session);
 }
 

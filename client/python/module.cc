@@ -13,6 +13,7 @@ PYBIND11_MODULE(_dmuon, m) {
   dmuon::python::RegisterErrors(m);
   dmuon::python::RegisterKernels(m);
   dmuon::python::RegisterBuffers(m);
+  dmuon::python::RegisterUpdates(m);
   dmuon::python::RegisterClient(m);
   dmuon::python::RegisterGpu(m);
 }

@@ -52,6 +52,15 @@ def same_bits(grad, buf):
     return torch.equal(g.view(as_int), buf.view(as_int))
 
 
+def _one_call(grad):
+    """Whether Session.hand_off can take `grad` as it is: a contiguous CPU
+    float32 plain tensor, whose .numpy() is a view of it. Anything else (a
+    subclass, bf16, a GPU or strided gradient) is converted into the buffer
+    by torch's copy_."""
+    return (type(grad) is torch.Tensor and grad.dtype == torch.float32
+            and grad.device.type == "cpu" and grad.is_contiguous())
+
+
 # The integer dtype of each element size: same_bits compares those views.
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -82,6 +91,7 @@ class Handoff:
         link.fallback = self.fallbacks.take
         self.hooks = _wiring.Hooks(self)
         self.lock = threading.Lock()  # a GPU send and its declaration go together
+        self.apply_update = _native.load().apply_update  # write()'s, looked up once
         self.accumulating = False  # no_sync()
         # Loop shape (plan_next_handoff): the backwards that gave Muon
         # gradients since the last step, and whether this step's gradients
@@ -223,13 +233,15 @@ class Handoff:
         # cycles it): sent with the declaration (protocol minor 2).
         beta = self.momentum_to_send(i)
         t0, t0_ns = time.perf_counter(), time.monotonic_ns()
-        buf = self.link.grad[i]
+        copy = grad is not None and not (r.sharding == "replicated" and self.rank != 0)
+        host = copy and self.link.region is None and _one_call(grad)
         if grad is None:
             # torch.optim.Muon skips it: declared absent, dmuond computes
             # nothing and leaves its momentum as it is; apply() leaves the
             # parameter unchanged (no decay, no update).
             self.absent[i] = True
-        elif not (r.sharding == "replicated" and self.rank != 0):
+        elif copy and not host:
+            buf = self.link.grad[i]
             buf.copy_(grad.detach().reshape(buf.shape))  # rank 0's is the one used
         if grad is not None:
             self.trained[i] = True
@@ -242,6 +254,11 @@ class Handoff:
                 # No bytes on any transport (nccl: no send, and dmuond posts no
                 # receive for it), so no place in the send order to keep.
                 self.link.session.gradients_absent([i])
+            elif host:
+                # A CPU float32 gradient: copied and declared by one native
+                # call (no torch copy_ and no second call into the client:
+                # issue 25 measured 140 µs a matrix in the two).
+                sent_ns = self.link.session.hand_off(i, grad.detach().numpy(), beta)
             elif self.link.region is None:
                 self._declare_ready(i, beta)
             else:
@@ -425,26 +442,25 @@ class Handoff:
         waited_ns = time.monotonic_ns()
         lr, wd = self.step_lr[i]
         p = _dtensor.local(_routing.param(r))  # a DTensor's local shard, a part's view
-        with torch.no_grad():
-            if self.absent[i] and self.link.session.absent(i):
-                # No gradient on any rank (torch.optim.Muon: no decay, no
-                # update). Absent here only, unreduced: dmuond averaged the
-                # others' with zeros for this rank, as DDP's all-reduce with
-                # find_unused_parameters gives every rank the averaged .grad,
-                # and every rank applies the update below.
-                pass
-            elif self.link.session.skipped(i):
-                warnings.warn(f"DMuon: dmuond skipped {r.name} at step "
-                              f"{self.link.session.step} (non-finite gradient); "
-                              "it is left unchanged", RuntimeWarning)
-            else:
-                u = self.link.upd[i]  # a DTensor's: its local shard (_dtensor)
-                if p.device != u.device or p.dtype != u.dtype:
-                    u = u.to(device=p.device, dtype=p.dtype)
-                self.write(i, p, u.view(p.shape), lr, wd)
-                if self.trace is not None:
-                    self.trace_apply(i, t0_ns, waited_ns)
-                return
+        if self.absent[i] and self.link.session.absent(i):
+            # No gradient on any rank (torch.optim.Muon: no decay, no
+            # update). Absent here only, unreduced: dmuond averaged the
+            # others' with zeros for this rank, as DDP's all-reduce with
+            # find_unused_parameters gives every rank the averaged .grad,
+            # and every rank applies the update below.
+            pass
+        elif self.link.session.skipped(i):
+            warnings.warn(f"DMuon: dmuond skipped {r.name} at step "
+                          f"{self.link.session.step} (non-finite gradient); "
+                          "it is left unchanged", RuntimeWarning)
+        else:
+            u = self.link.upd[i]  # a DTensor's: its local shard (_dtensor)
+            if p.device != u.device or p.dtype != u.dtype:
+                u = u.to(device=p.device, dtype=p.dtype)
+            self.write(i, p, u.view(p.shape), lr, wd)
+            if self.trace is not None:
+                self.trace_apply(i, t0_ns, waited_ns)
+            return
         self.applied[i] = True
         if self.trace is not None:
             self.trace_apply(i, t0_ns, waited_ns)
@@ -490,16 +506,28 @@ class Handoff:
     def write(self, i, p, u, lr, wd):
         """torch.optim.Muon's update of entry i's parameter p, in place and
         in its order (p.mul_(1 - lr * wd); p.add_(u, alpha=-lr): the same
-        bits), and i marked applied. A Ctrl-C inside is raised at the end
-        (deferred_sigint), so an interrupt leaves p either untouched or
-        updated and marked, never half-way, and a retry never applies it
-        twice. In place: computing the new value aside and copying it in
-        cost an allocation and two more passes over every matrix, about 8 ms
-        a step of the 4-layer d=384 GPT on one core (issue 25)."""
+        bits), and i marked applied, whole: a Ctrl-C inside lands before it
+        or after it, so an interrupt leaves p either untouched or updated
+        and marked, never half-way, and a retry never applies it twice.
+        Plain tensors with no torch function or dispatch mode active: one
+        native call (_dmuon.apply_update), inside which no Python code runs
+        that could take the interrupt; anything else (a tensor subclass, a
+        mode, whose Python code could) under deferred_sigint. On p
+        detached: no grad-mode switch, and p's version counter still moves.
+        In place: computing the new value aside and copying it in cost an
+        allocation and two more passes over every matrix, about 8 ms a step
+        of the 4-layer d=384 GPT on one core (issue 25)."""
+        pd = p.detach()
+        decay = 1 - lr * wd if wd != 0 else None
+        if (type(pd) is torch.Tensor and type(u) is torch.Tensor
+                and not torch._C._len_torch_function_stack()
+                and not torch._C._len_torch_dispatch_stack()):
+            self.apply_update(pd, u, decay, -lr, self.applied, i)
+            return
         with deferred_sigint():
-            if wd != 0:
-                p.mul_(1 - lr * wd)
-            p.add_(u, alpha=-lr)
+            if decay is not None:
+                pd.mul_(decay)
+            pd.add_(u, alpha=-lr)
             self.applied[i] = True
 
     # ------------------------------------------------------------ momentum

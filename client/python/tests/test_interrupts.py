@@ -136,10 +136,15 @@ def test_interrupted_before_commit_is_rolled_back(monkeypatch, daemon, exc, over
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, Boom], ids=["ctrl-c", "exception"])
 @pytest.mark.parametrize("overlap_forward", [False, True], ids=["step", "overlap_forward"])
-def test_interrupted_after_commit_is_completed(monkeypatch, daemon, exc, overlap_forward):
+@pytest.mark.parametrize("mode", [False, True], ids=["native", "function-mode"])
+def test_interrupted_after_commit_is_completed(monkeypatch, daemon, exc, overlap_forward,
+                                               mode):
     """An interrupt while the updates are applied (in step(), or in the next
     forward's pre-hooks with overlap_forward) is completed by the next call:
-    each parameter's update lands exactly once."""
+    each parameter's update lands exactly once. Plain tensors are written by
+    one native call (a Ctrl-C lands after it); under a TorchFunctionMode
+    (`mode`: torch.device("cpu") as a context), whose Python code could
+    take a Ctrl-C between torch's two ops, by the deferred_sigint path."""
     ref, dm = pair(MLP, seed=5)
     (muon, adamw), opt = _optimizers(monkeypatch, ref, dm, daemon.address,
                                      overlap_forward=overlap_forward)
@@ -150,17 +155,25 @@ def test_interrupted_after_commit_is_completed(monkeypatch, daemon, exc, overlap
         calls["n"] += 1
         if calls["at"] is not None and calls["n"] == calls["at"]:
             # as the parameter's update is written: a Ctrl-C inside the write
-            # is raised at its end (deferred_sigint), an error after it
+            # is raised at its end, an error after it
             monkeypatch.setattr(opt._handoff, "write", write_then_raise)
         real(i)
 
     real_write = opt._handoff.write
+    real_native = opt._handoff.apply_update
+    paths = []  # the write path the Ctrl-C came in
 
     @contextlib.contextmanager
     def sigint_inside():
+        paths.append("deferred_sigint")
         with _recovery.deferred_sigint():
             signal.raise_signal(signal.SIGINT)  # a Ctrl-C as the write starts
             yield
+
+    def native_then_sigint(*args):
+        paths.append("native")
+        real_native(*args)
+        signal.raise_signal(signal.SIGINT)  # came during the call: raised after
 
     def write_then_raise(i, p, u, lr, wd):
         monkeypatch.setattr(opt._handoff, "write", real_write)
@@ -169,38 +182,86 @@ def test_interrupted_after_commit_is_completed(monkeypatch, daemon, exc, overlap
             # background job starts with SIGINT ignored).
             saved = signal.signal(signal.SIGINT, signal.default_int_handler)
             monkeypatch.setattr(_handoff, "deferred_sigint", sigint_inside)
+            monkeypatch.setattr(opt._handoff, "apply_update", native_then_sigint)
             try:
                 real_write(i, p, u, lr, wd)  # raises at its end, p written
             finally:
                 monkeypatch.setattr(_handoff, "deferred_sigint",
                                     _recovery.deferred_sigint)
+                monkeypatch.setattr(opt._handoff, "apply_update", real_native)
                 signal.signal(signal.SIGINT, saved)
         else:
             real_write(i, p, u, lr, wd)
             raise exc()
 
     monkeypatch.setattr(opt._handoff, "apply", apply)
-    for step in range(4):
-        loss_of(ref, mlp_batch(step)).backward()
-        muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
-        if overlap_forward and step == 3:  # step 2's updates, in this forward
-            calls["n"], calls["at"] = 0, 2
-            with pytest.raises(exc):  # in fc2's pre-hook, fc2.weight written
-                loss_of(dm, mlp_batch(step))
-        loss_of(dm, mlp_batch(step)).backward()
-        if not overlap_forward and step == 2:
-            calls["n"], calls["at"] = 0, 2
-            with pytest.raises(exc):
+    with torch.device("cpu") if mode else contextlib.nullcontext():
+        for step in range(4):
+            loss_of(ref, mlp_batch(step)).backward()
+            muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
+            if overlap_forward and step == 3:  # step 2's updates, in this forward
+                calls["n"], calls["at"] = 0, 2
+                with pytest.raises(exc):  # in fc2's pre-hook, fc2.weight written
+                    loss_of(dm, mlp_batch(step))
+            loss_of(dm, mlp_batch(step)).backward()
+            if not overlap_forward and step == 2:
+                calls["n"], calls["at"] = 0, 2
+                with pytest.raises(exc):
+                    opt.step()
+            else:
                 opt.step()
-        else:
-            opt.step()
-        calls["at"] = None
-        opt.zero_grad()
-        if overlap_forward and step == 2:
-            continue  # its updates: in step 3's forward
-        opt.synchronize()
-        assert_same(ref, dm, step)
+            calls["at"] = None
+            opt.zero_grad()
+            if overlap_forward and step == 2:
+                continue  # its updates: in step 3's forward
+            opt.synchronize()
+            assert_same(ref, dm, step)
     opt.close()
+    want = ["deferred_sigint" if mode else "native"] if exc is KeyboardInterrupt else []
+    assert paths == want
+
+
+def test_apply_update_is_whole_when_ctrl_c_comes_during_it():
+    """_dmuon.apply_update, DMuon's write of an update: a SIGINT sent while
+    it runs (from another thread, a few ms into a ~50 ms call) is raised
+    after it, with the parameter fully updated, bit for bit as torch's two
+    ops give, and marked applied; never half-way. Where the signal lands
+    depends on timing, so the check is the invariant, which holds wherever
+    it lands: untouched and not marked, or updated and marked."""
+    import threading
+    import time
+
+    from dmuon import _native
+
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    p0 = torch.randn(4096, 4096, generator=g)
+    u = torch.randn(4096, 4096, generator=g)
+    want = p0.clone().mul_(1 - 0.02 * 0.1).add_(u, alpha=-0.02)
+    p, applied = p0.clone(), [False]
+    start = threading.Event()
+
+    def ctrl_c():
+        start.wait()
+        time.sleep(0.003)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    t = threading.Thread(target=ctrl_c)
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start.set()
+            _native.load().apply_update(p, u, 1 - 0.02 * 0.1, -0.02, applied, 0)
+            time.sleep(1)  # the signal, if the call was faster than it
+    finally:
+        t.join()
+        signal.signal(signal.SIGINT, saved)
+    if applied[0]:
+        assert torch.equal(p.view(torch.int32), want.view(torch.int32))
+    else:
+        assert torch.equal(p.view(torch.int32), p0.view(torch.int32))
+    with pytest.raises(IndexError, match="applied"):
+        _native.load().apply_update(p, u, None, -0.02, applied, 1)
 
 
 def test_stored_handoff_error_rolls_back_and_the_loop_goes_on(monkeypatch, daemon):

@@ -257,3 +257,44 @@ def test_adamw_only_model_needs_no_daemon():
     opt.step()
     assert not torch.equal(model.bias, before)
     assert "0 of 2 parameters" in opt.routing_table
+
+
+def test_session_hand_off_copies_declares_and_refuses_before_writing(daemon):
+    """Session.hand_off, DMuon's hand-off of a CPU float32 gradient: one
+    call copies it into the session's memory and declares it, with or
+    without this step's momentum. A buffer of the wrong size, format or
+    layout is refused naming the parameter, with nothing written or
+    declared: the step then completes from the right gradients, each update
+    as gradients_ready gives it (a second session fed the same gradients by
+    gradient() and gradients_ready, compared bit for bit)."""
+    import numpy as np
+
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    client = dmuon.Client(daemon.address, deadline=5.0)
+    spec = [("w", 6, 4), ("v", 3, 5)]
+    groups = [dict(momentum=0.9, nesterov=True)]
+    one = client.open_session(f"hand-off-{os.getpid()}", spec, groups=groups)
+    two = client.open_session(f"gradient-{os.getpid()}", spec, groups=groups)
+    for step in range(2):
+        gw = rng.standard_normal((6, 4), dtype=np.float32)
+        gv = rng.standard_normal((3, 5), dtype=np.float32)
+        with pytest.raises(ValueError, match="w's gradient has 23 elements"):
+            one.hand_off(0, gw.ravel()[:-1])
+        with pytest.raises(ValueError, match="w's gradient is of format 'd'"):
+            one.hand_off(0, gw.astype(np.float64))
+        with pytest.raises(ValueError, match="v's gradient is not C-contiguous"):
+            one.hand_off(1, np.asfortranarray(gv))
+        with pytest.raises(IndexError):
+            one.hand_off(2, gv)
+        assert one.hand_off(0, gw) > 0  # when the copy was done (monotonic ns)
+        one.hand_off(1, gv, 0.8)  # this step's momentum, as gradients_ready's
+        two.gradient(0)[:] = gw
+        two.gradient(1)[:] = gv
+        two.gradients_ready([0])
+        two.gradients_ready([1], momentum=[0.8])
+        for s in (one, two):
+            s.wait_update(0), s.wait_update(1)
+        for i in range(2):
+            assert one.update(i).tobytes() == two.update(i).tobytes()
+        one.finish_step(), two.finish_step()
+    one.close(), two.close()
