@@ -7,7 +7,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,45 +45,55 @@ void ApplyUpdate(const py::object& p, const py::object& u,
   applied[i] = py::bool_(true);
 }
 
+// Session.hand_off: checks `grad` (naming the parameter) before anything
+// is written, then Session::HandOff without the GIL; marks handed[i].
+int64_t HandOff(PySession& s, int i, const py::buffer& grad,
+                std::optional<double> momentum,
+                std::optional<py::list> handed) {
+  const ParamSpec& p = s.param(i);
+  const py::buffer_info g =
+      Contiguous(grad, absl::StrCat("hand_off: ", p.name, "'s gradient"));
+  if (g.format != py::format_descriptor<float>::format()) {
+    Throw(absl::InvalidArgumentError(absl::StrCat("hand_off: ", p.name,
+                                                  "'s gradient is of format '",
+                                                  g.format, "', not float32")));
+  }
+  const absl::Span<const float> data(static_cast<const float*>(g.ptr),
+                                     static_cast<size_t>(g.size));
+  const std::string t = s.s().transport();
+  if (const size_t want = s.s().gradient(i).size();
+      data.size() != want && t != "cuda_ipc" && t != "nccl") {
+    Throw(absl::InvalidArgumentError(
+        absl::StrCat("hand_off: ", p.name, "'s gradient has ", data.size(),
+                     " elements; its buffer on this rank holds ", want)));
+  }
+  if (handed && static_cast<int>(handed->size()) <= i) {
+    throw py::index_error("hand_off: index outside `handed`");
+  }
+  std::vector<double> beta;
+  if (momentum) beta.push_back(*momentum);
+  int64_t copied_ns = 0;
+  Released([&] { return s.s().HandOff(i, data, beta, &copied_ns); });
+  if (handed) (*handed)[i] = py::bool_(true);
+  return copied_ns;
+}
+
 }  // namespace
 
 void AddStepCalls(py::class_<PySession>& cls) {
-  cls.def(
-      "hand_off",
-      [](PySession& s, int i, const py::buffer& grad,
-         std::optional<double> momentum) {
-        const ParamSpec& p = s.param(i);
-        const py::buffer_info g =
-            Contiguous(grad, absl::StrCat("hand_off: ", p.name, "'s gradient"));
-        if (g.format != py::format_descriptor<float>::format()) {
-          Throw(absl::InvalidArgumentError(
-              absl::StrCat("hand_off: ", p.name, "'s gradient is of format '",
-                           g.format, "', not float32")));
-        }
-        const absl::Span<const float> data(static_cast<const float*>(g.ptr),
-                                           static_cast<size_t>(g.size));
-        if (const size_t want = s.s().gradient(i).size();
-            data.size() != want && s.s().transport() != "cuda_ipc" &&
-            s.s().transport() != "nccl") {
-          Throw(absl::InvalidArgumentError(absl::StrCat(
-              "hand_off: ", p.name, "'s gradient has ", data.size(),
-              " elements; its buffer on this rank holds ", want)));
-        }
-        std::vector<double> beta;
-        if (momentum) beta.push_back(*momentum);
-        int64_t copied_ns = 0;
-        Released([&] { return s.s().HandOff(i, data, beta, &copied_ns); });
-        return copied_ns;
-      },
-      py::arg("i"), py::arg("grad"), py::arg("momentum") = py::none(),
-      "Copies parameter i's gradient (a C-contiguous float32 buffer of "
-      "this rank's rows, e.g. a CPU tensor's .numpy()) into the session's "
-      "memory and declares it ready, with this step's momentum if given "
-      "(as gradients_ready): a host hand-off in one call, the GIL "
-      "released. A buffer of another size or format, or a GPU "
-      "transport's session, is an error before anything is written. "
-      "Returns when the copy was done and the declaration began "
-      "(time.monotonic_ns()'s clock), for the step timeline.");
+  cls.def("hand_off", &HandOff, py::arg("i"), py::arg("grad"),
+          py::arg("momentum") = py::none(), py::arg("handed") = py::none(),
+          "Copies parameter i's gradient (a C-contiguous float32 buffer of "
+          "this rank's rows, e.g. a CPU tensor's .numpy()) into the "
+          "session's memory and declares it ready, with this step's momentum "
+          "if given (as gradients_ready): a host hand-off in one call, the "
+          "GIL released. handed: a list whose [i] is set True once it is "
+          "declared, in the same call (no Python code runs between the two, "
+          "so a Ctrl-C lands before both or after both). A buffer of another "
+          "size or format, or a GPU transport's session, is an error before "
+          "anything is written. Returns when the copy was done and the "
+          "declaration began (time.monotonic_ns()'s clock), for the step "
+          "timeline.");
 }
 
 void RegisterUpdates(py::module_& m) {

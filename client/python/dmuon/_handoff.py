@@ -43,6 +43,8 @@ def same_bits(grad, buf):
     0.0 and a NaN unequal to itself. A CPU float32 gradient is compared in
     place with memcmp (_dmuon.same_bytes): about 2.5x faster than torch.equal,
     and the check reads every Muon gradient every step (issue 25)."""
+    if _host_float32(grad) and _host_float32(buf):  # the common case, in fewest calls
+        return _native.load().same_bytes(grad.detach().numpy(), buf.numpy())
     g = grad.detach().reshape(buf.shape)
     if (g.device.type == "cpu" and buf.device.type == "cpu" and g.dtype == buf.dtype
             and g.is_contiguous() and buf.is_contiguous()):
@@ -52,13 +54,13 @@ def same_bits(grad, buf):
     return torch.equal(g.view(as_int), buf.view(as_int))
 
 
-def _one_call(grad):
-    """Whether Session.hand_off can take `grad` as it is: a contiguous CPU
-    float32 plain tensor, whose .numpy() is a view of it. Anything else (a
-    subclass, bf16, a GPU or strided gradient) is converted into the buffer
-    by torch's copy_."""
-    return (type(grad) is torch.Tensor and grad.dtype == torch.float32
-            and grad.device.type == "cpu" and grad.is_contiguous())
+def _host_float32(t):
+    """Whether `t` is a contiguous CPU float32 plain tensor, whose .numpy()
+    is a view of it: Session.hand_off and same_bytes take it as it is.
+    Anything else (a subclass, bf16, a GPU or strided gradient) goes
+    through torch (copy_ into the buffer; a compare of integer views)."""
+    return (type(t) is torch.Tensor and t.dtype is torch.float32 and t.is_cpu
+            and t.is_contiguous())
 
 
 # The integer dtype of each element size: same_bits compares those views.
@@ -188,11 +190,15 @@ class Handoff:
         return _parts.bucket_plan(self.table, plan)  # a parameter with parts: each part's rows
 
     def hand_off(self, i, grad):
-        # An earlier backward that died mid-way is rolled back (_recovery).
-        self.recovery.recover(self, backward_only=True)
+        # An earlier backward that died mid-way is rolled back (_recovery):
+        # looked for at each backward's first hand-off.
+        first = not self.recovery.tracked()
+        if first:
+            self.recovery.recover(self, backward_only=True)
         if self.pending:
             self.synchronize()
-        self.recovery.track_backward()
+        if first:
+            self.recovery.track_backward()
         r = self.table.muon[i]
         if self.handed[i] and self.can_rewind():
             # A second backward before step(): a new .grad after a backward
@@ -226,7 +232,7 @@ class Handoff:
                 "the last of a step inside `with optimizer.no_sync():` (DDP: "
                 "model.no_sync())")
         grad = _dtensor.local_grad(r, grad)  # a DTensor's: its local rows (_dtensor)
-        if tuple(r.param.shape) != r.shape0 or (grad is not None and grad.numel() !=
+        if r.param.shape != r.shape0 or (grad is not None and grad.numel() !=
                                                  self.link.grad[i].numel()):
             self.shape_error(r)
         # This step's momentum when it is not the session's (a scheduler that
@@ -234,7 +240,7 @@ class Handoff:
         beta = self.momentum_to_send(i)
         t0, t0_ns = time.perf_counter(), time.monotonic_ns()
         copy = grad is not None and not (r.sharding == "replicated" and self.rank != 0)
-        host = copy and self.link.region is None and _one_call(grad)
+        host = copy and self.link.region is None and _host_float32(grad)
         if grad is None:
             # torch.optim.Muon skips it: declared absent, dmuond computes
             # nothing and leaves its momentum as it is; apply() leaves the
@@ -246,19 +252,37 @@ class Handoff:
         if grad is not None:
             self.trained[i] = True
             self.sent[i] = (grad, grad._version)
-        sent_ns = time.monotonic_ns()  # copied out; declared from here on
-        # Declared and recorded together: a Ctrl-C in between would leave
-        # dmuond and _handed disagreeing (_recovery rolls back by _handed).
+        sent_ns = self._declare(i, grad, beta, host)
+        self.sent_beta[i] = float(self.groups[self.table.group_of[i]]["momentum"])
+        self.stats["handoff_seconds"] += time.perf_counter() - t0
+        if self.trace is not None:
+            # The copy, then the declaration (the gRPC write of
+            # GradientsReady): dmuond's "received" follows the latter's start.
+            args = self.trace_args(i, "handoff")
+            args["absent"] = int(grad is None)
+            self.trace.complete(f"handoff {r.name}", t0_ns, sent_ns, args)
+            self.trace.complete(f"declare {r.name}", sent_ns, time.monotonic_ns(),
+                                self.trace_args(i, "declare"))
+
+    def _declare(self, i, grad, beta, host):
+        """Declares entry i's gradient (`host`: also copies it in), or its
+        absence (grad None), and marks it handed; returns when the copy was
+        done (the timeline's handoff/declare boundary). Declared and marked
+        together: a Ctrl-C in between would leave dmuond and `handed`
+        disagreeing (_recovery rolls back by `handed`)."""
+        if host:
+            # A CPU float32 gradient: copied, declared and marked by one
+            # native call, inside which no Python code runs to take a Ctrl-C
+            # (issue 25: torch's copy_, a second call into the client and
+            # deferred_sigint's handler swaps cost about 60 µs a matrix more
+            # between backward's kernels).
+            return self.link.session.hand_off(i, grad.detach().numpy(), beta, self.handed)
+        sent_ns = time.monotonic_ns()
         with deferred_sigint():
             if grad is None:
                 # No bytes on any transport (nccl: no send, and dmuond posts no
                 # receive for it), so no place in the send order to keep.
                 self.link.session.gradients_absent([i])
-            elif host:
-                # A CPU float32 gradient: copied and declared by one native
-                # call (no torch copy_ and no second call into the client:
-                # issue 25 measured 140 µs a matrix in the two).
-                sent_ns = self.link.session.hand_off(i, grad.detach().numpy(), beta)
             elif self.link.region is None:
                 self._declare_ready(i, beta)
             else:
@@ -270,16 +294,7 @@ class Handoff:
                     self.link.region.handed([i])  # cuda_ipc: event after the copy; nccl: send
                     self._declare_ready(i, beta)
             self.handed[i] = True
-            self.sent_beta[i] = float(self.groups[self.table.group_of[i]]["momentum"])
-        self.stats["handoff_seconds"] += time.perf_counter() - t0
-        if self.trace is not None:
-            # The copy, then the declaration (the gRPC write of
-            # GradientsReady): dmuond's "received" follows the latter's start.
-            args = self.trace_args(i, "handoff")
-            args["absent"] = int(grad is None)
-            self.trace.complete(f"handoff {r.name}", t0_ns, sent_ns, args)
-            self.trace.complete(f"declare {r.name}", sent_ns, time.monotonic_ns(),
-                                self.trace_args(i, "declare"))
+        return sent_ns
 
     def trace_args(self, i, stage):
         """The args of entry i's timeline events (dmuon/_trace.py): what the

@@ -284,9 +284,16 @@ def test_session_hand_off_copies_declares_and_refuses_before_writing(daemon):
             one.hand_off(0, gw.astype(np.float64))
         with pytest.raises(ValueError, match="v's gradient is not C-contiguous"):
             one.hand_off(1, np.asfortranarray(gv))
+        handed = [False, False]
         with pytest.raises(IndexError):
             one.hand_off(2, gv)
-        assert one.hand_off(0, gw) > 0  # when the copy was done (monotonic ns)
+        with pytest.raises(IndexError, match="handed"):
+            one.hand_off(1, gv, None, handed[:1])
+        with pytest.raises(ValueError, match="w's gradient has 23 elements"):
+            one.hand_off(0, gw.ravel()[:-1], None, handed)
+        assert handed == [False, False]  # refused: not marked
+        assert one.hand_off(0, gw, None, handed) > 0  # when the copy was done (ns)
+        assert handed == [True, False]
         one.hand_off(1, gv, 0.8)  # this step's momentum, as gradients_ready's
         two.gradient(0)[:] = gw
         two.gradient(1)[:] = gv
