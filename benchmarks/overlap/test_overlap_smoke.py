@@ -16,12 +16,18 @@ from bound import Trainer  # noqa: E402
 from ns_times import shape_key  # noqa: E402
 
 
-def test_smallest_point(tmp_path):
+def _two_cores() -> tuple[int, int]:
+    """The trainer's core and dmuond's; the test is skipped without two."""
     if len(os.sched_getaffinity(0)) < 2:
         import pytest
 
         pytest.skip("needs two cores: one for the trainer, one for dmuond")
     t, d = sorted(os.sched_getaffinity(0))[:2]
+    return t, d
+
+
+def test_smallest_point(tmp_path):
+    t, d = _two_cores()
     out = tmp_path / "o.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "run.py"), "--models=char-gpt", "--tokens=64",
@@ -137,3 +143,23 @@ def test_ns_from_dmuonds_timeline():
     got = ns_times.from_trace(doc, after_step=1)
     assert got == {"4x4": approx(0.002), "8x4": approx(0.004)}
     assert ns_times.from_trace(doc)["8x4"] == approx(0.0045)  # median of 100, 3, 5, 4
+
+
+def test_paths_smallest(tmp_path):
+    """benchmarks/overlap/paths.py at its smallest: both paths timed in one
+    process, the Python calls counted; the JSON's fields, not their speed."""
+    t, d = _two_cores()
+    out = tmp_path / "p.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "paths.py"), "--tokens=64", "--steps=12",
+         "--warmup=2", "--repeats=1", f"--trainer-cpus={t}", f"--daemon-cpus={d}",
+         f"--out={out}"], capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert res["command"].startswith("benchmarks/overlap/paths.py --tokens=64")
+    assert "--out" not in res["command"]
+    assert set(res["python_calls_per_step"]) == {"adamw", "dmuon", "dmuon-forward"}
+    assert all(n > 0 for n in res["python_calls_per_step"].values())
+    (n,), (f,) = res["native_ms"], res["fallback_ms"]
+    assert n > 0 and f > 0
+    assert abs(res["native_over_fallback"][0] - n / f) < 1e-9

@@ -538,12 +538,18 @@ class Handoff:
                 and not torch._C._len_torch_function_stack()
                 and not torch._C._len_torch_dispatch_stack()):
             self.apply_update(pd, u, decay, -lr, self.applied, i)
-            return
+        else:
+            self.write_deferred(pd, u, decay, -lr, self.applied, i)
+
+    @staticmethod
+    def write_deferred(p, u, decay, alpha, applied, i):
+        """apply_update's steps in Python, whole by deferred_sigint: for
+        what Python code runs inside (write())."""
         with deferred_sigint():
             if decay is not None:
-                pd.mul_(decay)
-            pd.add_(u, alpha=-lr)
-            self.applied[i] = True
+                p.mul_(decay)
+            p.add_(u, alpha=alpha)
+            applied[i] = True
 
     # ------------------------------------------------------------ momentum
     def momentum_to_send(self, i):
