@@ -301,9 +301,10 @@ absl::Status Session::HandOff(int i, absl::Span<const float> grad,
   }
   const absl::Span<float> dst = gradient(i);
   if (grad.size() != dst.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("HandOff: parameter ", i, "'s gradient has ", grad.size(),
-                     " elements; its buffer on this rank holds ", dst.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HandOff: parameter ", i, "'s gradient has ", grad.size(),
+        " elements; its buffer on this rank holds ", dst.size(),
+        dst.empty() ? " (or the table has no parameter of that index)" : ""));
   }
   if (!grad.empty())
     std::memcpy(dst.data(), grad.data(), grad.size() * sizeof(float));

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "tests/muon_job.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051",
@@ -50,6 +52,12 @@ namespace {
 // corrupted gradient).
 absl::Status HandOff(dmuon::Session& s, int p, const std::vector<float>& g) {
   const std::string name = absl::StrCat("parameter ", p);
+  const absl::Span<float> buf = s.gradient(p);
+  std::fill(buf.begin(), buf.end(), -7.0f);  // what the refusals must leave
+  const auto untouched = [&] {
+    return std::all_of(buf.begin(), buf.end(),
+                       [](float x) { return x == -7.0f; });
+  };
   if (!g.empty()) {  // (a rank may hold no rows of it)
     const std::vector<float> shorter(g.begin(), g.end() - 1);
     absl::Status st = s.HandOff(p, shorter);
@@ -64,6 +72,10 @@ absl::Status HandOff(dmuon::Session& s, int p, const std::vector<float>& g) {
   if (!absl::IsInvalidArgument(st) || !absl::StrContains(st.message(), name)) {
     return absl::InternalError(
         absl::StrCat("HandOff with two momenta: ", st.ToString()));
+  }
+  if (!untouched()) {
+    return absl::InternalError(absl::StrCat(
+        "a refused HandOff wrote into parameter ", p, "'s buffer"));
   }
   return s.HandOff(p, g);
 }

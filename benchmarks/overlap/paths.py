@@ -89,6 +89,19 @@ def python_calls(model, opt, batches) -> int:
     return count[0]
 
 
+def _without_out(args: list[str]) -> list[str]:
+    """The arguments but --out and its value (either form)."""
+    kept, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            kept.append(a)
+    return kept
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="char-gpt")
@@ -114,8 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     batches = models.batches(corpus, args.tokens, 8)
     result = {"benchmark": "overlap-paths", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "command": "benchmarks/overlap/paths.py " + " ".join(
-                  a for a in (argv if argv is not None else sys.argv[1:])
-                  if not a.startswith("--out")),
+                  _without_out(argv if argv is not None else sys.argv[1:])),
               "git_revision": run.git_revision(), "machine": run.machine(),
               "model": args.model, "tokens": args.tokens, "steps": args.steps,
               "trainer_cpus": tcpus, "daemon_cpus": dcpus}

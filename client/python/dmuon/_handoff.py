@@ -252,8 +252,9 @@ class Handoff:
         if grad is not None:
             self.trained[i] = True
             self.sent[i] = (grad, grad._version)
-        sent_ns = self._declare(i, grad, beta, host)
+        # Set before the declaration: read only for entries marked handed.
         self.sent_beta[i] = float(self.groups[self.table.group_of[i]]["momentum"])
+        sent_ns = self._declare(i, grad, beta, host)
         self.stats["handoff_seconds"] += time.perf_counter() - t0
         if self.trace is not None:
             # The copy, then the declaration (the gRPC write of
@@ -525,27 +526,30 @@ class Handoff:
         or after it, so an interrupt leaves p either untouched or updated
         and marked, never half-way, and a retry never applies it twice.
         Plain tensors with no torch function or dispatch mode active: one
-        native call (_dmuon.apply_update), inside which no Python code runs
-        that could take the interrupt; anything else (a tensor subclass, a
-        mode, whose Python code could) under deferred_sigint. On p
-        detached: no grad-mode switch, and p's version counter still moves.
+        native call (_dmuon.apply_update) on p detached (no grad-mode
+        switch; p's version counter still moves), inside which no Python
+        code runs that could take the interrupt (but a garbage collection's
+        __del__, whose KeyboardInterrupt Python reports and drops); anything
+        else (a tensor subclass, a mode, whose Python code could take it)
+        under deferred_sigint (write_deferred).
         In place: computing the new value aside and copying it in cost an
         allocation and two more passes over every matrix, about 8 ms a step
         of the 4-layer d=384 GPT on one core (issue 25)."""
-        pd = p.detach()
         decay = 1 - lr * wd if wd != 0 else None
+        pd = p.detach()
         if (type(pd) is torch.Tensor and type(u) is torch.Tensor
                 and not torch._C._len_torch_function_stack()
                 and not torch._C._len_torch_dispatch_stack()):
             self.apply_update(pd, u, decay, -lr, self.applied, i)
         else:
-            self.write_deferred(pd, u, decay, -lr, self.applied, i)
+            self.write_deferred(p, u, decay, -lr, self.applied, i)
 
     @staticmethod
     def write_deferred(p, u, decay, alpha, applied, i):
-        """apply_update's steps in Python, whole by deferred_sigint: for
-        what Python code runs inside (write())."""
-        with deferred_sigint():
+        """apply_update's steps in Python, on p itself under no_grad (a
+        subclass's own in-place ops, whatever its detach() gives), whole by
+        deferred_sigint: for what runs Python code inside (write())."""
+        with torch.no_grad(), deferred_sigint():
             if decay is not None:
                 p.mul_(decay)
             p.add_(u, alpha=alpha)

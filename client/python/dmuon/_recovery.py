@@ -22,9 +22,10 @@ The rule (client/python/README.md, "Interrupts and exceptions"):
 - After a step commits, it is completed: the updates not applied yet are
   applied by the next call that needs them (the next forward's pre-hooks,
   the next hand-off, step(), zero_grad(), synchronize(), state_dict()).
-  Each parameter's update is applied atomically (computed aside, then
-  copied in, re-done from the copy if interrupted), and AdamW's step runs
-  with SIGINT deferred to its end (main thread, default handler only).
+  Each parameter's update is written whole, in place (Handoff.write: one
+  native call, or SIGINT deferred to its end), so it is never half done
+  nor done twice, and AdamW's step runs with SIGINT deferred to its end
+  (main thread, default handler only).
 
 Every wait on dmuond is bounded by the optimizer's `timeout`. With
 torch.distributed (several ranks) a rollback would need every rank at
@@ -87,8 +88,9 @@ class deferred_sigint:  # lower case: used as a function, `with deferred_sigint(
     end, so the code inside runs whole. Only in the main thread with Python's
     default handler installed; otherwise a no-op.
 
-    It runs around every hand-off and every update written, three times a
-    matrix a step, so it is kept cheap (about 1 µs against 10 for a
+    It runs around the hand-offs and the writes of updates that the native
+    calls do not take (dmuon/_handoff.py), and around AdamW's step, so it
+    is kept cheap (about 1 µs against 10 for a
     generator around signal.signal, whose enum conversions cost the most;
     2026-12-07, AMD EPYC VM): a plain class, and _signal's getsignal and
     signal, which are signal.py's without the enum wrapping (the handlers
@@ -128,7 +130,9 @@ class Recovery:
         has handed a gradient off this step already: its first hand-off
         looked for a backward that died before it (recover) and tracked it,
         so its other hand-offs need not look again (a dozen µs each between
-        backward's kernels). False outside backward."""
+        backward's kernels). False outside backward. A backward on another
+        thread that dies meanwhile is then found by step(), which looks
+        again before its commit."""
         return self.lost is None and torch._C._current_graph_task_id() in self.backwards
 
     def track_backward(self):

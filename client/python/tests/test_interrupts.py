@@ -264,6 +264,58 @@ def test_apply_update_is_whole_when_ctrl_c_comes_during_it():
         _native.load().apply_update(p, u, None, -0.02, applied, 1)
 
 
+class _CtrlCAfterHandOff:
+    """The real session, with a SIGINT raised as its `at`-th hand_off()
+    returns: what a Ctrl-C arriving during the native call gives (Python
+    raises it after the call: the entry copied, declared and marked handed
+    by then)."""
+
+    def __init__(self, real, at):
+        self._real, self._at, self.calls = real, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def hand_off(self, *args):
+        out = self._real.hand_off(*args)
+        self.calls += 1
+        if self.calls == self._at:
+            signal.raise_signal(signal.SIGINT)
+        return out
+
+
+def test_ctrl_c_during_the_native_hand_off_is_rolled_back(monkeypatch, daemon):
+    """A Ctrl-C during backward's second hand-off (Session.hand_off: copy,
+    declaration and `handed` in one call) interrupts that backward; its
+    step is rolled back like any interrupted backward's, and after
+    zero_grad() the loop equals torch's optimizers, which never saw it."""
+    ref, dm = pair(MLP, seed=7)
+    (muon, adamw), opt = _optimizers(monkeypatch, ref, dm, daemon.address)
+    link = opt._handoff.link
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for step in range(4):
+            loss_of(ref, mlp_batch(step)).backward()
+            muon.step(), adamw.step(), muon.zero_grad(), adamw.zero_grad()
+            if step == 2:
+                proxy = link.session = _CtrlCAfterHandOff(link.session, at=2)
+                with pytest.raises(KeyboardInterrupt):
+                    loss_of(dm, mlp_batch(step)).backward()
+                assert proxy.calls == 2 and sum(opt._handoff.handed) == 2
+                if link.session is proxy:
+                    link.session = proxy._real
+                opt.zero_grad()
+            loss_of(dm, mlp_batch(step)).backward()
+            opt.step()
+            opt.zero_grad()
+            opt.synchronize()
+            assert_same(ref, dm, step)
+    finally:
+        signal.signal(signal.SIGINT, saved)
+    assert opt.stats["voided_steps"] == 1
+    opt.close()
+
+
 def test_stored_handoff_error_rolls_back_and_the_loop_goes_on(monkeypatch, daemon):
     """A hand-off error inside backward (stored, raised by step()) used to
     leave the step's gradients with dmuond and every later backward failing

@@ -285,13 +285,17 @@ def test_session_hand_off_copies_declares_and_refuses_before_writing(daemon):
         with pytest.raises(ValueError, match="v's gradient is not C-contiguous"):
             one.hand_off(1, np.asfortranarray(gv))
         handed = [False, False]
+        one.gradient(0)[:] = np.nan  # what a refused call must leave as it is
+        one.gradient(1)[:] = np.nan
+        sentinel = [one.gradient(i).tobytes() for i in range(2)]
         with pytest.raises(IndexError):
             one.hand_off(2, gv)
         with pytest.raises(IndexError, match="handed"):
             one.hand_off(1, gv, None, handed[:1])
         with pytest.raises(ValueError, match="w's gradient has 23 elements"):
             one.hand_off(0, gw.ravel()[:-1], None, handed)
-        assert handed == [False, False]  # refused: not marked
+        assert handed == [False, False]  # refused: not marked, nothing written
+        assert [one.gradient(i).tobytes() for i in range(2)] == sentinel
         assert one.hand_off(0, gw, None, handed) > 0  # when the copy was done (ns)
         assert handed == [True, False]
         one.hand_off(1, gv, 0.8)  # this step's momentum, as gradients_ready's
